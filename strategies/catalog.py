@@ -1,0 +1,174 @@
+"""Presets: clusters, models and named strategies, and the parsers that accept them.
+
+A cluster string is ``NAME`` or ``NAME:N`` (N = size of the outermost level, e.g. nodes:
+``frontier:48`` is 48 nodes = 384 GCDs), ``local:AxBxC`` for this machine (levels of the given
+sizes, innermost first, nominal figures), or the path of a JSON file holding a ClusterSpec.
+Strategy presets are resolved *against* a cluster, because spans count that cluster's levels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from strategies.errors import SpecError, UnknownPresetError
+from strategies.spec import ClusterSpec, Level, ModelSpec, Strategy
+
+# Figures from DESIGN.md §7. Latencies are typical small-message figures of each link class.
+CLUSTERS: dict[str, ClusterSpec] = {
+    "frontier": ClusterSpec(
+        name="frontier",
+        levels=(Level("gcd-pair", 2, 200.0, 2.0), Level("node", 4, 50.0, 4.0), Level("inter-node", 1, 12.5, 10.0)),
+        device="AMD MI250X GCD", device_memory_gib=64.0, peak_tflops=191.5,
+    ),
+    "dgx-h100": ClusterSpec(
+        name="dgx-h100",
+        levels=(Level("node", 8, 450.0, 3.0), Level("inter-node", 1, 50.0, 8.0)),
+        device="NVIDIA H100 80GB", device_memory_gib=80.0, peak_tflops=989.0,
+    ),
+}
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec("gpt-tiny", layers=2, hidden=64, heads=4, vocab=512, seq_len=64),  # trains in seconds
+        ModelSpec("gpt-mini", layers=4, hidden=256, heads=8, vocab=4096, seq_len=128),  # bench size
+        ModelSpec("gpt-125m", layers=12, hidden=768, heads=12, vocab=50304, seq_len=2048),
+        ModelSpec("gpt-1.3b", layers=24, hidden=2048, heads=16, vocab=50304, seq_len=2048),
+        ModelSpec("gpt-7b", layers=32, hidden=4096, heads=32, vocab=50304, seq_len=2048),
+        ModelSpec("gpt-13b", layers=40, hidden=5120, heads=40, vocab=50304, seq_len=2048),
+        ModelSpec("gpt-neox-20b", layers=44, hidden=6144, heads=64, vocab=50432, seq_len=2048),
+    )
+}
+
+
+def _local_cluster(sizes: list[int]) -> ClusterSpec:
+    """This machine pretending to be a cluster: level i is 10/i GB/s (nominal, calibrated later)."""
+    n = len(sizes)
+    names = [f"level{i + 1}" for i in range(n)]
+    if n >= 2:
+        names[-2:] = ["node", "inter-node"]
+    elif n == 1:
+        names = ["node"]
+    levels = tuple(Level(nm, s, 10.0 / (i + 1), 5.0 * (i + 1))
+                   for i, (nm, s) in enumerate(zip(names, sizes, strict=True)))
+    label = "local:" + "x".join(str(s) for s in sizes)
+    return ClusterSpec(name=label, levels=levels, device="cpu", device_memory_gib=4.0, peak_tflops=0.1)
+
+
+def parse_cluster(text: str | dict[str, Any] | ClusterSpec) -> ClusterSpec:
+    """A ClusterSpec from a preset string, a JSON file path, a dict or a ClusterSpec."""
+    if isinstance(text, ClusterSpec):
+        return text
+    if isinstance(text, dict):
+        return ClusterSpec.from_dict(text)
+    if not isinstance(text, str) or not text.strip():
+        raise SpecError("cluster", text, "must be a preset like 'frontier:48', 'local:2x2x2' or a JSON file")
+    text = text.strip()
+    if text.endswith(".json") or Path(text).is_file():
+        return ClusterSpec.from_dict(_read_json("cluster", text))
+    name, _, count = text.partition(":")
+    if name == "local":
+        parts = count.split("x") if count else []
+        if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise SpecError("cluster", text, "local clusters are written local:AxBxC with sizes >= 1, innermost first")
+        return _local_cluster([int(p) for p in parts])
+    if name not in CLUSTERS:
+        known = sorted(CLUSTERS) + ["local:AxB..."]
+        raise UnknownPresetError("cluster", text, f"unknown cluster preset; known: {known}")
+    base = CLUSTERS[name]
+    if not count:
+        return base
+    if not count.isdigit() or int(count) < 1:
+        raise SpecError("cluster", text,
+                        f"the size after ':' must be a whole number of {base.levels[-1].name} groups >= 1")
+    return dataclasses.replace(base.with_outer_size(int(count)), name=f"{name}:{int(count)}")
+
+
+def parse_model(text: str | dict[str, Any] | ModelSpec) -> ModelSpec:
+    """A ModelSpec from a preset name, a JSON file path, a dict or a ModelSpec."""
+    if isinstance(text, ModelSpec):
+        return text
+    if isinstance(text, dict):
+        return ModelSpec.from_dict(text)
+    if isinstance(text, str) and (text.endswith(".json") or Path(text).is_file()):
+        return ModelSpec.from_dict(_read_json("model", text))
+    if text not in MODELS:
+        raise UnknownPresetError("model", text, f"unknown model preset; known: {sorted(MODELS)}")
+    return MODELS[text]
+
+
+# Each preset maps a cluster to span/bits fields; L = num_levels, node = node_span.
+STRATEGY_PRESETS: dict[str, tuple[str, Callable[[ClusterSpec], dict[str, Any]]]] = {
+    "zero1": ("optimizer states sharded over the world", lambda c: {
+        "param_span": 0, "grad_span": 0, "optim_span": c.num_levels}),
+    "zero2": ("gradients and optimizer states sharded over the world", lambda c: {
+        "param_span": 0, "grad_span": c.num_levels, "optim_span": c.num_levels}),
+    "zero3": ("everything sharded over the world (DeepSpeed stage 3, FSDP FULL_SHARD)", lambda c: {
+        "param_span": c.num_levels, "grad_span": c.num_levels, "optim_span": c.num_levels}),
+    "mics": ("everything sharded inside a node, replicated across nodes (MiCS, FSDP HYBRID_SHARD)", lambda c: {
+        "param_span": c.node_span, "grad_span": c.node_span, "optim_span": c.node_span}),
+    "zeropp": ("ZeRO-3 + hpZ secondary inside the node + int8 weights + int4 gradients (ZeRO++)", lambda c: {
+        "param_span": c.num_levels, "grad_span": c.num_levels, "optim_span": c.num_levels,
+        "secondary_span": c.node_span, "weight_bits": 8, "grad_bits": 4, "quantize_above": 1}),
+    "3level-a": ("AMSP-like: P over the innermost level, G over the node, OS over the world", lambda c: {
+        "param_span": 1, "grad_span": c.node_span, "optim_span": c.num_levels}),
+    "3level-b": ("ZeRO++ with hpZ on the innermost level; the innermost links stay 16-bit", lambda c: {
+        "param_span": c.num_levels, "grad_span": c.num_levels, "optim_span": c.num_levels,
+        "secondary_span": 1, "weight_bits": 8, "grad_bits": 4, "quantize_above": min(2, c.num_levels)}),
+}
+
+
+def build_strategy(spec: str | dict[str, Any] | Strategy, cluster: ClusterSpec, **overrides: Any) -> Strategy:
+    """Resolve a preset name, JSON file, dict or Strategy against ``cluster`` and validate it.
+
+    Args:
+        spec: ``"zeropp"``, a path to a JSON file, a dict of Strategy fields (a dict may name a
+            ``"preset"`` to start from), or a Strategy.
+        cluster: the cluster the spans refer to.
+        overrides: Strategy fields to change after the preset is expanded (``weight_bits=16``).
+    """
+    if isinstance(spec, Strategy):
+        fields: dict[str, Any] = spec.to_dict()
+    elif isinstance(spec, dict):
+        fields = dict(spec)
+        preset = fields.pop("preset", None)
+        if preset is not None:
+            fields = {**_preset_fields(preset, cluster), **fields}
+    elif isinstance(spec, str) and (spec.endswith(".json") or Path(spec).is_file()):
+        return build_strategy(_read_json("strategy", spec), cluster, **overrides)
+    else:
+        fields = _preset_fields(spec, cluster)
+    fields.update(overrides)
+    return Strategy.from_dict(fields).validate_for(cluster)
+
+
+def _preset_fields(name: Any, cluster: ClusterSpec) -> dict[str, Any]:
+    if name not in STRATEGY_PRESETS:
+        raise UnknownPresetError("strategy", name, f"unknown strategy preset; known: {sorted(STRATEGY_PRESETS)}")
+    fields = STRATEGY_PRESETS[name][1](cluster)
+    if fields.get("secondary_span") is not None and fields["secondary_span"] >= fields["param_span"]:
+        raise SpecError("strategy", name, f"needs a cluster with an hpZ level inside the param span; "
+                        f"{cluster.name!r} has {cluster.num_levels} level(s)")
+    return {**fields, "name": name}
+
+
+def _read_json(what: str, path: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecError(what, path, "file not found") from None
+    except json.JSONDecodeError as exc:
+        raise SpecError(what, path, f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def catalog() -> dict[str, Any]:
+    """Everything the catalog holds, as JSON-friendly data (for the CLI and, later, the API)."""
+    return {
+        "clusters": {k: v.to_dict() for k, v in CLUSTERS.items()},
+        "models": {k: {**v.to_dict(), "num_params": v.num_params()} for k, v in MODELS.items()},
+        "strategies": {k: doc for k, (doc, _) in STRATEGY_PRESETS.items()},
+    }

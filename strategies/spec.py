@@ -1,0 +1,285 @@
+"""The three values zerotune reasons about: ClusterSpec, ModelSpec and Strategy.
+
+Pure Python (no torch): the cost model, the tuner and the API build and validate these values
+without any process group. Vocabulary follows DESIGN.md §2: a *level* is a tier of the cluster
+(innermost first), a *span k* is the subtree of levels 1..k (span 0 = the rank alone, span L = the
+world). Each value is frozen, validated in ``__post_init__`` and round-trips through JSON with
+``to_dict`` / ``from_dict``; every invalid value raises :class:`SpecError` naming field, value and
+rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from strategies.errors import SpecError
+
+BITS = (16, 8, 4)  # communication widths: 16 = the run's dtype, unquantized
+
+T = TypeVar("T")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError(name, value, "must be an integer")
+    if value < minimum:
+        raise SpecError(name, value, f"must be >= {minimum}")
+
+
+def _check_pos(name: str, value: Any) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise SpecError(name, value, "must be a finite number")
+    if value <= 0:
+        raise SpecError(name, value, "must be > 0")
+
+
+def _from_dict(cls: type[T], data: Any, where: str) -> T:
+    """Build dataclass ``cls`` from a dict, refusing unknown keys by name."""
+    if not isinstance(data, dict):
+        raise SpecError(where, data, f"must be a JSON object with the fields of {cls.__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise SpecError(f"{where}.{unknown[0]}", data[unknown[0]], f"unknown field; known: {sorted(names)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:  # a missing required field
+        raise SpecError(where, data, f"incomplete {cls.__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Level:
+    """One tier of a cluster's interconnect."""
+
+    name: str
+    """Label used everywhere bytes are reported ("gcd-pair", "node", "inter-node")."""
+    size: int
+    """Fan-out: how many children of the level below form one group of this level."""
+    bandwidth_gbps: float
+    """Per-rank bandwidth of this level's links, GB/s, when all ranks send at once."""
+    latency_us: float = 5.0
+    """Per-message latency of this level's links, microseconds."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError("level.name", self.name, "must be a non-empty string")
+        _check_int(f"level[{self.name}].size", self.size, 1)
+        _check_pos(f"level[{self.name}].bandwidth_gbps", self.bandwidth_gbps)
+        if not isinstance(self.latency_us, int | float) or self.latency_us < 0:
+            raise SpecError(f"level[{self.name}].latency_us", self.latency_us, "must be a number >= 0")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The hardware: levels innermost first; the product of their sizes is the world size."""
+
+    name: str
+    levels: tuple[Level, ...]
+    device: str = "cpu"
+    device_memory_gib: float = 16.0
+    """Memory per rank (one GPU / GCD)."""
+    peak_tflops: float = 1.0
+    """Peak dense 16-bit TFLOPS per rank."""
+
+    def __post_init__(self) -> None:
+        levels = tuple(lv if isinstance(lv, Level) else _from_dict(Level, lv, "cluster.levels[]")
+                       for lv in self.levels)
+        object.__setattr__(self, "levels", levels)
+        if not levels:
+            raise SpecError("cluster.levels", [], "needs at least one level")
+        names = [lv.name for lv in levels]
+        if len(set(names)) != len(names):
+            raise SpecError("cluster.levels", names, "level names must be unique")
+        _check_pos("cluster.device_memory_gib", self.device_memory_gib)
+        _check_pos("cluster.peak_tflops", self.peak_tflops)
+
+    @property
+    def num_levels(self) -> int:
+        """L, the number of levels; spans run 0..L."""
+        return len(self.levels)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(lv.size for lv in self.levels)
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(self.sizes)
+
+    @property
+    def node_span(self) -> int:
+        """The span of one node: every level but the outermost (all of them on a 1-level cluster)."""
+        return max(self.num_levels - 1, 1)
+
+    def span_size(self, span: int) -> int:
+        """Ranks in a span-``span`` group: the product of the sizes of levels 1..span."""
+        if not 0 <= span <= self.num_levels:
+            raise SpecError("span", span, f"must be within 0..{self.num_levels} (the cluster's levels)")
+        return math.prod(self.sizes[:span])
+
+    def with_outer_size(self, size: int) -> ClusterSpec:
+        """The same cluster with ``size`` groups of the outermost level (e.g. nodes)."""
+        _check_int(f"cluster {self.name}: outermost level size", size, 1)
+        levels = self.levels[:-1] + (dataclasses.replace(self.levels[-1], size=size),)
+        return dataclasses.replace(self, levels=levels)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ClusterSpec:
+        return _from_dict(cls, data, "cluster")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only GPT (learned positions, tied LM head, LayerNorm and biases as GPT-2)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    ffn_hidden: int | None = None
+    """MLP width; None means 4 * hidden."""
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
+            _check_int(f"model.{name}", getattr(self, name), 1)
+        if self.ffn_hidden is not None:
+            _check_int("model.ffn_hidden", self.ffn_hidden, 1)
+        if self.hidden % self.heads:
+            raise SpecError("model.heads", self.heads, f"must divide hidden={self.hidden}")
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    def num_params(self) -> int:
+        """Ψ, every trainable parameter.
+
+        Per block: LN 2h, QKV 3h²+3h, attention projection h²+h, LN 2h, MLP h·f+f and f·h+h,
+        i.e. 4h² + 2hf + 9h + f (12h² + 13h for f = 4h, as Narayanan et al. 2021, eq. 2). Plus
+        token embeddings V·h (tied with the LM head), positions T·h and the final LN 2h.
+        """
+        h, f = self.hidden, self.ffn
+        block = 4 * h * h + 2 * h * f + 9 * h + f
+        return self.layers * block + self.vocab * h + self.seq_len * h + 2 * h
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6Ψ + 12·L·h·T.
+
+        6Ψ for the forward and backward matmuls of every weight, 12·L·h·T for the attention
+        scores and weighted sums (Chowdhery et al. 2022, PaLM, Appendix B; nanoGPT's
+        ``estimate_mfu``). Recomputation under activation checkpointing is not counted: this is
+        *model* FLOPs, so TFLOPS figures compare across strategies.
+        """
+        return 6 * self.num_params() + 12 * self.layers * self.hidden * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ModelSpec:
+        return _from_dict(cls, data, "model")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One point of the search space: where P, G and OS live and how bytes move (DESIGN.md §2).
+
+    Spans count levels from the innermost: 0 = not partitioned (replicated), L = the world.
+    ZeRO-3 is (L, L, L), ZeRO-1 (0, 0, L), MiCS (node, node, node).
+    """
+
+    param_span: int
+    """Span over which the 16-bit parameters are sharded."""
+    grad_span: int
+    """Span over which gradients are reduce-scattered (and kept) during backward."""
+    optim_span: int
+    """Span over which fp32 master weights and Adam moments are sharded."""
+    secondary_span: int | None = None
+    """hpZ: span of a secondary weight shard kept after forward for the backward all-gather;
+    None = off (backward gathers from ``param_span`` again). Must be < param_span."""
+    weight_bits: int = 16
+    """Width of the weight all-gather from the primary shard: 16 (the run's dtype), 8 or 4."""
+    grad_bits: int = 16
+    """Width of gradient reductions: 16 (the run's dtype) or 8 / 4 (qgZ all-to-all)."""
+    quantize_above: int = 1
+    """Innermost level (1-based) whose links carry quantized data; faster inner links stay 16-bit."""
+    allgather_bucket_mb: float = 25.0
+    """Target size of a flat parameter bucket (one gather), MB of 16-bit parameters."""
+    reduce_bucket_mb: float = 25.0
+    """Target size of one gradient reduction, MB."""
+    prefetch_buckets: int = 1
+    """Buckets gathered ahead of the one computing (0 = no prefetch)."""
+    micro_batch_size: int = 1
+    """Sequences per rank per micro-step; accumulation steps derive from the global batch."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of storing them."""
+    name: str | None = None
+    """Label only (the preset it came from); never changes behaviour."""
+
+    def __post_init__(self) -> None:
+        for f in ("param_span", "grad_span", "optim_span"):
+            _check_int(f"strategy.{f}", getattr(self, f), 0)
+        if self.param_span > self.grad_span:
+            raise SpecError("strategy.param_span", self.param_span,
+                            f"must be <= grad_span={self.grad_span} (params are partitioned no wider than grads)")
+        if self.grad_span > self.optim_span:
+            raise SpecError("strategy.grad_span", self.grad_span,
+                            f"must be <= optim_span={self.optim_span} "
+                            "(grads are partitioned no wider than optimizer states)")
+        if self.secondary_span is not None:
+            _check_int("strategy.secondary_span", self.secondary_span, 0)
+            if self.secondary_span >= self.param_span:
+                raise SpecError("strategy.secondary_span", self.secondary_span,
+                                f"must be < param_span={self.param_span} (hpZ keeps a narrower copy) or null")
+        for f in ("weight_bits", "grad_bits"):
+            if getattr(self, f) not in BITS:
+                raise SpecError(f"strategy.{f}", getattr(self, f), f"must be one of {list(BITS)}")
+        _check_int("strategy.quantize_above", self.quantize_above, 1)
+        if self.weight_bits < 16 and self.param_span < self.quantize_above:
+            raise SpecError("strategy.weight_bits", self.weight_bits,
+                            f"has no effect: param_span={self.param_span} crosses no level >= "
+                            f"quantize_above={self.quantize_above}; use 16 or widen param_span")
+        _check_pos("strategy.allgather_bucket_mb", self.allgather_bucket_mb)
+        _check_pos("strategy.reduce_bucket_mb", self.reduce_bucket_mb)
+        _check_int("strategy.prefetch_buckets", self.prefetch_buckets, 0)
+        _check_int("strategy.micro_batch_size", self.micro_batch_size, 1)
+        if not isinstance(self.activation_checkpointing, bool):
+            raise SpecError("strategy.activation_checkpointing", self.activation_checkpointing, "must be true or false")
+
+    def validate_for(self, cluster: ClusterSpec) -> Strategy:
+        """Check the rules that need the cluster (spans and levels exist); return self."""
+        levels = cluster.num_levels
+        if self.optim_span > levels:
+            raise SpecError("strategy.optim_span", self.optim_span,
+                            f"must be <= {levels}, the number of levels of cluster {cluster.name!r}")
+        if self.quantize_above > levels:
+            raise SpecError("strategy.quantize_above", self.quantize_above,
+                            f"must be <= {levels}, the number of levels of cluster {cluster.name!r}")
+        return self
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight_bits < 16 or self.grad_bits < 16
+
+    def replace(self, **changes: Any) -> Strategy:
+        """A copy with ``changes`` applied and validated (the label is dropped unless given)."""
+        changes.setdefault("name", self.name)
+        return _from_dict(Strategy, {**self.to_dict(), **changes}, "strategy")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Strategy:
+        return _from_dict(cls, data, "strategy")
+
+
+__all__ = ["BITS", "ClusterSpec", "Level", "ModelSpec", "Strategy"]

@@ -1,0 +1,55 @@
+"""The zerotune CLI: exit statuses, one-line errors, and a light import path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from api.cli import ExitStatus, main
+
+
+def test_help_lists_subcommands(capsys):
+    assert main(["--help"]) == ExitStatus.SUCCESS
+    out = capsys.readouterr().out
+    assert "catalog" in out and "validate" in out
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert main([]) == ExitStatus.USAGE_ERROR
+
+
+def test_validate_ok_and_json(capsys):
+    assert main(["validate", "--cluster", "frontier:48", "--strategy", "zeropp", "--model", "gpt-neox-20b"]) == 0
+    assert "384 ranks" in capsys.readouterr().out
+    assert main(["validate", "--cluster", "local:2x2", "--strategy", "zero3", "--set", "weight_bits=8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["strategy"]["weight_bits"] == 8 and data["world_size"] == 4
+
+
+def test_invalid_strategy_is_one_line_on_stderr(capsys):
+    code = main(["validate", "--cluster", "local:2x2", "--strategy", "zero3", "--set", "grad_bits=3"])
+    assert code == ExitStatus.USAGE_ERROR
+    err = capsys.readouterr().err.strip()
+    assert err == "zerotune: error: strategy.grad_bits=3: must be one of [16, 8, 4]"
+
+
+def test_catalog_json(capsys):
+    assert main(["catalog", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"frontier", "dgx-h100"} <= set(data["clusters"]) and "zeropp" in data["strategies"]
+
+
+def test_console_script_runs_without_torch():
+    code = ("import sys; from api.cli import main; rc = main(['validate', '--cluster', 'frontier:48', "
+            "'--strategy', '3level-a']); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run(["zerotune", "--help"] if _has_script() else [sys.executable, "-m", "api.cli", "--help"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "validate" in result.stdout
+
+
+def _has_script() -> bool:
+    import shutil
+    return shutil.which("zerotune") is not None

@@ -1,0 +1,96 @@
+"""Multi-rank measurements for test_collectives.py, run under torchrun (gloo, CPU).
+
+    torchrun --standalone --nproc-per-node 8 tests/strategies/dist_checks.py local:2x2x2 OUT_DIR
+
+Every rank runs the same collectives and writes OUT_DIR/rank{r}.json with raw measurements
+(results compared against references, errors, counted bytes); the pytest side computes the
+closed-form expectations and asserts, so nothing here decides pass or fail.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from strategies import quant
+from strategies.catalog import parse_cluster
+from strategies.comm import Communicator
+from strategies.topology import build_topology, range_ranks
+
+SIZES = (1001, 37)  # not divisible by any world size used
+BLOCK = 64  # small quantization blocks so tiny buffers hold several
+
+
+def level_ranges(num_levels: int) -> list[tuple[int, int]]:
+    return [(lo, hi) for lo in range(1, num_levels + 1) for hi in range(lo, num_levels + 1)]
+
+
+def exact_values(n: int, seed: int) -> torch.Tensor:
+    """Random dyadic values: fp32 sums of up to 8 of them are exact in any order."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-1024, 1024, (n,), generator=g).float() / 256
+
+
+def main() -> None:
+    cluster, out_dir = parse_cluster(sys.argv[1]), Path(sys.argv[2])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    topo = build_topology(cluster, timeout_s=60)
+    comm = Communicator(topo, block=BLOCK)
+    rank, world = topo.rank, topo.world_size
+    records = []
+
+    def measure(op: str, levels: tuple[int, int], n: int, meta: dict, fn: Callable[..., torch.Tensor],
+                *args: object, **kwargs: object) -> torch.Tensor:
+        comm.counter.reset()
+        out = fn(*args, **kwargs)
+        records.append({"op": op, "levels": list(levels), "n": n, "bytes": comm.counter.as_dict(), **meta})
+        return out
+
+    for levels in level_ranges(cluster.num_levels):
+        for n in SIZES:
+            # every rank can build every rank's input from the seed, so references are local
+            inputs = [exact_values(n, 1000 * r + n) for r in range(world)]
+            full = exact_values(n, 7 + n)
+            mine = inputs[rank]
+            group_ranks = range_ranks(cluster, rank, levels)
+            exact_sum = torch.stack([inputs[r] for r in group_ranks]).sum(0)
+            shard = comm.shard(full, levels)
+            for flat in (False, True):
+                meta = {"flat": flat, "bits": 16, "qa": 1}
+                got = measure("all_gather", levels, shard.numel(), meta, comm.all_gather, shard, levels,
+                              numel=n, flat=flat)
+                records[-1]["equal"] = bool(torch.equal(got, full))
+                got = measure("reduce_scatter", levels, n, meta, comm.reduce_scatter, mine, levels, flat=flat)
+                records[-1]["equal"] = bool(torch.equal(got, comm.shard(exact_sum, levels)))
+                got = measure("all_reduce", levels, n, meta, comm.all_reduce, mine, levels, flat=flat)
+                records[-1]["equal"] = bool(torch.equal(got, exact_sum))
+                for bits in (8, 4):
+                    for qa in range(1, levels[1] + 1):
+                        meta = {"flat": flat, "bits": bits, "qa": qa}
+                        q = {"bits": bits, "quantize_above": qa, "flat": flat}
+                        # weights: every chunk is quantized exactly once, whatever the algorithm
+                        padded = torch.cat([full, full.new_zeros(shard.numel() * topo.size(levels) - n)])
+                        chunks = padded.view(-1, shard.numel())
+                        expect = quant.dequantize(quant.quantize(chunks, bits, BLOCK), shard.numel(), bits,
+                                                  block=BLOCK).reshape(-1)
+                        got = measure("all_gather", levels, shard.numel(), meta, comm.all_gather, shard, levels, **q)
+                        records[-1]["equal"] = bool(torch.equal(got, expect))
+                        got = measure("reduce_scatter", levels, n, meta, comm.reduce_scatter, mine, levels, **q)
+                        ref = comm.shard(exact_sum, levels)
+                        records[-1]["max_err"] = float((got - ref).abs().max())
+                        records[-1]["rel_rms"] = float((got - ref).norm() / ref.norm())
+                        records[-1]["max_abs_input"] = float(max(inputs[r].abs().max() for r in group_ranks))
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "coords": topo.coords,
+                                                          "records": records}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

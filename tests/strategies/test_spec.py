@@ -1,0 +1,164 @@
+"""ClusterSpec, ModelSpec and Strategy: presets, formulas, JSON round trips and validation messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from strategies.catalog import MODELS, STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from strategies.errors import SpecError, UnknownPresetError
+from strategies.spec import ClusterSpec, ModelSpec, Strategy
+
+
+def test_frontier_preset_matches_design_figures():
+    c = parse_cluster("frontier:48")
+    assert c.world_size == 384 and c.num_levels == 3
+    assert [(lv.name, lv.size, lv.bandwidth_gbps) for lv in c.levels] == [
+        ("gcd-pair", 2, 200.0), ("node", 4, 50.0), ("inter-node", 48, 12.5)]
+    assert (c.device_memory_gib, c.peak_tflops) == (64.0, 191.5)
+    assert c.node_span == 2 and c.span_size(2) == 8
+
+
+def test_dgx_and_local_presets():
+    d = parse_cluster("dgx-h100:4")
+    assert d.world_size == 32 and d.levels[0].size == 8 and d.peak_tflops == 989.0
+    local = parse_cluster("local:2x2x2")
+    assert local.sizes == (2, 2, 2) and local.world_size == 8 and local.levels[-1].name == "inter-node"
+    assert parse_cluster("local:4").num_levels == 1
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("summit:4", "unknown cluster preset"),
+    ("frontier:0", "whole number"),
+    ("frontier:x", "whole number"),
+    ("local:2x0", "sizes >= 1"),
+    ("local:", "local:AxBxC"),
+    ("", "must be a preset"),
+])
+def test_bad_cluster_strings_name_the_value(text, fragment):
+    with pytest.raises(SpecError) as err:
+        parse_cluster(text)
+    assert fragment in str(err.value) and repr(text) in str(err.value)
+
+
+def test_cluster_json_file_round_trip(tmp_path):
+    c = parse_cluster("frontier:2")
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(c.to_dict()))
+    assert parse_cluster(str(path)) == c
+    assert ClusterSpec.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_num_params_gpt2_small_shape():
+    # GPT-2 small (124,439,808 parameters with tied head, vocab 50257, positions 1024)
+    gpt2 = ModelSpec("gpt2", layers=12, hidden=768, heads=12, vocab=50257, seq_len=1024)
+    assert gpt2.num_params() == 124_439_808
+
+
+def test_neox_20b_shape_and_flops():
+    m = parse_model("gpt-neox-20b")
+    assert (m.layers, m.hidden, m.heads, m.seq_len) == (44, 6144, 64, 2048)
+    assert 19.9e9 < m.num_params() < 20.6e9
+    assert m.flops_per_token() == 6 * m.num_params() + 12 * 44 * 6144 * 2048
+
+
+def test_model_presets_round_trip_and_tiny_is_tiny():
+    for m in MODELS.values():
+        assert ModelSpec.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    assert parse_model("gpt-tiny").num_params() < 200_000
+
+
+def test_model_validation():
+    with pytest.raises(SpecError, match=r"model.heads=5: must divide hidden=64"):
+        ModelSpec("m", layers=1, hidden=64, heads=5, vocab=10, seq_len=8)
+    with pytest.raises(SpecError, match=r"model.layers=0: must be >= 1"):
+        ModelSpec("m", layers=0, hidden=64, heads=4, vocab=10, seq_len=8)
+    with pytest.raises(UnknownPresetError, match="unknown model preset"):
+        parse_model("gpt-5")
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGY_PRESETS))
+@pytest.mark.parametrize("cluster", ["frontier:48", "dgx-h100:8", "local:2x2x2", "local:2x4"])
+def test_presets_resolve_and_round_trip(name, cluster):
+    c = parse_cluster(cluster)
+    s = build_strategy(name, c)
+    assert s.name == name and s.optim_span <= c.num_levels
+    assert Strategy.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+def test_preset_spans_follow_design():
+    c = parse_cluster("frontier:48")
+    spans = {n: (s.param_span, s.grad_span, s.optim_span, s.secondary_span)
+             for n in STRATEGY_PRESETS for s in [build_strategy(n, c)]}
+    assert spans["zero1"] == (0, 0, 3, None)
+    assert spans["zero2"] == (0, 3, 3, None)
+    assert spans["zero3"] == (3, 3, 3, None)
+    assert spans["mics"] == (2, 2, 2, None)
+    assert spans["zeropp"] == (3, 3, 3, 2)
+    assert spans["3level-a"] == (1, 2, 3, None)
+    assert spans["3level-b"] == (3, 3, 3, 1)
+    pp = build_strategy("zeropp", c)
+    assert (pp.weight_bits, pp.grad_bits) == (8, 4)
+
+
+def test_overrides_and_dict_with_preset():
+    c = parse_cluster("local:2x2x2")
+    s = build_strategy("zeropp", c, weight_bits=16, grad_bits=16)
+    assert not s.quantized and s.secondary_span == 2
+    d = build_strategy({"preset": "zero3", "micro_batch_size": 4}, c)
+    assert d.micro_batch_size == 4 and d.param_span == 3
+
+
+BASE = dict(param_span=2, grad_span=2, optim_span=2)
+
+
+@pytest.mark.parametrize("changes, field, fragment", [
+    (dict(param_span=3), "strategy.param_span", "must be <= grad_span=2"),
+    (dict(grad_span=3, optim_span=2, param_span=1), "strategy.grad_span", "must be <= optim_span=2"),
+    (dict(param_span=-1), "strategy.param_span", "must be >= 0"),
+    (dict(param_span=1.5), "strategy.param_span", "must be an integer"),
+    (dict(secondary_span=2), "strategy.secondary_span", "must be < param_span=2"),
+    (dict(weight_bits=2), "strategy.weight_bits", "must be one of [16, 8, 4]"),
+    (dict(grad_bits=32), "strategy.grad_bits", "must be one of [16, 8, 4]"),
+    (dict(quantize_above=0), "strategy.quantize_above", "must be >= 1"),
+    (dict(weight_bits=8, quantize_above=3), "strategy.weight_bits", "crosses no level >= quantize_above=3"),
+    (dict(allgather_bucket_mb=0), "strategy.allgather_bucket_mb", "must be > 0"),
+    (dict(reduce_bucket_mb=float("nan")), "strategy.reduce_bucket_mb", "finite number"),
+    (dict(prefetch_buckets=-1), "strategy.prefetch_buckets", "must be >= 0"),
+    (dict(micro_batch_size=0), "strategy.micro_batch_size", "must be >= 1"),
+    (dict(activation_checkpointing="yes"), "strategy.activation_checkpointing", "true or false"),
+])
+def test_each_broken_rule_has_its_own_message(changes, field, fragment):
+    with pytest.raises(SpecError) as err:
+        Strategy(**{**BASE, **changes})
+    assert err.value.field == field
+    assert fragment in err.value.rule
+    assert str(err.value).startswith(f"{field}=")
+
+
+def test_strategy_that_cannot_fit_the_cluster_is_refused():
+    two_levels = parse_cluster("local:2x2")
+    with pytest.raises(SpecError, match=r"optim_span=3: must be <= 2, the number of levels"):
+        build_strategy({"param_span": 3, "grad_span": 3, "optim_span": 3}, two_levels)
+    with pytest.raises(SpecError, match=r"quantize_above=3: must be <= 2"):
+        build_strategy("zero3", two_levels, quantize_above=3)
+    with pytest.raises(SpecError, match="needs a cluster with an hpZ level"):
+        build_strategy("zeropp", parse_cluster("local:4"))
+
+
+def test_unknown_fields_and_presets_are_named():
+    with pytest.raises(SpecError, match=r"strategy.stage=3: unknown field"):
+        Strategy.from_dict({**BASE, "stage": 3})
+    with pytest.raises(UnknownPresetError, match=r"strategy='zero4': unknown strategy preset"):
+        build_strategy("zero4", parse_cluster("local:2x2"))
+    with pytest.raises(SpecError, match=r"cluster.levels\[\].speed=1: unknown field"):
+        ClusterSpec.from_dict({"name": "x", "levels": [{"name": "a", "size": 2, "bandwidth_gbps": 1, "speed": 1}]})
+    with pytest.raises(SpecError, match="level names must be unique"):
+        ClusterSpec.from_dict({"name": "x", "levels": [{"name": "a", "size": 2, "bandwidth_gbps": 1}] * 2})
+
+
+def test_error_detail_is_json_friendly():
+    with pytest.raises(SpecError) as err:
+        Strategy(**{**BASE, "weight_bits": 3})
+    assert err.value.as_detail() == {"field": "strategy.weight_bits", "value": 3, "rule": "must be one of [16, 8, 4]"}
