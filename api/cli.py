@@ -29,22 +29,6 @@ class ExitStatus(enum.IntEnum):
     """Ctrl-C."""
 
 
-def _parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["weight_bits=16", "secondary_span=null"]`` → ``{"weight_bits": 16, "secondary_span": None}``."""
-    from strategies.errors import SpecError
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise SpecError("--set", pair, "must look like FIELD=VALUE (e.g. weight_bits=16)")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
 def cmd_catalog(args: argparse.Namespace) -> int:
     from strategies.catalog import catalog
 
@@ -67,10 +51,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from strategies.catalog import build_strategy, parse_cluster, parse_model
+    from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
 
     cluster = parse_cluster(args.cluster)
-    strategy = build_strategy(args.strategy, cluster, **_parse_overrides(args.set))
+    strategy = build_strategy(args.strategy, cluster, **parse_overrides(args.set))
     out: dict[str, Any] = {"cluster": cluster.to_dict(), "world_size": cluster.world_size,
                            "strategy": strategy.to_dict()}
     if args.model:
@@ -85,6 +69,50 @@ def cmd_validate(args: argparse.Namespace) -> int:
         bits = f", weights {strategy.weight_bits}-bit, grads {strategy.grad_bits}-bit"
         print(f"ok: {strategy.name or 'strategy'} on {cluster.name} ({cluster.world_size} ranks): {spans}{hpz}{bits}")
     return ExitStatus.SUCCESS
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Validate, launch torchrun with one rank per cluster rank, report where run.json is."""
+    from pathlib import Path
+
+    from strategies.launch import run_torchrun
+    from strategies.train import resolve
+
+    model, cluster, strategy, accum = resolve(args)  # refuse bad input before any process starts
+    out = Path(args.out)
+    for stale in [out, *out.parent.glob(out.name + ".rank*.err")]:
+        stale.unlink(missing_ok=True)
+    print(f"zerotune: training {model.name} with {strategy.name or 'custom strategy'} on {cluster.name} "
+          f"({cluster.world_size} ranks, {args.steps} steps, {accum} micro-batch(es) per step)", file=sys.stderr)
+    result = run_torchrun(cluster.world_size, ["strategies.train", *args.argv], timeout_s=args.run_timeout,
+                          stream=not args.quiet)
+    if result.ok and out.is_file():
+        run = json.loads(out.read_text())
+        print(json.dumps({k: run[k] for k in ("status", "step_time_s", "tokens_per_s", "tflops_per_rank",
+                                              "health")}, indent=2))
+        return ExitStatus.SUCCESS
+    reason = _failure_reason(out, result.output, result.timed_out, args.run_timeout)
+    out.write_text(json.dumps({"status": "failed", "error": reason, "world_size": cluster.world_size,
+                               "log_tail": result.output.splitlines()[-40:]}, indent=2))
+    print(f"zerotune: error: training failed: {reason}", file=sys.stderr)
+    return ExitStatus.ERROR
+
+
+def _failure_reason(out: Any, output: str, timed_out: bool, limit: float) -> str:
+    """Which rank failed and why: the lowest rank's error file, else the launcher's last words."""
+    if timed_out:
+        return f"timed out after {limit:g} s; every rank was killed"
+    errors = []
+    for path in out.parent.glob(out.name + ".rank*.err"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if errors:
+        first = min(errors, key=lambda e: e.get("rank", 0))
+        return f"rank {first['rank']} failed: {first['error']}"
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    return lines[-1] if lines else "torchrun exited without output"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a strategy field, e.g. --set weight_bits=16 (repeatable)")
     p.add_argument("--json", action="store_true", help="print the resolved values as JSON")
     p.set_defaults(func=cmd_validate)
+
+    from strategies.train import add_run_args
+
+    p = sub.add_parser("train", help="a short run of the built-in ZeRO trainer under torchrun; writes run.json")
+    add_run_args(p)
+    p.add_argument("--run-timeout", type=float, default=1800.0, help="wall-clock limit for the whole run, seconds")
+    p.add_argument("--quiet", action="store_true", help="do not stream the ranks' progress")
+    p.set_defaults(func=cmd_train)
     return parser
 
 
@@ -112,10 +148,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     """Run one ``zerotune`` command; return its exit status."""
     del env  # reserved: commands that read ZEROTUNE_* settings take them from here
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed the usage line
         return ExitStatus.SUCCESS if exc.code == 0 else ExitStatus.USAGE_ERROR
+    if args.command == "train":  # the ranks get the same arguments, minus the launcher's own
+        args.argv = _strip(argv[argv.index("train") + 1:], ("--run-timeout",), ("--quiet",))
     if not getattr(args, "func", None):
         parser.print_help()
         return ExitStatus.USAGE_ERROR
@@ -135,6 +174,20 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"zerotune: error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return ExitStatus.ERROR
+
+
+def _strip(argv: list[str], with_value: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in with_value:
+            skip = True
+        elif a in flags or a.split("=", 1)[0] in with_value:
+            continue
+        else:
+            out.append(a)
+    return out
 
 
 def entry() -> None:

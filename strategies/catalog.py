@@ -156,6 +156,20 @@ def _preset_fields(name: Any, cluster: ClusterSpec) -> dict[str, Any]:
     return {**fields, "name": name}
 
 
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["weight_bits=16", "secondary_span=null"]`` → ``{"weight_bits": 16, "secondary_span": None}``."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise SpecError("--set", pair, "must look like FIELD=VALUE (e.g. weight_bits=16)")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
 def _read_json(what: str, path: str) -> Any:
     try:
         return json.loads(Path(path).read_text())

@@ -1,0 +1,311 @@
+"""The hierarchical ZeRO engine: flat buckets, gathers, reductions and the AdamW step (DESIGN.md §3).
+
+Shard layout (nested, so every step is one range collective): a bucket's padded flat buffer is
+split into S_P chunks by the rank's index over levels 1..P (its *param shard*); each of those into
+S_{P+1..G} pieces by the index over levels P+1..G (its *grad shard*); each of those by G+1..O (its
+*optimizer shard*). Hence:
+
+- forward: all-gather the param shard over span P (``weight_bits`` above ``quantize_above``);
+  prefetch the next ``prefetch_buckets`` buckets; keep the span-``secondary_span`` chunk (hpZ);
+  release the full buffer after the bucket's forward;
+- backward, bucket by bucket in reverse: all-gather again (from the secondary shard, 16-bit, or the
+  param shard), backward through the bucket, reduce-scatter its gradients over levels 1..P then
+  P+1..G (``grad_bits``), in reduce groups of about ``reduce_bucket_mb``; accumulate into the grad
+  shard over micro-batches;
+- step: reduce-scatter grad shards over G+1..O, all-reduce across replicas (O+1..L), AdamW on the
+  fp32 optimizer shard, all-gather the new weights over P+1..O (16-bit: the authoritative shard
+  is never quantized), drop secondary shards.
+
+The root unit (embeddings + final LayerNorm, tied to the head) stays gathered from the start of
+forward to the end of backward. All collectives run in order on one communication thread, so
+prefetches overlap compute and every rank issues the same sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.utils.checkpoint
+from torch import nn
+
+from strategies.comm import ByteCounter, Communicator
+from strategies.memory import MemoryAccountant
+from strategies.model import build_gpt, unit_params
+from strategies.plan import Bucket, plan_buckets
+from strategies.spec import ModelSpec, Strategy
+from strategies.topology import Topology
+from strategies.volume import QUANT_BLOCK
+
+
+@dataclass
+class FlatBucket:
+    plan: Bucket
+    flat: nn.Parameter
+    """The full padded buffer; its storage is empty (size 0) while the bucket is released."""
+    views: list[tuple[nn.Module, str, torch.Size, int]]
+    """Where each parameter lives: (module, attribute, shape, offset into ``flat``)."""
+    param_shard: torch.Tensor
+    grad_shard: torch.Tensor
+    master: nn.Parameter
+    secondary: torch.Tensor | None = None
+    pending: Future | None = None
+    gathered: bool = False
+    activations: list[int] = field(default_factory=lambda: [0])
+
+
+class ZeroEngine:
+    """Trains a GPT from ``ModelSpec`` with ``Strategy`` on the ranks of ``topo``."""
+
+    def __init__(self, spec: ModelSpec, strategy: Strategy, topo: Topology, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", lr: float = 1e-3, weight_decay: float = 0.0, seed: int = 0,
+                 quant_block: int = QUANT_BLOCK) -> None:
+        strategy.validate_for(topo.cluster)
+        self.spec, self.s, self.topo, self.dtype = spec, strategy, topo, dtype
+        self.device = torch.device(device)
+        self.counter = ByteCounter()
+        self.comm = Communicator(topo, self.counter, quant_block)
+        self.mem = MemoryAccountant()
+        self.elem = torch.empty((), dtype=dtype).element_size()
+        s, L = strategy, topo.num_levels
+        self.p_range, self.pg_range, self.go_range = (1, s.param_span), (s.param_span + 1, s.grad_span), \
+            (s.grad_span + 1, s.optim_span)
+        self.replica_range = (s.optim_span + 1, L)
+        self.plan = plan_buckets(spec, topo.world_size, s.allgather_bucket_mb, s.reduce_bucket_mb)
+        self.model = build_gpt(spec, seed=seed, dtype=dtype).to(self.device)
+        units = dict(unit_params(self.model))
+        self.buckets = [self._build_bucket(b, [p for u in b.units for p in units[u]]) for b in self.plan.buckets]
+        self.optimizer = torch.optim.AdamW([b.master for b in self.buckets], lr=lr, weight_decay=weight_decay,
+                                           foreach=False)
+        self._comm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotune-comm")
+        self._inflight: list[Future] = []
+
+    # -- construction ---------------------------------------------------------------------------
+    def _build_bucket(self, plan: Bucket, params: list[tuple[str, nn.Parameter]]) -> FlatBucket:
+        full = torch.zeros(plan.padded, dtype=self.dtype, device=self.device)
+        views, offset = [], 0
+        for name, p in params:
+            module = self.model.get_submodule(_owner(self.model, p))
+            attr = name.rsplit(".", 1)[-1]
+            full[offset:offset + p.numel()] = p.detach().reshape(-1)
+            del module._parameters[attr]
+            views.append((module, attr, p.shape, offset))
+            offset += p.numel()
+        assert offset == plan.numel, (offset, plan.numel)
+        param_shard = self.comm.shard(full, self.p_range)
+        opt_shard = self.comm.shard(self.comm.shard(param_shard, self.pg_range), self.go_range)
+        grad_numel = plan.padded // self.topo.size((1, self.s.grad_span))
+        grad_shard = torch.zeros(grad_numel, dtype=self.dtype, device=self.device)
+        b = FlatBucket(plan=plan, flat=nn.Parameter(full), views=views, param_shard=param_shard,
+                       grad_shard=grad_shard, master=nn.Parameter(opt_shard.float()))
+        if self.s.param_span == 0:
+            b.param_shard = b.flat.data  # replicated: the full buffer is the shard, always resident
+            b.gathered = True
+        else:
+            b.flat.data.untyped_storage().resize_(0)
+        self.mem.exclude(b.flat)
+        self.mem.alloc("params", b.param_shard.numel() * self.elem)
+        self.mem.alloc("grads", grad_numel * self.elem)
+        self.mem.alloc("optim_states", 3 * b.master.numel() * 4)  # fp32 master + AdamW exp_avg, exp_avg_sq
+        return b
+
+    # -- gathers ---------------------------------------------------------------------------------
+    def _submit_gather(self, b: FlatBucket, backward: bool) -> None:
+        if b.gathered or b.pending is not None:
+            return
+        s = self.s
+        if backward and b.secondary is not None:
+            src, rng, bits = b.secondary, (1, s.secondary_span or 0), 16
+        else:
+            src, rng, bits = b.param_shard, self.p_range, s.weight_bits
+        self.mem.alloc("comm_buffers", b.plan.padded * self.elem)
+        b.pending = self._comm_thread.submit(self.comm.all_gather, src, rng, bits=bits,
+                                             quantize_above=s.quantize_above)
+
+    def _materialize(self, b: FlatBucket, backward: bool) -> None:
+        """Wait for the bucket's gather, fill its flat buffer and point the modules at it."""
+        if not b.gathered:
+            self._submit_gather(b, backward)
+            assert b.pending is not None
+            full = b.pending.result()
+            b.pending = None
+            nbytes = b.plan.padded * self.elem
+            b.flat.data.untyped_storage().resize_(nbytes)
+            b.flat.data.copy_(full)  # through .data: autograd's saved views see new values, no version bump
+            self.mem.alloc("comm_buffers", nbytes)
+            self.mem.free("comm_buffers", nbytes)  # the gathered temporary
+            b.gathered = True
+            if not backward and self.s.secondary_span is not None and b.secondary is None and not b.plan.is_root:
+                b.secondary = self.comm.shard(b.flat.data, (1, self.s.secondary_span))
+                self.mem.alloc("secondary_params", b.secondary.numel() * self.elem)
+        for module, attr, shape, offset in b.views:
+            setattr(module, attr, b.flat[offset:offset + shape.numel()].view(shape))
+
+    def _release(self, b: FlatBucket) -> None:
+        if self.s.param_span == 0 or not b.gathered:
+            return
+        b.flat.data.untyped_storage().resize_(0)
+        b.gathered = False
+        self.mem.free("comm_buffers", b.plan.padded * self.elem)
+
+    def _prefetch(self, order: list[FlatBucket], i: int, backward: bool) -> None:
+        for b in order[i + 1:i + 1 + self.s.prefetch_buckets]:
+            self._submit_gather(b, backward)
+
+    # -- reductions ------------------------------------------------------------------------------
+    def _reduce_group(self, group: list[FlatBucket], grads: list[torch.Tensor]) -> None:
+        """Reduce-scatter a group's full gradients to grad shards (levels 1..P, then P+1..G)."""
+        s_p, s_pg = self.topo.size(self.p_range), self.topo.size(self.pg_range)
+        staged = torch.cat([g.view(s_p, s_pg, -1) for g in grads], dim=2).reshape(-1)
+        nbytes = staged.numel() * self.elem
+        self.mem.alloc("comm_buffers", nbytes)
+        for g in grads:
+            self.mem.free("comm_buffers", g.numel() * self.elem)
+        bits, qa = self.s.grad_bits, self.s.quantize_above
+
+        def run() -> None:
+            part = self.comm.reduce_scatter(staged, self.p_range, bits=bits, quantize_above=qa)
+            part = self.comm.reduce_scatter(part, self.pg_range, bits=bits, quantize_above=qa)
+            offset = 0
+            for b in group:
+                n = b.grad_shard.numel()
+                b.grad_shard.add_(part[offset:offset + n])
+                offset += n
+            self.mem.free("comm_buffers", nbytes)
+        self._inflight.append(self._comm_thread.submit(run))
+
+    def _wait_inflight(self) -> None:
+        for fut in self._inflight:
+            fut.result()
+        self._inflight.clear()
+
+    # -- one micro-step --------------------------------------------------------------------------
+    def forward_backward(self, idx: torch.Tensor, targets: torch.Tensor, loss_scale: float) -> float:
+        """Forward and backward of one micro-batch; gradients land in the grad shards.
+
+        Args:
+            idx, targets: (B, T) token ids.
+            loss_scale: multiplies the loss before backward (1 / (world · accumulation steps)).
+        Returns:
+            the unscaled loss (a sync point: ``.item()``).
+        """
+        root, blocks = self.buckets[0], self.buckets[1:]
+        seen: set[int] = set()
+        self._submit_gather(root, backward=False)
+        self._prefetch([root, *blocks], 0, backward=False)
+        self._materialize(root, backward=False)
+        with self.mem.saved_activations(seen, root.activations):
+            x0 = self.model.embed(idx)
+        x, boundaries = x0, []
+        for i, b in enumerate(blocks):
+            self._prefetch(blocks, i, backward=False)
+            self._materialize(b, backward=False)
+            x_in = x.detach().requires_grad_()
+            with self.mem.saved_activations(seen, b.activations):
+                x = x_in
+                for unit in b.plan.units:
+                    x = self._run_block(int(unit[5:]), x, seen, b.activations)
+            boundaries.append((x_in, x))
+            self._release(b)
+        h_in = x.detach().requires_grad_()
+        with self.mem.saved_activations(seen, root.activations):
+            loss = self.model.head_loss(h_in, targets)
+        self.mem.alloc("comm_buffers", root.plan.padded * self.elem)  # the root's full gradient, filled from here
+        (loss * loss_scale).backward()
+        grad, rev = h_in.grad, list(reversed(blocks))
+        pending: list[FlatBucket] = []
+        groups = {i: list(g) for g in self.plan.reduce_groups for i in g}
+        for i, b in enumerate(rev):
+            self._prefetch(rev, i, backward=True)
+            self._materialize(b, backward=True)
+            x_in, x_out = boundaries[-1 - i]
+            self.mem.alloc("comm_buffers", b.plan.padded * self.elem)  # the full gradient autograd fills
+            torch.autograd.backward(x_out, grad)
+            grad = x_in.grad
+            self.mem.free("activations", b.activations[0])
+            b.activations[0] = 0
+            self._release(b)
+            pending.append(b)
+            if {p.plan.index for p in pending} == set(groups[b.plan.index]):
+                self._reduce_group(pending, [self._take_grad(p) for p in pending])
+                pending = []
+        torch.autograd.backward(x0, grad)
+        self.mem.free("activations", root.activations[0])
+        root.activations[0] = 0
+        self._reduce_group([root], [self._take_grad(root)])
+        self._release(root)
+        return float(loss.item())  # sync point
+
+    def _run_block(self, i: int, x: torch.Tensor, seen: set[int], counted: list[int]) -> torch.Tensor:
+        block = self.model.blocks[i]
+        if not self.s.activation_checkpointing:
+            return block(x)
+        # checkpoint keeps only the block's input for backward; book it as the block's activations
+        ptr = x.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            counted[0] += x.untyped_storage().nbytes()
+            self.mem.alloc("activations", x.untyped_storage().nbytes())
+        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+
+    @staticmethod
+    def _take_grad(b: FlatBucket) -> torch.Tensor:
+        g = b.flat.grad
+        assert g is not None
+        b.flat.grad = None
+        return g.reshape(-1)
+
+    # -- the step --------------------------------------------------------------------------------
+    def step(self) -> float:
+        """Reduce grad shards to optimizer shards, AdamW, gather new weights; returns the grad norm."""
+        self._wait_inflight()
+        bits, qa = self.s.grad_bits, self.s.quantize_above
+        sq = torch.zeros((), dtype=torch.float64)
+        for b in self.buckets:
+            g = self.comm.reduce_scatter(b.grad_shard, self.go_range, bits=bits, quantize_above=qa)
+            g = self.comm.all_reduce(g, self.replica_range, bits=bits, quantize_above=qa)
+            b.master.grad = g.float()
+            sq += g.double().pow(2).sum()
+            b.grad_shard.zero_()
+        group = self.topo.group((1, self.s.optim_span))
+        if group is not None:  # a logging scalar, not counted in the strategy's bytes
+            dist.all_reduce(sq, group=group)
+        self.optimizer.step()
+        for b in self.buckets:  # nested layout: optimizer shard -> grad-span piece -> param shard
+            new = self.comm.all_gather(b.master.detach().to(self.dtype), self.go_range)
+            b.param_shard.copy_(self.comm.all_gather(new, self.pg_range))
+            if b.secondary is not None:
+                self.mem.free("secondary_params", b.secondary.numel() * self.elem)
+                b.secondary = None
+        return math.sqrt(float(sq))
+
+    # -- inspection ------------------------------------------------------------------------------
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter, gathered unquantized over span P (a collective: call on all ranks)."""
+        out = {}
+        for b in self.buckets:
+            full = self.comm.all_gather(b.param_shard, self.p_range) if self.s.param_span else b.param_shard
+            for module, attr, shape, offset in b.views:
+                name = f"{_module_name(self.model, module)}.{attr}".lstrip(".")
+                out[name] = full[offset:offset + shape.numel()].view(shape).clone()
+        return out
+
+    def close(self) -> None:
+        self._comm_thread.shutdown(wait=True)
+
+
+def _owner(model: nn.Module, param: nn.Parameter) -> str:
+    for name, module in model.named_modules():
+        if any(p is param for p in module._parameters.values()):
+            return name
+    raise AssertionError("parameter not found in model")
+
+
+def _module_name(model: nn.Module, target: nn.Module) -> str:
+    for name, module in model.named_modules():
+        if module is target:
+            return name
+    raise AssertionError("module not found")

@@ -1,0 +1,94 @@
+"""The GPT that zerotune trains: nanoGPT-shaped, built from a ModelSpec.
+
+Learned positions, pre-LayerNorm blocks, GELU MLP, LM head tied to the token embedding (so
+``ModelSpec.num_params`` counts it once). Initialization follows GPT-2 (normal 0.02, residual
+projections scaled by 1/sqrt(2·layers)) from one seed, so every rank builds the same weights.
+
+The model is split into *units* the engine shards: ``root`` (token and position embeddings and the
+final LayerNorm — used at both ends of the network) and one unit per block. ``unit_params`` lists
+each unit's parameters in a fixed order; ``plan.py`` counts the same numbers without torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from strategies.spec import ModelSpec
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden, spec.ffn
+        self.heads = spec.heads
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.ln2 = nn.LayerNorm(h)
+        self.fc = nn.Linear(h, f)
+        self.out = nn.Linear(f, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape  # (B, T, h)
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
+        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, h))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.wte = nn.Embedding(spec.vocab, spec.hidden)
+        self.wpe = nn.Embedding(spec.seq_len, spec.hidden)
+        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.layers))
+        self.ln_f = nn.LayerNorm(spec.hidden)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        pos = torch.arange(t, device=idx.device)
+        return self.wte(idx) + self.wpe(pos)  # (B, T, h)
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # tied head, (B, T, V)
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head_loss(x, targets)
+
+
+def build_gpt(spec: ModelSpec, seed: int = 0, dtype: torch.dtype = torch.float32) -> GPT:
+    """A GPT with GPT-2 initialization from ``seed`` (identical on every rank)."""
+    gen = torch.Generator().manual_seed(seed)
+    model = GPT(spec)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln" in name or name.startswith("ln_"):
+                p.fill_(1.0)
+            else:
+                std = 0.02 / math.sqrt(2 * spec.layers) if name.endswith(("proj.weight", "out.weight")) else 0.02
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model.to(dtype)
+
+
+def unit_params(model: GPT) -> list[tuple[str, list[tuple[str, nn.Parameter]]]]:
+    """The model's units in forward order: ("root", …) then ("block{i}", …), each with its params."""
+    root = [("wte.weight", model.wte.weight), ("wpe.weight", model.wpe.weight),
+            ("ln_f.weight", model.ln_f.weight), ("ln_f.bias", model.ln_f.bias)]
+    units = [("root", root)]
+    for i, block in enumerate(model.blocks):
+        units.append((f"block{i}", list(block.named_parameters())))
+    return units
