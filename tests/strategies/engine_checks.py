@@ -1,0 +1,64 @@
+"""Multi-rank training runs for test_engine.py, under torchrun (gloo, CPU).
+
+    torchrun --standalone --nproc-per-node 8 tests/strategies/engine_checks.py local:2x2x2 CASES OUT_DIR
+
+CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr"}. For each,
+every rank trains gpt-tiny and rank 0 saves losses, grad norms, counted bytes, the memory report
+and the final full parameters to OUT_DIR/<name>.pt; each rank writes rank<r>.json when done.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from strategies.catalog import build_strategy, parse_cluster, parse_model
+from strategies.data import TokenSource, sequence_ids
+from strategies.engine import ZeroEngine
+from strategies.topology import build_topology
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def main() -> None:
+    cluster, cases, out_dir = parse_cluster(sys.argv[1]), json.loads(sys.argv[2]), Path(sys.argv[3])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    topo = build_topology(cluster, timeout_s=120)
+    spec = parse_model(cases[0].get("model", "gpt-tiny"))
+    world = topo.world_size
+    for case in cases:
+        strategy = build_strategy(case["strategy"], cluster, **case.get("set", {}))
+        dtype, accum, steps = DTYPES[case.get("dtype", "fp32")], case.get("accum", 1), case["steps"]
+        engine = ZeroEngine(spec, strategy, topo, dtype=dtype, lr=case.get("lr", 3e-3), seed=0,
+                            quant_block=case.get("quant_block", 2048))
+        data = TokenSource(spec.vocab, spec.seq_len, seed=0)
+        losses, norms, step_bytes = [], [], {}
+        for step in range(steps):
+            engine.counter.reset()
+            total = torch.zeros((), dtype=torch.float64)
+            for micro in range(accum):
+                ids = sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=strategy.micro_batch_size)
+                total += engine.forward_backward(*data.batch(ids), loss_scale=1.0 / (world * accum))
+            norms.append(engine.step())
+            step_bytes = engine.counter.as_dict()
+            dist.all_reduce(total)
+            losses.append(float(total) / (world * accum))
+        memory = engine.mem.report()
+        params = engine.full_parameters()
+        engine.close()
+        if topo.rank == 0:
+            torch.save({"losses": losses, "grad_norms": norms, "bytes": step_bytes, "memory": memory,
+                        "params": params, "strategy": strategy.to_dict()}, out_dir / f"{case['name']}.pt")
+    (out_dir / f"rank{topo.rank}.json").write_text(json.dumps({"rank": topo.rank}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
