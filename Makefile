@@ -33,10 +33,11 @@ test: install lint
 	$(BIN)/python -m pytest
 
 run: install
-	$(BIN)/python bench/collectives.py --cluster local:2x2x2 --size-mb 8 --repeats 3
+	$(BIN)/zerotune train --model gpt-tiny --cluster local:2x2x2 --strategy zeropp --steps 8 --out run.json
 
 bench: install
 	$(BIN)/python bench/collectives.py --cluster local:2x2x2 --size-mb 64
+	$(BIN)/python bench/trainer_vs_fsdp.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

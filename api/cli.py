@@ -99,7 +99,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _failure_reason(out: Any, output: str, timed_out: bool, limit: float) -> str:
-    """Which rank failed and why: the lowest rank's error file, else the launcher's last words."""
+    """Which rank failed and why: the first error written (its peers fail after it, in collectives),
+    else the launcher's last words."""
     if timed_out:
         return f"timed out after {limit:g} s; every rank was killed"
     errors = []
@@ -109,7 +110,7 @@ def _failure_reason(out: Any, output: str, timed_out: bool, limit: float) -> str
         except (OSError, json.JSONDecodeError):
             continue
     if errors:
-        first = min(errors, key=lambda e: e.get("rank", 0))
+        first = min(errors, key=lambda e: (e.get("time", 0.0), e.get("rank", 0)))
         return f"rank {first['rank']} failed: {first['error']}"
     lines = [ln for ln in output.splitlines() if ln.strip()]
     return lines[-1] if lines else "torchrun exited without output"

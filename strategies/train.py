@@ -89,6 +89,20 @@ def health(losses: list[float], grad_norms: list[float]) -> dict[str, str]:
     return {"verdict": "ok", "evidence": f"loss {first:.4f} -> {tail:.4f}"}
 
 
+def _maybe_fault(rank: int, step: int) -> None:
+    """Fault injection for failure-path tests: ZEROTUNE_FAULT="crash@RANK:STEP" or "hang@RANK:STEP"."""
+    spec = os.environ.get("ZEROTUNE_FAULT")
+    if not spec:
+        return
+    kind, _, where = spec.partition("@")
+    fault_rank, _, fault_step = where.partition(":")
+    if rank == int(fault_rank) and step == int(fault_step or 0):
+        if kind == "crash":
+            raise RuntimeError(f"injected crash on rank {rank} at step {step} (ZEROTUNE_FAULT={spec})")
+        if kind == "hang":
+            time.sleep(10**6)
+
+
 def _env_from_slurm() -> None:
     """Under ``srun`` without torchrun, take the rank layout from Slurm's variables."""
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
@@ -124,6 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     losses, grad_norms, step_times = [], [], []
     step_bytes: dict[str, dict[str, int]] = {}
     for step in range(args.steps):
+        _maybe_fault(topo.rank, step)
         engine.counter.reset()
         t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float64)
@@ -190,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args)
     except BaseException as exc:
-        err = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        err = {"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()}
         Path(f"{args.out}.rank{rank}.err").write_text(json.dumps(err, indent=2))
         raise
     if result is not None:

@@ -1,0 +1,290 @@
+"""Our ZeRO engine vs PyTorch FSDP2 (``fully_shard``) vs DDP: step time and peak memory on the same GPT.
+
+    python bench/trainer_vs_fsdp.py                          # worlds 4 and 8, all five configs
+    python bench/trainer_vs_fsdp.py --worlds 4 --configs zero3,fsdp2 --steps 10
+
+Configs (every one trains the same ``--model`` GPT, ``strategies.model.build_gpt(spec, seed=0)``,
+on the same data, one sequence per rank per step, AdamW lr 3e-3, fp32):
+
+- ``zero3``: our :class:`ZeroEngine`, strategy preset ``zero3`` (everything sharded over the world);
+- ``fsdp2``: ``fully_shard`` per transformer block, then on the root, over a 1-D mesh of all ranks,
+  ``reshard_after_forward=True`` (FULL_SHARD) — the pair of ``zero3``;
+- ``mics``: our engine, preset ``mics`` (sharded inside a node, replicated across nodes);
+- ``hsdp``: ``fully_shard`` over a 2-D mesh (replicate, shard) = (nodes, ranks per node), ranks per
+  node being the product of every cluster level size but the outermost — the pair of ``mics``;
+- ``ddp``: ``DistributedDataParallel``, the floor.
+
+World sizes map to clusters as 4 -> local:2x2, 8 -> local:2x2x2 (2^k -> local:2x...x2). Every
+(world, config) runs in its own ``torchrun`` launch, so each config starts from fresh processes;
+rank 0 writes the config's result to a JSON file in a temporary directory and this script prints
+one table per world size. Step time: the slowest rank's time of each step, median over the steps
+after ``--warmup``.
+
+Memory. On GPU (nccl) the figure is ``torch.cuda.max_memory_allocated`` after the model is built.
+On CPU there is no allocator counter, so every config (ours included, for an apples-to-apples
+column) reports the increase of the process's peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) from
+just before the model is built (after the process groups / device mesh exist) to the end of the
+run, maximum over ranks. That figure is coarse: it includes the CPU allocator's caching and
+fragmentation, gloo's buffers, autograd's temporaries and any page the process touched once, and
+it misses memory reused from pages already counted in the baseline. For our engine the table also
+gives the exact peak of its memory accountant (``engine.mem.report()["peak"]``), which counts only
+the buffers the engine books (shards, gathered buckets, gradients, optimizer states, activations).
+
+On one CPU the ranks share cores and "links" are shared memory: times show the cost of the
+algorithms and of their Python overhead, not of a real fabric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+CONFIGS = ("zero3", "fsdp2", "mics", "hsdp", "ddp")
+OURS = {"zero3", "mics"}
+PAIRS = {"zero3": "fsdp2", "mics": "hsdp"}  # ours -> its FSDP2 counterpart
+LR = 3e-3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worlds", default="4,8", help="comma-separated world sizes (powers of 2 >= 2)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
+    p.add_argument("--model", default="gpt-mini", help="model preset (strategies/catalog.py MODELS)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a Strategy field of our engine's configs (e.g. allgather_bucket_mb=1.6)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before one launch is killed")
+    # internal: what one torchrun launch runs
+    p.add_argument("--config", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not 0 <= args.warmup < args.steps:
+        p.error(f"--warmup must be >= 0 and < --steps={args.steps}")
+    unknown = sorted(set(_split(args.configs)) - set(CONFIGS))
+    if unknown:
+        p.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
+    return args
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def cluster_for(world: int) -> str:
+    """4 -> local:2x2, 8 -> local:2x2x2: a binary tree of levels, outermost = nodes of the last level."""
+    if world < 2 or world & (world - 1):
+        raise SystemExit(f"bench: world size {world} must be a power of 2 >= 2")
+    return "local:" + "x".join(["2"] * int(math.log2(world)))
+
+
+# -- the launcher side -------------------------------------------------------------------------
+def launch(args: argparse.Namespace) -> int:
+    from strategies.launch import run_torchrun
+
+    worlds = [int(w) for w in _split(args.worlds)]
+    configs = [c for c in CONFIGS if c in _split(args.configs)]
+    results: dict[int, dict[str, dict[str, Any]]] = {}
+    failed = False
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="zerotune-bench-") as tmp:
+        for world in worlds:
+            cluster = cluster_for(world)
+            results[world] = {}
+            for config in configs:
+                out = Path(tmp) / f"w{world}-{config}.json"
+                target = [__file__, "--config", config, "--cluster", cluster, "--result", str(out),
+                          "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
+                          "--timeout", str(args.timeout), *[a for s in args.set for a in ("--set", s)]]
+                print(f"[{time.perf_counter() - t_all:6.1f}s] {config:<6} on {world} ranks ({cluster}) ...",
+                      file=sys.stderr, flush=True)
+                t0 = time.perf_counter()
+                res = run_torchrun(world, target, module=False, stream=False, timeout_s=args.timeout)
+                if res.ok and out.is_file():
+                    results[world][config] = json.loads(out.read_text())
+                    r = results[world][config]
+                    print(f"          done in {time.perf_counter() - t0:.1f}s: {r['step_ms']:.1f} ms/step",
+                          file=sys.stderr, flush=True)
+                else:
+                    failed = True
+                    why = f"timed out after {args.timeout:.0f}s" if res.timed_out else f"exit {res.returncode}"
+                    print(f"bench: {config} on {world} ranks failed ({why}); last output:\n"
+                          f"{res.output[-3000:]}", file=sys.stderr)
+    print(f"\nwall time {time.perf_counter() - t_all:.0f}s", file=sys.stderr)
+    for world in worlds:
+        report(world, cluster_for(world), results[world], args)
+    return 1 if failed else 0
+
+
+def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    if not rows:
+        return
+    any_row = next(iter(rows.values()))
+    mem_kind = any_row["mem_kind"]
+    print(f"\n{args.model} on {world} {any_row['backend']} ranks ({cluster}), {args.steps} steps, median of the last "
+          f"{args.steps - args.warmup}; memory: {mem_kind} per rank (max over ranks)")
+    if any_row.get("hsdp_mesh"):
+        print(f"HSDP mesh (replicate, shard) = {tuple(any_row['hsdp_mesh'])}")
+    head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'ours/FSDP2':>12}{'vs DDP':>8}"
+            f"{'mem MiB':>10}{'acct MiB':>10}{'loss first->last':>20}")
+    print(head)
+    print("-" * len(head))
+    ddp = rows.get("ddp", {}).get("step_ms")
+    for config in CONFIGS:
+        r = rows.get(config)
+        if r is None:
+            continue
+        pair = PAIRS.get(config)
+        ratio = f"{r['step_ms'] / rows[pair]['step_ms']:.2f}" if pair and pair in rows else ""
+        vs_ddp = f"{r['step_ms'] / ddp:.2f}" if ddp else ""
+        acct = f"{r['accountant_peak'] / 2**20:.1f}" if r.get("accountant_peak") is not None else ""
+        loss = f"{r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
+        print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{ratio:>12}{vs_ddp:>8}"
+              f"{r['mem_bytes'] / 2**20:>10.1f}{acct:>10}{loss:>20}")
+
+
+# -- the rank side -----------------------------------------------------------------------------
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def worker(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+    from strategies.data import TokenSource, sequence_ids
+
+    torch.set_num_threads(1)
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    spec, cluster = parse_model(args.model), parse_cluster(args.cluster)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == cluster.world_size, (world, cluster.world_size)
+    config = args.config
+    info: dict[str, Any] = {}
+
+    # communication setup first (process groups / mesh), so the memory baseline excludes it
+    if config in OURS:
+        from strategies.topology import build_topology
+
+        topo = build_topology(cluster, timeout_s=args.timeout)  # once per process
+    elif config in ("fsdp2", "hsdp"):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if config == "fsdp2":
+            mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+        else:
+            per_node = math.prod(cluster.sizes[:-1]) if cluster.num_levels > 1 else world
+            shape = (world // per_node, per_node)
+            info["hsdp_mesh"] = list(shape)
+            mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
+    dist.barrier()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    rss0 = _peak_rss_bytes()
+
+    engine = None
+    if config in OURS:
+        from strategies.engine import ZeroEngine
+
+        strategy = build_strategy(config, cluster, **parse_overrides(args.set))
+        engine = ZeroEngine(spec, strategy, topo, dtype=torch.float32, device=device, lr=LR, seed=0)
+        info["what"] = f"ours {config} ({len(engine.buckets)} buckets)"
+        info["strategy"] = strategy.to_dict()
+
+        def train_step(idx: torch.Tensor, targets: torch.Tensor) -> float:
+            loss = engine.forward_backward(idx, targets, loss_scale=1.0 / world)
+            engine.step()
+            return loss
+    else:
+        from strategies.model import build_gpt
+
+        model = build_gpt(spec, seed=0).to(device)
+        if config == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+            info["what"] = "DDP"
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in model.blocks:
+                fully_shard(block, mesh=mesh, reshard_after_forward=True)
+            fully_shard(model, mesh=mesh, reshard_after_forward=True)
+            info["what"] = "FSDP2 full shard" if config == "fsdp2" else f"FSDP2 HSDP {tuple(mesh.shape)}"
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, foreach=False)
+
+        def train_step(idx: torch.Tensor, targets: torch.Tensor) -> float:
+            loss = model(idx, targets)  # plain mean loss: DDP / FSDP2 average the gradients
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return float(loss.item())
+
+    data = TokenSource(spec.vocab, spec.seq_len, seed=0)
+    losses, times = [], []
+    for step in range(args.steps):
+        idx, targets = (t.to(device) for t in data.batch(sequence_ids(step, 0, rank, accum=1, world=world, batch=1)))
+        t0 = time.perf_counter()
+        losses.append(train_step(idx, targets))
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+
+    # results: the slowest rank per step, the global mean loss, memory maximum over ranks
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    lt = torch.tensor(losses, dtype=torch.float64)
+    dist.all_reduce(lt)
+    mem = {"mem_bytes": int(torch.cuda.max_memory_allocated(device)) if cuda else _peak_rss_bytes() - rss0,
+           "accountant_peak": engine.mem.report()["peak"] if engine is not None else None}
+    mems: list[Any] = [None] * world
+    dist.all_gather_object(mems, mem)
+    if engine is not None:
+        engine.close()
+    if rank == 0:
+        step_times = t.tolist()
+        result = {
+            "config": config, "world": world, "cluster": cluster.name, "backend": backend, **info,
+            "step_ms": statistics.median(step_times[args.warmup:]) * 1e3,
+            "step_times_ms": [x * 1e3 for x in step_times],
+            "losses": (lt / world).tolist(),
+            "mem_kind": "torch.cuda.max_memory_allocated" if cuda else "peak-RSS increase",
+            "mem_bytes": max(m["mem_bytes"] for m in mems),
+            "mem_bytes_per_rank": [m["mem_bytes"] for m in mems],
+            "accountant_peak": max(m["accountant_peak"] for m in mems) if engine is not None else None,
+            "torch_version": torch.__version__,
+        }
+        Path(args.result).write_text(json.dumps(result, indent=2))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    ns = parse_args()
+    if "RANK" in os.environ:
+        if ns.config is None or ns.cluster is None or ns.result is None:
+            raise SystemExit("bench: under torchrun, run through the launcher (python bench/trainer_vs_fsdp.py)")
+        worker(ns)
+    else:
+        sys.exit(launch(ns))
