@@ -116,6 +116,65 @@ def _failure_reason(out: Any, output: str, timed_out: bool, limit: float) -> str
     return lines[-1] if lines else "torchrun exited without output"
 
 
+def _sweep(text: str) -> list[str]:
+    """``frontier:1,2,4`` → ``["frontier:1", "frontier:2", "frontier:4"]``."""
+    name, sep, counts = text.partition(":")
+    if sep and "," in counts:
+        return [f"{name}:{c.strip()}" for c in counts.split(",") if c.strip()]
+    return [text]
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from strategies.calibration import load_calibration
+    from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+    from strategies.costmodel import GIB, cross_node_bytes, predict
+
+    model = parse_model(args.model)
+    calib = load_calibration(args.calibration) if args.calibration else None
+    elem = {"bf16": 2, "fp32": 4}.get(args.dtype)
+    rows = []
+    for strategy_name in args.strategy or ["zero3"]:
+        base = None
+        for text in _sweep(args.cluster):
+            cluster = parse_cluster(text)
+            s = build_strategy(strategy_name, cluster, **parse_overrides(args.set))
+            p = predict(model, cluster, s, elem_bytes=elem, global_batch=args.global_batch, calibration=calib)
+            base = base or p
+            p.update(cluster=cluster.name, strategy=s.name or strategy_name,
+                     scaling_efficiency=p["tflops_per_rank"] / base["tflops_per_rank"],
+                     cross_node_bytes=cross_node_bytes(p, cluster))
+            rows.append(p)
+    if args.json:
+        print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
+        return ExitStatus.SUCCESS
+    print(f"{model.name} ({model.num_params() / 1e9:.2f} B params), calibration {rows[0]['calibration']}")
+    print(f"{'cluster':<14}{'strategy':<10}{'ranks':>6}{'TFLOPS/rank':>12}{'scaling':>9}{'step s':>9}"
+          f"{'tokens/s':>11}{'mem GiB':>9}  {'fits':<5}{'x-node GB':>10}")
+    for p in rows:
+        fits = "yes" if p["feasible"] else f"no ({p['overflow']['category']})"
+        print(f"{p['cluster']:<14}{p['strategy']:<10}{p['world_size']:>6}{p['tflops_per_rank']:>12.1f}"
+              f"{p['scaling_efficiency']:>9.2f}{p['step_time_s']:>9.3f}{p['tokens_per_s']:>11.0f}"
+              f"{p['memory_bytes']['peak'] / GIB:>9.1f}  {fits:<5}{p['cross_node_bytes'] / 1e9:>10.2f}")
+    return ExitStatus.SUCCESS
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from strategies.calibration import Measurement, fit, save_calibration
+
+    runs = []
+    for path in args.runs:
+        try:
+            runs.append(Measurement.from_run(json.loads(open(path).read()), path))
+        except (OSError, json.JSONDecodeError) as exc:
+            from strategies.errors import SpecError
+
+            raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
+    calib, stats = fit(runs, name=args.name)
+    path = save_calibration(calib, runs[0].cluster.name, stats)
+    print(json.dumps({"calibration": calib.to_dict(), "fit": stats, "saved": str(path)}, indent=2))
+    return ExitStatus.SUCCESS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zerotune", description="Pick the partition strategy for sharded LLM training.")
@@ -142,6 +201,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-timeout", type=float, default=1800.0, help="wall-clock limit for the whole run, seconds")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' progress")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("predict", help="predict step time, TFLOPS, memory and bytes with the cost model")
+    p.add_argument("--model", required=True, help="model preset or JSON file")
+    p.add_argument("--cluster", required=True, help="cluster preset; frontier:1,2,4,8 sweeps sizes")
+    p.add_argument("--strategy", action="append", help="strategy preset or JSON file (repeatable; default zero3)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a strategy field")
+    p.add_argument("--global-batch", type=int, default=None, help="sequences per step (default: one per rank)")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="run dtype (auto: fp32 on CPU clusters, bf16 otherwise)")
+    p.add_argument("--calibration", help="a stored calibration name (zerotune calibrate) or its JSON file")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON (run.json field names)")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("calibrate", help="fit the cost model to measured run.json files and store it by name")
+    p.add_argument("runs", nargs="+", help="run.json files from zerotune train (one cluster layout)")
+    p.add_argument("--name", required=True, help="name to store the calibration under")
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

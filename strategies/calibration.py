@@ -1,0 +1,133 @@
+"""Fit the cost model's efficiencies to measured runs, and store them as named calibrations.
+
+``fit`` solves a nonlinear least-squares problem (``scipy.optimize.least_squares``, trust-region
+reflective with bounds) over log step times: residual_i = log(predicted_i / measured_i), so every
+run weighs the same whatever its length. The unknowns are the ``Calibration`` fields: compute
+efficiency, one bandwidth efficiency per level that carries traffic in the data, the latency
+scale, the quantization and optimizer throughputs, the overlap and a fixed per-step overhead. The
+predictor is the same ``costmodel.predict`` the tuner uses, so a fit is a fit of the model itself.
+
+Calibrations are JSON files ``<data dir>/calibrations/<name>.json`` (data dir: ``$ZEROTUNE_DATA_DIR``
+or ``~/.local/share/zerotune``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strategies.costmodel import Calibration, predict
+from strategies.errors import SpecError
+from strategies.spec import ClusterSpec, ModelSpec, Strategy
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured run: what ran and how long a step took."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    strategy: Strategy
+    step_time_s: float
+    elem_bytes: int = 4
+    global_batch: int | None = None
+    quant_block: int = 2048
+
+    @classmethod
+    def from_run(cls, run: dict[str, Any], source: str = "run.json") -> Measurement:
+        """From a trainer ``run.json`` (status ok)."""
+        if run.get("status") != "ok":
+            raise SpecError(source, run.get("status"), "only completed runs (status ok) can calibrate")
+        return cls(model=ModelSpec.from_dict(run["model"]), cluster=ClusterSpec.from_dict(run["cluster"]),
+                   strategy=Strategy.from_dict(run["strategy"]), step_time_s=float(run["step_time_s"]),
+                   elem_bytes=2 if run.get("dtype") in ("bfloat16", "float16") else 4,
+                   global_batch=run.get("global_batch"), quant_block=run.get("config", {}).get("quant_block", 2048))
+
+
+# (field, lower, upper) in the fitted space; rates are fitted as log10
+_SCALARS = [("compute_efficiency", 1e-4, 2.0), ("latency_scale", 1e-3, 1e4), ("quant_elems_per_s", 1e5, 1e13),
+            ("optimizer_elems_per_s", 1e5, 1e13), ("overlap", 0.0, 1.0), ("step_overhead_s", 0.0, 100.0)]
+_LOG = {"compute_efficiency", "latency_scale", "quant_elems_per_s", "optimizer_elems_per_s"}
+
+
+def _predict(m: Measurement, calib: Calibration) -> float:
+    return predict(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes, global_batch=m.global_batch,
+                   calibration=calib, block=m.quant_block)["step_time_s"]
+
+
+def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Calibration | None = None,
+        fields: Sequence[str] | None = None) -> tuple[Calibration, dict[str, float]]:
+    """Least-squares calibration from measurements; returns it and fit statistics.
+
+    Args:
+        measurements: runs on one cluster family (level layout); at least as many as unknowns.
+        name: the calibration's name.
+        start: initial values (nominal by default).
+        fields: the scalar fields to fit (default all); bandwidth efficiencies of every level
+            that carries traffic in the data are always fitted.
+    """
+    from scipy.optimize import least_squares
+
+    if not measurements:
+        raise SpecError("measurements", 0, "need at least one measured run to calibrate")
+    levels = measurements[0].cluster.num_levels
+    if any(m.cluster.num_levels != levels for m in measurements):
+        raise SpecError("measurements", "mixed clusters", "all runs of one calibration must share the level layout")
+    base = start or Calibration(name=name)
+    if len(base.bandwidth_efficiency) != levels:
+        base = dataclasses.replace(base, bandwidth_efficiency=(0.8,) * levels)
+    scalars = [s for s in _SCALARS if fields is None or s[0] in fields]
+    busy = sorted({lv for m in measurements for lv in range(1, levels + 1) if m.cluster.levels[lv - 1].size > 1})
+    n_unknowns = len(scalars) + len(busy)
+    if len(measurements) < n_unknowns:
+        raise SpecError("measurements", len(measurements), f"need at least {n_unknowns} runs for {n_unknowns} unknowns")
+
+    def unpack(x: Sequence[float]) -> Calibration:
+        values: dict[str, Any] = {}
+        for (field, _, _), v in zip(scalars, x, strict=False):
+            values[field] = float(10 ** v if field in _LOG else v)
+        bw = list(base.bandwidth_efficiency)
+        for lv, v in zip(busy, x[len(scalars):], strict=True):
+            bw[lv - 1] = float(10 ** v)
+        return dataclasses.replace(base, name=name, bandwidth_efficiency=tuple(bw), **values)
+
+    def residuals(x: Sequence[float]) -> list[float]:
+        calib = unpack(x)
+        return [math.log(_predict(m, calib) / m.step_time_s) for m in measurements]
+
+    x0 = [math.log10(getattr(base, f)) if f in _LOG else getattr(base, f) for f, _, _ in scalars]
+    x0 += [math.log10(base.bandwidth_efficiency[lv - 1]) for lv in busy]
+    lower = [math.log10(lo) if f in _LOG else lo for f, lo, _ in scalars] + [-4.0] * len(busy)
+    upper = [math.log10(hi) if f in _LOG else hi for f, _, hi in scalars] + [1.0] * len(busy)
+    x0 = [min(max(v, lo + 1e-9), hi - 1e-9) for v, lo, hi in zip(x0, lower, upper, strict=True)]
+    result = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", max_nfev=400 * n_unknowns)
+    calib = unpack(result.x)
+    errors = [abs(math.exp(r) - 1) for r in residuals(result.x)]
+    return calib, {"runs": len(measurements), "median_rel_error": sorted(errors)[len(errors) // 2],
+                   "max_rel_error": max(errors), "cost": float(result.cost), "converged": bool(result.success)}
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("ZEROTUNE_DATA_DIR") or Path.home() / ".local" / "share" / "zerotune")
+
+
+def save_calibration(calib: Calibration, cluster: str, stats: dict[str, Any] | None = None) -> Path:
+    path = data_dir() / "calibrations" / f"{calib.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cluster": cluster, "calibration": calib.to_dict(), "fit": stats or {}}, indent=2))
+    return path
+
+
+def load_calibration(name: str) -> Calibration:
+    """A stored calibration by name (or a path to its JSON file)."""
+    path = Path(name) if name.endswith(".json") else data_dir() / "calibrations" / f"{name}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in (data_dir() / "calibrations").glob("*.json"))
+        raise SpecError("calibration", name, f"no such calibration; stored: {known or 'none'}")
+    return Calibration.from_dict(json.loads(path.read_text())["calibration"])
