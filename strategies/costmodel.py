@@ -14,11 +14,11 @@ Per step and bucket: reduce-scatter over G+1..O of n/S_G, all-reduce over O+1..L
 **Memory** per rank (e = bytes per element of the run's dtype): P = n·e/S_P, G = n·e/S_G,
 OS = 12·n/S_O (fp32 master, exp_avg, exp_avg_sq), hpZ = n·e/S_H per block bucket, summed over
 buckets — for ZeRO-3, (2 + 2 + 12)·Ψ/N with 16-bit e (ZeRO, Rajbhandari et al. 2020, §5).
-Activations per micro-batch of t = B·T tokens, per block: 9·t·h·e + 2·t·f·e saved tensors (LN
-inputs, QKV output, attention output and its re-layout, MLP input, GELU input and output; cf.
+Activations per micro-batch of t = B·T tokens, per block: 8·t·h·e + 2·t·f·e saved tensors (two
+LN inputs and outputs, the QKV output (3), the attention output, the GELU input and output; cf.
 Korthikanti et al. 2022 §4, without dropout) plus fp32 LayerNorm statistics and attention
-log-sum-exp; only the block input t·h·e with checkpointing; the head keeps the logits in e and
-fp32 plus the fp32 log-softmax (t·V·(e + 8)). Communication buffers: the root and (1 + prefetch)
+log-sum-exp; only the block input t·h·e with checkpointing; the head keeps the final LN's input
+and output and the fp32 log-softmax (t·V·4); the embedding keeps the token and position ids. Communication buffers: the root and (1 + prefetch)
 gathered buckets, and two reduce groups of full gradients. Peak = their sum (an upper bound).
 
 **Time** (α-β model, Hockney 1994; Thakur et al. 2005 for the ring step counts): compute =
@@ -257,11 +257,13 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
     """Bytes autograd keeps for one micro-batch (see the module docstring)."""
     t, h, f = s.micro_batch_size * model.seq_len, model.hidden, model.ffn
     if s.activation_checkpointing:
-        per_block = t * h * elem_bytes
-    else:
-        per_block = (9 * t * h + 2 * t * f) * elem_bytes + 2 * 2 * t * 4 + t * model.heads * 4
-    head = 2 * t * h * elem_bytes + t * model.vocab * (elem_bytes + 8) + 2 * t * 4
-    return model.layers * per_block + head + t * 8
+        per_block = t * h * elem_bytes  # the block's input only
+    else:  # 8·t·h + 2·t·f in the run dtype, fp32 LayerNorm mean/rstd, fp32 attention log-sum-exp
+        per_block = (8 * t * h + 2 * t * f) * elem_bytes + 2 * 2 * t * 4 + t * model.heads * 4
+    head = 2 * t * h * elem_bytes + 2 * t * 4 + t * model.vocab * 4 + 4  # LN in/out, stats, log-softmax, loss
+    # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them
+    embed = s.micro_batch_size * (model.seq_len + 1) * 8 + model.seq_len * 8 + (t * 8 if s.micro_batch_size > 1 else 0)
+    return model.layers * per_block + head + embed
 
 
 @functools.lru_cache(maxsize=4096)

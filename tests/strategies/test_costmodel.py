@@ -1,0 +1,182 @@
+"""The cost model: exact agreement with the trainer, closed-form facts, calibration, the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from api.cli import main
+from strategies.calibration import Measurement, fit, load_calibration, save_calibration
+from strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from strategies.costmodel import Calibration, activation_memory, cross_node_bytes, predict, state_memory, step_volume
+from strategies.errors import SpecError
+from strategies.spec import Strategy
+
+CHECKS = Path(__file__).with_name("engine_checks.py")
+TOPOLOGIES = ["local:2x2", "local:2x4", "local:2x2x2"]
+
+
+def strategy_grid(cluster_text: str, count: int = 22) -> list[dict]:
+    """The presets plus random valid strategies (seeded), as engine_checks cases of one step."""
+    cluster = parse_cluster(cluster_text)
+    L = cluster.num_levels  # noqa: N806
+    cases = []
+    for name in STRATEGY_PRESETS:
+        try:
+            build_strategy(name, cluster)
+        except SpecError:
+            continue
+        cases.append({"name": name, "strategy": name, "set": {"allgather_bucket_mb": 0.1, "reduce_bucket_mb": 0.2}})
+    rng = random.Random(cluster_text)
+    while len(cases) < count:
+        p = rng.randint(0, L)
+        g = rng.randint(p, L)
+        o = rng.randint(g, L)
+        fields = {"param_span": p, "grad_span": g, "optim_span": o,
+                  "secondary_span": rng.choice([None] + list(range(p))),
+                  "quantize_above": rng.randint(1, L), "weight_bits": rng.choice([16, 8, 4]),
+                  "grad_bits": rng.choice([16, 8, 4]), "allgather_bucket_mb": rng.choice([0.05, 0.1, 0.3, 25]),
+                  "reduce_bucket_mb": rng.choice([0.1, 0.25, 25]), "prefetch_buckets": rng.randint(0, 2),
+                  "micro_batch_size": rng.choice([1, 2])}
+        try:
+            s = build_strategy(fields, cluster)
+        except SpecError:
+            continue
+        cases.append({"name": f"random{len(cases)}", "strategy": s.to_dict(), "accum": rng.choice([1, 2]),
+                      "quant_block": 256})
+    for case in cases:
+        case["steps"] = 1
+    return cases
+
+
+@pytest.fixture(scope="module", params=TOPOLOGIES)
+def grid_runs(request, ranks_runner, tmp_path_factory):
+    cluster = parse_cluster(request.param)
+    cases = strategy_grid(request.param)
+    ranks_runner(cluster.world_size, CHECKS, [request.param, json.dumps(cases)], timeout_s=420)
+    out_dir = max(tmp_path_factory.getbasetemp().glob("engine_checks*"), key=lambda p: p.stat().st_mtime)
+    return cluster, [(c, torch.load(out_dir / f"{c['name']}.pt")) for c in cases]
+
+
+def test_grid_has_at_least_20_distinct_strategies(grid_runs):
+    _, runs = grid_runs
+    assert len({json.dumps(r["strategy"], sort_keys=True) for _, r in runs}) >= 20
+
+
+def test_predicted_bytes_equal_measured_bytes_exactly(grid_runs):
+    cluster, runs = grid_runs
+    model = parse_model("gpt-tiny")
+    for case, result in runs:
+        s = Strategy.from_dict(result["strategy"])
+        accum = case.get("accum", 1)
+        want = step_volume(model, cluster, s, elem_bytes=4, accum=accum, block=case.get("quant_block", 2048))
+        assert result["bytes"] == want, case["name"]
+        p = predict(model, cluster, s, elem_bytes=4, global_batch=cluster.world_size * s.micro_batch_size * accum,
+                    block=case.get("quant_block", 2048))
+        assert p["bytes_per_level"] == want, case["name"]
+
+
+def test_predicted_state_memory_equals_the_accountant(grid_runs):
+    cluster, runs = grid_runs
+    model = parse_model("gpt-tiny")
+    for case, result in runs:
+        s = Strategy.from_dict(result["strategy"])
+        p = predict(model, cluster, s, elem_bytes=4)
+        for key in ("params", "secondary_params", "grads", "optim_states"):
+            assert p["memory_bytes"][key] == result["memory"][key], (case["name"], key)
+
+
+def test_activation_estimate_equals_the_accountant(grid_runs):
+    cluster, runs = grid_runs
+    model = parse_model("gpt-tiny")
+    for case, result in runs:
+        s = Strategy.from_dict(result["strategy"])
+        measured, predicted = result["memory"]["activations"], activation_memory(model, s, 4)
+        assert predicted == measured, (case["name"], predicted, measured)
+
+
+NEOX = parse_model("gpt-neox-20b")
+FRONTIER48 = parse_cluster("frontier:48")
+
+
+def test_zero3_vs_zeropp_cross_node_volume_is_3m_vs_075m():
+    z3 = predict(NEOX, FRONTIER48, build_strategy("zero3", FRONTIER48))
+    zpp = predict(NEOX, FRONTIER48, build_strategy("zeropp", FRONTIER48))
+    n = FRONTIER48.levels[-1].size
+    m = 2 * NEOX.num_params()  # M: model bytes in 16-bit
+    # a hierarchical collective sends (n - 1)/n of 1/8 of M per rank across nodes (8 GCDs share a node's NICs)
+    per_m = (n - 1) / n * m / 8
+    assert cross_node_bytes(z3, FRONTIER48) == pytest.approx(3 * per_m, rel=0.02)  # root gathered once: -1.5%
+    ratio = cross_node_bytes(zpp, FRONTIER48) / cross_node_bytes(z3, FRONTIER48)
+    assert 0.25 <= ratio < 0.26, ratio  # + fp32 scales per 2048-element block
+
+
+def test_zero3_memory_is_16_psi_over_n_and_hpz_adds_2_psi_over_g():
+    s3 = build_strategy("zero3", FRONTIER48)
+    mem = state_memory(NEOX, FRONTIER48, s3, elem_bytes=2)
+    psi, n = NEOX.num_params(), FRONTIER48.world_size
+    assert mem["params"] + mem["grads"] + mem["optim_states"] == pytest.approx(16 * psi / n, rel=1e-4)
+    for hpz_span, g in [(1, 2), (2, 8)]:
+        s = s3.replace(secondary_span=hpz_span)
+        extra = state_memory(NEOX, FRONTIER48, s, elem_bytes=2)["secondary_params"]
+        blocks_psi = psi - (NEOX.vocab + NEOX.seq_len + 2) * NEOX.hidden  # the root keeps no secondary
+        assert extra == pytest.approx(2 * blocks_psi / g, rel=1e-4)
+
+
+def test_infeasible_strategy_names_the_overflowing_category():
+    one_node = parse_cluster("frontier:1")
+    p = predict(NEOX, one_node, build_strategy("zero1", one_node))
+    assert not p["feasible"] and p["headroom_bytes"] < 0
+    assert p["overflow"]["category"] in {"params", "grads"}  # 2Ψ each, unsharded under ZeRO-1
+    assert "GiB of 64 GiB" in p["overflow"]["reason"]
+    assert predict(NEOX, one_node, build_strategy("zero3", one_node))["feasible"]
+
+
+def test_more_overlap_and_bandwidth_never_slow_a_step_down():
+    s = build_strategy("zero3", FRONTIER48, prefetch_buckets=0)
+    slow = predict(NEOX, FRONTIER48, s)["step_time_s"]
+    assert predict(NEOX, FRONTIER48, s.replace(prefetch_buckets=1))["step_time_s"] <= slow
+    fast_net = Calibration(bandwidth_efficiency=(1.0, 1.0, 1.0))
+    assert predict(NEOX, FRONTIER48, s, calibration=fast_net)["step_time_s"] < slow
+
+
+def test_calibration_recovers_known_parameters(tmp_path, monkeypatch):
+    truth = Calibration(name="truth", compute_efficiency=0.3, bandwidth_efficiency=(0.5, 0.7, 0.2), latency_scale=3.0,
+                        quant_elems_per_s=5e8, optimizer_elems_per_s=2e8, overlap=0.6, step_overhead_s=0.01)
+    cluster = parse_cluster("local:2x2x2")
+    runs = []
+    for model in ("gpt-tiny", "gpt-mini"):
+        for name in STRATEGY_PRESETS:
+            for prefetch in (0, 1):
+                s = build_strategy(name, cluster, prefetch_buckets=prefetch, allgather_bucket_mb=0.1)
+                m = parse_model(model)
+                runs.append(Measurement(m, cluster, s, predict(m, cluster, s, calibration=truth)["step_time_s"]))
+    calib, stats = fit(runs, name="recovered")
+    assert stats["converged"] and stats["max_rel_error"] < 1e-6
+    for field in ("compute_efficiency", "latency_scale", "quant_elems_per_s", "optimizer_elems_per_s", "overlap",
+                  "step_overhead_s"):
+        assert getattr(calib, field) == pytest.approx(getattr(truth, field), rel=1e-3), field
+    assert calib.bandwidth_efficiency == pytest.approx(truth.bandwidth_efficiency, rel=1e-3)
+    monkeypatch.setenv("ZEROTUNE_DATA_DIR", str(tmp_path))
+    save_calibration(calib, cluster.name, stats)
+    assert load_calibration("recovered") == calib
+    with pytest.raises(SpecError, match="no such calibration"):
+        load_calibration("nope")
+
+
+def test_predict_cli_sweep_table_and_json(capsys):
+    assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:1,2,48", "--strategy", "zero3",
+                 "--strategy", "zero1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("frontier:") == 6 and "TFLOPS/rank" in out and "no (params)" in out
+    assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--strategy", "zeropp",
+                 "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert {"step_time_s", "tokens_per_s", "tflops_per_rank", "bytes_per_level", "memory_bytes"} <= set(p)
+    assert {"params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations", "peak"} <= set(
+        p["memory_bytes"])
+    assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--calibration", "nope"]) == 2
