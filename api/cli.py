@@ -76,7 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from strategies.launch import run_torchrun
-    from strategies.train import resolve
+    from strategies.train import failure_reason, resolve
 
     model, cluster, strategy, accum = resolve(args)  # refuse bad input before any process starts
     out = Path(args.out)
@@ -91,29 +91,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(json.dumps({k: run[k] for k in ("status", "step_time_s", "tokens_per_s", "tflops_per_rank",
                                               "health")}, indent=2))
         return ExitStatus.SUCCESS
-    reason = _failure_reason(out, result.output, result.timed_out, args.run_timeout)
+    reason = failure_reason(out, result.output, result.timed_out, args.run_timeout)
     out.write_text(json.dumps({"status": "failed", "error": reason, "world_size": cluster.world_size,
                                "log_tail": result.output.splitlines()[-40:]}, indent=2))
     print(f"zerotune: error: training failed: {reason}", file=sys.stderr)
     return ExitStatus.ERROR
-
-
-def _failure_reason(out: Any, output: str, timed_out: bool, limit: float) -> str:
-    """Which rank failed and why: the first error written (its peers fail after it, in collectives),
-    else the launcher's last words."""
-    if timed_out:
-        return f"timed out after {limit:g} s; every rank was killed"
-    errors = []
-    for path in out.parent.glob(out.name + ".rank*.err"):
-        try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    if errors:
-        first = min(errors, key=lambda e: (e.get("time", 0.0), e.get("rank", 0)))
-        return f"rank {first['rank']} failed: {first['error']}"
-    lines = [ln for ln in output.splitlines() if ln.strip()]
-    return lines[-1] if lines else "torchrun exited without output"
 
 
 def _sweep(text: str) -> list[str]:

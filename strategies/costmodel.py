@@ -18,8 +18,9 @@ Activations per micro-batch of t = B·T tokens, per block: 8·t·h·e + 2·t·f�
 LN inputs and outputs, the QKV output (3), the attention output, the GELU input and output; cf.
 Korthikanti et al. 2022 §4, without dropout) plus fp32 LayerNorm statistics and attention
 log-sum-exp; only the block input t·h·e with checkpointing; the head keeps the final LN's input
-and output and the fp32 log-softmax (t·V·4); the embedding keeps the token and position ids. Communication buffers: the root and (1 + prefetch)
-gathered buckets, and two reduce groups of full gradients. Peak = their sum (an upper bound).
+and output and the fp32 log-softmax (t·V·4); the embedding keeps the token and position ids.
+Communication buffers: the root and (1 + prefetch) gathered buckets, and two reduce groups of full
+gradients. Peak = their sum (an upper bound).
 
 **Time** (α-β model, Hockney 1994; Thakur et al. 2005 for the ring step counts): compute =
 FLOPs / (peak · efficiency) with FLOPs from ``ModelSpec.flops_per_token`` (+ a forward recompute

@@ -12,7 +12,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -21,10 +23,12 @@ class LaunchResult:
     returncode: int
     output: str
     timed_out: bool
+    stopped: bool = False
+    """Stopped on purpose by ``on_line`` (not a failure of the run itself)."""
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and not self.stopped
 
 
 def torchrun_command(nproc: int, target: Sequence[str], *, module: bool = True) -> list[str]:
@@ -35,7 +39,8 @@ def torchrun_command(nproc: int, target: Sequence[str], *, module: bool = True) 
 
 
 def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0, module: bool = True,
-                 stream: bool = False, env: dict[str, str] | None = None) -> LaunchResult:
+                 stream: bool = False, env: dict[str, str] | None = None,
+                 on_line: Callable[[str], bool | None] | None = None) -> LaunchResult:
     """Run ``torchrun`` and wait; kill its process group on timeout.
 
     Args:
@@ -45,42 +50,44 @@ def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0,
         module: whether ``target[0]`` is a module name (``-m``) or a script path.
         stream: echo output lines to stderr while running (progress for a user).
         env: extra environment variables.
+        on_line: called with each output line; returning True stops the run (e.g. pruning), which
+            then ends with ``stopped=True``.
     """
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     proc = subprocess.Popen(torchrun_command(nproc, target, module=module), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True)
     lines: list[str] = []
-    timed_out = False
-    try:
-        if stream:
-            import threading
+    stop = threading.Event()
 
-            def pump() -> None:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    lines.append(line)
-                    sys.stderr.write(line)
-            t = threading.Thread(target=pump, daemon=True)
-            t.start()
-            proc.wait(timeout=timeout_s)
-            t.join(timeout=5)
-        else:
-            out, _ = proc.communicate(timeout=timeout_s)
-            lines.append(out)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_group(proc)
-        try:
-            out, _ = proc.communicate(timeout=10)
-            lines.append(out or "")
-        except (subprocess.TimeoutExpired, ValueError):
-            pass
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if stream:
+                sys.stderr.write(line)
+            if on_line is not None and not stop.is_set() and on_line(line):
+                stop.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None:
+            if stop.wait(timeout=0.2):
+                kill_group(proc)
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                kill_group(proc)
+                break
     except BaseException:
         kill_group(proc)
         raise
+    reader.join(timeout=10)
     return LaunchResult(returncode=proc.returncode if proc.returncode is not None else -9,
-                        output="".join(lines), timed_out=timed_out)
+                        output="".join(lines), timed_out=timed_out, stopped=stop.is_set())
 
 
 def kill_group(proc: subprocess.Popen[str]) -> None:

@@ -89,6 +89,24 @@ def health(losses: list[float], grad_norms: list[float]) -> dict[str, str]:
     return {"verdict": "ok", "evidence": f"loss {first:.4f} -> {tail:.4f}"}
 
 
+def failure_reason(out: Path, output: str, timed_out: bool, limit: float) -> str:
+    """Which rank failed and why: the first error file written (its peers fail after it, inside
+    collectives), else the launcher's last words."""
+    if timed_out:
+        return f"timed out after {limit:g} s; every rank was killed"
+    errors = []
+    for path in out.parent.glob(out.name + ".rank*.err"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if errors:
+        first = min(errors, key=lambda e: (e.get("time", 0.0), e.get("rank", 0)))
+        return f"rank {first['rank']} failed: {first['error']}"
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    return lines[-1] if lines else "torchrun exited without output"
+
+
 def _maybe_fault(rank: int, step: int) -> None:
     """Fault injection for failure-path tests: ZEROTUNE_FAULT="crash@RANK:STEP" or "hang@RANK:STEP"."""
     spec = os.environ.get("ZEROTUNE_FAULT")

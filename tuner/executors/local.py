@@ -1,0 +1,101 @@
+"""The ``local`` executor: the trainer under ``torchrun`` on this machine, one process per rank.
+
+A target cluster larger than this machine is *emulated*: the same number of levels, each of size 2
+(capped at ``max_ranks`` by collapsing inner levels), so every span of the strategy still means
+the same tiers and every collective runs level by level. A model too big for this machine runs as
+a scaled-down *proxy* with the same strategy (at most 4 layers, hidden 256); both substitutions
+are stated in the result. The run is a subprocess in its own process group with a timeout; a
+crash, a timeout or an unhealthy run fails the trial with its reason; step-time lines feed a
+pruning callback that can stop a run early.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from strategies.catalog import parse_cluster
+from strategies.launch import run_torchrun
+from strategies.spec import ClusterSpec, ModelSpec
+from strategies.train import failure_reason
+from tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
+
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) .* ([0-9.]+) s\s*$")
+Pruner = Callable[[int, float], bool]
+"""Called with (step, step seconds) as the run goes; True stops it (the trial is pruned)."""
+
+
+def local_cluster_for(cluster: ClusterSpec, max_ranks: int = 8) -> ClusterSpec:
+    """The cluster as run here: itself if it is a local one that fits, else its levels at size 2."""
+    if cluster.device == "cpu" and cluster.world_size <= max_ranks:
+        return cluster
+    sizes = [min(2, lv.size) for lv in cluster.levels]
+    for i in range(len(sizes)):  # collapse inner levels first: the outer (slow) ones matter most
+        if math.prod(sizes) <= max_ranks:
+            break
+        sizes[i] = 1
+    emulated = parse_cluster("local:" + "x".join(map(str, sizes)))
+    levels = tuple(dataclasses.replace(lv, name=orig.name) for lv, orig in zip(emulated.levels, cluster.levels,
+                                                                              strict=True))
+    return dataclasses.replace(emulated, levels=levels)
+
+
+def proxy_model_for(model: ModelSpec, max_params: int = 30_000_000) -> ModelSpec:
+    """The model itself if small enough for this machine, else a GPT of the same family, scaled down."""
+    if model.num_params() <= max_params:
+        return model
+    return ModelSpec(name=f"{model.name}-proxy", layers=min(model.layers, 4), hidden=256, heads=8,
+                     vocab=min(model.vocab, 4096), seq_len=min(model.seq_len, 128))
+
+
+class LocalExecutor(Executor):
+    name = "local"
+
+    def __init__(self, max_ranks: int = 8, max_params: int = 30_000_000, stream: bool = False) -> None:
+        if max_ranks < 1:
+            raise ValueError(f"max_ranks={max_ranks}: must be >= 1")
+        self.max_ranks, self.max_params, self.stream = max_ranks, max_params, stream
+
+    def prepare(self, spec: TrialSpec) -> TrialSpec:
+        """The spec as it will run here (emulated cluster, proxy model)."""
+        cluster = local_cluster_for(spec.cluster, self.max_ranks)
+        model = proxy_model_for(spec.model, self.max_params)
+        global_batch = spec.global_batch if cluster == spec.cluster else None
+        return dataclasses.replace(spec, cluster=cluster, model=model, global_batch=global_batch)
+
+    def run(self, spec: TrialSpec, heartbeat: Heartbeat | None = None, pruner: Pruner | None = None) -> TrialResult:
+        local = self.prepare(spec)
+        local.write_inputs()
+        out = local.workdir / "run.json"
+        for stale in [out, *local.workdir.glob("run.json.rank*.err")]:
+            stale.unlink(missing_ok=True)
+
+        def on_line(line: str) -> bool:
+            if heartbeat is not None:
+                heartbeat()
+            m = STEP_LINE.match(line.strip())
+            return bool(m and pruner is not None and pruner(int(m.group(1)), float(m.group(3))))
+
+        result = run_torchrun(local.cluster.world_size, ["strategies.train", *local.train_args(out)],
+                              timeout_s=spec.timeout_s, stream=self.stream, on_line=on_line, env=dict(spec.env))
+        (local.workdir / "log.txt").write_text(result.output)
+        logs = "\n".join(result.output.splitlines()[-200:])
+        extra = {"cluster_run": local.cluster.name, "emulated": local.cluster != spec.cluster}
+        proxy = local.model.to_dict() if local.model != spec.model else None
+        common = dict(logs=logs, executor=self.name, proxy_model=proxy, extra=extra)
+        if result.stopped:
+            return TrialResult(status="failed", reason="pruned: step times worse than the study's best",
+                               extra={**extra, "pruned": True}, logs=logs, executor=self.name, proxy_model=proxy)
+        if not result.ok or not out.is_file():
+            return TrialResult(status="failed", reason=failure_reason(out, result.output, result.timed_out,
+                                                                      spec.timeout_s), **common)
+        metrics = json.loads(out.read_text())
+        verdict = metrics["health"]
+        if verdict["verdict"] != "ok":
+            return TrialResult(status="failed", metrics=metrics,
+                               reason=f"unhealthy run ({verdict['verdict']}): {verdict['evidence']}", **common)
+        return TrialResult(status="complete", metrics=metrics, **common)

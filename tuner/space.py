@@ -1,0 +1,97 @@
+"""The search space: every Strategy dimension, restricted to values valid on the cluster.
+
+Encoded for Optuna's define-by-run API (works with ask/tell): ``spans`` is one categorical over the
+valid (param, grad, optim) span triples (P ≤ G ≤ O ≤ L), the hpZ span is a categorical whose name
+carries P (``secondary_span_p3``: its choices depend on P, and Optuna needs one distribution per
+name), weight bits are only asked when a gathered level can be quantized. Every dimension is
+categorical and finite, so the whole space can also be enumerated (``enumerate_space``) to find
+the true optimum of a cost model. ``strategy_params`` maps a Strategy back to parameters, which is
+how presets and warm-start strategies are enqueued.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from strategies.errors import SpecError
+from strategies.spec import BITS, ClusterSpec, Strategy
+
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class Space:
+    """The finite choices of each dimension (defaults follow DeepSpeed's bucket sizes, DESIGN.md §7)."""
+
+    cluster: ClusterSpec
+    bucket_mb: tuple[float, ...] = (25.0, 50.0, 100.0, 250.0, 1000.0)
+    prefetch: tuple[int, ...] = (0, 1, 2, 4)
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
+    checkpointing: tuple[bool, ...] = (False, True)
+    bits: tuple[int, ...] = BITS
+
+    @property
+    def span_triples(self) -> list[str]:
+        L = self.cluster.num_levels  # noqa: N806
+        return [f"{p},{g},{o}" for p in range(L + 1) for g in range(p, L + 1) for o in range(g, L + 1)]
+
+    def suggest(self, trial: Any) -> Strategy:
+        """Ask ``trial`` (an optuna Trial) for one point and build the Strategy (raises SpecError if the
+        combination is invalid for the cluster)."""
+        L = self.cluster.num_levels  # noqa: N806
+        p, g, o = (int(x) for x in trial.suggest_categorical("spans", self.span_triples).split(","))
+        secondary = trial.suggest_categorical(f"secondary_span_p{p}", [NONE, *map(str, range(p))]) if p else NONE
+        qa = trial.suggest_categorical("quantize_above", list(range(1, L + 1)))
+        weight_bits = trial.suggest_categorical("weight_bits", list(self.bits)) if p >= qa else 16
+        fields = {
+            "param_span": p, "grad_span": g, "optim_span": o,
+            "secondary_span": None if secondary == NONE else int(secondary),
+            "quantize_above": qa, "weight_bits": weight_bits,
+            "grad_bits": trial.suggest_categorical("grad_bits", list(self.bits)),
+            "allgather_bucket_mb": trial.suggest_categorical("allgather_bucket_mb", list(self.bucket_mb)),
+            "reduce_bucket_mb": trial.suggest_categorical("reduce_bucket_mb", list(self.bucket_mb)),
+            "prefetch_buckets": trial.suggest_categorical("prefetch_buckets", list(self.prefetch)),
+            "micro_batch_size": trial.suggest_categorical("micro_batch_size", list(self.micro_batch_sizes)),
+            "activation_checkpointing": trial.suggest_categorical("activation_checkpointing", list(self.checkpointing)),
+        }
+        return Strategy.from_dict(fields).validate_for(self.cluster)
+
+    def strategy_params(self, s: Strategy) -> dict[str, Any]:
+        """The parameters that make ``suggest`` return ``s`` (buckets snapped to the nearest choice)."""
+        def near(value: float, choices: tuple) -> Any:
+            return min(choices, key=lambda c: (abs(c - value), c))
+
+        params: dict[str, Any] = {"spans": f"{s.param_span},{s.grad_span},{s.optim_span}",
+                                  "quantize_above": s.quantize_above, "grad_bits": s.grad_bits,
+                                  "allgather_bucket_mb": near(s.allgather_bucket_mb, self.bucket_mb),
+                                  "reduce_bucket_mb": near(s.reduce_bucket_mb, self.bucket_mb),
+                                  "prefetch_buckets": near(s.prefetch_buckets, self.prefetch),
+                                  "micro_batch_size": near(s.micro_batch_size, self.micro_batch_sizes),
+                                  "activation_checkpointing": s.activation_checkpointing}
+        if s.param_span:
+            params[f"secondary_span_p{s.param_span}"] = NONE if s.secondary_span is None else str(s.secondary_span)
+        if s.param_span >= s.quantize_above:
+            params["weight_bits"] = s.weight_bits
+        return params
+
+    def enumerate_space(self) -> Iterator[Strategy]:
+        """Every valid Strategy of the space (for exhaustive search on the cost model)."""
+        L = self.cluster.num_levels  # noqa: N806
+        rest = list(itertools.product(self.bits, self.bucket_mb, self.bucket_mb, self.prefetch,
+                                      self.micro_batch_sizes, self.checkpointing))
+        for triple in self.span_triples:
+            p, g, o = (int(x) for x in triple.split(","))
+            for secondary in [None, *range(p)] if p else [None]:
+                for qa in range(1, L + 1):
+                    for wb in self.bits if p >= qa else (16,):
+                        for gb, ag, rs, pf, mbs, ckpt in rest:
+                            try:
+                                yield Strategy(p, g, o, secondary, wb, gb, qa, ag, rs, pf, mbs, ckpt)
+                            except SpecError:
+                                continue
+
+    def size(self) -> int:
+        return sum(1 for _ in self.enumerate_space())
