@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 		[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV); \
 		$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"; \
 	fi
-	$(BIN)/pip install --quiet -e ".[dev]"
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e ".[dev,deepspeed]"
 	@touch $(STAMP)
 
 lint: install

@@ -157,6 +157,87 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return ExitStatus.SUCCESS
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """A study without a server: progress on stderr, the recommendation on stdout."""
+    from pathlib import Path
+
+    from db.migrate import upgrade
+    from db.session import default_url
+    from strategies.calibration import load_calibration
+    from strategies.catalog import parse_cluster, parse_model
+    from tuner.study import Tuner, TuneRequest
+
+    request = TuneRequest(model=parse_model(args.model), cluster=parse_cluster(args.cluster), executor=args.executor,
+                          trials=args.trials, objective=args.objective, global_batch=args.global_batch,
+                          sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget)
+    url = args.db or default_url()
+    upgrade(url)
+    executor = _executor(args)
+    bar = _progress_bar(args.trials, args.quiet)
+    workdir = Path(args.workdir or Path(".zerotune") / request.key()[:12])
+    tuner = Tuner(request, db_url=url, executor=executor, workdir=workdir, steps=args.steps,
+                  trial_timeout_s=args.trial_timeout,
+                  calibration=load_calibration(args.calibration) if args.calibration else None, progress=bar)
+    rec = tuner.run()
+    if hasattr(bar, "close"):
+        bar.close()
+    s = rec["strategy"]
+    print(f"zerotune: recommended {_describe(s)} — {rec['value']:.4g} TFLOPS/rank ({rec['evidence']}), "
+          f"margin {rec['margin'] or 0:.1%} over the runner-up; study {rec['study_id']} in {url}", file=sys.stderr)
+    print(json.dumps(rec if args.full else {k: rec[k] for k in ("strategy", "value", "evidence", "margin", "exports")},
+                     indent=2, default=str))
+    return ExitStatus.SUCCESS
+
+
+def _describe(s: dict[str, Any]) -> str:
+    hpz = f" hpZ {s['secondary_span']}" if s.get("secondary_span") is not None else ""
+    return (f"P/G/OS spans {s['param_span']}/{s['grad_span']}/{s['optim_span']}{hpz}, w{s['weight_bits']} "
+            f"g{s['grad_bits']} (quantized from level {s['quantize_above']}), buckets {s['allgather_bucket_mb']:g}/"
+            f"{s['reduce_bucket_mb']:g} MB, prefetch {s['prefetch_buckets']}, micro-batch {s['micro_batch_size']}"
+            f"{', checkpointing' if s['activation_checkpointing'] else ''}")
+
+
+def _executor(args: argparse.Namespace) -> Any:
+    if args.executor == "model":
+        from tuner.executors.model import ModelExecutor
+
+        return ModelExecutor()
+    if args.executor == "local":
+        from tuner.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    from tuner.executors.slurm import SlurmExecutor
+
+    return SlurmExecutor(partition=args.partition)
+
+
+def _progress_bar(total: int, quiet: bool) -> Any:
+    if quiet:
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="trials", unit="trial", file=sys.stderr)
+
+    def update(progress: Any) -> None:
+        bar.n = progress.done + 1 if progress.last else progress.done
+        best = f"{progress.best_value:.4g}" if progress.best_value is not None else "-"
+        last = progress.last
+        bar.set_postfix_str(f"best {best} TFLOPS/rank; last #{last.get('number')} {last.get('status')}")
+        bar.refresh()
+    update.close = bar.close  # type: ignore[attr-defined]
+    return update
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from db.migrate import current, upgrade
+    from db.session import default_url
+
+    url = args.db or default_url()
+    upgrade(url, args.revision)
+    print(f"zerotune: database {url} at revision {current(url)}", file=sys.stderr)
+    return ExitStatus.SUCCESS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zerotune", description="Pick the partition strategy for sharded LLM training.")
@@ -200,6 +281,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run.json files from zerotune train (one cluster layout)")
     p.add_argument("--name", required=True, help="name to store the calibration under")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("tune", help="run a study without a server and print the recommendation")
+    p.add_argument("--model", required=True, help="model preset or JSON file")
+    p.add_argument("--cluster", required=True, help="cluster preset or JSON file")
+    p.add_argument("--executor", choices=["model", "local", "slurm"], default="model")
+    p.add_argument("--trials", type=int, default=40, help="trials to finish (invalid combinations do not count)")
+    p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
+    p.add_argument("--sampler", choices=["tpe", "nsga2", "random"], default="tpe")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--global-batch", type=int, default=None)
+    p.add_argument("--time-budget", type=float, default=None, help="stop starting trials after this many seconds")
+    p.add_argument("--steps", type=int, default=10, help="steps per measured trial")
+    p.add_argument("--trial-timeout", type=float, default=600.0, help="seconds before a measured trial is killed")
+    p.add_argument("--calibration", help="a stored calibration for the model executor")
+    p.add_argument("--partition", help="Slurm partition (slurm executor)")
+    p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
+    p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
+    p.add_argument("--full", action="store_true", help="print the whole recommendation record")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("db", help="database maintenance")
+    dbsub = p.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)
+    q = dbsub.add_parser("upgrade", help="apply the schema migrations (idempotent)")
+    q.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
+    q.add_argument("--revision", default="head")
+    q.set_defaults(func=cmd_db)
     return parser
 
 

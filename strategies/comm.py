@@ -86,8 +86,10 @@ class Communicator:
             raise AssertionError(kind)
         self.counter.add(self.topo.level_name(levels[1]), kind, sent)
 
-    def _quantized(self, level: int, bits: int, quantize_above: int) -> bool:
-        return bits < 16 and level >= quantize_above
+    def _quantized(self, levels: LevelRange, bits: int, quantize_above: int) -> bool:
+        """Whether data crossing ``levels`` is quantized: some level >= quantize_above has 2+ ranks."""
+        return bits < 16 and any(self.topo.level_size(lv) > 1 for lv in range(max(levels[0], quantize_above),
+                                                                               levels[1] + 1))
 
     # -- partitioning -------------------------------------------------------------------------
     def shard(self, full: torch.Tensor, levels: LevelRange) -> torch.Tensor:
@@ -108,7 +110,8 @@ class Communicator:
         elif flat:
             full = self._gather_levels(shard, [levels], bits, quantize_above).reshape(-1)
         else:
-            order = [(level, level) for level in range(hi, lo - 1, -1)]  # outermost first
+            # outermost first; levels of one rank move nothing and leave the layout unchanged
+            order = [(level, level) for level in range(hi, lo - 1, -1) if self.topo.level_size(level) > 1]
             gathered = self._gather_levels(shard, order, bits, quantize_above)  # (s_lo, …, s_hi, c)
             k = gathered.dim() - 1
             full = gathered.permute(*reversed(range(k)), k).reshape(-1)  # rank order: (s_hi, …, s_lo, c)
@@ -118,7 +121,7 @@ class Communicator:
                        quantize_above: int) -> torch.Tensor:
         """Gather over each range of ``order`` in turn; each prepends one dim of its size."""
         c, dtype = shard.numel(), shard.dtype
-        quantized = [r for r in order if self._quantized(r[1], bits, quantize_above)]
+        quantized = [r for r in order if self._quantized(r, bits, quantize_above)]
         buf = quant.quantize(shard.reshape(1, c), bits, self.block) if quantized else shard.reshape(1, c)
         for i, levels in enumerate(order):
             if i == len(quantized) and quantized:  # leaving the quantized (outer) levels
@@ -155,7 +158,7 @@ class Communicator:
         if s == 1:
             return buf
         m = buf.numel() // s
-        if not self._quantized(levels[1], bits, quantize_above):
+        if not self._quantized(levels, bits, quantize_above):
             out = buf.new_empty(m)
             self._primitive("reduce_scatter", levels, out, buf)
             return out
@@ -173,7 +176,7 @@ class Communicator:
         s = self.topo.size(levels)
         if s == 1:
             return x.reshape(-1).clone()
-        if flat and not self._quantized(levels[1], bits, quantize_above):
+        if flat and not self._quantized(levels, bits, quantize_above):
             out = _padded(x.reshape(-1), pad_to(x.numel(), s)).clone()
             self._primitive("all_reduce", levels, out, out)
             return out[:x.numel()]

@@ -74,8 +74,8 @@ def health(losses: list[float], grad_norms: list[float]) -> dict[str, str]:
     """``ok``, or ``nan`` / ``diverged`` / ``flat`` with the evidence.
 
     nan: a non-finite loss or grad norm. diverged: the mean of the last quarter of the losses is
-    above 1.2x the first loss, or any loss above 2x the first. flat: 4+ steps and the last quarter
-    fell by less than 1% from the first loss.
+    above 1.2x the first loss, or any loss above 2x the first. flat: 8+ steps (shorter runs cannot
+    tell slow learning from none) and the last quarter fell by less than 1% from the first loss.
     """
     for i, (loss, gn) in enumerate(zip(losses, grad_norms, strict=True)):
         if not (math.isfinite(loss) and math.isfinite(gn)):
@@ -84,7 +84,7 @@ def health(losses: list[float], grad_norms: list[float]) -> dict[str, str]:
     if tail > 1.2 * first or max(losses) > 2 * first:
         return {"verdict": "diverged",
                 "evidence": f"loss went from {first:.4f} to {tail:.4f} (max {max(losses):.4f})"}
-    if len(losses) >= 4 and first - tail < 0.01 * first:
+    if len(losses) >= 8 and first - tail < 0.01 * first:
         return {"verdict": "flat", "evidence": f"loss {first:.4f} -> {tail:.4f}: less than 1% lower"}
     return {"verdict": "ok", "evidence": f"loss {first:.4f} -> {tail:.4f}"}
 

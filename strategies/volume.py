@@ -50,8 +50,9 @@ def _levels(lo: int, hi: int) -> range:
     return range(lo, hi + 1)
 
 
-def _quantized(level: int, bits: int, quantize_above: int) -> bool:
-    return bits < 16 and level >= quantize_above
+def _quantized(cluster: ClusterSpec, lo: int, hi: int, bits: int, quantize_above: int) -> bool:
+    """Whether data crossing levels lo..hi is quantized: some level >= quantize_above has 2+ ranks."""
+    return bits < 16 and any(cluster.sizes[lv - 1] > 1 for lv in range(max(lo, quantize_above), hi + 1))
 
 
 def _add(vol: defaultdict[str, defaultdict[str, int]], name: str, kind: str, nbytes: int) -> None:
@@ -74,13 +75,14 @@ def all_gather_volume(cluster: ClusterSpec, levels: tuple[int, int], shard_numel
     sizes = cluster.sizes
     if flat:
         s = math.prod(sizes[lo - 1:hi])
-        piece = quantized_nbytes(shard_numel, bits, block) if _quantized(hi, bits, quantize_above) \
+        piece = quantized_nbytes(shard_numel, bits, block) if _quantized(cluster, lo, hi, bits, quantize_above) \
             else shard_numel * elem_bytes
         _add(vol, cluster.levels[hi - 1].name, "all_gather", (s - 1) * piece)
         return _freeze(vol)
     pieces = 1  # original shards held per rank before the current level
     for level in reversed(_levels(lo, hi)):
-        per_shard = quantized_nbytes(shard_numel, bits, block) if _quantized(level, bits, quantize_above) \
+        per_shard = quantized_nbytes(shard_numel, bits, block) if _quantized(cluster, level, level, bits,
+                                                                                   quantize_above) \
             else shard_numel * elem_bytes
         s = sizes[level - 1]
         _add(vol, cluster.levels[level - 1].name, "all_gather", (s - 1) * pieces * per_shard)
@@ -105,7 +107,7 @@ def reduce_scatter_volume(cluster: ClusterSpec, levels: tuple[int, int], numel: 
     steps = [(hi, total)] if flat else [(level, sizes[level - 1]) for level in _levels(lo, hi)]
     for level, s in steps:
         name = cluster.levels[level - 1].name
-        if _quantized(level, bits, quantize_above):
+        if _quantized(cluster, lo if flat else level, level, bits, quantize_above):
             _add(vol, name, "all_to_all", (s - 1) * quantized_nbytes(m // s, bits, block))
         else:
             _add(vol, name, "reduce_scatter", (s - 1) * (m // s) * elem_bytes)
@@ -123,7 +125,7 @@ def all_reduce_volume(cluster: ClusterSpec, levels: tuple[int, int], numel: int,
         return {}
     total = math.prod(cluster.sizes[lo - 1:hi])
     m = pad_to(numel, total)
-    if flat and not _quantized(hi, bits, quantize_above):
+    if flat and not _quantized(cluster, lo, hi, bits, quantize_above):
         name = cluster.levels[hi - 1].name
         return {name: {"all_reduce": 2 * (total - 1) * (m // total) * elem_bytes}} if total > 1 else {}
     rs = reduce_scatter_volume(cluster, levels, m, elem_bytes, bits, quantize_above, block, flat)

@@ -12,7 +12,7 @@ from strategies.quant import QMAX
 
 CHECKS = Path(__file__).with_name("dist_checks.py")
 BLOCK = 64  # as dist_checks.BLOCK
-TOPOLOGIES = ["local:2x2", "local:2x4", "local:2x2x2"]
+TOPOLOGIES = ["local:2x2", "local:2x4", "local:2x2x2", "local:2x1x2"]  # a level of one rank too
 
 
 @pytest.fixture(scope="module", params=TOPOLOGIES)

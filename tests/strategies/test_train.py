@@ -92,7 +92,8 @@ def test_invalid_input_is_refused_before_any_process_starts(tmp_path):
     ([6.0, 5.5, 5.0, 4.5], [1, 1, float("inf"), 1], "nan"),
     ([6.0, 7.0, 8.0, 9.0], [1, 1, 1, 1], "diverged"),
     ([6.0, 13.0, 5.0, 4.0], [1, 1, 1, 1], "diverged"),
-    ([6.0, 6.0, 5.99, 5.98], [1, 1, 1, 1], "flat"),
+    ([6.0, 6.0, 5.99, 5.98] * 2, [1] * 8, "flat"),
+    ([6.0, 6.0, 5.99, 5.98], [1] * 4, "ok"),  # too short to call flat
 ])
 def test_health_verdicts(losses, norms, verdict):
     assert health(losses, norms)["verdict"] == verdict

@@ -1,0 +1,1 @@
+"""Hand-written revisions, one file each, named ``NNNN_<what>.py``."""

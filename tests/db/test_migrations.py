@@ -1,0 +1,163 @@
+"""Migrations: empty → head, 0001 → head with data, models == migrations, beside Optuna's tables."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from db.migrate import current, downgrade, head, upgrade
+from db.migrations import VERSION_TABLE, include_name, include_object
+from db.models import Base
+from db.session import make_engine
+
+OUR_TABLES = {"zt_requests", "zt_studies", "zt_trials", "zt_recommendations", "zt_jobs"}
+
+
+def tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def columns(url: str, table: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return {column["name"] for column in inspect(engine).get_columns(table)}
+    finally:
+        engine.dispose()
+
+
+def sql(url: str, statement: str, **params: object) -> list[tuple]:
+    """Run one statement in its own transaction and return its rows (if any)."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            result = connection.execute(text(statement), params)
+            return [tuple(row) for row in result] if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+def schema_diff(url: str) -> list:
+    """What autogenerate would change to make the database match ``db.models`` (zt_ tables only)."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={
+                "include_name": include_name, "include_object": include_object, "compare_type": True,
+                "version_table": VERSION_TABLE})
+            return compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_empty_database_to_head(empty_url: str) -> None:
+    assert current(empty_url) is None
+    upgrade(empty_url)
+    assert current(empty_url) == head() == "0002"
+    assert tables(empty_url) == OUR_TABLES | {VERSION_TABLE}  # and no "alembic_version" of ours
+    upgrade(empty_url)  # a second upgrade is a no-op
+    assert current(empty_url) == head()
+
+
+def test_migrations_match_models(empty_url: str) -> None:
+    upgrade(empty_url)
+    assert schema_diff(empty_url) == []
+
+
+def test_upgrade_from_previous_revision_keeps_rows(empty_url: str) -> None:
+    upgrade(empty_url, "0001")
+    assert current(empty_url) == "0001"
+    assert "proxy_model" not in columns(empty_url, "zt_trials")
+    now = "2025-01-01 00:00:00"
+    sql(empty_url, "INSERT INTO zt_requests (id, key, model, cluster, objective, budget, executor, created_at) "
+        "VALUES (1, 'k', '{}', '{}', 'tflops', '{}', 'model', :now)", now=now)
+    sql(empty_url, "INSERT INTO zt_studies (id, request_id, optuna_study_name, state, sampler, executor, n_trials, "
+        "created_at) VALUES (1, 1, 's1', 'done', 'tpe', 'model', 4, :now)", now=now)
+    sql(empty_url, "INSERT INTO zt_trials (id, study_id, number, strategy, strategy_key, executor, status, value, "
+        "logs, attempts, created_at) VALUES (7, 1, 0, '{\"param_span\": 3}', 'sk', 'model', 'complete', 12.5, "
+        "'ok', 1, :now)", now=now)
+    sql(empty_url, "INSERT INTO zt_recommendations (study_id, request_key, strategy, metrics, evidence, trial_id, "
+        "exports, created_at) VALUES (1, 'k', '{}', '{}', 'predicted', 7, '{}', :now)", now=now)
+
+    upgrade(empty_url)
+
+    assert current(empty_url) == "0002"
+    assert "proxy_model" in columns(empty_url, "zt_trials")
+    assert sql(empty_url, "SELECT id, value, logs, proxy_model FROM zt_trials") == [(7, 12.5, "ok", None)]
+    sql(empty_url, "UPDATE zt_trials SET proxy_model = '{\"layers\": 2}' WHERE id = 7")
+
+    # And back: the column goes, the rows stay, and (SQLite copies the table) references survive.
+    downgrade(empty_url, "0001")
+    assert "proxy_model" not in columns(empty_url, "zt_trials")
+    assert sql(empty_url, "SELECT id, value FROM zt_trials") == [(7, 12.5)]
+    assert sql(empty_url, "SELECT trial_id FROM zt_recommendations") == [(7,)]
+    upgrade(empty_url)
+    assert schema_diff(empty_url) == []
+
+
+def test_concurrent_upgrades_serialize(empty_url: str) -> None:
+    """A server and its workers may all run ``upgrade`` at start-up, as separate processes."""
+    processes = [multiprocessing.get_context("fork").Process(target=upgrade, args=(empty_url,)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=60)
+    assert [process.exitcode for process in processes] == [0, 0, 0]
+    assert current(empty_url) == head()
+    assert schema_diff(empty_url) == []
+
+
+def test_upgrade_from_threads(empty_url: str) -> None:
+    """Alembic's globals are per process; ``upgrade`` serializes callers within one."""
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            upgrade(empty_url)
+        except Exception as error:  # collected for the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert current(empty_url) == head()
+
+
+def test_optuna_tables_coexist(empty_url: str) -> None:
+    """Ours before Optuna's, a real migration after them, and a downgrade: neither side is touched."""
+    optuna = pytest.importorskip("optuna", reason="optuna is the tuner's dependency; install zerotune's deps")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    upgrade(empty_url, "0001")
+    storage = optuna.storages.RDBStorage(empty_url)
+    study = optuna.create_study(storage=storage, study_name="coexist", direction="maximize")
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=3)
+    optuna_version = sql(empty_url, "SELECT version_num FROM alembic_version")
+    assert optuna_version != []
+
+    upgrade(empty_url)  # 0001 -> 0002 (on SQLite a batch operation) with Optuna's tables beside ours
+
+    names = tables(empty_url)
+    assert OUR_TABLES | {VERSION_TABLE} <= names
+    assert {"studies", "trials", "trial_params", "version_info", "alembic_version"} <= names
+    assert sql(empty_url, f"SELECT version_num FROM {VERSION_TABLE}") == [(head(),)]
+    assert sql(empty_url, "SELECT version_num FROM alembic_version") == optuna_version
+    assert schema_diff(empty_url) == []  # autogenerate does not even see Optuna's tables
+    assert len(optuna.load_study(study_name="coexist", storage=empty_url).trials) == 3  # a fresh RDBStorage
+
+    downgrade(empty_url, "base")  # drops ours, and only ours
+    assert tables(empty_url) & OUR_TABLES == set()
+    assert current(empty_url) is None  # Alembic keeps its version table, emptied
+    assert sql(empty_url, "SELECT version_num FROM alembic_version") == optuna_version
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=1)
+    assert len(study.trials) == 4

@@ -1,0 +1,437 @@
+"""tuner.exports: zerotune trainer JSON, DeepSpeed config (checked by DeepSpeed's own parser), FSDP2 settings.
+
+The DeepSpeed tests need the ``deepspeed`` extra (``pip install -e .[deepspeed]``) and skip without it;
+everything else runs on the bare install. No test builds a process group.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from strategies.errors import SpecError
+from strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
+from tuner.exports import (
+    deepspeed_config,
+    deepspeed_notes,
+    fsdp_config,
+    validate_deepspeed_config,
+    zerotune_config,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTERS = ("frontier:48", "dgx-h100:4", "local:2x2x2")
+MODEL = parse_model("gpt-neox-20b")
+
+
+def _presets() -> list[tuple[str, str]]:
+    return [(c, name) for c in CLUSTERS for name in STRATEGY_PRESETS]
+
+
+def _random_strategies(count: int = 40, seed: int = 1234) -> list[tuple[str, Strategy, int]]:
+    """``count`` valid random strategies (cluster, strategy, global batch); invalid draws are skipped."""
+    rng = random.Random(seed)
+    out: list[tuple[str, Strategy, int]] = []
+    for _ in range(5000):
+        if len(out) == count:
+            break
+        cname = rng.choice(CLUSTERS)
+        cluster = parse_cluster(cname)
+        levels = cluster.num_levels
+        p, g, o = sorted(rng.randint(0, levels) for _ in range(3))
+        fields: dict[str, Any] = {
+            "param_span": p, "grad_span": g, "optim_span": o,
+            "secondary_span": rng.choice([None, rng.randint(0, levels)]),
+            "weight_bits": rng.choice(BITS), "grad_bits": rng.choice(BITS),
+            "quantize_above": rng.randint(1, levels),
+            "allgather_bucket_mb": round(rng.uniform(0.5, 500.0), 2),
+            "reduce_bucket_mb": round(rng.uniform(0.5, 500.0), 2),
+            "prefetch_buckets": rng.randint(0, 4),
+            "micro_batch_size": rng.randint(1, 4),
+            "activation_checkpointing": rng.random() < 0.5,
+        }
+        try:
+            strategy = build_strategy(fields, cluster)
+        except SpecError:
+            continue
+        out.append((cname, strategy, cluster.world_size * strategy.micro_batch_size * rng.randint(1, 4)))
+    assert len(out) == count, f"only {len(out)} valid random strategies"
+    return out
+
+
+RANDOM = _random_strategies()
+
+
+# --------------------------------------------------------------------------------------------------
+# DeepSpeed's own parser
+
+
+@pytest.fixture
+def ds(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The installed DeepSpeed, with a helper that runs its config parsers on an export.
+
+    ``DeepSpeedZeroConfig(**cfg["zero_optimization"])`` is a pydantic model with ``extra="forbid"``:
+    every key and value type under ``zero_optimization`` is checked, and a typo fails.
+
+    ``DeepSpeedConfig(cfg)`` parses the whole config. Its only distributed calls are
+    ``deepspeed.comm.get_rank()`` / ``get_world_size()`` in ``__init__``; without a process group they
+    raise and it falls back to world size 1, which fails the batch assertion
+    (train_batch_size == micro x accumulation x world). So the test monkeypatches those two functions
+    of ``deepspeed.comm`` to the cluster's world size and rank 0 — no process group, no mock of the
+    parser itself. ``DeepSpeedConfig`` then runs the batch assertion, the bf16/fp16 pydantic models,
+    the zero config, ``DeepSpeedActivationCheckpointingConfig`` and its sanity checks.
+
+    ``DeepSpeedConfig`` reads known top-level keys and ignores unknown ones, and the activation
+    checkpointing block is read key by key, so for those two the helper checks the names against
+    DeepSpeed's own constants (``deepspeed.runtime.constants``, ``ACT_CHKPT_DEFAULT``).
+    """
+    deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed not installed (pip install -e .[deepspeed])")
+    import deepspeed.comm as ds_comm
+    from deepspeed.runtime import constants as C
+    from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT, ACT_CHKPT_DEFAULT
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION, DeepSpeedZeroConfig
+
+    top_level = {C.TRAIN_BATCH_SIZE, C.TRAIN_MICRO_BATCH_SIZE_PER_GPU, C.GRADIENT_ACCUMULATION_STEPS,
+                 C.BFLOAT16, C.FP16, ZERO_OPTIMIZATION, ACT_CHKPT}
+
+    class Parser:
+        version = deepspeed.__version__
+
+        @staticmethod
+        def check(cfg: dict[str, Any], world: int) -> Any:
+            unknown = set(cfg) - top_level
+            assert not unknown, f"top-level keys DeepSpeed does not read: {unknown}"
+            if ACT_CHKPT in cfg:
+                assert set(cfg[ACT_CHKPT]) <= set(ACT_CHKPT_DEFAULT), cfg[ACT_CHKPT]
+            DeepSpeedZeroConfig(**cfg["zero_optimization"])
+            monkeypatch.setattr(ds_comm, "get_world_size", lambda *a, **k: world)
+            monkeypatch.setattr(ds_comm, "get_rank", lambda *a, **k: 0)
+            parsed = DeepSpeedConfig(json.loads(json.dumps(cfg)))
+            assert parsed.world_size == world
+            assert parsed.train_batch_size == cfg["train_batch_size"]
+            assert parsed.zero_optimization_stage == cfg["zero_optimization"]["stage"]
+            return parsed
+
+    return Parser
+
+
+@pytest.mark.parametrize(("cname", "preset"), _presets())
+def test_every_preset_is_accepted_by_deepspeed(ds: Any, cname: str, preset: str) -> None:
+    cluster = parse_cluster(cname)
+    strategy = build_strategy(preset, cluster)
+    for dtype in ("bf16", "fp16", "fp32"):
+        cfg = deepspeed_config(MODEL, cluster, strategy, dtype=dtype, deepspeed_version=ds.version)
+        parsed = ds.check(cfg, cluster.world_size)
+        assert parsed.bfloat16_config.enabled == (dtype == "bf16")
+        assert parsed.float16_config.enabled == (dtype == "fp16")
+    # the default (newest DeepSpeed) export is accepted too
+    ds.check(deepspeed_config(MODEL, cluster, strategy), cluster.world_size)
+
+
+@pytest.mark.parametrize(("cname", "strategy", "global_batch"), RANDOM,
+                         ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(RANDOM)])
+def test_random_strategies_are_accepted_by_deepspeed(ds: Any, cname: str, strategy: Strategy,
+                                                     global_batch: int) -> None:
+    cluster = parse_cluster(cname)
+    cfg = deepspeed_config(MODEL, cluster, strategy, global_batch=global_batch, deepspeed_version=ds.version)
+    parsed = ds.check(cfg, cluster.world_size)
+    assert parsed.gradient_accumulation_steps * strategy.micro_batch_size * cluster.world_size == global_batch
+    assert parsed.zero_config.zero_hpz_partition_size == cfg["zero_optimization"].get("zero_hpz_partition_size", 1)
+    assert (parsed.activation_checkpointing_config.number_checkpoints is not None) == strategy.activation_checkpointing
+    notes = deepspeed_notes(MODEL, cluster, strategy, global_batch=global_batch, deepspeed_version=ds.version)
+    assert all(isinstance(n, str) and n for n in notes)
+    json.dumps(cfg)
+
+
+def test_deepspeed_rejects_a_typo(ds: Any) -> None:
+    """The check is not vacuous: a misspelt key fails at each level."""
+    from pydantic import ValidationError
+
+    cluster = parse_cluster("frontier:48")
+    cfg = deepspeed_config(MODEL, cluster, build_strategy("zeropp", cluster))
+    typo_zero = {**cfg, "zero_optimization": {**cfg["zero_optimization"], "zero_hpz_partiton_size": 8}}
+    with pytest.raises(ValidationError, match="zero_hpz_partiton_size"):
+        ds.check(typo_zero, cluster.world_size)
+    typo_bf16 = {**cfg, "bf16": {"enable": True}}
+    with pytest.raises(ValidationError, match="enable"):
+        ds.check(typo_bf16, cluster.world_size)
+    with pytest.raises(AssertionError, match="train_batch_sizee"):
+        ds.check({**cfg, "train_batch_sizee": 1}, cluster.world_size)
+    wrong_type = {**cfg, "zero_optimization": {**cfg["zero_optimization"], "reduce_bucket_size": "big"}}
+    with pytest.raises(ValidationError):
+        ds.check(wrong_type, cluster.world_size)
+
+
+def test_installed_deepspeed_matches_the_mics_version_rule(ds: Any) -> None:
+    """MiCS keys are written exactly when the target DeepSpeed still has them (removed in 0.19.7)."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    cluster = parse_cluster("frontier:48")
+    mics = deepspeed_config(MODEL, cluster, build_strategy("mics", cluster), deepspeed_version=ds.version)
+    has_mics = "mics_shard_size" in DeepSpeedZeroConfig.model_fields
+    assert ("mics_shard_size" in mics["zero_optimization"]) == has_mics
+
+
+# --------------------------------------------------------------------------------------------------
+# the mapping table and our own checks (no DeepSpeed needed)
+
+
+def _zero(preset: str, cname: str = "frontier:48", **kw: Any) -> dict[str, Any]:
+    cluster = parse_cluster(cname)
+    return deepspeed_config(MODEL, cluster, build_strategy(preset, cluster), **kw)["zero_optimization"]
+
+
+def test_mapping_zero3() -> None:
+    z = _zero("zero3")
+    assert z["stage"] == 3 and z["zero_hpz_partition_size"] == 1
+    assert z["zero_quantized_weights"] is False and z["zero_quantized_gradients"] is False
+    assert "mics_shard_size" not in z
+    cluster = parse_cluster("frontier:48")
+    assert deepspeed_notes(MODEL, cluster, build_strategy("zero3", cluster)) == []
+
+
+def test_mapping_zeropp_on_frontier() -> None:
+    z = _zero("zeropp")
+    assert z["stage"] == 3 and z["zero_hpz_partition_size"] == 8
+    assert z["zero_quantized_weights"] is True and z["zero_quantized_gradients"] is True
+
+
+def test_mapping_mics_on_frontier() -> None:
+    z = _zero("mics", deepspeed_version="0.19.6")
+    assert z["stage"] == 3 and z["mics_shard_size"] == 8
+    assert z["mics_hierarchical_params_gather"] is False  # the shard lies inside one node
+    assert z["zero_hpz_partition_size"] == 1
+    # the newest DeepSpeed has no MiCS: stage 3 over the world, the node as hpZ group, and a note
+    newest = _zero("mics")
+    assert "mics_shard_size" not in newest and newest["zero_hpz_partition_size"] == 8
+    cluster = parse_cluster("frontier:48")
+    assert any("MiCS" in n for n in deepspeed_notes(MODEL, cluster, build_strategy("mics", cluster)))
+
+
+def test_mapping_mics_drops_zeropp_features() -> None:
+    cluster = parse_cluster("frontier:48")
+    s = build_strategy({"preset": "mics", "secondary_span": 1, "weight_bits": 8, "grad_bits": 4}, cluster)
+    cfg = deepspeed_config(MODEL, cluster, s, deepspeed_version="0.16.4")["zero_optimization"]
+    assert cfg["mics_shard_size"] == 8 and cfg["zero_hpz_partition_size"] == 1
+    assert cfg["zero_quantized_weights"] is False and cfg["zero_quantized_gradients"] is False
+    notes = deepspeed_notes(MODEL, cluster, s, deepspeed_version="0.16.4")
+    assert any("switched off" in n for n in notes)
+
+
+@pytest.mark.parametrize(("preset", "stage"), [("zero1", 1), ("zero2", 2)])
+def test_mapping_zero1_zero2(preset: str, stage: int) -> None:
+    z = _zero(preset)
+    assert z["stage"] == stage
+    assert z["allgather_bucket_size"] == z["reduce_bucket_size"] == 12_500_000  # 25 MB of 16-bit values
+    assert "zero_hpz_partition_size" not in z and "stage3_prefetch_bucket_size" not in z
+
+
+def test_mapping_3level_a_has_notes() -> None:
+    cluster = parse_cluster("frontier:48")
+    s = build_strategy("3level-a", cluster)
+    z = deepspeed_config(MODEL, cluster, s)["zero_optimization"]
+    assert z["stage"] == 3 and z["zero_hpz_partition_size"] == 2  # P's gcd-pair span as the hpZ group
+    notes = deepspeed_notes(MODEL, cluster, s)
+    assert notes and any("gradients" in n for n in notes)
+
+
+def test_mapping_buckets_and_bits() -> None:
+    cluster = parse_cluster("frontier:48")
+    s = build_strategy("zeropp", cluster, allgather_bucket_mb=50.0, reduce_bucket_mb=10.0, prefetch_buckets=3,
+                       weight_bits=4, grad_bits=8, quantize_above=2)
+    z = deepspeed_config(MODEL, cluster, s)["zero_optimization"]
+    assert z["reduce_bucket_size"] == 5_000_000
+    assert z["stage3_prefetch_bucket_size"] == 3 * 25_000_000
+    assert z["stage3_param_persistence_threshold"] == 10 * MODEL.hidden
+    assert z["zero_quantized_weights"] is True  # int4 → DeepSpeed's int8 qwZ
+    assert z["zero_quantized_gradients"] is False  # int8 → no int4 qgZ
+    notes = " ".join(deepspeed_notes(MODEL, cluster, s))
+    assert "weight_bits=4" in notes and "grad_bits=8" in notes and "quantize_above=2" in notes
+
+
+def test_batch_arithmetic() -> None:
+    cluster = parse_cluster("frontier:48")
+    s = build_strategy("zero3", cluster, micro_batch_size=2)
+    cfg = deepspeed_config(MODEL, cluster, s)
+    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (
+        768, 2, 1)
+    cfg = deepspeed_config(MODEL, cluster, s, global_batch=3072)
+    assert cfg["gradient_accumulation_steps"] == 4 and cfg["train_batch_size"] == 3072
+    for bad in (1000, 0, -768):
+        with pytest.raises(ValueError, match="global_batch"):
+            deepspeed_config(MODEL, cluster, s, global_batch=bad)
+    with pytest.raises(ValueError, match="train_batch_size"):
+        validate_deepspeed_config({**cfg, "train_batch_size": 3000}, cluster.world_size)
+
+
+def test_hpz_checks() -> None:
+    cluster = parse_cluster("frontier:48")
+    cfg = deepspeed_config(MODEL, cluster, build_strategy("zeropp", cluster))
+    validate_deepspeed_config(cfg, cluster.world_size)
+
+    def with_zero(**kw: Any) -> dict[str, Any]:
+        return {**cfg, "zero_optimization": {**cfg["zero_optimization"], **kw}}
+
+    with pytest.raises(ValueError, match=r"zero_hpz_partition_size=5.*divide the world size 384"):
+        validate_deepspeed_config(with_zero(zero_hpz_partition_size=5), 384)
+    with pytest.raises(ValueError, match=r"zero_hpz_partition_size=384.*smaller than"):
+        validate_deepspeed_config(with_zero(zero_hpz_partition_size=384), 384)
+    with pytest.raises(ValueError, match="mics_shard_size"):
+        validate_deepspeed_config(with_zero(mics_shard_size=8), 384)
+    with pytest.raises(ValueError, match="stage 3"):
+        validate_deepspeed_config(with_zero(stage=2), 384)
+    # a secondary group as wide as the whole ZeRO group (a one-node cluster) is dropped, with a note
+    one_node = parse_cluster("frontier:1")
+    s = build_strategy("zeropp", one_node)
+    assert deepspeed_config(MODEL, one_node, s)["zero_optimization"]["zero_hpz_partition_size"] == 1
+    assert any("saves nothing" in n for n in deepspeed_notes(MODEL, one_node, s))
+
+
+def test_bad_arguments() -> None:
+    cluster = parse_cluster("frontier:48")
+    s = build_strategy("zero3", cluster)
+    with pytest.raises(ValueError, match="dtype"):
+        deepspeed_config(MODEL, cluster, s, dtype="float8")
+    with pytest.raises(ValueError, match="deepspeed_version"):
+        deepspeed_config(MODEL, cluster, s, deepspeed_version="0.9.0")
+    with pytest.raises(ValueError, match="deepspeed_version"):
+        deepspeed_config(MODEL, cluster, s, deepspeed_version="latest")
+    with pytest.raises(ValueError, match="optim_span"):  # spans of a 3-level cluster on a 2-level one
+        deepspeed_config(MODEL, parse_cluster("dgx-h100:4"), s)
+    cfg = deepspeed_config(MODEL, cluster, s, dtype="fp32")
+    assert "bf16" not in cfg and "fp16" not in cfg
+
+
+@pytest.mark.parametrize(("cname", "preset"), _presets())
+def test_preset_outputs_are_json(cname: str, preset: str) -> None:
+    cluster = parse_cluster(cname)
+    s = build_strategy(preset, cluster)
+    for out in (zerotune_config(MODEL, cluster, s), deepspeed_config(MODEL, cluster, s),
+                deepspeed_config(MODEL, cluster, s, deepspeed_version="0.19.6"),
+                deepspeed_notes(MODEL, cluster, s), fsdp_config(MODEL, cluster, s)):
+        assert json.loads(json.dumps(out)) == out
+
+
+# --------------------------------------------------------------------------------------------------
+# FSDP2
+
+
+def _fsdp(preset: str, cname: str = "frontier:48", **kw: Any) -> dict[str, Any]:
+    cluster = parse_cluster(cname)
+    return fsdp_config(MODEL, cluster, build_strategy(preset, cluster), **kw)
+
+
+def test_fsdp_zero3() -> None:
+    f = _fsdp("zero3")
+    assert f["mesh_shape"] == [384] and f["mesh_dim_names"] == ["shard"]
+    assert f["reshard_after_forward"] is True
+    assert f["mixed_precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+
+
+def test_fsdp_mics() -> None:
+    f = _fsdp("mics")
+    assert f["mesh_shape"] == [48, 8] and f["mesh_dim_names"] == ["replicate", "shard"]
+    assert f["reshard_after_forward"] is True
+
+
+def test_fsdp_zeropp() -> None:
+    f = _fsdp("zeropp")
+    assert f["mesh_shape"] == [384] and f["reshard_after_forward"] == 8
+    assert type(f["reshard_after_forward"]) is int
+    assert any("quantized" in n for n in f["notes"])
+
+
+def test_fsdp_zero2_and_3level_a() -> None:
+    f = _fsdp("zero2")
+    assert f["mesh_shape"] == [384] and f["reshard_after_forward"] is False
+    f = _fsdp("3level-a")
+    assert f["mesh_shape"] == [384] and f["reshard_after_forward"] == 2 and f["notes"]
+
+
+@pytest.mark.parametrize(("cname", "strategy", "global_batch"), RANDOM,
+                         ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(RANDOM)])
+def test_fsdp_random(cname: str, strategy: Strategy, global_batch: int) -> None:
+    cluster = parse_cluster(cname)
+    f = fsdp_config(MODEL, cluster, strategy, global_batch=global_batch)
+    assert json.loads(json.dumps(f)) == f
+    shape = f["mesh_shape"]
+    assert len(shape) == len(f["mesh_dim_names"]) and shape[-1] * (shape[0] if len(shape) == 2 else 1) == \
+        cluster.world_size
+    reshard = f["reshard_after_forward"]
+    if not isinstance(reshard, bool):  # fully_shard: an int must be a non-trivial divisor of the shard dim
+        assert 1 < reshard < shape[-1] and shape[-1] % reshard == 0
+    assert f["grad_accum_steps"] * strategy.micro_batch_size * cluster.world_size == global_batch
+    compile(f["code"], "<fsdp snippet>", "exec")
+
+
+def test_fsdp_code_snippet() -> None:
+    code = _fsdp("mics")["code"]
+    assert 'init_device_mesh("cuda", (48, 8), mesh_dim_names=("replicate", "shard"))' in code
+    assert "fully_shard(block, mesh=mesh, reshard_after_forward=True" in code
+    assert "reduce_dtype=torch.float32" in code
+    code = _fsdp("zeropp", dtype="fp16")["code"]
+    assert 'mesh_dim_names=("shard",)' in code and "reshard_after_forward=8" in code
+    assert "param_dtype=torch.float16" in code
+
+
+# --------------------------------------------------------------------------------------------------
+# zerotune's trainer
+
+
+def test_zerotune_config_command() -> None:
+    cluster = parse_cluster("frontier:48")
+    s = build_strategy("zeropp", cluster)
+    z = zerotune_config(MODEL, cluster, s, global_batch=768)
+    assert Strategy.from_dict(z["strategy"]) == s and ModelSpec.from_dict(z["model"]) == MODEL
+    assert ClusterSpec.from_dict(z["cluster"]) == cluster
+    assert (z["global_batch"], z["grad_accum_steps"], z["dtype"]) == (768, 2, "bf16")
+    cmd = z["command"]
+    assert cmd.startswith("torchrun --nnodes 48 --nproc-per-node 8 ")
+    assert "-m strategies.train --model gpt-neox-20b --cluster frontier:48 --strategy strategy.json" in cmd
+    assert "--global-batch 768 --dtype bf16" in cmd
+    assert z["files"] == {"strategy.json": "strategy"}
+    one_level = parse_cluster("local:4")
+    z1 = zerotune_config(MODEL, one_level, build_strategy("zero3", one_level))
+    assert z1["command"].startswith("torchrun --nnodes 1 --nproc-per-node 4 -m strategies.train")
+    with pytest.raises(ValueError, match="dtype"):
+        zerotune_config(MODEL, cluster, s, dtype="fp16")
+
+
+@pytest.mark.parametrize("cname", [*CLUSTERS, "custom"])
+def test_zerotune_command_is_accepted_by_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     cname: str) -> None:
+    """Write the files the config names, then parse the command with strategies.train's own parser."""
+    from strategies import train
+
+    if cname == "custom":
+        cluster = ClusterSpec.from_dict({**parse_cluster("dgx-h100:2").to_dict(), "name": "my-cluster"})
+        model = ModelSpec("my-gpt", layers=2, hidden=64, heads=4, vocab=256, seq_len=32)
+    else:
+        cluster, model = parse_cluster(cname), MODEL
+    s = build_strategy("3level-a", cluster, micro_batch_size=2)
+    z = zerotune_config(model, cluster, s, global_batch=cluster.world_size * 4, dtype="fp32")
+    monkeypatch.chdir(tmp_path)
+    for name, key in z["files"].items():
+        Path(name).write_text(json.dumps(z[key]))
+    if cname == "custom":
+        assert set(z["files"]) == {"strategy.json", "model.json", "cluster.json"}
+    argv = shlex.split(z["command"])
+    parser = train.argparse.ArgumentParser()
+    train.add_run_args(parser)
+    args = parser.parse_args(argv[argv.index("strategies.train") + 1:])
+    got_model, got_cluster, got_strategy, accum = train.resolve(args)
+    assert (got_model, got_cluster, got_strategy, accum) == (model, cluster, s, 2)
+
+
+def test_import_does_not_pull_in_torch() -> None:
+    code = "import sys, tuner.exports; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

@@ -1,0 +1,606 @@
+"""Exports of a recommended Strategy: zerotune trainer JSON, a DeepSpeed config and FSDP2 settings.
+
+DESIGN.md §5 "Recommend": the chosen (ModelSpec, ClusterSpec, Strategy) is handed back in three
+forms a user can run. Pure Python (no torch, no deepspeed import): the API and the Slurm prologue
+client call these without either installed.
+
+- :func:`zerotune_config` — the JSON our own trainer (``strategies.train``) takes, plus the exact
+  ``torchrun`` command line for the target cluster.
+- :func:`deepspeed_config` — a complete DeepSpeed config dict holding only keys DeepSpeed reads, and
+  :func:`deepspeed_notes` — where the Strategy had no exact DeepSpeed equivalent, what was mapped to
+  what and why. The notes are kept out of the config on purpose: ``DeepSpeedConfig`` reads known
+  top-level keys and silently ignores unknown ones (it rejects only a list of removed ones), so a
+  note key would be indistinguishable from a typo, and every key under ``zero_optimization`` is
+  checked by a pydantic model with ``extra="forbid"``.
+- :func:`validate_deepspeed_config` — the rules DeepSpeed checks only at run time (or never).
+- :func:`fsdp_config` — PyTorch FSDP2 ``fully_shard`` settings: mesh shape, ``reshard_after_forward``,
+  mixed precision, notes and a code snippet.
+
+DeepSpeed mapping (``zero_optimization``; key names and types from DeepSpeed's
+``deepspeed/runtime/zero/config.py`` ``DeepSpeedZeroConfig``, the config reference
+https://www.deepspeed.ai/docs/config-json/ and the ZeRO++ tutorial
+https://www.deepspeed.ai/tutorials/zeropp/):
+
+=================================== ==============================================================
+DeepSpeed key                        from the Strategy
+=================================== ==============================================================
+stage                                3 if param_span > 0; 2 if grad_span > 0; 1 if optim_span > 0; else 0
+reduce_bucket_size                   reduce_bucket_mb * 1e6 / 2 elements (stages 1-3)
+allgather_bucket_size                allgather_bucket_mb * 1e6 / 2 elements (stages 1-2)
+stage3_prefetch_bucket_size          allgather bucket elements * prefetch_buckets (stage 3)
+stage3_param_persistence_threshold   10 * hidden (Hugging Face Transformers' "auto" value) (stage 3)
+overlap_comm, contiguous_gradients   true (stages 1-3)
+zero_hpz_partition_size              span_size(secondary_span) — hpZ, ZeRO++ — else 1 (stage 3)
+zero_quantized_weights               weight_bits < 16 — qwZ, int8 block quantization (stage 3)
+zero_quantized_gradients             grad_bits == 4 — qgZ, int4 hierarchical all-to-all (stage 3)
+mics_shard_size                      span_size(optim_span) when P, G, OS are sharded below the world
+                                     (MiCS; only for a target DeepSpeed 0.14 - 0.19.6, see below)
+mics_hierarchical_params_gather      true only when the MiCS shard spans several nodes
+=================================== ==============================================================
+
+Bucket sizes count 16-bit elements, as ``strategies/plan.py`` does (2 bytes each whatever the dtype).
+``DeepSpeedConfig`` reads the batch keys ``train_batch_size``, ``train_micro_batch_size_per_gpu``,
+``gradient_accumulation_steps`` and the precision blocks ``bf16`` / ``fp16`` (``{"enabled": true}``;
+neither for fp32). ``activation_checkpointing`` uses the keys of DeepSpeed's
+``deepspeed/runtime/activation_checkpointing/config.py``.
+
+DeepSpeed versions: MiCS (``mics_shard_size``, ``mics_hierarchical_params_gather``) exists from
+0.9.2 and was removed in 0.19.7, whose ``DeepSpeedConfig`` raises on those keys
+(``_REMOVED_ZERO_CONFIG_KEYS``, DeepSpeed issue #8489). The default export therefore targets the
+newest DeepSpeed and never writes MiCS keys — it is accepted by every DeepSpeed >= 0.14 — and
+``deepspeed_version="0.19.6"`` (or older) opts into MiCS for strategies that shard inside a node.
+
+Nearest settings where DeepSpeed has no equivalent (each one is also written to the notes):
+
+- DeepSpeed shards P, G and OS over one group (the world, or the MiCS shard). When the Strategy
+  shards them over different spans (e.g. ``3level-a`` = (1, node, L)), the group is the OS span and
+  the narrower P span becomes the hpZ group, so memory stays at or below the Strategy's: the
+  forward all-gather then crosses the whole group, the backward one stays inside the P span.
+- MiCS + hpZ/qwZ/qgZ: DeepSpeed's ``MiCS_Init`` replaces the parameter all-gather with its own
+  (no hpZ, no quantization) and ``MiCS_Optimizer`` reduces across the shard group, so under MiCS
+  those three are switched off.
+- ``grad_bits`` 8: qgZ is int4 only (``all_to_all_quant_reduce``); the export keeps 16-bit
+  gradients rather than quantize harder than the measured strategy. ``weight_bits`` 4: qwZ is int8
+  only (``CUDAQuantizer``); the export uses int8 (less lossy, twice the bytes).
+- ``quantize_above`` > 1: DeepSpeed quantizes every link of the collective, the fast inner ones too.
+- Stages 1-2 partition over the whole data-parallel world; a narrower G/OS span is widened.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from strategies.catalog import MODELS, parse_cluster
+from strategies.errors import SpecError
+from strategies.spec import ClusterSpec, ModelSpec, Strategy
+
+DTYPES = ("bf16", "fp16", "fp32")
+"""Run dtypes the exports accept (compute and unquantized communication)."""
+
+BYTES_PER_16BIT = 2
+"""Bucket sizes are counted in 16-bit elements (``strategies/plan.py``)."""
+
+MIN_DEEPSPEED = (0, 14, 0)
+"""Oldest DeepSpeed the exports target (the ``deepspeed`` extra in pyproject.toml)."""
+
+MICS_REMOVED_IN = (0, 19, 7)
+"""First DeepSpeed release whose config parser rejects ``mics_shard_size``."""
+
+
+# --------------------------------------------------------------------------------------------------
+# shared helpers
+
+
+def _check_dtype(dtype: Any, allowed: tuple[str, ...] = DTYPES, target: str = "the exports") -> str:
+    if dtype not in allowed:
+        raise SpecError("dtype", dtype, f"must be one of {list(allowed)} for {target}")
+    return dtype
+
+
+def _batch(cluster: ClusterSpec, strategy: Strategy, global_batch: int | None) -> tuple[int, int]:
+    """(global batch, accumulation steps); the global batch defaults to world x micro_batch_size."""
+    per_step = cluster.world_size * strategy.micro_batch_size
+    if global_batch is None:
+        return per_step, 1
+    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
+        raise SpecError("global_batch", global_batch, "must be a positive integer (sequences per optimizer step)")
+    if global_batch % per_step:
+        raise SpecError("global_batch", global_batch,
+                        f"must be a multiple of world x micro_batch_size = {cluster.world_size} x "
+                        f"{strategy.micro_batch_size} = {per_step}")
+    return global_batch, global_batch // per_step
+
+
+def _elements(mb: float) -> int:
+    """A bucket of ``mb`` MB of 16-bit values as an element count (>= 1: DeepSpeed wants > 0)."""
+    return max(1, round(mb * 1e6 / BYTES_PER_16BIT))
+
+
+def _ranks_per_node(cluster: ClusterSpec) -> int:
+    """Ranks in one node: the node span on a multi-level cluster, the whole world on a 1-level one."""
+    return cluster.span_size(cluster.node_span) if cluster.num_levels > 1 else cluster.world_size
+
+
+def _span_words(cluster: ClusterSpec, span: int) -> str:
+    """``"span 2 (node, 8 ranks)"`` for notes."""
+    if span == 0:
+        return "span 0 (one rank)"
+    return f"span {span} ({cluster.levels[span - 1].name}, {cluster.span_size(span)} ranks)"
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain JSON types (``to_dict`` keeps the levels as a tuple; JSON has lists)."""
+    return json.loads(json.dumps(value))
+
+
+def _prepare(cluster: ClusterSpec, strategy: Strategy, global_batch: int | None, dtype: Any,
+             allowed: tuple[str, ...], target: str) -> tuple[Strategy, int, int]:
+    strategy = strategy.validate_for(cluster)
+    _check_dtype(dtype, allowed, target)
+    gb, accum = _batch(cluster, strategy, global_batch)
+    return strategy, gb, accum
+
+
+# --------------------------------------------------------------------------------------------------
+# zerotune's own trainer
+
+
+def zerotune_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
+                    global_batch: int | None = None, dtype: str = "bf16") -> dict[str, Any]:
+    """The config our trainer takes, with the ``torchrun`` command that runs it on the target.
+
+    Returns ``{"model", "cluster", "strategy"}`` (each ``to_dict()`` as plain JSON), ``global_batch``,
+    ``grad_accum_steps``, ``dtype`` (``"bf16"`` or ``"fp32"``, the trainer's ``--dtype``),
+    ``nnodes`` and ``nproc_per_node``, ``files`` (file name → the key of this dict to write there)
+    and ``command``. The command is run once per node (e.g. under ``srun --ntasks-per-node 1``);
+    it reads the strategy from ``strategy.json`` and names the model and cluster by preset when they
+    are catalog presets, else by ``model.json`` / ``cluster.json``. Ranks per node =
+    ``cluster.span_size(cluster.node_span)`` on a multi-level cluster (every level but the
+    outermost), the whole world on a 1-level one; several nodes rendezvous through torchrun's
+    c10d backend at ``$MASTER_ADDR:29500`` with ``$SLURM_JOB_ID`` as the run id.
+
+    Raises:
+        SpecError (a ValueError): fp16 (the trainer runs bf16 or fp32), a global batch that is not a
+            positive multiple of world x micro_batch_size, a strategy invalid for the cluster.
+    """
+    strategy, gb, accum = _prepare(cluster, strategy, global_batch, dtype, ("bf16", "fp32"), "zerotune's trainer")
+    per_node = _ranks_per_node(cluster)
+    nnodes = cluster.world_size // per_node
+    files = {"strategy.json": "strategy"}
+    model_arg = model.name if MODELS.get(model.name) == model else "model.json"
+    if model_arg == "model.json":
+        files["model.json"] = "model"
+    try:
+        cluster_arg = cluster.name if parse_cluster(cluster.name) == cluster else "cluster.json"
+    except (SpecError, OSError):
+        cluster_arg = "cluster.json"
+    if cluster_arg == "cluster.json":
+        files["cluster.json"] = "cluster"
+    parts = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per_node)]
+    if nnodes > 1:
+        parts += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "$MASTER_ADDR:29500", "--rdzv-id", "$SLURM_JOB_ID"]
+    parts += ["-m", "strategies.train", "--model", shlex.quote(model_arg), "--cluster", shlex.quote(cluster_arg),
+              "--strategy", "strategy.json", "--global-batch", str(gb), "--dtype", dtype, "--out", "run.json"]
+    return {
+        "model": _plain(model.to_dict()),
+        "cluster": _plain(cluster.to_dict()),
+        "strategy": _plain(strategy.to_dict()),
+        "global_batch": gb,
+        "grad_accum_steps": accum,
+        "dtype": dtype,
+        "nnodes": nnodes,
+        "nproc_per_node": per_node,
+        "files": files,
+        "command": " ".join(parts),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# DeepSpeed
+
+
+def _parse_version(version: str | None) -> tuple[int, int, int] | None:
+    """``"0.19.6"`` (also ``"v0.19.6"``, ``"0.19.6+cu121"``) → (0, 19, 6); None → None (the newest)."""
+    if version is None:
+        return None
+    match = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", str(version).strip())
+    if not match:
+        raise SpecError("deepspeed_version", version, "must look like '0.19.6' or be null (the newest)")
+    parsed = (int(match[1]), int(match[2]), int(match[3] or 0))
+    if parsed < MIN_DEEPSPEED:
+        raise SpecError("deepspeed_version", version,
+                        f"must be >= {'.'.join(map(str, MIN_DEEPSPEED))} (ZeRO++ keys and the pydantic config)")
+    return parsed
+
+
+def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, global_batch: int | None, dtype: str,
+               deepspeed_version: str | None) -> tuple[dict[str, Any], list[str]]:
+    """The DeepSpeed config and its notes (see the module docstring for the mapping)."""
+    s, gb, accum = _prepare(cluster, strategy, global_batch, dtype, DTYPES, "DeepSpeed")
+    version = _parse_version(deepspeed_version)
+    mics_available = version is not None and version < MICS_REMOVED_IN
+    world, levels = cluster.world_size, cluster.num_levels
+    notes: list[str] = []
+
+    stage = 3 if s.param_span > 0 else 2 if s.grad_span > 0 else 1 if s.optim_span > 0 else 0
+    zero: dict[str, Any] = {"stage": stage}
+    if stage in (1, 2):
+        zero.update({
+            "allgather_bucket_size": _elements(s.allgather_bucket_mb),
+            "reduce_bucket_size": _elements(s.reduce_bucket_mb),
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+        })
+        what = "optimizer states" if stage == 1 else "gradients and optimizer states"
+        narrower = [(name, span) for name, span in (("gradients", s.grad_span), ("optimizer states", s.optim_span))
+                    if span and span < levels]
+        if narrower:
+            spans = ", ".join(f"{name} over {_span_words(cluster, span)}" for name, span in narrower)
+            notes.append(f"DeepSpeed stage {stage} partitions {what} over the whole data-parallel world "
+                         f"({world} ranks); the strategy has {spans}. Memory per rank is lower, and the "
+                         f"reduce-scatter / all-gather cross every level.")
+    if stage == 3:
+        zero.update(_stage3(model, cluster, s, mics_available, notes))
+    if stage < 3 and s.grad_bits < 16:
+        notes.append(f"grad_bits={s.grad_bits}: DeepSpeed quantizes gradients (qgZ) only in stage 3; "
+                     f"stage {stage} reduces gradients in {dtype}.")
+
+    config: dict[str, Any] = {
+        "train_batch_size": gb,
+        "train_micro_batch_size_per_gpu": s.micro_batch_size,
+        "gradient_accumulation_steps": accum,
+    }
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        config["fp16"] = {"enabled": True}  # dynamic loss scaling: DeepSpeed's default loss_scale 0
+    config["zero_optimization"] = zero
+    if s.activation_checkpointing:
+        config["activation_checkpointing"] = {
+            "partition_activations": False,  # only meaningful with tensor (model) parallelism
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "number_checkpoints": model.layers,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+        notes.append("activation_checkpointing: DeepSpeed's block only configures "
+                     "deepspeed.checkpointing.checkpoint; call it around each transformer block's forward "
+                     "(or use the model's own gradient checkpointing) to recompute activations.")
+    validate_deepspeed_config(config, world)
+    return config, notes
+
+
+def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available: bool,
+            notes: list[str]) -> dict[str, Any]:
+    """The stage-3 keys: partition group (world or MiCS), hpZ, qwZ, qgZ, buckets."""
+    world, levels = cluster.world_size, cluster.num_levels
+    per_node = _ranks_per_node(cluster)
+    group_span = s.optim_span  # DeepSpeed shards P, G and OS together: take the widest (OS) span
+    use_mics = group_span < levels and mics_available
+    out: dict[str, Any] = {}
+    if use_mics:
+        group = cluster.span_size(group_span)
+        out["mics_shard_size"] = group
+        # DeepSpeed's hierarchical MiCS gather is intra-node then inter-node and asserts that the shard
+        # spans more than one node (mics_utils.create_mics_comm_groups); inside a node it stays flat.
+        out["mics_hierarchical_params_gather"] = group > per_node and group % per_node == 0
+        replicas = world // group
+        notes.append(f"MiCS: P, G and OS sharded over {_span_words(cluster, group_span)} and replicated "
+                     f"{replicas}x; build the model under deepspeed.zero.MiCS_Init (not deepspeed.zero.Init).")
+        if s.param_span < group_span or s.grad_span < group_span:
+            notes.append(f"MiCS shards P, G and OS over one group: the strategy's P over "
+                         f"{_span_words(cluster, s.param_span)} and G over {_span_words(cluster, s.grad_span)} "
+                         f"become {group} ranks (less memory, a wider parameter all-gather).")
+        dropped = [what for what, on in (("hpZ (secondary_span)", s.secondary_span is not None),
+                                         (f"int{s.weight_bits} weights (qwZ)", s.weight_bits < 16),
+                                         (f"int{s.grad_bits} gradients (qgZ)", s.grad_bits < 16)) if on]
+        if dropped:
+            notes.append(f"{', '.join(dropped)} switched off: DeepSpeed's MiCS replaces the parameter all-gather "
+                         f"with its own (no secondary partition, no quantization) and reduces gradients across "
+                         f"its shard and replica groups.")
+        hpz_span: int | None = None
+        quant_weights = quant_grads = False
+    else:
+        group = world
+        if group_span < levels:
+            notes.append(f"DeepSpeed stage 3 shards P, G and OS over the whole world ({world} ranks), not over "
+                         f"{_span_words(cluster, group_span)} with replication above it: DeepSpeed >= 0.19.7 "
+                         f"removed MiCS (pass deepspeed_version <= 0.19.6 to use it). Memory per rank is lower "
+                         f"and the parameter all-gather and gradient reduce-scatter cross every level.")
+        elif s.grad_span < levels:
+            notes.append(f"DeepSpeed stage 3 shards gradients like everything else over the world ({world} "
+                         f"ranks); the strategy keeps them over {_span_words(cluster, s.grad_span)}.")
+        # hpZ: the strategy's secondary span; else, when P is sharded narrower than the ZeRO group, the
+        # P span itself, so the backward all-gather stays inside it as in the strategy.
+        hpz_span = s.secondary_span
+        if cluster.span_size(s.param_span) < group:
+            if hpz_span is None:
+                hpz_span = s.param_span
+            text = (f"P is sharded over {_span_words(cluster, s.param_span)} in the strategy but over all {world} "
+                    f"ranks in DeepSpeed stage 3, so the forward all-gather crosses every level")
+            if cluster.span_size(hpz_span) > 1:
+                text += (f"; zero_hpz_partition_size={cluster.span_size(hpz_span)} keeps a secondary copy over "
+                         f"{_span_words(cluster, hpz_span)}, so the backward all-gather stays inside it")
+            notes.append(text + ".")
+        quant_weights = s.weight_bits < 16
+        quant_grads = s.grad_bits == 4
+        if s.weight_bits == 4:
+            notes.append("weight_bits=4: DeepSpeed's qwZ quantizes weights to int8 only; zero_quantized_weights "
+                         "uses int8 (less lossy, twice the bytes of int4).")
+        if s.grad_bits == 8:
+            notes.append("grad_bits=8: DeepSpeed's qgZ is int4 only; gradients stay 16-bit "
+                         "(zero_quantized_gradients false) rather than being quantized harder than measured.")
+        if s.quantized and s.quantize_above > 1:
+            inner = ", ".join(lv.name for lv in cluster.levels[:s.quantize_above - 1])
+            notes.append(f"quantize_above={s.quantize_above}: DeepSpeed quantizes every link of the collective, "
+                         f"including the {inner} links the strategy keeps 16-bit.")
+        if quant_grads and world // per_node <= 1:
+            notes.append("qgZ: DeepSpeed applies quantized gradient all-to-all only across nodes; on one node it "
+                         "falls back to a 16-bit reduce-scatter.")
+
+    hpz = cluster.span_size(hpz_span) if hpz_span is not None else 1
+    if s.secondary_span is not None and hpz_span is not None and hpz == 1:
+        notes.append(f"secondary_span={s.secondary_span} keeps the whole gathered P after forward (a 1-rank "
+                     f"secondary group); DeepSpeed has no such mode, so hpZ is off and backward re-gathers P.")
+    elif hpz >= group > 1:
+        notes.append(f"the secondary (hpZ) group of {hpz} ranks is as wide as the ZeRO group ({group} ranks) on "
+                     f"this cluster, so it saves nothing; zero_hpz_partition_size=1.")
+        hpz = 1
+    prefetch = _elements(s.allgather_bucket_mb) * s.prefetch_buckets
+    out.update({
+        "reduce_bucket_size": _elements(s.reduce_bucket_mb),
+        "stage3_prefetch_bucket_size": prefetch,
+        "stage3_param_persistence_threshold": 10 * model.hidden,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "zero_hpz_partition_size": hpz,
+        "zero_quantized_weights": quant_weights,
+        "zero_quantized_gradients": quant_grads,
+    })
+    return out
+
+
+def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
+                     global_batch: int | None = None, dtype: str = "bf16",
+                     deepspeed_version: str | None = None) -> dict[str, Any]:
+    """A complete DeepSpeed config for ``strategy``: only keys and values DeepSpeed accepts.
+
+    The mapping table and its sources are in the module docstring; everything that is not an exact
+    equivalent is explained by :func:`deepspeed_notes` (same arguments). The result passes
+    :func:`validate_deepspeed_config` for the cluster's world size.
+
+    Args:
+        global_batch: sequences per optimizer step (``train_batch_size``); default world x
+            micro_batch_size, i.e. ``gradient_accumulation_steps`` 1.
+        dtype: ``"bf16"`` → ``{"bf16": {"enabled": true}}``, ``"fp16"`` → ``{"fp16": {"enabled": true}}``
+            (dynamic loss scaling), ``"fp32"`` → neither.
+        deepspeed_version: the DeepSpeed the config is for; None = the newest (no MiCS keys, valid for
+            every DeepSpeed >= 0.14). 0.14 - 0.19.6 may use ``mics_shard_size``.
+
+    Raises:
+        SpecError (a ValueError) naming the field and value: a bad global batch, dtype or version, a
+        strategy invalid for the cluster, or a config that breaks :func:`validate_deepspeed_config`.
+    """
+    return _deepspeed(model, cluster, strategy, global_batch, dtype, deepspeed_version)[0]
+
+
+def deepspeed_notes(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
+                    global_batch: int | None = None, dtype: str = "bf16",
+                    deepspeed_version: str | None = None) -> list[str]:
+    """Human-readable notes on what :func:`deepspeed_config` could not express exactly ([] if nothing)."""
+    return _deepspeed(model, cluster, strategy, global_batch, dtype, deepspeed_version)[1]
+
+
+def _positive_int(field: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(field, value, "must be a positive integer")
+    return value
+
+
+def validate_deepspeed_config(config: dict[str, Any], world_size: int) -> None:
+    """Check what DeepSpeed's parser does not: batch arithmetic against the real world size, and the
+    group sizes it only checks (or silently ignores) once process groups exist.
+
+    - ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world``
+      (DeepSpeedConfig asserts it only against the live world size).
+    - ``mics_shard_size`` (> 0) divides the world and needs stage 3.
+    - ``zero_hpz_partition_size`` (> 1) needs stage 3, divides the world (DeepSpeed's
+      ``groups._create_zero_param_parallel_group`` asserts it at ``deepspeed.initialize``), is smaller
+      than and divides the ZeRO partition group (the world or the MiCS shard) and is not combined
+      with MiCS.
+    - ``zero_quantized_weights`` / ``zero_quantized_gradients`` need stage 3 (ignored otherwise).
+
+    Raises:
+        SpecError (a ValueError) naming the field, its value and the rule.
+    """
+    world = _positive_int("world_size", world_size)
+    train = _positive_int("train_batch_size", config.get("train_batch_size"))
+    micro = _positive_int("train_micro_batch_size_per_gpu", config.get("train_micro_batch_size_per_gpu"))
+    accum = _positive_int("gradient_accumulation_steps", config.get("gradient_accumulation_steps"))
+    if train != micro * accum * world:
+        raise SpecError("train_batch_size", train,
+                        f"must equal train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size "
+                        f"= {micro} x {accum} x {world} = {micro * accum * world}")
+    zero = config.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise SpecError("zero_optimization", zero, "must be an object")
+    stage = zero.get("stage", 0)
+    mics = zero.get("mics_shard_size", -1)
+    if isinstance(mics, int) and mics > 0:
+        if stage != 3:
+            raise SpecError("zero_optimization.mics_shard_size", mics, f"needs stage 3, not stage {stage}")
+        if world % mics:
+            raise SpecError("zero_optimization.mics_shard_size", mics, f"must divide the world size {world}")
+    group = mics if isinstance(mics, int) and mics > 0 else world
+    hpz = zero.get("zero_hpz_partition_size", 1)
+    field = "zero_optimization.zero_hpz_partition_size"
+    if not isinstance(hpz, int) or isinstance(hpz, bool) or hpz < 0:
+        raise SpecError(field, hpz, "must be an integer >= 0")
+    if hpz > 1:
+        if stage != 3:
+            raise SpecError(field, hpz, f"takes effect only with stage 3, not stage {stage}")
+        if group != world:
+            raise SpecError(field, hpz, "cannot be combined with mics_shard_size (MiCS bypasses hpZ)")
+        if world % hpz:
+            raise SpecError(field, hpz, f"must divide the world size {world}")
+        if hpz >= group:
+            raise SpecError(field, hpz, f"must be smaller than the ZeRO partition group of {group} ranks")
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        if zero.get(key) and stage != 3:
+            raise SpecError(f"zero_optimization.{key}", zero[key], f"takes effect only with stage 3, not stage {stage}")
+
+
+# --------------------------------------------------------------------------------------------------
+# PyTorch FSDP2
+
+
+_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
+                global_batch: int | None = None, dtype: str = "bf16") -> dict[str, Any]:
+    """PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``) settings for ``strategy``.
+
+    From the ``fully_shard`` docs (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html):
+    a 2-D mesh ``(replicate, shard)`` is HSDP — shard inside the ``shard`` dim, all-reduce across
+    ``replicate``; a 1-D mesh shards over all ranks. ``reshard_after_forward``: True reshards after
+    forward and re-gathers in backward (ZeRO-3); False keeps the unsharded parameters until backward
+    (ZeRO-2-like, FSDP1's SHARD_GRAD_OP); an int g, a non-trivial divisor of the shard dim size,
+    reshards to groups of g contiguous ranks (``mesh.view(-1, g)`` in torch's
+    ``_get_post_forward_mesh_info``) — hpZ's secondary group, as our innermost-first rank layout.
+
+    Mapping: shard = ``span_size(param_span)`` and replicate = world / shard when P, G and OS share
+    a span; ``reshard_after_forward`` = ``span_size(secondary_span)`` when hpZ is on (True when that
+    group is the whole shard group, False when it is a single rank), else True. FSDP2 shards G and
+    OS like P, so when they are sharded wider (``3level-a``) the shard dim is the OS span and the P
+    span becomes the ``reshard_after_forward`` group (the DeepSpeed export does the same with hpZ).
+    With P replicated (ZeRO-1/2) the shard dim is the OS span with ``reshard_after_forward=False``.
+
+    Returns ``mesh_shape``, ``mesh_dim_names`` (``["shard"]`` when nothing is replicated),
+    ``reshard_after_forward``, ``mixed_precision`` (torch dtype names for ``MixedPrecisionPolicy``),
+    ``global_batch``, ``micro_batch_size``, ``grad_accum_steps``, ``activation_checkpointing``,
+    ``notes`` (what FSDP2 cannot express) and ``code`` (a Python snippet).
+    """
+    s, gb, accum = _prepare(cluster, strategy, global_batch, dtype, DTYPES, "FSDP2")
+    world = cluster.world_size
+    notes: list[str] = []
+    reshard: bool | int
+    if s.param_span > 0:
+        if s.grad_span == s.param_span and s.optim_span == s.param_span:
+            shard_span, secondary = s.param_span, s.secondary_span
+        else:
+            shard_span = s.optim_span
+            secondary = s.secondary_span if s.secondary_span is not None else s.param_span
+            notes.append(f"FSDP2 shards P, G and OS over one mesh dim; the strategy shards P over "
+                         f"{_span_words(cluster, s.param_span)}, G over {_span_words(cluster, s.grad_span)} and "
+                         f"OS over {_span_words(cluster, s.optim_span)}. The shard dim is the OS span and "
+                         f"reshard_after_forward keeps P after forward sharded over "
+                         f"{_span_words(cluster, secondary)}; the forward all-gather spans the whole shard dim.")
+        shard = cluster.span_size(shard_span)
+        if secondary is None:
+            reshard = True
+        else:
+            g = cluster.span_size(secondary)
+            if g == 1:
+                reshard = False
+            elif g >= shard:
+                reshard = True
+                notes.append(f"the secondary (hpZ) group of {g} ranks is the whole shard group on this cluster; "
+                             f"reshard_after_forward=True.")
+            else:
+                reshard = g
+    else:
+        shard_span = s.optim_span
+        shard = cluster.span_size(shard_span)
+        reshard = False
+        if shard_span:
+            zero = "ZeRO-1" if s.grad_span == 0 else "ZeRO-2"
+            notes.append(f"{zero} (P replicated) has no exact FSDP2 form; the nearest is sharding over "
+                         f"{_span_words(cluster, shard_span)} with reshard_after_forward=False (FSDP1's "
+                         f"SHARD_GRAD_OP): without accumulation the same bytes (one all-gather, one "
+                         f"reduce-scatter), but P is sharded between steps and gathered in every forward.")
+            if s.grad_span == 0:
+                notes.append("ZeRO-1 exactly: DistributedDataParallel with "
+                             "torch.distributed.optim.ZeroRedundancyOptimizer instead of fully_shard.")
+            elif s.grad_span < s.optim_span:
+                notes.append(f"gradients are sharded over {_span_words(cluster, shard_span)} like the "
+                             f"optimizer states, not over {_span_words(cluster, s.grad_span)}.")
+        else:
+            notes.append("nothing is sharded: a 1-rank shard dim makes fully_shard plain data parallelism "
+                         "(DistributedDataParallel does the same).")
+    replicate = world // shard
+    if s.weight_bits < 16 or s.grad_bits < 16:
+        quantized = [f"int{bits} {what}" for what, bits in (("weights", s.weight_bits), ("gradients", s.grad_bits))
+                     if bits < 16]
+        above = (f" (links from level {s.quantize_above}, {cluster.levels[s.quantize_above - 1].name}, up)"
+                 if s.quantize_above > 1 else "")
+        notes.append(f"FSDP2 has no quantized communication: the strategy's {' and '.join(quantized)}{above} "
+                     f"travel as param_dtype / reduce_dtype.")
+    param_dtype = _TORCH_DTYPES[dtype]
+    mixed = {"param_dtype": param_dtype, "reduce_dtype": "float32"}
+    if dtype != "fp32":
+        notes.append(f"reduce_dtype=float32 moves twice the gradient bytes of the strategy's 16-bit reductions; "
+                     f"use reduce_dtype=torch.{param_dtype} to match the measured communication.")
+    if dtype == "fp16":
+        notes.append("fp16 needs loss scaling, which fully_shard does not do; bf16 does not.")
+    if replicate == 1:
+        mesh_shape, names = [shard], ["shard"]
+    else:
+        mesh_shape, names = [replicate, shard], ["replicate", "shard"]
+    return {
+        "mesh_shape": mesh_shape,
+        "mesh_dim_names": names,
+        "reshard_after_forward": reshard,
+        "mixed_precision": mixed,
+        "global_batch": gb,
+        "micro_batch_size": s.micro_batch_size,
+        "grad_accum_steps": accum,
+        "activation_checkpointing": s.activation_checkpointing,
+        "notes": notes,
+        "code": _fsdp_code(mesh_shape, names, reshard, mixed, s.activation_checkpointing),
+    }
+
+
+def _py_tuple(items: list[Any]) -> str:
+    """``(48, 8)``, ``("shard",)``: a Python tuple literal with double-quoted strings."""
+    parts = [f'"{x}"' if isinstance(x, str) else str(x) for x in items]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mixed: dict[str, str],
+               checkpointing: bool) -> str:
+    """A runnable snippet (under torchrun) applying the settings to a model with ``model.blocks``."""
+    lines = [
+        "import torch",
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard",
+    ]
+    if checkpointing:
+        lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper")
+    lines += [
+        "",
+        f"mesh = init_device_mesh(\"cuda\", {_py_tuple(mesh_shape)}, mesh_dim_names={_py_tuple(names)})",
+        f"mp_policy = MixedPrecisionPolicy(param_dtype=torch.{mixed['param_dtype']}, "
+        f"reduce_dtype=torch.{mixed['reduce_dtype']})",
+        "for i, block in enumerate(model.blocks):  # one FSDP unit per transformer block",
+    ]
+    if checkpointing:
+        lines += ["    block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"]
+    lines += [
+        f"    fully_shard(block, mesh=mesh, reshard_after_forward={reshard!r}, mp_policy=mp_policy)",
+        f"fully_shard(model, mesh=mesh, reshard_after_forward={reshard!r}, mp_policy=mp_policy)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "deepspeed_config",
+    "deepspeed_notes",
+    "fsdp_config",
+    "validate_deepspeed_config",
+    "zerotune_config",
+]

@@ -1,0 +1,349 @@
+"""One study: an Optuna ask/tell loop over the strategy space, every trial stored in the database.
+
+Optuna's RDB storage lives on the same database URL as our ``zt_`` tables (so ``optuna-dashboard``
+can read the study), but zerotune owns the trial lifecycle: each dispatched trial gets a lease
+that a heartbeat thread extends while its executor runs (Optuna's heartbeat does not cover
+ask/tell). When a study is resumed, trials whose lease expired — their runner died — are failed
+with that reason and retried once. The cost model screens every point first: infeasible points are
+told with a positive constraint (``trial.set_constraint``, read by TPE and NSGA-II) and never run, and every
+measured trial stores the prediction for the same point, so model error stays visible.
+
+Known-good strategies (zero3, zeropp, mics, 3level-a, 3level-b) are enqueued first, then the best
+strategies of the most similar earlier request (same cluster family, nearest model size).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from db import repository as repo
+from db.models import Request, Study, Trial
+from db.session import make_engine, make_session_factory, session_scope
+from strategies.catalog import build_strategy
+from strategies.costmodel import Calibration, predict
+from strategies.errors import SpecError, ZerotuneError
+from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from tuner.executors.base import Executor, TrialResult, TrialSpec
+from tuner.space import Space
+
+PRESETS = ("zero3", "zeropp", "3level-b", "3level-a", "mics")
+SAMPLERS = ("tpe", "nsga2", "random")
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What a user asks for; ``key()`` identifies equivalent requests."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    executor: str = "model"
+    trials: int = 40
+    objective: str = "throughput"
+    """``throughput`` (max TFLOPS per rank) or ``pareto`` (TFLOPS vs peak memory, NSGA-II)."""
+    global_batch: int | None = None
+    sampler: str = "tpe"
+    seed: int | None = None
+    time_budget_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("throughput", "pareto"):
+            raise SpecError("objective", self.objective, "must be 'throughput' or 'pareto'")
+        if self.sampler not in SAMPLERS:
+            raise SpecError("sampler", self.sampler, f"must be one of {list(SAMPLERS)}")
+        if not isinstance(self.trials, int) or self.trials < 1:
+            raise SpecError("budget.trials", self.trials, "must be an integer >= 1")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise SpecError("global_batch", self.global_batch, "must be >= 1")
+
+    def normalized(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "cluster": self.cluster.to_dict(), "executor": self.executor,
+                "objective": self.objective, "global_batch": self.global_batch, "trials": self.trials,
+                "sampler": self.sampler}
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()
+
+
+def strategy_key(s: Strategy) -> str:
+    fields = s.to_dict()
+    fields.pop("name", None)
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class Progress:
+    done: int = 0
+    total: int = 0
+    best_value: float | None = None
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+class Tuner:
+    """Runs (or resumes) the study of one request against one database."""
+
+    def __init__(self, request: TuneRequest, *, db_url: str, executor: Executor, workdir: Path,
+                 worker_id: str | None = None, lease_s: float = 60.0, trial_timeout_s: float = 600.0,
+                 steps: int = 10, calibration: Calibration | None = None,
+                 progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None) -> None:
+        self.request, self.executor, self.workdir = request, executor, Path(workdir)
+        self.db_url = db_url
+        self.worker_id = worker_id or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
+        self.lease_s, self.trial_timeout_s, self.steps = lease_s, trial_timeout_s, steps
+        self.calibration, self.progress_cb, self.stop = calibration, progress, stop or threading.Event()
+        self.space = Space(request.cluster)
+        self.sessions = make_session_factory(make_engine(db_url))
+
+    # -- setup -------------------------------------------------------------------------------------
+    def _optuna_study(self, name: str) -> Any:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+        r = self.request
+        if r.sampler == "random":
+            sampler = optuna.samplers.RandomSampler(seed=r.seed)
+        elif r.sampler == "nsga2" or r.objective == "pareto":
+            sampler = optuna.samplers.NSGAIISampler(seed=r.seed, population_size=20)
+        else:
+            sampler = optuna.samplers.TPESampler(seed=r.seed, n_startup_trials=10, multivariate=True, group=True)
+        directions = ["maximize", "minimize"] if r.objective == "pareto" else ["maximize"]
+        return optuna.create_study(storage=self._storage(), study_name=name, sampler=sampler,
+                                   directions=directions, load_if_exists=True)
+
+    def _storage(self) -> Any:
+        import optuna
+
+        return optuna.storages.RDBStorage(self.db_url, skip_compatibility_check=False)
+
+    def open(self) -> int:
+        """Find or create the request and its study rows; return the study id."""
+        r = self.request
+        with session_scope(self.sessions) as s:
+            req, _ = repo.get_or_create_request(session=s, key=r.key(), model=r.model.to_dict(),
+                                             cluster=r.cluster.to_dict(), objective=r.objective,
+                                             budget={"trials": r.trials, "time_s": r.time_budget_s},
+                                             executor=r.executor, global_batch=r.global_batch)
+            existing = s.scalars(select(Study).where(Study.request_id == req.id).order_by(Study.id.desc())).first()
+            if existing is not None and existing.state != "failed":
+                return existing.id
+            study = repo.create_study(session=s, request_id=req.id, optuna_study_name=f"zerotune-{r.key()[:16]}-"
+                                      f"{uuid.uuid4().hex[:6]}", sampler=r.sampler, executor=r.executor,
+                                      n_trials=r.trials)
+            return study.id
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self, study_id: int | None = None) -> dict[str, Any]:
+        """Run trials until the budget is spent; return the recommendation."""
+        study_id = study_id or self.open()
+        self.study_id = study_id
+        with session_scope(self.sessions) as s:
+            row = repo.get_study(session=s, study_id=study_id)
+            name, fresh = row.optuna_study_name, row.state == "pending"
+            repo.set_study_state(session=s, study_id=study_id, state="running")
+        study = self._optuna_study(name)
+        self._recover_dead_trials(study_id, study)
+        if fresh:
+            self._enqueue_known_good(study, study_id)
+        progress = Progress(total=self.request.trials)
+        deadline = time.monotonic() + self.request.time_budget_s if self.request.time_budget_s else math.inf
+        asked = 0
+        try:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                progress.done = self._count_done(study_id)
+                if progress.done >= self.request.trials or asked > 20 * self.request.trials:
+                    break
+                asked += 1
+                self._one_trial(study, study_id, progress)
+                if self.progress_cb:
+                    self.progress_cb(progress)
+            recommendation = self.recommend(study_id)
+        except BaseException as exc:
+            with session_scope(self.sessions) as s:
+                repo.set_study_state(session=s, study_id=study_id, state="failed", error=str(exc)[:2000])
+            raise
+        with session_scope(self.sessions) as s:
+            repo.set_study_state(session=s, study_id=study_id, state="cancelled" if self.stop.is_set() else "done")
+        return recommendation
+
+    def _count_done(self, study_id: int) -> int:
+        with session_scope(self.sessions) as s:
+            return s.scalar(select(func.count()).select_from(Trial).where(
+                Trial.study_id == study_id, Trial.status.in_(("complete", "failed", "infeasible")))) or 0
+
+    def _one_trial(self, study: Any, study_id: int, progress: Progress) -> None:
+        import optuna
+
+        trial = study.ask()
+        try:
+            strategy = self.space.suggest(trial)
+        except SpecError as exc:  # a combination the rules exclude: cheap, not counted
+            trial.set_user_attr("reason", str(exc))
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return
+        if trial.user_attrs.get("preset"):
+            strategy = strategy.replace(name=trial.user_attrs["preset"])
+        key = strategy_key(strategy)
+        prediction = predict(self.request.model, self.request.cluster, strategy, global_batch=self.request.global_batch,
+                             calibration=self.calibration)
+        with session_scope(self.sessions) as s:
+            row = repo.add_trial(session=s, study_id=study_id, strategy=strategy.to_dict(), strategy_key=key,
+                                 executor=self.executor.name, number=trial.number, optuna_trial_id=trial._trial_id)
+            trial_id = row.id
+        trial.set_user_attr("zt_trial_id", trial_id)
+        if not prediction["feasible"]:
+            trial.set_constraint("memory_gib_over", float(-prediction["headroom_bytes"]) / 2**30)
+            infeasible = TrialResult(status="infeasible", reason=prediction["overflow"]["reason"], executor="model")
+            self._finish(trial_id, infeasible, prediction, None)
+            study.tell(trial, self._values(prediction))
+            return
+        trial.set_constraint("memory_gib_over", float(-prediction["headroom_bytes"]) / 2**30)
+        result = self._dispatch(trial_id, strategy, prediction)
+        value = self._values(result.metrics) if result.status == "complete" and result.metrics else None
+        self._finish(trial_id, result, prediction, value[0] if value else None)
+        if value is None:
+            trial.set_user_attr("reason", result.reason or "failed")
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(trial, value)
+            progress.best_value = max(progress.best_value or -math.inf, value[0])
+        progress.last = {"number": trial.number, "status": result.status, "reason": result.reason,
+                         "strategy": strategy.to_dict(), "value": value[0] if value else None}
+
+    def _values(self, metrics: dict[str, Any]) -> list[float]:
+        tflops = float(metrics["tflops_per_rank"])
+        if self.request.objective == "pareto":
+            return [tflops, float(metrics["memory_bytes"]["peak"]) / 2**30]
+        return [tflops]
+
+    def _dispatch(self, trial_id: int, strategy: Strategy, prediction: dict[str, Any]) -> TrialResult:
+        """Run one trial under a lease kept alive by a heartbeat thread."""
+        with session_scope(self.sessions) as s:
+            repo.claim_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.lease_s / 3):
+                with session_scope(self.sessions) as s:
+                    repo.heartbeat_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
+        thread = threading.Thread(target=beat, daemon=True, name=f"zerotune-heartbeat-{trial_id}")
+        thread.start()
+        spec = TrialSpec(model=self.request.model, cluster=self.request.cluster, strategy=strategy,
+                         workdir=self.workdir / f"trial-{trial_id}", steps=self.steps,
+                         warmup=min(2, self.steps - 1), global_batch=self.request.global_batch,
+                         timeout_s=self.trial_timeout_s)
+        try:
+            kwargs = {"pruner": self._pruner()} if self.executor.name == "local" else {}
+            return self.executor.run(spec, **kwargs)
+        except Exception as exc:  # an executor bug must fail the trial, not the study
+            return TrialResult(status="failed", reason=f"executor error: {type(exc).__name__}: {exc}",
+                               executor=self.executor.name)
+        finally:
+            done.set()
+            thread.join(timeout=5)
+
+    def _pruner(self) -> Callable[[int, float], bool]:
+        """Stop a local run whose post-warm-up step time is 3x the best completed trial's."""
+        best = self._best_step_time()
+
+        def prune(step: int, seconds: float) -> bool:
+            return best is not None and step > 2 and seconds > 3 * best
+        return prune
+
+    def _best_step_time(self) -> float | None:
+        with session_scope(self.sessions) as s:
+            rows = s.scalars(select(Trial).where(Trial.study_id == self.study_id, Trial.status == "complete")).all()
+            times = [t.metrics["step_time_s"] for t in rows if t.metrics and t.metrics.get("step_time_s")]
+            return min(times) if times else None
+
+    def _finish(self, trial_id: int, result: TrialResult, prediction: dict[str, Any], value: float | None) -> None:
+        with session_scope(self.sessions) as s:
+            repo.finish_trial(session=s, trial_id=trial_id, status=result.status, value=value,
+                              metrics=result.metrics, prediction=prediction, reason=result.reason,
+                              logs=result.logs, proxy_model=result.proxy_model)
+
+    # -- recovery and seeding ------------------------------------------------------------------------
+    def _recover_dead_trials(self, study_id: int, study: Any) -> None:
+        """Fail trials whose runner died (lease expired) and retry each once."""
+        import optuna
+
+        now = datetime.now(UTC)
+        with session_scope(self.sessions) as s:
+            dead = [(t.id, t.optuna_trial_id, t.number, t.strategy, t.attempts)
+                    for t in repo.expired_trials(session=s, now=now, study_id=study_id)]
+            for trial_id, *_ in dead:
+                repo.finish_trial(session=s, trial_id=trial_id, status="failed",
+                                  reason="runner died: its lease expired without a heartbeat; retried once")
+        for _, _, number, strategy, attempts in dead:
+            if number is not None:
+                study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            if attempts < 2:
+                study.enqueue_trial(self.space.strategy_params(Strategy.from_dict(strategy)),
+                                    user_attrs={"retry": True})
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)  # asked, never stored
+
+    def _enqueue_known_good(self, study: Any, study_id: int) -> None:
+        seen = set()
+        strategies = []
+        for name in PRESETS:
+            try:
+                strategies.append((build_strategy(name, self.request.cluster), {"preset": name}))
+            except SpecError:
+                continue
+        strategies += [(s, {"warm_start": True}) for s in self._warm_start()]
+        for s, attrs in strategies:
+            params = self.space.strategy_params(s)
+            key = json.dumps(params, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                study.enqueue_trial(params, user_attrs=attrs)
+
+    def _warm_start(self, top: int = 3) -> list[Strategy]:
+        """The best strategies of the most similar earlier request: same cluster family, nearest size."""
+        r = self.request
+        family = r.cluster.name.split(":")[0]
+        with session_scope(self.sessions) as s:
+            best: tuple[float, int] | None = None
+            for req in s.scalars(select(Request)).all():
+                cluster = ClusterSpec.from_dict(req.cluster)
+                if req.key == r.key() or cluster.name.split(":")[0] != family or \
+                        cluster.num_levels != r.cluster.num_levels:
+                    continue
+                model = ModelSpec.from_dict(req.model)
+                distance = abs(math.log(model.num_params() / r.model.num_params())) + \
+                    abs(math.log(cluster.world_size / r.cluster.world_size))
+                if distance < math.log(8) and (best is None or distance < best[0]):
+                    best = (distance, req.id)
+            if best is None:
+                return []
+            rows = s.scalars(select(Trial).join(Study, Study.id == Trial.study_id).where(
+                Study.request_id == best[1], Trial.status == "complete").order_by(Trial.value.desc()).limit(top)).all()
+            out = []
+            for row in rows:
+                try:
+                    out.append(Strategy.from_dict(row.strategy).validate_for(r.cluster))
+                except SpecError:
+                    continue
+            return out
+
+    def recommend(self, study_id: int) -> dict[str, Any]:
+        from tuner.recommend import recommend
+
+        return recommend(self, study_id)
+
+
+class StudyFailed(ZerotuneError):
+    """A study could not produce a recommendation."""
