@@ -286,12 +286,12 @@ class Tuner:
             for trial_id, *_ in dead:
                 repo.finish_trial(session=s, trial_id=trial_id, status="failed",
                                   reason="runner died: its lease expired without a heartbeat; retried once")
-        for _, _, number, strategy, attempts in dead:
+        for trial_id, _, number, strategy, attempts in dead:
             if number is not None:
                 study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             if attempts < 2:
-                study.enqueue_trial(self.space.strategy_params(Strategy.from_dict(strategy)),
-                                    user_attrs={"retry": True})
+                attrs = {"retry_of": trial_id, **({"preset": strategy["name"]} if strategy.get("name") else {})}
+                study.enqueue_trial(self.space.strategy_params(Strategy.from_dict(strategy)), user_attrs=attrs)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)  # asked, never stored
 

@@ -164,6 +164,6 @@ def test_killed_runner_is_recovered_and_its_trial_retried(sqlite_url, tmp_path):
     trials = trials_of(sqlite_url, rec["study_id"])
     dead = next(t for t in trials if t.id == running.id)
     assert dead.status == "failed" and "runner died" in dead.reason
-    retried = [t for t in trials if t.strategy == dead.strategy and t.id != dead.id]
+    retried = [t for t in trials if t.strategy_key == dead.strategy_key and t.id != dead.id]
     assert retried and retried[0].status in ("complete", "failed")
     assert json.dumps(rec["strategy"])  # and the study still produced a recommendation
