@@ -1,0 +1,35 @@
+"""`zerotune tune` and `zerotune db upgrade` as a user runs them (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def zerotune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_tune_with_the_model_executor_prints_a_recommendation(tmp_path):
+    db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    r = zerotune("db", "upgrade", "--db", db)
+    assert r.returncode == 0 and "at revision" in r.stderr
+    r = zerotune("tune", "--model", "gpt-13b", "--cluster", "dgx-h100:8", "--trials", "12", "--db", db,
+                 "--workdir", str(tmp_path), "--seed", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "trials" in r.stderr and "recommended P/G/OS spans" in r.stderr  # progress bar and summary
+    rec = json.loads(r.stdout)
+    assert rec["evidence"] in ("predicted", "proxy-verified")
+    assert rec["exports"]["deepspeed"]["zero_optimization"]["stage"] in (1, 2, 3)
+    assert rec["value"] > 0
+
+
+def test_tune_rejects_bad_input_with_one_line(tmp_path):
+    r = zerotune("tune", "--model", "gpt-13b", "--cluster", "dgx-h100:0", "--db", f"sqlite:///{tmp_path}/x.sqlite")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "cluster='dgx-h100:0'" in r.stderr
