@@ -238,6 +238,84 @@ def cmd_db(args: argparse.Namespace) -> int:
     return ExitStatus.SUCCESS
 
 
+def _settings(**overrides: Any) -> Any:
+    """Service settings from ZEROTUNE_* variables, with command-line flags on top."""
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+    from strategies.errors import SpecError
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(p) for p in error.get("loc", ())) or "settings"
+        raise SpecError(f"ZEROTUNE_{field.upper()}" if field != "settings" else field, error.get("input"),
+                        error.get("msg", "invalid")) from None
+
+
+def _log_to_stderr(debug: bool) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The HTTP service with its embedded workers, until Ctrl-C or SIGTERM."""
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = _settings(db=args.db, host=args.host, port=args.port, workers=args.workers)
+    _log_to_stderr(args.debug)
+    print(f"zerotune: serving on http://{settings.host}:{settings.port} (database {_safe_url(settings.url())}, "
+          f"{settings.workers} embedded worker(s){', token required for writes' if settings.token else ''})",
+          file=sys.stderr)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+                access_log=args.access_log, timeout_graceful_shutdown=5)
+    return ExitStatus.SUCCESS
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Claim jobs from the database and run their studies until Ctrl-C or SIGTERM."""
+    from api.worker import serve_worker
+
+    settings = _settings(db=args.db)
+    _log_to_stderr(args.debug)
+    serve_worker(settings, settings.url(), parent_pid=args.parent_pid, max_jobs=args.max_jobs)
+    return ExitStatus.SUCCESS
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    """POST run.json files to /v1/trials: trials measured elsewhere become measured evidence."""
+    from api.client import Client, ServiceError
+    from strategies.errors import SpecError
+
+    client = Client(args.url, token=args.token, timeout=args.timeout)
+    for path in args.runs:
+        try:
+            run = json.loads(open(path).read())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
+        try:
+            status, _, trial = client.request("POST", "/v1/trials", run)
+        except ServiceError as exc:
+            print(f"zerotune: error: {path}: {exc}", file=sys.stderr)
+            return ExitStatus.USAGE_ERROR if exc.status == 422 else ExitStatus.ERROR
+        verb = "stored" if status == 201 else "already stored as"
+        print(f"zerotune: {path}: {verb} trial {trial['id']} ({trial['status']}, study {trial['study_id']})",
+              file=sys.stderr)
+    return ExitStatus.SUCCESS
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zerotune", description="Pick the partition strategy for sharded LLM training.")
@@ -301,6 +379,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="print the whole recommendation record")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("serve", help="the HTTP service (FastAPI under uvicorn) with embedded workers")
+    p.add_argument("--host", help="address to listen on (ZEROTUNE_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (ZEROTUNE_PORT, default 8000)")
+    p.add_argument("--db", help="SQLAlchemy URL (ZEROTUNE_DB; default: SQLite under the user's data directory)")
+    p.add_argument("--workers", type=int, help="embedded worker processes (ZEROTUNE_WORKERS, default 1; 0: none)")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("worker", help="run studies for the service: claim jobs from a shared database")
+    p.add_argument("--db", help="SQLAlchemy URL of the service's database (ZEROTUNE_DB), e.g. postgresql://...")
+    p.add_argument("--max-jobs", type=int, help="exit after this many jobs (default: run until stopped)")
+    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # embedded: stop when the service is gone
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("upload", help="send run.json files measured elsewhere to the service as trials")
+    p.add_argument("runs", nargs="+", help="run.json files (zerotune train --out)")
+    p.add_argument("--url", default=os.environ.get("ZEROTUNE_URL", "http://127.0.0.1:8000"),
+                   help="the service (ZEROTUNE_URL, default http://127.0.0.1:8000)")
+    p.add_argument("--token", default=os.environ.get("ZEROTUNE_TOKEN"), help="bearer token (ZEROTUNE_TOKEN)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    p.set_defaults(func=cmd_upload)
 
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)

@@ -66,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a Strategy field of our engine's configs (e.g. allgather_bucket_mb=1.6)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before one launch is killed")
+    p.add_argument("--json-out", default=None, help="also write every config's result (per-step times, losses) here")
     # internal: what one torchrun launch runs
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)
     p.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
@@ -123,6 +124,8 @@ def launch(args: argparse.Namespace) -> int:
                     print(f"bench: {config} on {world} ranks failed ({why}); last output:\n"
                           f"{res.output[-3000:]}", file=sys.stderr)
     print(f"\nwall time {time.perf_counter() - t_all:.0f}s", file=sys.stderr)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({str(w): r for w, r in results.items()}, indent=2))
     for world in worlds:
         report(world, cluster_for(world), results[world], args)
     return 1 if failed else 0

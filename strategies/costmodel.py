@@ -99,7 +99,7 @@ def _strategy_plan(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Plan:
 
 
 def step_collectives(model: ModelSpec, cluster: ClusterSpec, s: Strategy,
-                     plan: Plan | None = None) -> dict[int | str, Any]:
+                     plan: Plan | None = None) -> dict[str, Any]:
     """The step's collectives: per bucket index its ``fwd`` and ``bwd`` gathers, per reduce group
     (keyed by the group's last bucket) its two reduce-scatters, and the step ``boundary`` list."""
     plan = plan or _strategy_plan(model, cluster, s)

@@ -84,7 +84,7 @@ class ZeroEngine:
         self._inflight: list[Future] = []
 
     # -- construction ---------------------------------------------------------------------------
-    def _build_bucket(self, plan: Bucket, params: list[tuple[str, nn.Parameter]]) -> FlatBucket:
+    def _build_bucket(self, plan: Bucket, params: list[tuple[str, torch.Tensor]]) -> FlatBucket:
         full = torch.zeros(plan.padded, dtype=self.dtype, device=self.device)
         views, offset = [], 0
         for name, p in params:
@@ -297,7 +297,7 @@ class ZeroEngine:
         self._comm_thread.shutdown(wait=True)
 
 
-def _owner(model: nn.Module, param: nn.Parameter) -> str:
+def _owner(model: nn.Module, param: torch.Tensor) -> str:
     for name, module in model.named_modules():
         if any(p is param for p in module._parameters.values()):
             return name

@@ -84,11 +84,11 @@ def build_gpt(spec: ModelSpec, seed: int = 0, dtype: torch.dtype = torch.float32
     return model.to(dtype)
 
 
-def unit_params(model: GPT) -> list[tuple[str, list[tuple[str, nn.Parameter]]]]:
+def unit_params(model: GPT) -> list[tuple[str, list[tuple[str, torch.Tensor]]]]:
     """The model's units in forward order: ("root", …) then ("block{i}", …), each with its params."""
-    root = [("wte.weight", model.wte.weight), ("wpe.weight", model.wpe.weight),
+    root: list[tuple[str, torch.Tensor]] = [("wte.weight", model.wte.weight), ("wpe.weight", model.wpe.weight),
             ("ln_f.weight", model.ln_f.weight), ("ln_f.bias", model.ln_f.bias)]
-    units = [("root", root)]
+    units: list[tuple[str, list[tuple[str, torch.Tensor]]]] = [("root", root)]
     for i, block in enumerate(model.blocks):
         units.append((f"block{i}", list(block.named_parameters())))
     return units

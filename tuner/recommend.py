@@ -31,14 +31,11 @@ def exports(tuner: Tuner, strategy: Strategy) -> dict[str, Any]:
     from tuner import exports as ex
 
     r = tuner.request
-    args = dict(global_batch=r.global_batch)
-    out: dict[str, Any] = {"zerotune": ex.zerotune_config(r.model, r.cluster, strategy, **args),
-                           "deepspeed": ex.deepspeed_config(r.model, r.cluster, strategy, **args),
-                           "fsdp": ex.fsdp_config(r.model, r.cluster, strategy, **args)}
-    notes = getattr(ex, "deepspeed_notes", None)
-    if notes is not None:
-        out["deepspeed_notes"] = notes(r.model, r.cluster, strategy, **args)
-    return out
+    gb = r.global_batch
+    return {"zerotune": ex.zerotune_config(r.model, r.cluster, strategy, global_batch=gb),
+            "deepspeed": ex.deepspeed_config(r.model, r.cluster, strategy, global_batch=gb),
+            "deepspeed_notes": ex.deepspeed_notes(r.model, r.cluster, strategy, global_batch=gb),
+            "fsdp": ex.fsdp_config(r.model, r.cluster, strategy, global_batch=gb)}
 
 
 def _evidence(tuner: Tuner, row: Trial) -> str:
@@ -85,8 +82,8 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
         break
     trial_id, strategy, value, evidence, metrics = ranked[chosen]
     runner = next((r for j, r in enumerate(ranked) if j != chosen), None)
-    margin = (value - runner[2]) / value if runner and value else None
-    body = {"study_id": study_id, "request_key": tuner.request.key(), "trial_id": trial_id,
+    margin = (value - runner[2]) / value if runner and value and runner[2] is not None else None
+    body: dict[str, Any] = {"study_id": study_id, "request_key": tuner.request.key(), "trial_id": trial_id,
             "strategy": strategy.to_dict(), "value": value, "evidence": evidence, "margin": margin,
             "runner_up_trial_id": runner[0] if runner else None, "verification": verification,
             "metrics": metrics, "exports": exports(tuner, strategy)}

@@ -113,13 +113,14 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
         r = self.request
+        sampler: optuna.samplers.BaseSampler
         if r.sampler == "random":
             sampler = optuna.samplers.RandomSampler(seed=r.seed)
         elif r.sampler == "nsga2" or r.objective == "pareto":
             sampler = optuna.samplers.NSGAIISampler(seed=r.seed, population_size=20)
         else:
             sampler = optuna.samplers.TPESampler(seed=r.seed, n_startup_trials=10, multivariate=True, group=True)
-        directions = ["maximize", "minimize"] if r.objective == "pareto" else ["maximize"]
+        directions: list[Any] = ["maximize", "minimize"] if r.objective == "pareto" else ["maximize"]
         return optuna.create_study(storage=self._storage(), study_name=name, sampler=sampler,
                                    directions=directions, load_if_exists=True)
 
@@ -151,6 +152,8 @@ class Tuner:
         self.study_id = study_id
         with session_scope(self.sessions) as s:
             row = repo.get_study(session=s, study_id=study_id)
+            if row is None:
+                raise StudyFailed(f"study {study_id} does not exist")
             name, fresh = row.optuna_study_name, row.state == "pending"
             repo.set_study_state(session=s, study_id=study_id, state="running")
         study = self._optuna_study(name)
@@ -245,8 +248,9 @@ class Tuner:
                          warmup=min(2, self.steps - 1), global_batch=self.request.global_batch,
                          timeout_s=self.trial_timeout_s)
         try:
-            kwargs = {"pruner": self._pruner()} if self.executor.name == "local" else {}
-            return self.executor.run(spec, **kwargs)
+            if self.executor.name == "local":
+                return self.executor.run(spec, None, self._pruner())  # type: ignore[call-arg]
+            return self.executor.run(spec)
         except Exception as exc:  # an executor bug must fail the trial, not the study
             return TrialResult(status="failed", reason=f"executor error: {type(exc).__name__}: {exc}",
                                executor=self.executor.name)
@@ -290,7 +294,9 @@ class Tuner:
             if number is not None:
                 study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             if attempts < 2:
-                attrs = {"retry_of": trial_id, **({"preset": strategy["name"]} if strategy.get("name") else {})}
+                attrs: dict[str, Any] = {"retry_of": trial_id}
+                if strategy.get("name"):
+                    attrs["preset"] = strategy["name"]
                 study.enqueue_trial(self.space.strategy_params(Strategy.from_dict(strategy)), user_attrs=attrs)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)  # asked, never stored
@@ -303,7 +309,7 @@ class Tuner:
                 strategies.append((build_strategy(name, self.request.cluster), {"preset": name}))
             except SpecError:
                 continue
-        strategies += [(s, {"warm_start": True}) for s in self._warm_start()]
+        strategies += [(s, {"warm_start": "true"}) for s in self._warm_start()]
         for s, attrs in strategies:
             params = self.space.strategy_params(s)
             key = json.dumps(params, sort_keys=True)

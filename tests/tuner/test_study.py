@@ -117,15 +117,15 @@ class FaultyExecutor(LocalExecutor):
         return super().run(spec, heartbeat, pruner)
 
 
-@pytest.mark.parametrize("env, extra, reason", [
-    ({"ZEROTUNE_FAULT": "crash@1:1"}, (), "rank 1 failed: RuntimeError: injected crash"),
-    ({"ZEROTUNE_FAULT": "hang@0:1"}, (), "timed out after 20 s"),
-    ({}, ("--lr", "1.0"), "unhealthy run (diverged)"),
+@pytest.mark.parametrize("env, extra, timeout, reason", [
+    ({"ZEROTUNE_FAULT": "crash@1:1"}, (), 180, "rank 1 failed: RuntimeError: injected crash"),
+    ({"ZEROTUNE_FAULT": "hang@0:1"}, (), 20, "timed out after 20 s"),
+    ({}, ("--lr", "1.0"), 180, "unhealthy run (diverged)"),
 ])
-def test_a_bad_trial_fails_alone_with_its_reason(env, extra, reason, sqlite_url, tmp_path):
+def test_a_bad_trial_fails_alone_with_its_reason(env, extra, timeout, reason, sqlite_url, tmp_path):
     req = TuneRequest(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2"), executor="local", trials=1)
     tuner = Tuner(req, db_url=sqlite_url, executor=FaultyExecutor(env, extra), workdir=tmp_path, steps=6,
-                  trial_timeout_s=20)
+                  trial_timeout_s=timeout)
     with pytest.raises(Exception, match="no trial of study"):
         tuner.run()
     (trial,) = [t for t in trials_of(sqlite_url, 1) if t.status != "queued"]

@@ -88,16 +88,17 @@ class LocalExecutor(Executor):
         logs = "\n".join(result.output.splitlines()[-200:])
         extra = {"cluster_run": local.cluster.name, "emulated": local.cluster != spec.cluster}
         proxy = local.model.to_dict() if local.model != spec.model else None
-        common = dict(logs=logs, executor=self.name, proxy_model=proxy, extra=extra)
         if result.stopped:
             return TrialResult(status="failed", reason="pruned: step times worse than the study's best",
                                extra={**extra, "pruned": True}, logs=logs, executor=self.name, proxy_model=proxy)
         if not result.ok or not out.is_file():
-            return TrialResult(status="failed", reason=failure_reason(out, result.output, result.timed_out,
-                                                                      spec.timeout_s), **common)
+            reason = failure_reason(out, result.output, result.timed_out, spec.timeout_s)
+            return TrialResult(status="failed", reason=reason, logs=logs, executor=self.name, proxy_model=proxy,
+                               extra=extra)
         metrics = json.loads(out.read_text())
         verdict = metrics["health"]
         if verdict["verdict"] != "ok":
-            return TrialResult(status="failed", metrics=metrics,
-                               reason=f"unhealthy run ({verdict['verdict']}): {verdict['evidence']}", **common)
-        return TrialResult(status="complete", metrics=metrics, **common)
+            return TrialResult(status="failed", metrics=metrics, logs=logs, executor=self.name, proxy_model=proxy,
+                               extra=extra, reason=f"unhealthy run ({verdict['verdict']}): {verdict['evidence']}")
+        return TrialResult(status="complete", metrics=metrics, logs=logs, executor=self.name, proxy_model=proxy,
+                           extra=extra)

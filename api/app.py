@@ -1,0 +1,49 @@
+"""Build the FastAPI app: ``create_app(settings)``; ``zerotune serve`` runs it under uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import errors
+from api.cache import FastAnswer
+from api.metrics import RequestMetrics
+from api.routes import catalog, health, jobs, recommendations, studies, trials
+from api.schemas import ValidationErrorPublic
+from api.service import Service
+from api.settings import Settings
+
+DESCRIPTION = """POST a model and a cluster, get a recommended partition strategy (ZeRO-3, ZeRO++,
+hierarchical) with DeepSpeed and FSDP2 exports. Studies run in workers, never in the request path;
+identical requests share one job. Writes need `Authorization: Bearer <token>` when the service has
+`ZEROTUNE_TOKEN` set. Every bad input is a 422 naming the field, the value and the rule."""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    service = Service(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+
+    app = FastAPI(title="zerotune", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+                  responses={422: {"model": ValidationErrorPublic, "description": "Bad input: field, value, rule."}})
+    app.state.service = service
+    errors.install(app)
+    for module in (recommendations, jobs, studies, trials, catalog, health):
+        app.include_router(module.router)
+
+    def hit() -> None:
+        service.metrics.outcomes["cached"] += 1
+
+    token = settings.token.get_secret_value() if settings.token else None
+    app.add_middleware(FastAnswer, cache=service.cache, token=token, on_hit=hit)
+    app.add_middleware(RequestMetrics, metrics=service.metrics)
+    return app

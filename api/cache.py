@@ -1,0 +1,118 @@
+"""The answer cache: a stored recommendation, serialized once, served by a dictionary lookup.
+
+``AnswerCache`` maps a request key (the hash of the normalized request) to the JSON bytes of its
+recommendation; it is filled on the first database hit and when a job finishes. A prologue storm
+sends the *same bytes* hundreds of times, so ``FastAnswer`` (an ASGI middleware) also remembers
+which raw bodies were answered from the cache and answers a repeat before routing, validation or
+normalization: one lookup on the body, one on the key. Anything else — a new body, a missing or
+wrong token, an uncached key — goes down the normal route, which validates and answers it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PATH = "/v1/recommendations"
+MAX_BODY = 8192  # only small bodies are remembered; a prologue's body is ~100 bytes
+
+
+class AnswerCache:
+    """Request key → serialized recommendation, least recently stored evicted first; raw body → key.
+
+    Used from the event loop thread only (no locks).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.answers: OrderedDict[str, bytes] = OrderedDict()
+        self.bodies: dict[bytes, str] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> bytes | None:
+        answer = self.answers.get(key)
+        if answer is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return answer
+
+    def put(self, key: str, answer: bytes) -> None:
+        self.answers[key] = answer
+        self.answers.move_to_end(key)
+        while len(self.answers) > self.size:
+            self.answers.popitem(last=False)
+
+    def remember_body(self, body: bytes, key: str) -> None:
+        if len(body) <= MAX_BODY:
+            self.bodies[body] = key
+            while len(self.bodies) > 4 * self.size:
+                self.bodies.pop(next(iter(self.bodies)))
+
+    def answer_for_body(self, body: bytes) -> bytes | None:
+        key = self.bodies.get(body)
+        return self.get(key) if key is not None else None
+
+
+class FastAnswer:
+    """Answer ``POST /v1/recommendations`` from the cache when the exact body was answered before."""
+
+    def __init__(self, app: ASGIApp, cache: AnswerCache, token: str | None, on_hit: Callable[[], None]) -> None:
+        self.app, self.cache, self.on_hit = app, cache, on_hit
+        self.authorization = f"Bearer {token}".encode() if token else None
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.authorization is None:
+            return True
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        return hmac.compare_digest(given, self.authorization)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        answer = self.cache.answer_for_body(body) if self._authorized(scope) else None
+        if answer is not None:
+            self.on_hit()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(answer)).encode())]})
+            await send({"type": "http.response.body", "body": answer})
+            return
+        replayed = False
+
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        status = 0
+
+        async def send_status(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, replay, send_status)
+        key = scope.get("state", {}).get("answer_key")
+        if status == 200 and key:  # the route answered a recommendation for this body: remember it
+            self.cache.remember_body(body, key)

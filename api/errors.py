@@ -1,0 +1,64 @@
+"""Errors as responses: every bad input a 422 naming the field, the value and the rule; no 500s."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+
+from api.service import InputError
+from db.repository import NotFoundError
+
+log = logging.getLogger("zerotune.api")
+
+
+def _value(value: Any) -> Any:
+    """The offending value, kept short and JSON-safe."""
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value[:200] if isinstance(value, str) else value
+    if isinstance(value, bytes):
+        return value[:200].decode("utf-8", "replace")
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(p for p in error.get("loc", ()) if not (isinstance(p, str) and p in (
+                "str", "ModelCreate", "ClusterCreate", "StrategyCreate", "function-after[_check()]")))
+            problems.append({"field": _field(loc), "value": _value(error.get("input")), "rule": error.get("msg", "")})
+        return JSONResponse({"detail": problems}, status_code=422)
+
+    @app.exception_handler(InputError)
+    async def bad_input(_: Request, exc: InputError) -> JSONResponse:
+        return JSONResponse({"detail": [{**p, "value": _value(p["value"])} for p in exc.problems]}, status_code=422)
+
+    @app.exception_handler(NotFoundError)
+    async def not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(OperationalError)
+    async def database_down(_: Request, exc: OperationalError) -> JSONResponse:
+        log.error("database unavailable: %s", exc)
+        return JSONResponse({"detail": f"database unavailable: {type(exc.orig).__name__}; retry shortly"},
+                            status_code=503, headers={"Retry-After": "5"})
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: say so, log the traceback
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); see the service log"},
+                            status_code=500)

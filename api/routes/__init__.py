@@ -1,0 +1,1 @@
+"""One module per resource, each with one ``APIRouter``."""

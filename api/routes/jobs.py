@@ -1,0 +1,51 @@
+"""Jobs: follow a study's progress, or cancel it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+from starlette.concurrency import run_in_threadpool
+
+from api import queries
+from api.deps import Id, ServiceDep, WriteAccess
+from api.schemas import JobPublic, Message
+from db import repository as repo
+from db.repository import NotFoundError
+from db.session import session_scope
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.get("/{job_id}", response_model=JobPublic, responses={404: {"model": Message}})
+async def read_job(job_id: Id, service: ServiceDep) -> JobPublic:
+    """State, progress, trials done, best so far, and the error of a failed or cancelled job."""
+    def read() -> tuple[JobPublic, str, bytes | None]:
+        with session_scope(service.sessions) as s:
+            job = repo.get_job(session=s, job_id=job_id)
+            if job is None:
+                raise NotFoundError(f"no job with id {job_id}")
+            view = queries.job_public(s, job)
+            row = queries.served_recommendation(s, view.request_key) if job.state == "done" else None
+            return view, view.request_key, queries.answer_bytes(row) if row is not None else None
+
+    view, key, answer = await run_in_threadpool(read)
+    if view.state not in ("queued", "running"):
+        service.ended(key, view, answer)
+    return view
+
+
+@router.delete("/{job_id}", response_model=JobPublic, dependencies=[WriteAccess],
+               responses={404: {"model": Message}, 409: {"model": Message, "description": "The job already ended."},
+                          401: {"model": Message}})
+async def cancel_job(job_id: Id, service: ServiceDep) -> JobPublic:
+    """Cancel a queued or running job; its worker stops after the trial in progress."""
+    def cancel() -> JobPublic:
+        with session_scope(service.sessions) as s:
+            job = queries.cancel_job(s, job_id, f"cancelled by a client (DELETE /v1/jobs/{job_id})")
+            return queries.job_public(s, job)
+
+    try:
+        view = await run_in_threadpool(cancel)
+    except ValueError as exc:
+        raise HTTPException(409, detail=str(exc)) from None
+    service.ended(view.request_key, view)
+    return view

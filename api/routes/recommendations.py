@@ -1,0 +1,68 @@
+"""POST a model and a cluster, get a recommended config (or a job that will produce it)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from api import queries
+from api.deps import Id, ServiceDep, SessionDep, WriteAccess
+from api.schemas import JobPublic, Message, RecommendationCreate, RecommendationPublic
+from api.service import normalize
+from db.models import Recommendation
+from db.repository import NotFoundError
+
+router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
+
+EXPORT_FILES = {"zerotune": "zerotune.json", "deepspeed": "ds_config.json", "fsdp": "fsdp.json"}
+
+
+@router.post(
+    "", status_code=200, response_model=RecommendationPublic, dependencies=[WriteAccess],
+    responses={
+        200: {"description": "An equivalent request was answered before (or the job finished within ?wait)."},
+        202: {"model": JobPublic, "description": "A job will answer: poll the Location (its state says queued, "
+              "running, or why it failed or was cancelled).",
+              "headers": {"Location": {"description": "/v1/jobs/{id}", "schema": {"type": "string"}}}},
+        401: {"model": Message, "description": "ZEROTUNE_TOKEN is set and the bearer token is missing or wrong."}})
+async def create_recommendation(
+    body: RecommendationCreate, service: ServiceDep, request: Request,
+    wait: Annotated[float, Query(ge=0, le=3600, description="hold the request up to this many seconds for the answer")]
+    = 0,
+) -> Response:
+    """Recommend a partition strategy for a model on a cluster.
+
+    The request is normalized (presets expanded, defaults filled) and hashed. A stored answer
+    comes back at once (200); otherwise the request joins the one job of its equivalence class
+    (202, ``Location: /v1/jobs/{id}``), however many identical requests arrive at once.
+    """
+    tune = normalize(body, service.settings)
+    outcome = await service.recommend(tune, wait)
+    if outcome.answer is not None:
+        request.state.answer_key = tune.key()  # lets the fast path answer this exact body next time
+        return Response(outcome.answer, media_type="application/json")
+    assert outcome.job is not None
+    return Response(outcome.job.model_dump_json(), status_code=202, media_type="application/json",
+                    headers={"Location": f"/v1/jobs/{outcome.job.id}"})
+
+
+@router.get(
+    "/{recommendation_id}", response_model=None,
+    responses={200: {"model": RecommendationPublic | dict[str, Any],
+                     "description": "The recommendation, or with ?format= one export as a file."},
+               404: {"model": Message}})
+def read_recommendation(
+    recommendation_id: Id, session: SessionDep,
+    format: Annotated[Literal["zerotune", "deepspeed", "fsdp"] | None,
+                      Query(description="download one export: zerotune trainer JSON, DeepSpeed config, FSDP2")] = None,
+) -> Any:
+    """A stored recommendation, or one of its exports."""
+    row = session.get(Recommendation, recommendation_id)
+    if row is None:
+        raise NotFoundError(f"no recommendation with id {recommendation_id}")
+    if format is None:
+        return queries.recommendation_public(row)
+    return JSONResponse(row.exports.get(format) or {}, headers={
+        "Content-Disposition": f'attachment; filename="{EXPORT_FILES[format]}"'})

@@ -1,0 +1,260 @@
+"""Request and response bodies (pydantic v2): ``XCreate`` in, ``XPublic`` out, ``XsPublic{data, count}`` pages.
+
+Input bounds are the service's, not the science's: they keep every stored number finite and every
+id inside the database's integer range, so no input can reach a 500.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_ID = 2**31 - 1  # PostgreSQL INTEGER: larger ids cannot exist
+Name = Annotated[str, Field(min_length=1, max_length=64)]
+Positive = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LevelCreate(_In):
+    """One tier of the interconnect, innermost first."""
+
+    name: Name
+    size: int = Field(ge=1, le=65536, description="fan-out: groups of the level below in one group of this level")
+    bandwidth_gbps: Positive = Field(description="per-rank GB/s when all ranks send at once")
+    latency_us: float = Field(default=5.0, ge=0, le=1e7, allow_inf_nan=False)
+
+
+class ClusterCreate(_In):
+    """An explicit ClusterSpec (``zerotune validate --json`` prints one to start from)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "name": "my-cluster", "device": "NVIDIA H100 80GB", "device_memory_gib": 80, "peak_tflops": 989,
+        "levels": [{"name": "node", "size": 8, "bandwidth_gbps": 450, "latency_us": 3},
+                   {"name": "inter-node", "size": 16, "bandwidth_gbps": 50, "latency_us": 8}]}]})
+
+    name: Name
+    levels: list[LevelCreate] = Field(min_length=1, max_length=8)
+    device: Name = "cpu"
+    device_memory_gib: Positive = 16.0
+    peak_tflops: Positive = 1.0
+
+
+class ModelCreate(_In):
+    """An explicit ModelSpec: a decoder-only GPT."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "name": "my-gpt", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 50304, "seq_len": 2048}]})
+
+    name: Name = "custom"
+    layers: int = Field(ge=1, le=1024)
+    hidden: int = Field(ge=1, le=131072)
+    heads: int = Field(ge=1, le=1024)
+    vocab: int = Field(ge=1, le=4_194_304)
+    seq_len: int = Field(ge=1, le=1_048_576)
+    ffn_hidden: int | None = Field(default=None, ge=1, le=1_048_576)
+
+
+class StrategyCreate(_In):
+    """An explicit Strategy (spans count the cluster's levels, innermost first)."""
+
+    param_span: int = Field(ge=0, le=8)
+    grad_span: int = Field(ge=0, le=8)
+    optim_span: int = Field(ge=0, le=8)
+    secondary_span: int | None = Field(default=None, ge=0, le=8)
+    weight_bits: Literal[16, 8, 4] = 16
+    grad_bits: Literal[16, 8, 4] = 16
+    quantize_above: int = Field(default=1, ge=1, le=8)
+    allgather_bucket_mb: float = Field(default=25.0, gt=0, le=1e5, allow_inf_nan=False)
+    reduce_bucket_mb: float = Field(default=25.0, gt=0, le=1e5, allow_inf_nan=False)
+    prefetch_buckets: int = Field(default=1, ge=0, le=64)
+    micro_batch_size: int = Field(default=1, ge=1, le=65536)
+    activation_checkpointing: bool = False
+    name: str | None = Field(default=None, max_length=64)
+
+
+ModelField = Annotated[str | ModelCreate, Field(
+    description="a preset name (GET /v1/catalog) or an explicit ModelSpec", examples=["gpt-neox-20b"])]
+ClusterField = Annotated[str | ClusterCreate, Field(
+    description="a preset (frontier:48, dgx-h100:4, local:2x2) or an explicit ClusterSpec", examples=["frontier:48"])]
+
+
+class Budget(_In):
+    trials: int = Field(default=40, ge=1, le=10000, description="trials to finish (invalid points do not count)")
+    time_s: float | None = Field(default=None, gt=0, le=604800, allow_inf_nan=False,
+                                 description="stop starting trials after this many seconds")
+
+
+class RecommendationCreate(_In):
+    """What to tune. Equivalent requests (after presets are expanded and defaults filled) share one answer."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"model": "gpt-neox-20b", "cluster": "frontier:48", "executor": "model", "budget": {"trials": 40}},
+        {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budget": {"trials": 4}},
+    ]})
+
+    model: ModelField
+    cluster: ClusterField
+    objective: Literal["throughput", "pareto"] = Field(
+        default="throughput", description="max TFLOPS per rank, or the TFLOPS-vs-memory Pareto front (NSGA-II)")
+    budget: Budget = Field(default_factory=Budget)
+    executor: Literal["model", "local", "slurm"] = Field(
+        default="model", description="model: cost model only; local: short runs here; slurm: short runs via Slurm")
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_ID, description="sequences per step")
+
+
+class RecommendationPublic(BaseModel):
+    """The recommended strategy with its evidence and its exports (zerotune, DeepSpeed, FSDP2)."""
+
+    id: int
+    request_key: str
+    study_id: int
+    trial_id: int | None
+    runner_up_trial_id: int | None
+    strategy: dict[str, Any]
+    value: float | None = Field(description="the objective: TFLOPS per rank")
+    evidence: Literal["predicted", "proxy-verified", "measured"]
+    margin: float | None = Field(description="relative margin over the runner-up")
+    metrics: dict[str, Any]
+    exports: dict[str, Any]
+    created_at: datetime
+
+
+class JobPublic(BaseModel):
+    """A study job: queued → running → done | failed | cancelled (with the reason)."""
+
+    id: int
+    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    progress: float
+    trials_done: int
+    trials_total: int
+    best_value: float | None = Field(description="best TFLOPS per rank so far")
+    error: str | None = Field(description="why a job failed or was cancelled")
+    request_key: str
+    request_id: int
+    study_id: int | None
+    recommendation_id: int | None = Field(description="set once the job is done: GET /v1/recommendations/{id}")
+    worker: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+
+
+class RequestPublic(BaseModel):
+    id: int
+    key: str
+    model: dict[str, Any]
+    cluster: dict[str, Any]
+    objective: str
+    budget: dict[str, Any]
+    executor: str
+    global_batch: int | None
+    created_at: datetime
+
+
+class StudyPublic(BaseModel):
+    id: int
+    request_id: int
+    optuna_study_name: str
+    state: Literal["pending", "running", "done", "failed", "cancelled"]
+    sampler: str
+    executor: str
+    n_trials: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class StudyDetailPublic(StudyPublic):
+    request: RequestPublic
+    trial_counts: dict[str, int] = Field(description="trials by status")
+    best_trial_id: int | None
+    best_value: float | None
+    recommendation_id: int | None
+
+
+class StudiesPublic(BaseModel):
+    data: list[StudyPublic]
+    count: int
+
+
+class TrialPublic(BaseModel):
+    id: int
+    study_id: int
+    number: int | None
+    status: Literal["queued", "running", "complete", "failed", "pruned", "infeasible"]
+    strategy: dict[str, Any]
+    strategy_key: str
+    executor: str
+    value: float | None
+    reason: str | None
+    attempts: int
+    proxy_model: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class TrialDetailPublic(TrialPublic):
+    metrics: dict[str, Any] | None = Field(description="the run.json of a measured run, or the prediction")
+    prediction: dict[str, Any] | None = Field(description="the cost model's prediction for the same point")
+    logs: str
+
+
+class TrialsPublic(BaseModel):
+    data: list[TrialPublic]
+    count: int
+
+
+class TrialCreate(BaseModel):
+    """A run.json measured elsewhere (``zerotune train --out run.json`` on a real cluster).
+
+    Its ``model``, ``cluster`` and ``strategy`` say what ran; every other field is stored as the
+    trial's metrics. It counts as measured evidence for later studies (warm starts, calibration).
+    """
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{
+        "status": "ok", "model": "gpt-tiny", "cluster": "local:2x2", "strategy": "zero3",
+        "step_time_s": 0.05, "tokens_per_s": 41000, "tflops_per_rank": 0.012}]})
+
+    status: Literal["ok", "failed"] = "ok"
+    model: ModelField
+    cluster: ClusterField
+    strategy: Annotated[str | StrategyCreate, Field(description="a preset name or the Strategy that ran")]
+    tflops_per_rank: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False,
+                                          description="required when status is ok")
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_ID)
+    error: str | None = Field(default=None, max_length=10000)
+    logs: str | None = Field(default=None, max_length=1_000_000)
+
+
+class CatalogPublic(BaseModel):
+    clusters: dict[str, Any]
+    models: dict[str, Any]
+    strategies: dict[str, str]
+    executors: list[str]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, Any] = Field(default_factory=dict)
+
+
+class FieldProblem(BaseModel):
+    field: str = Field(description="where: body.budget.trials, query.wait, path.job_id ...")
+    value: Any = Field(default=None, description="what was given")
+    rule: str = Field(description="the rule it broke")
+
+
+class ValidationErrorPublic(BaseModel):
+    detail: list[FieldProblem]
+
+
+class Message(BaseModel):
+    detail: str

@@ -1,0 +1,255 @@
+"""The service's state and the recommendation flow: normalize → key → cache | stored | shared job.
+
+One :class:`Service` per process holds the database engine, the answer cache, the jobs this
+process is waiting on and the embedded worker pool. Identical requests share work at three
+levels: the answer cache (a stored recommendation costs a lookup), a single-flight table (the
+concurrent first requests for one key make one database round trip between them) and the
+database itself (:func:`db.repository.get_or_create_job` locks the request row, so requests on
+other processes or machines join the same job too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from api import queries, schemas
+from api.cache import AnswerCache
+from api.metrics import Metrics
+from api.settings import Settings
+from db import repository as repo
+from db.session import make_engine, make_session_factory, session_scope
+from strategies.catalog import MODELS, parse_cluster, parse_model
+from strategies.errors import SpecError
+from strategies.spec import ClusterSpec, ModelSpec
+from tuner.study import TuneRequest
+
+log = logging.getLogger("zerotune.api")
+
+MAX_WORLD_SIZE = 2**24
+CLUSTER_PRESET = re.compile(r"^[A-Za-z0-9_-]+(:[0-9]{1,7}(x[0-9]{1,7})*)?$")
+ACTIVE = ("queued", "running")
+
+
+class InputError(ValueError):
+    """Bad input, as a 422: each problem names the field, the value and the rule."""
+
+    def __init__(self, field: str, value: Any, rule: str) -> None:
+        super().__init__(f"{field}={value!r}: {rule}")
+        self.problems = [{"field": field, "value": value, "rule": rule}]
+
+    @classmethod
+    def from_spec(cls, where: str, exc: SpecError) -> InputError:
+        field = exc.field if exc.field.split(".")[0].split("[")[0] == where else f"{where}.{exc.field}"
+        return cls(f"body.{field}", exc.as_detail()["value"], exc.rule)
+
+
+def model_spec(value: str | schemas.ModelCreate) -> ModelSpec:
+    """A preset name (never a file path: this is a server) or an explicit ModelSpec."""
+    if isinstance(value, str):
+        if value not in MODELS:
+            raise InputError("body.model", value, f"unknown model preset; known: {sorted(MODELS)}")
+        return parse_model(value)
+    try:
+        return parse_model(value.model_dump())
+    except SpecError as exc:
+        raise InputError.from_spec("model", exc) from None
+
+
+def cluster_spec(value: str | schemas.ClusterCreate) -> ClusterSpec:
+    """A preset string (``frontier:48``, ``local:2x2``) or an explicit ClusterSpec, at most 2**24 ranks."""
+    try:
+        if isinstance(value, str):
+            if not CLUSTER_PRESET.match(value):
+                raise InputError("body.cluster", value, "must be a preset like 'frontier:48', 'dgx-h100:4' or "
+                                 "'local:2x2' (GET /v1/catalog), or an explicit ClusterSpec object")
+            cluster = parse_cluster(value)
+        else:
+            cluster = parse_cluster(value.model_dump())
+    except SpecError as exc:
+        raise InputError.from_spec("cluster", exc) from None
+    if cluster.world_size > MAX_WORLD_SIZE:
+        raise InputError("body.cluster", cluster.name, f"has {cluster.world_size} ranks; at most {MAX_WORLD_SIZE}")
+    return cluster
+
+
+def normalize(body: schemas.RecommendationCreate, settings: Settings) -> TuneRequest:
+    """The request with presets expanded and defaults filled; its ``key()`` names equivalent requests."""
+    if body.executor not in settings.executors:
+        raise InputError("body.executor", body.executor, f"this service runs only {list(settings.executors)}")
+    if body.budget.trials > settings.max_trials:
+        raise InputError("body.budget.trials", body.budget.trials, f"must be <= {settings.max_trials} here")
+    model, cluster = model_spec(body.model), cluster_spec(body.cluster)
+    try:
+        return TuneRequest(model=model, cluster=cluster, executor=body.executor, trials=body.budget.trials,
+                           objective=body.objective, global_batch=body.global_batch,
+                           time_budget_s=body.budget.time_s)
+    except SpecError as exc:
+        raise InputError.from_spec("request", exc) from None
+
+
+@dataclass
+class Outcome:
+    """What a POST gets: the answer bytes (200) or a job (202)."""
+
+    answer: bytes | None = None
+    job: schemas.JobPublic | None = None
+
+
+class Service:
+    """Per-process state of the API (one per app)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.url = settings.url()
+        self.engine = make_engine(self.url)
+        self.sessions = make_session_factory(self.engine)
+        self.cache = AnswerCache(settings.cache_size)
+        self.metrics = Metrics()
+        self.active: dict[str, int] = {}  # request key → its queued or running job
+        self.jobs: dict[int, schemas.JobPublic] = {}  # job id → latest view, for jobs in ``active``
+        self.done: dict[int, asyncio.Future[schemas.JobPublic]] = {}  # job id → its final view, when it ends
+        self.inflight: dict[str, asyncio.Future[Outcome]] = {}
+        self.pool: Any = None  # api.worker.WorkerPool when workers are embedded
+        self._watcher: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        from db.migrate import upgrade
+
+        upgrade(self.url)
+        if self.settings.workers:
+            from api.worker import WorkerPool
+
+            self.pool = WorkerPool(self.settings, self.url)
+            self.pool.start()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="zerotune-job-watcher")
+
+    def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self.pool is not None:
+            self.pool.stop()
+        self.engine.dispose()
+
+    # -- the recommendation flow ---------------------------------------------------------------
+    async def recommend(self, request: TuneRequest, wait_s: float) -> Outcome:
+        key = request.key()
+        answer = self.cache.get(key)
+        if answer is not None:
+            self.metrics.outcomes["cached"] += 1
+            return Outcome(answer=answer)
+        job_id = self.active.get(key)
+        if job_id is not None and job_id in self.jobs:
+            self.metrics.outcomes["job_joined"] += 1
+            outcome = Outcome(job=self.jobs[job_id])
+        else:
+            outcome = await self._single_flight(request)
+        job = outcome.job
+        if job is not None and wait_s > 0 and job.state in ACTIVE and self.active.get(key) == job.id:
+            ended = self.done.get(job.id)
+            if ended is None:
+                ended = self.done[job.id] = asyncio.get_running_loop().create_future()
+            try:
+                job = await asyncio.wait_for(asyncio.shield(ended), timeout=min(wait_s, self.settings.wait_max_s))
+            except TimeoutError:
+                job = self.jobs.get(job.id, job)
+            answer = self.cache.get(key)
+            return Outcome(answer=answer) if answer is not None else Outcome(job=job)
+        return outcome
+
+    async def _single_flight(self, request: TuneRequest) -> Outcome:
+        key = request.key()
+        pending = self.inflight.get(key)
+        if pending is not None:
+            outcome = await asyncio.shield(pending)
+            self.metrics.outcomes["cached" if outcome.answer else "job_joined"] += 1
+            return outcome
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.inflight[key] = future
+        try:
+            outcome, created = await run_in_threadpool(self._lookup_or_queue, request)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: the waiters re-raise it
+            raise
+        finally:
+            self.inflight.pop(key, None)
+        if outcome.answer is not None:
+            self.cache.put(key, outcome.answer)
+            self.metrics.outcomes["stored"] += 1
+        else:
+            assert outcome.job is not None
+            self.track(key, outcome.job)
+            self.metrics.outcomes["job_created" if created else "job_joined"] += 1
+        future.set_result(outcome)
+        return outcome
+
+    def _lookup_or_queue(self, request: TuneRequest) -> tuple[Outcome, bool]:
+        """In a worker thread: the stored answer, else the request's job (created if none is active)."""
+        key = request.key()
+        with session_scope(self.sessions) as s:
+            row = queries.served_recommendation(s, key)
+            if row is not None:
+                return Outcome(answer=queries.answer_bytes(row)), False
+            req, _ = repo.get_or_create_request(
+                session=s, key=key, model=request.model.to_dict(), cluster=request.cluster.to_dict(),
+                objective=request.objective, budget={"trials": request.trials, "time_s": request.time_budget_s},
+                executor=request.executor, global_batch=request.global_batch)
+            job, created = repo.get_or_create_job(session=s, request_id=req.id)
+            return Outcome(job=queries.job_public(s, job)), created
+
+    def track(self, key: str, job: schemas.JobPublic) -> None:
+        """Follow a job until it ends (the watcher refreshes it), or drop it once it has."""
+        if job.state in ACTIVE:
+            self.active[key] = job.id
+            self.jobs[job.id] = job
+        else:
+            self.ended(key, job)
+
+    def ended(self, key: str, job: schemas.JobPublic, answer: bytes | None = None) -> None:
+        if answer is not None:
+            self.cache.put(key, answer)
+        if self.active.get(key) == job.id:
+            del self.active[key]
+        self.jobs.pop(job.id, None)
+        ended = self.done.pop(job.id, None)
+        if ended is not None and not ended.done():
+            ended.set_result(job)
+
+    # -- following jobs ------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.watch_s)
+            if not self.active:
+                continue
+            try:
+                updates = await run_in_threadpool(self._refresh, dict(self.active))
+            except Exception as exc:  # the database is away: try again on the next tick
+                log.warning("job watcher: %s: %s", type(exc).__name__, exc)
+                continue
+            for key, job, answer in updates:
+                if job.state in ACTIVE:
+                    self.jobs[job.id] = job
+                else:
+                    self.ended(key, job, answer)
+
+    def _refresh(self, active: dict[str, int]) -> list[tuple[str, schemas.JobPublic, bytes | None]]:
+        out = []
+        with session_scope(self.sessions) as s:
+            for key, job_id in active.items():
+                job = repo.get_job(session=s, job_id=job_id)
+                if job is None:
+                    continue
+                view = queries.job_public(s, job)
+                answer = None
+                if job.state == "done":
+                    row = queries.served_recommendation(s, key)
+                    answer = queries.answer_bytes(row) if row is not None else None
+                out.append((key, view, answer))
+        return out

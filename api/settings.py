@@ -1,0 +1,79 @@
+"""Service settings, read from ``ZEROTUNE_*`` environment variables (pydantic-settings).
+
+Every field below is one variable: ``db`` is ``ZEROTUNE_DB``, ``token`` is ``ZEROTUNE_TOKEN``, and
+so on; ``zerotune serve`` and ``zerotune worker`` flags override them. A ``.env`` file is not read:
+a service's configuration should be visible in its process environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EXECUTORS = ("model", "local", "slurm")
+
+
+class Settings(BaseSettings):
+    """How the service and its workers run. Defaults make ``zerotune serve`` useful at once."""
+
+    model_config = SettingsConfigDict(env_prefix="ZEROTUNE_", extra="ignore")
+
+    db: str | None = None
+    """SQLAlchemy URL; unset means SQLite under the user's data dir (``ZEROTUNE_DATA_DIR``)."""
+    token: SecretStr | None = None
+    """When set, POST and DELETE need ``Authorization: Bearer <token>``; reads stay open."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    workers: int = Field(default=1, ge=0, le=64)
+    """Embedded worker processes started by ``zerotune serve`` (0: only ``zerotune worker`` processes run studies)."""
+    executors: tuple[str, ...] = EXECUTORS
+    """The executors requests may ask for (e.g. ``["model"]`` on a host without torch)."""
+    max_trials: int = Field(default=2000, ge=1)
+    """The largest ``budget.trials`` a request may ask for."""
+    wait_max_s: float = Field(default=600.0, ge=0)
+    """The longest ``?wait=`` a POST may hold a connection."""
+    cache_size: int = Field(default=4096, ge=1)
+    """Stored recommendations kept in memory, serialized, for repeat requests."""
+    watch_s: float = Field(default=0.25, gt=0)
+    """How often the service re-reads the jobs it is waiting on."""
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    """How often a worker stamps its running job (and checks for a cancel)."""
+    stale_after_s: float = Field(default=60.0, gt=0)
+    """A running job whose heartbeat is older than this is given back to the queue."""
+    lease_s: float = Field(default=30.0, gt=0)
+    """A trial's lease: a trial whose runner died is retried once its lease has run out."""
+    poll_s: float = Field(default=1.0, gt=0)
+    """How often an idle worker looks for a queued job."""
+    shutdown_grace_s: float = Field(default=60.0, ge=0)
+    """How long a stopping service waits for its workers to hand their jobs back before killing them."""
+    workdir: Path | None = None
+    """Where trials write their files (default: ``<data dir>/work``)."""
+    steps: int = Field(default=10, ge=2)
+    """Training steps of one measured trial (``local`` and ``slurm`` executors)."""
+    trial_timeout_s: float = Field(default=600.0, gt=0)
+    verify_quantized: bool = True
+    """Check a predicted quantized winner with a short local proxy run before recommending it."""
+    slurm_partition: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        unknown = [e for e in self.executors if e not in EXECUTORS]
+        if unknown:
+            raise ValueError(f"executors={list(self.executors)}: {unknown} unknown; known: {list(EXECUTORS)}")
+        if self.stale_after_s < self.lease_s:
+            # a job given back while its trial still holds a lease would leave that trial running forever
+            raise ValueError(f"stale_after_s={self.stale_after_s} must be >= lease_s={self.lease_s}")
+        return self
+
+    def url(self) -> str:
+        """The database URL in use (the default SQLite file when ``db`` is unset)."""
+        from db.session import default_url, normalize_url
+
+        return normalize_url(self.db) if self.db else default_url()
+
+    def work_root(self) -> Path:
+        from db.session import data_dir
+
+        return self.workdir or data_dir() / "work"

@@ -1,0 +1,332 @@
+"""Workers: claim queued jobs from the database, run their studies with the tuner, report back.
+
+The loop of one worker (``zerotune worker --db URL``, or an embedded one that ``zerotune serve``
+starts as a child process)::
+
+    give stale jobs back   running jobs whose heartbeat is older than stale_after_s → queued
+    claim_next_job         FOR UPDATE SKIP LOCKED on PostgreSQL: each job goes to one worker
+    run the study          Tuner(...).run(); a heartbeat thread stamps the job every heartbeat_s
+                           and, after each trial, its progress; a cancelled job stops the tuner
+    finish                 done (the tuner stored the recommendation) or failed with the reason
+
+A worker that stops (SIGTERM/SIGINT, or its parent service went away) finishes the trial in
+progress and gives the job back to the queue; the next worker resumes the same study (Tuner.open
+finds it) and recovers trials whose lease ran out. A worker that dies without stopping stops
+heartbeating, and any other worker gives its job back after ``stale_after_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import warnings
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from api.settings import Settings
+from db import repository as repo
+from db.models import Job, Request, Trial, utcnow
+from db.session import make_engine, make_session_factory, session_scope
+from strategies.spec import ClusterSpec, ModelSpec
+from tuner.study import StudyFailed, Tuner, TuneRequest
+
+log = logging.getLogger("zerotune.worker")
+COUNTED = ("complete", "failed", "infeasible")  # the statuses Tuner counts against the budget
+
+
+class ServiceTuner(Tuner):
+    """The tuner as a worker runs it: a stopped study stores no partial recommendation.
+
+    ``Tuner.run`` recommends whenever its loop ends; when a worker stops mid-study (cancel,
+    shutdown) that answer would be built from a partial study and served as if it were final.
+    Here a stopped study returns ``{}`` instead and stays resumable (state ``cancelled``).
+    """
+
+    def __init__(self, *args: Any, verify_quantized: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.verify_quantized = verify_quantized
+
+    def recommend(self, study_id: int) -> dict[str, Any]:
+        from tuner.recommend import recommend
+
+        if self.stop.is_set():
+            return {}
+        return recommend(self, study_id, verify_quantized=self.verify_quantized)
+
+
+def tune_request(row: Request) -> TuneRequest:
+    """The TuneRequest a stored request row was made from (same key)."""
+    budget = row.budget or {}
+    return TuneRequest(model=ModelSpec.from_dict(row.model), cluster=ClusterSpec.from_dict(row.cluster),
+                       executor=row.executor, trials=int(budget.get("trials") or 40), objective=row.objective,
+                       global_batch=row.global_batch, time_budget_s=budget.get("time_s"))
+
+
+def make_executor(name: str, settings: Settings) -> Any:
+    if name == "model":
+        from tuner.executors.model import ModelExecutor
+
+        return ModelExecutor()
+    if name == "local":
+        from tuner.executors.local import LocalExecutor
+
+        return LocalExecutor()
+    if name == "slurm":
+        from tuner.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(partition=settings.slurm_partition)
+    raise ValueError(f"executor={name!r}: must be one of model, local, slurm")
+
+
+class Worker:
+    """Claims and runs jobs until :meth:`stop` (or a signal) asks it to end."""
+
+    def __init__(self, settings: Settings, url: str, parent_pid: int | None = None) -> None:
+        self.settings, self.url, self.parent_pid = settings, url, parent_pid
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.sessions = make_session_factory(make_engine(url))
+        self.shutdown = threading.Event()
+        self.jobs_run = 0
+
+    def stop(self, *_: Any) -> None:
+        self.shutdown.set()
+
+    def _orphaned(self) -> bool:
+        """An embedded worker ends with its service, even one killed without a chance to stop it."""
+        return self.parent_pid is not None and os.getppid() != self.parent_pid
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, max_jobs: int | None = None) -> int:
+        """Work until stopped (or ``max_jobs`` jobs were run); return the number of jobs run."""
+        log.info("worker %s: watching %s", self.id, _safe(self.url))
+        while not self.shutdown.is_set() and (max_jobs is None or self.jobs_run < max_jobs):
+            if self._orphaned():
+                log.info("worker %s: the service went away; stopping", self.id)
+                break
+            try:
+                self.requeue_stale()
+                job_id = self.claim()
+            except Exception as exc:  # the database is away: wait and try again
+                log.warning("worker %s: %s: %s", self.id, type(exc).__name__, exc)
+                self.shutdown.wait(self.settings.poll_s)
+                continue
+            if job_id is None:
+                self.shutdown.wait(self.settings.poll_s)
+                continue
+            self.jobs_run += 1
+            self.run_job(job_id)
+        return self.jobs_run
+
+    def requeue_stale(self) -> list[int]:
+        """Give back running jobs whose worker stopped heartbeating (it died or hung)."""
+        before = utcnow() - timedelta(seconds=self.settings.stale_after_s)
+        with session_scope(self.sessions) as s:
+            ids = [j.id for j in repo.stale_jobs(session=s, before=before)]
+            requeued = []
+            for job_id in ids:
+                done = s.execute(update(Job).where(Job.id == job_id, Job.state == "running",
+                                                   (Job.heartbeat_at.is_(None)) | (Job.heartbeat_at < before))
+                                 .values(state="queued", worker=None, heartbeat_at=None,
+                                         error="re-queued: its worker stopped heartbeating").returning(Job.id))
+                if done.scalar_one_or_none() is not None:
+                    requeued.append(job_id)
+        for job_id in requeued:
+            log.warning("worker %s: job %d re-queued (its worker stopped heartbeating)", self.id, job_id)
+        return requeued
+
+    def claim(self) -> int | None:
+        with session_scope(self.sessions) as s:
+            job = repo.claim_next_job(session=s, worker=self.id)
+            return job.id if job is not None else None
+
+    # -- one job -------------------------------------------------------------------------------
+    def run_job(self, job_id: int) -> str:
+        """Run one claimed job to its end; return its final state (``queued`` when handed back)."""
+        from api import queries
+
+        started = time.monotonic()
+        with session_scope(self.sessions) as s:
+            job = repo.get_job(session=s, job_id=job_id)
+            assert job is not None
+            row = s.get(Request, job.request_id)
+            assert row is not None
+            try:
+                request = tune_request(row)
+            except Exception as exc:
+                return self._finish(job_id, "failed", f"the stored request is invalid: {exc}")
+            if queries.served_recommendation(s, request.key()) is not None:  # answered meanwhile
+                return self._finish(job_id, "done", None)
+        label = (f"job {job_id} ({request.model.name} on {request.cluster.name}, {request.executor}, "
+                 f"{request.trials} trials)")
+        log.info("worker %s: %s started", self.id, label)
+        stop, why = threading.Event(), {"reason": ""}
+        beat = _Heartbeat(self, job_id, stop, why)
+        try:
+            executor = make_executor(request.executor, self.settings)
+            tuner = ServiceTuner(request, db_url=self.url, executor=executor,
+                                 workdir=self.settings.work_root() / request.key()[:16], worker_id=self.id,
+                                 lease_s=self.settings.lease_s, trial_timeout_s=self.settings.trial_timeout_s,
+                                 steps=self.settings.steps, progress=beat.progress, stop=stop,
+                                 verify_quantized=self.settings.verify_quantized)
+            study_id = tuner.open()
+            self._update(job_id, study_id=study_id)
+            beat.study_id = study_id
+            beat.start()
+            result = tuner.run(study_id)
+        except StudyFailed as exc:
+            return self._finish(job_id, "failed", str(exc))
+        except Exception as exc:
+            log.exception("worker %s: %s failed", self.id, label)
+            return self._finish(job_id, "failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            beat.stop()
+        if result:
+            state = self._finish(job_id, "done", None)
+        elif why["reason"] == "cancelled" or why["reason"] == "lost":
+            state = why["reason"]
+        else:  # stopping: hand the job back, a worker resumes the study
+            state = self._finish(job_id, "queued", None)
+        log.info("worker %s: %s → %s in %.1f s", self.id, label, state, time.monotonic() - started)
+        return state
+
+    def _update(self, job_id: int, **values: Any) -> bool:
+        """Stamp our running job (a heartbeat); False when it is no longer ours to run."""
+        with session_scope(self.sessions) as s:
+            done = s.execute(update(Job).where(Job.id == job_id, Job.worker == self.id, Job.state == "running")
+                             .values(heartbeat_at=utcnow(), **values).returning(Job.id))
+            return done.scalar_one_or_none() is not None
+
+    def _finish(self, job_id: int, state: str, error: str | None) -> str:
+        values: dict[str, Any] = {"state": state, "error": error}
+        if state == "done":
+            values.update(progress=1.0, finished_at=utcnow())
+        elif state == "failed":
+            values.update(finished_at=utcnow(), error=(error or "failed")[:4000])
+        else:  # handed back
+            values.update(worker=None, heartbeat_at=None, started_at=None)
+        if not self._update(job_id, **values):
+            with session_scope(self.sessions) as s:
+                job = repo.get_job(session=s, job_id=job_id)
+                return job.state if job is not None else "gone"
+        return state
+
+
+class _Heartbeat:
+    """Stamps a running job every ``heartbeat_s`` and after each trial; stops the tuner on a cancel."""
+
+    def __init__(self, worker: Worker, job_id: int, stop: threading.Event, why: dict[str, str]) -> None:
+        self.worker, self.job_id, self.stop_tuner, self.why = worker, job_id, stop, why
+        self.study_id: int | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name=f"zerotune-job-{job_id}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+
+    def progress(self, _: Any) -> None:
+        self.beat(with_progress=True)
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.worker.settings.heartbeat_s):
+            try:
+                self.beat(with_progress=False)
+            except Exception as exc:  # keep beating: the database may come back
+                log.warning("job %d heartbeat: %s: %s", self.job_id, type(exc).__name__, exc)
+
+    def beat(self, with_progress: bool) -> None:
+        if self.worker.shutdown.is_set() or self.worker._orphaned():
+            self.why.setdefault("reason", "")
+            self.stop_tuner.set()
+        values: dict[str, Any] = {}
+        if with_progress and self.study_id is not None:
+            with session_scope(self.worker.sessions) as s:
+                done = s.scalar(select(func.count()).select_from(Trial).where(
+                    Trial.study_id == self.study_id, Trial.status.in_(COUNTED))) or 0
+                total = int(s.scalar(select(Request.budget).join(Job, Job.request_id == Request.id)
+                                     .where(Job.id == self.job_id)).get("trials") or 1)
+            values = {"trials_done": done, "progress": min(1.0, done / total)}
+        if not self.worker._update(self.job_id, **values):
+            with session_scope(self.worker.sessions) as s:
+                job = repo.get_job(session=s, job_id=self.job_id)
+                self.why["reason"] = "cancelled" if job is not None and job.state == "cancelled" else "lost"
+            self.stop_tuner.set()
+
+
+def _safe(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def serve_worker(settings: Settings, url: str, parent_pid: int | None = None, max_jobs: int | None = None) -> int:
+    """Run a worker in this process until SIGTERM/SIGINT; return the number of jobs run."""
+    from db.migrate import upgrade
+
+    warnings.filterwarnings("ignore", message=r"Argument ``group`` is an experimental feature")  # Tuner's TPE
+    upgrade(url)
+    worker = Worker(settings, url, parent_pid=parent_pid)
+    signal.signal(signal.SIGTERM, worker.stop)
+    signal.signal(signal.SIGINT, worker.stop)
+    return worker.run(max_jobs=max_jobs)
+
+
+class WorkerPool:
+    """The embedded workers of ``zerotune serve``: child processes running ``zerotune worker``.
+
+    Processes, not threads: a study is CPU work (sampling, the cost model) that must not take the
+    GIL from the request path, and the service process never imports the tuner's heavy parts. A
+    child that dies is restarted; :meth:`stop` lets each finish its trial and hand its job back.
+    """
+
+    def __init__(self, settings: Settings, url: str) -> None:
+        self.settings, self.url = settings, url
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.stopping = threading.Event()
+        self.monitor = threading.Thread(target=self._monitor, daemon=True, name="zerotune-worker-pool")
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        args = [sys.executable, "-m", "api.cli", "worker", "--db", self.url, "--parent-pid", str(os.getpid())]
+        return subprocess.Popen(args, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def start(self) -> None:
+        self.procs = [self._spawn() for _ in range(self.settings.workers)]
+        self.monitor.start()
+
+    def alive(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    def _monitor(self) -> None:
+        while not self.stopping.wait(2.0):
+            for i, proc in enumerate(self.procs):
+                if proc.poll() is not None and not self.stopping.is_set():
+                    log.warning("embedded worker %d exited with status %s; restarting it", proc.pid, proc.returncode)
+                    self.procs[i] = self._spawn()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("embedded worker %d did not stop in %.0f s; killing it", proc.pid,
+                            self.settings.shutdown_grace_s)
+                proc.kill()
+                proc.wait()
