@@ -58,7 +58,8 @@ def job_public(session: Session, job: Job) -> schemas.JobPublic:
     return schemas.JobPublic(
         id=job.id, state=job.state, progress=job.progress, trials_done=job.trials_done,
         trials_total=int((request.budget or {}).get("trials") or 0), best_value=best.value if best else None,
-        error=job.error, request_key=request.key, request_id=request.id, study_id=job.study_id, recommendation_id=rec.id if rec else None,
+        error=job.error, request_key=request.key, request_id=request.id, study_id=job.study_id,
+        recommendation_id=rec.id if rec else None,
         worker=job.worker, created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
         heartbeat_at=job.heartbeat_at)
 

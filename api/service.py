@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from api import queries, schemas
@@ -23,6 +24,7 @@ from api.cache import AnswerCache
 from api.metrics import Metrics
 from api.settings import Settings
 from db import repository as repo
+from db.models import Job
 from db.session import make_engine, make_session_factory, session_scope
 from strategies.catalog import MODELS, parse_cluster, parse_model
 from strategies.errors import SpecError
@@ -240,16 +242,22 @@ class Service:
                     self.ended(key, job, answer)
 
     def _refresh(self, active: dict[str, int]) -> list[tuple[str, schemas.JobPublic, bytes | None]]:
+        """The jobs that changed since last seen (one query when none did), with the answer of a done one."""
+        ids = {job_id: key for key, job_id in active.items()}
         out = []
         with session_scope(self.sessions) as s:
-            for key, job_id in active.items():
-                job = repo.get_job(session=s, job_id=job_id)
-                if job is None:
+            rows = s.execute(select(Job.id, Job.state, Job.trials_done, Job.study_id, Job.error)
+                             .where(Job.id.in_(ids))).all()
+            for job_id, state, trials_done, study_id, error in rows:
+                seen = self.jobs.get(job_id)
+                if seen is not None and (seen.state, seen.trials_done, seen.study_id, seen.error) == (
+                        state, trials_done, study_id, error):
                     continue
-                view = queries.job_public(s, job)
+                job = repo.get_job(session=s, job_id=job_id)
+                assert job is not None
                 answer = None
-                if job.state == "done":
-                    row = queries.served_recommendation(s, key)
+                if state == "done":
+                    row = queries.served_recommendation(s, ids[job_id])
                     answer = queries.answer_bytes(row) if row is not None else None
-                out.append((key, view, answer))
+                out.append((ids[job_id], queries.job_public(s, job), answer))
         return out

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     """The longest ``?wait=`` a POST may hold a connection."""
     cache_size: int = Field(default=4096, ge=1)
     """Stored recommendations kept in memory, serialized, for repeat requests."""
-    watch_s: float = Field(default=0.25, gt=0)
+    watch_s: float = Field(default=0.5, gt=0)
     """How often the service re-reads the jobs it is waiting on."""
     heartbeat_s: float = Field(default=5.0, gt=0)
     """How often a worker stamps its running job (and checks for a cancel)."""

@@ -18,7 +18,8 @@ World sizes map to clusters as 4 -> local:2x2, 8 -> local:2x2x2 (2^k -> local:2x
 (world, config) runs in its own ``torchrun`` launch, so each config starts from fresh processes;
 rank 0 writes the config's result to a JSON file in a temporary directory and this script prints
 one table per world size. Step time: the slowest rank's time of each step, median over the steps
-after ``--warmup``.
+after ``--warmup``. ``load`` is the machine's 1-minute load average around each launch: well above
+the world size means other work shared the cores and that row's time is inflated.
 
 Memory. On GPU (nccl) the figure is ``torch.cuda.max_memory_allocated`` after the model is built.
 On CPU there is no allocator counter, so every config (ours included, for an apples-to-apples
@@ -111,11 +112,12 @@ def launch(args: argparse.Namespace) -> int:
                           "--timeout", str(args.timeout), *[a for s in args.set for a in ("--set", s)]]
                 print(f"[{time.perf_counter() - t_all:6.1f}s] {config:<6} on {world} ranks ({cluster}) ...",
                       file=sys.stderr, flush=True)
-                t0 = time.perf_counter()
+                t0, load0 = time.perf_counter(), os.getloadavg()[0]
                 res = run_torchrun(world, target, module=False, stream=False, timeout_s=args.timeout)
                 if res.ok and out.is_file():
                     results[world][config] = json.loads(out.read_text())
                     r = results[world][config]
+                    r["load"] = max(load0, os.getloadavg()[0])
                     print(f"          done in {time.perf_counter() - t0:.1f}s: {r['step_ms']:.1f} ms/step",
                           file=sys.stderr, flush=True)
                 else:
@@ -141,7 +143,7 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
     if any_row.get("hsdp_mesh"):
         print(f"HSDP mesh (replicate, shard) = {tuple(any_row['hsdp_mesh'])}")
     head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'ours/FSDP2':>12}{'vs DDP':>8}"
-            f"{'mem MiB':>10}{'acct MiB':>10}{'loss first->last':>20}")
+            f"{'mem MiB':>10}{'acct MiB':>10}{'loss first->last':>20}{'load':>6}")
     print(head)
     print("-" * len(head))
     ddp = rows.get("ddp", {}).get("step_ms")
@@ -155,7 +157,7 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
         acct = f"{r['accountant_peak'] / 2**20:.1f}" if r.get("accountant_peak") is not None else ""
         loss = f"{r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
         print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{ratio:>12}{vs_ddp:>8}"
-              f"{r['mem_bytes'] / 2**20:>10.1f}{acct:>10}{loss:>20}")
+              f"{r['mem_bytes'] / 2**20:>10.1f}{acct:>10}{loss:>20}{r.get('load', 0.0):>6.1f}")
 
 
 # -- the rank side -----------------------------------------------------------------------------

@@ -51,8 +51,9 @@ def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> tuple[bool, str]
     from tuner.executors.local import LocalExecutor
 
     spec = TrialSpec(model=tuner.request.model, cluster=tuner.request.cluster, strategy=strategy,
-                     workdir=tuner.workdir / f"verify-{trial_id}", steps=8, warmup=1, timeout_s=tuner.trial_timeout_s)
-    result = LocalExecutor(max_ranks=4, proxy_hidden=128).run(spec)  # a health check, not a speed test
+                     workdir=tuner.workdir / f"verify-{trial_id}", steps=16, warmup=1, timeout_s=tuner.trial_timeout_s)
+    # a health check, not a speed test: a small proxy that learns the synthetic stream within 16 steps
+    result = LocalExecutor(max_ranks=4, proxy_hidden=128, proxy_vocab=512, proxy_seq_len=64).run(spec)
     return result.status == "complete", result.reason or "healthy"
 
 

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, select, text
 
 from db.migrate import upgrade
-from db.models import Recommendation, Trial
+from db.models import Recommendation, Study, Trial
 from db.session import make_engine, make_session_factory
 from strategies.catalog import parse_cluster, parse_model
 from tuner.executors.local import LocalExecutor
@@ -167,3 +167,58 @@ def test_killed_runner_is_recovered_and_its_trial_retried(sqlite_url, tmp_path):
     retried = [t for t in trials if t.strategy_key == dead.strategy_key and t.id != dead.id]
     assert retried and retried[0].status in ("complete", "failed")
     assert json.dumps(rec["strategy"])  # and the study still produced a recommendation
+
+
+def test_pareto_objective_uses_nsga2_with_two_values(sqlite_url, tmp_path):
+    import optuna
+
+    req = TuneRequest(model=parse_model("gpt-7b"), cluster=parse_cluster("dgx-h100:4"), trials=12, seed=0,
+                      objective="pareto")
+    tuner = Tuner(req, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)
+    rec = tuner.run()
+    with make_session_factory(make_engine(sqlite_url))() as s:
+        name = s.scalars(select(Study)).one().optuna_study_name
+    study = optuna.load_study(study_name=name, storage=sqlite_url)
+    assert isinstance(study.sampler, optuna.samplers.NSGAIISampler) or len(study.directions) == 2
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete and all(len(t.values) == 2 for t in complete)
+    assert study.best_trials  # the Pareto front
+    assert rec["value"] == max(t.values[0] for t in complete if t.user_attrs.get("zt_trial_id"))
+
+
+def test_warm_start_enqueues_the_best_strategies_of_a_similar_request(sqlite_url, tmp_path):
+    import optuna
+
+    first = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=15, seed=0)
+    rec = Tuner(first, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).run()
+    second = TuneRequest(model=parse_model("gpt-7b"), cluster=parse_cluster("frontier:8"), trials=8, seed=0)
+    tuner = Tuner(second, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)
+    warm = tuner._warm_start()
+    assert warm and warm[0].to_dict() == rec["strategy"]  # the recommended (verified) strategy ranks first
+    tuner.run()
+    with make_session_factory(make_engine(sqlite_url))() as s:
+        name = s.scalars(select(Study).order_by(Study.id.desc())).first().optuna_study_name
+    trials = optuna.load_study(study_name=name, storage=sqlite_url).trials
+    wanted = [tuner.space.strategy_params(s) for s in warm]
+    assert all(any(t.params == p for t in trials[:8]) for p in wanted)  # run among the first (seeded) trials
+    # an unrelated cluster family gets no warm start
+    other = TuneRequest(model=parse_model("gpt-7b"), cluster=parse_cluster("dgx-h100:8"), trials=3)
+    assert Tuner(other, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)._warm_start() == []
+
+
+def test_local_executor_prunes_a_slow_run(tmp_path):
+    from strategies.catalog import build_strategy
+    from tuner.executors.base import TrialSpec
+
+    cluster = parse_cluster("local:2")
+    spec = TrialSpec(model=parse_model("gpt-tiny"), cluster=cluster, strategy=build_strategy("zero3", cluster),
+                     workdir=tmp_path / "t", steps=50, timeout_s=120)
+    seen = []
+
+    def pruner(step: int, seconds: float) -> bool:
+        seen.append(step)
+        return step >= 3  # as the study does when step times exceed 3x the best trial's
+    t0 = time.monotonic()
+    result = LocalExecutor().run(spec, pruner=pruner)
+    assert result.status == "failed" and result.reason.startswith("pruned") and result.extra["pruned"]
+    assert seen[:3] == [1, 2, 3] and max(seen) < 50 and time.monotonic() - t0 < 100

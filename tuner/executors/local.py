@@ -43,29 +43,31 @@ def local_cluster_for(cluster: ClusterSpec, max_ranks: int = 8) -> ClusterSpec:
     return dataclasses.replace(emulated, levels=levels)
 
 
-def proxy_model_for(model: ModelSpec, max_params: int = 30_000_000, hidden: int = 256) -> ModelSpec:
+def proxy_model_for(model: ModelSpec, max_params: int = 30_000_000, hidden: int = 256, vocab: int = 4096,
+                    seq_len: int = 128) -> ModelSpec:
     """The model itself if small enough for this machine, else a GPT of the same family, scaled down."""
     if model.num_params() <= max_params:
         return model
     return ModelSpec(name=f"{model.name}-proxy", layers=min(model.layers, 4), hidden=hidden, heads=hidden // 32,
-                     vocab=min(model.vocab, 4096), seq_len=min(model.seq_len, 128))
+                     vocab=min(model.vocab, vocab), seq_len=min(model.seq_len, seq_len))
 
 
 class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, max_ranks: int = 8, max_params: int = 30_000_000, stream: bool = False,
-                 proxy_hidden: int = 256) -> None:
+                 proxy_hidden: int = 256, proxy_vocab: int = 4096, proxy_seq_len: int = 128) -> None:
         if max_ranks < 1:
             raise ValueError(f"max_ranks={max_ranks}: must be >= 1")
         if proxy_hidden < 32 or proxy_hidden % 32:
             raise ValueError(f"proxy_hidden={proxy_hidden}: must be a multiple of 32")
         self.max_ranks, self.max_params, self.stream, self.proxy_hidden = max_ranks, max_params, stream, proxy_hidden
+        self.proxy_vocab, self.proxy_seq_len = proxy_vocab, proxy_seq_len
 
     def prepare(self, spec: TrialSpec) -> TrialSpec:
         """The spec as it will run here (emulated cluster, proxy model)."""
         cluster = local_cluster_for(spec.cluster, self.max_ranks)
-        model = proxy_model_for(spec.model, self.max_params, self.proxy_hidden)
+        model = proxy_model_for(spec.model, self.max_params, self.proxy_hidden, self.proxy_vocab, self.proxy_seq_len)
         global_batch = spec.global_batch if cluster == spec.cluster else None
         return dataclasses.replace(spec, cluster=cluster, model=model, global_batch=global_batch)
 

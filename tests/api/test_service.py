@@ -1,0 +1,166 @@
+"""End to end through real HTTP: post, wait, read the recommendation, its exports and its study."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.api.conftest import ROOT, rows, wait_job
+
+NEOX = {"model": "gpt-neox-20b", "cluster": "frontier:48", "executor": "model", "budget": {"trials": 10}}
+
+
+def check_recommendation(url: str, rec: dict) -> None:
+    """The recommendation, each export download, its study, trials (paged, filtered) and one trial."""
+    assert set(rec["exports"]) >= {"zerotune", "deepspeed", "fsdp"}
+    assert rec["evidence"] in ("predicted", "proxy-verified", "measured") and rec["value"] > 0
+    again = httpx.get(f"{url}/v1/recommendations/{rec['id']}").json()
+    assert again == rec
+    for fmt, filename in (("zerotune", "zerotune.json"), ("deepspeed", "ds_config.json"), ("fsdp", "fsdp.json")):
+        r = httpx.get(f"{url}/v1/recommendations/{rec['id']}", params={"format": fmt})
+        assert r.status_code == 200 and r.json() == rec["exports"][fmt]
+        assert f'filename="{filename}"' in r.headers["content-disposition"]
+    assert rec["exports"]["deepspeed"]["zero_optimization"]["stage"] in (1, 2, 3)
+    study = httpx.get(f"{url}/v1/studies/{rec['study_id']}").json()
+    assert study["state"] == "done" and study["recommendation_id"] == rec["id"]
+    assert study["best_trial_id"] == rec["trial_id"] and study["request"]["key"] == rec["request_key"]
+    page = httpx.get(f"{url}/v1/studies/{rec['study_id']}/trials", params={"limit": 2}).json()
+    assert len(page["data"]) == 2 and page["count"] == sum(study["trial_counts"].values())
+    complete = httpx.get(f"{url}/v1/studies/{rec['study_id']}/trials", params={"status": "complete"}).json()
+    assert complete["count"] == study["trial_counts"]["complete"]
+    assert all(t["status"] == "complete" for t in complete["data"])
+    trial = httpx.get(f"{url}/v1/trials/{rec['trial_id']}").json()
+    assert trial["status"] == "complete" and trial["value"] == rec["value"] and trial["metrics"]
+    listed = httpx.get(f"{url}/v1/studies").json()
+    assert rec["study_id"] in [s["id"] for s in listed["data"]]
+
+
+def torch_loaded(pid: int) -> bool:
+    """Whether process ``pid`` (and not one of its children) has torch's library mapped."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_model_executor_end_to_end(launcher, db_url):
+    server = launcher.serve(db_url)
+    url = server.url
+    first = httpx.post(f"{url}/v1/recommendations", json=NEOX)
+    assert first.status_code == 202 and first.headers["location"] == f"/v1/jobs/{first.json()['id']}"
+    job = wait_job(url, first.json()["id"])
+    assert job["state"] == "done" and job["trials_done"] == 10 and job["progress"] == 1.0 and job["best_value"] > 0
+    # equivalent (presets expanded, defaults filled): the same stored answer at once
+    explicit_model = httpx.get(f"{url}/v1/catalog").json()["models"]["gpt-neox-20b"]
+    explicit_model.pop("num_params")
+    again = httpx.post(f"{url}/v1/recommendations", json={**NEOX, "model": explicit_model, "objective": "throughput"})
+    assert again.status_code == 200
+    rec = again.json()
+    assert rec["id"] == job["recommendation_id"] and rec["request_key"] == job["request_key"]
+    check_recommendation(url, rec)
+    repeat = httpx.post(f"{url}/v1/recommendations", json=NEOX)  # the cached bytes
+    assert repeat.status_code == 200 and repeat.content == again.content
+    assert rows(db_url, "SELECT count(*) FROM zt_jobs")[0][0] == 1
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'zerotune_jobs{state="done"} 1' in metrics and "zerotune_cache_hits_total" in metrics
+    assert 'zerotune_http_requests_total{method="POST",route="/v1/recommendations",status="200"}' in metrics
+    ready = httpx.get(f"{url}/readyz").json()
+    assert ready["status"] == "ok" and ready["checks"]["workers"]["embedded_alive"] == 1
+    assert not torch_loaded(server.proc.pid), "the API process imported torch"
+
+
+@pytest.mark.timeout(420)
+def test_local_executor_end_to_end_and_upload(launcher, sqlite_url, tmp_path):
+    server = launcher.serve(sqlite_url)
+    url = server.url
+    body = {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budget": {"trials": 3}}
+    r = httpx.post(f"{url}/v1/recommendations", json=body, params={"wait": 300}, timeout=330)
+    assert r.status_code == 200, r.text
+    rec = r.json()
+    assert rec["evidence"] == "measured" and rec["metrics"]["health"]["verdict"] == "ok"
+    check_recommendation(url, rec)
+    trial = httpx.get(f"{url}/v1/trials/{rec['trial_id']}").json()
+    assert trial["executor"] == "local" and "step" in trial["logs"]
+    assert trial["metrics"]["bytes_per_level"] == trial["prediction"]["bytes_per_level"]
+    assert not torch_loaded(server.proc.pid), "the API process imported torch"
+
+    # the measured run.json goes back in as an external trial: zerotune upload
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(trial["metrics"]))
+    upload = [sys.executable, "-m", "api.cli", "upload", str(run), "--url", url]
+    first = subprocess.run(upload, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and "stored trial" in first.stderr, first.stderr
+    second = subprocess.run(upload, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and "already stored" in second.stderr, second.stderr
+    (stored,) = rows(sqlite_url, "SELECT id, status, value, executor FROM zt_trials WHERE executor = 'external'")
+    assert stored[1] == "complete" and stored[2] == trial["metrics"]["tflops_per_rank"]
+    uploaded = httpx.get(f"{url}/v1/trials/{stored[0]}").json()
+    assert uploaded["metrics"]["tokens_per_s"] == trial["metrics"]["tokens_per_s"] and uploaded["prediction"]
+
+
+@pytest.mark.timeout(180)
+def test_wait_cancel_and_errors(launcher, sqlite_url):
+    url = launcher.serve(sqlite_url, workers=0).url  # nobody runs the job: it stays queued
+    body = {**NEOX, "cluster": "frontier:2"}
+    held = httpx.post(f"{url}/v1/recommendations", json=body, params={"wait": 1.0}, timeout=10)
+    assert held.status_code == 202 and held.json()["state"] == "queued"
+    job_id = held.json()["id"]
+    cancelled = httpx.delete(f"{url}/v1/jobs/{job_id}")
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    assert "cancelled by a client" in cancelled.json()["error"]
+    assert httpx.get(f"{url}/v1/jobs/{job_id}").json()["error"] == cancelled.json()["error"]
+    assert httpx.delete(f"{url}/v1/jobs/{job_id}").status_code == 409
+    requeued = httpx.post(f"{url}/v1/recommendations", json=body)  # a cancelled job does not block a new one
+    assert requeued.status_code == 202 and requeued.json()["id"] != job_id
+    for path in ("/v1/jobs/999", "/v1/studies/999", "/v1/studies/999/trials", "/v1/trials/999",
+                 "/v1/recommendations/999"):
+        r = httpx.get(url + path)
+        assert r.status_code == 404 and "999" in r.json()["detail"], path
+
+
+@pytest.mark.parametrize("body, field, rule", [
+    ({"model": "gpt-99b", "cluster": "frontier:4"}, "body.model", "unknown model preset"),
+    ({"model": "/etc/passwd", "cluster": "frontier:4"}, "body.model", "unknown model preset"),
+    ({"model": "gpt-tiny", "cluster": "/etc/hosts.json"}, "body.cluster", "must be a preset"),
+    ({"model": "gpt-tiny", "cluster": "frontier:0"}, "body.cluster", ">= 1"),
+    ({"model": "gpt-tiny", "cluster": "mars:4"}, "body.cluster", "unknown cluster preset"),
+    ({"model": "gpt-tiny", "cluster": "local:2", "budget": {"trials": 0}}, "body.budget.trials", "greater than"),
+    ({"model": "gpt-tiny", "cluster": "local:2", "executor": "gpu"}, "body.executor", "'model', 'local'"),
+    ({"model": "gpt-tiny", "cluster": "local:2", "objective": "speed"}, "body.objective", "throughput"),
+    ({"model": "gpt-tiny", "cluster": "local:2", "colour": "red"}, "body.colour", "Extra inputs"),
+    ({"model": {"name": "m", "layers": 2, "hidden": 100, "heads": 3, "vocab": 10, "seq_len": 8},
+      "cluster": "local:2"}, "body.model.heads", "must divide hidden=100"),
+    ({"model": "gpt-tiny", "cluster": {"name": "c", "levels": [{"name": "a", "size": 2, "bandwidth_gbps": 0}]}},
+     "body.cluster.levels[0].bandwidth_gbps", "greater than 0"),
+    ({"model": "gpt-tiny", "cluster": "frontier:9999999"}, "body.cluster", "at most"),
+    ({"cluster": "local:2"}, "body.model", "Field required"),
+])
+def test_bad_input_is_a_422_naming_field_value_and_rule(body, field, rule, api_server):
+    r = httpx.post(f"{api_server.url}/v1/recommendations", json=body, headers=api_server.extra)
+    assert r.status_code == 422, r.text
+    problems = r.json()["detail"]
+    assert any(p["field"] == field and rule in p["rule"] and "value" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs/0", "/v1/jobs/x", "/v1/jobs/99999999999999999999",
+                                  "/v1/studies?limit=0", "/v1/studies/1/trials?status=done",
+                                  "/v1/recommendations/1?format=yaml", "/v1/recommendations?wait=-1"])
+def test_bad_ids_and_queries_are_422(path, api_server):
+    method = "POST" if "wait" in path else "GET"
+    r = httpx.request(method, api_server.url + path, json=NEOX if method == "POST" else None, headers=api_server.extra)
+    assert r.status_code == 422 and r.json()["detail"][0]["field"].split(".")[0] in ("path", "query"), r.text
+
+
+def test_catalog_and_health(api_server):
+    catalog = httpx.get(f"{api_server.url}/v1/catalog").json()
+    assert "gpt-neox-20b" in catalog["models"] and "frontier" in catalog["clusters"]
+    assert "zeropp" in catalog["strategies"] and catalog["executors"] == ["model", "local", "slurm"]
+    assert httpx.get(f"{api_server.url}/healthz").json()["status"] == "ok"
+    schema = httpx.get(f"{api_server.url}/openapi.json").json()
+    post = schema["paths"]["/v1/recommendations"]["post"]
+    assert {"200", "202", "401", "422"} <= set(post["responses"])
+    body = schema["components"]["schemas"]["RecommendationCreate"]
+    assert body["examples"][0]["cluster"] == "frontier:48"
