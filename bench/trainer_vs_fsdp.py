@@ -18,8 +18,9 @@ World sizes map to clusters as 4 -> local:2x2, 8 -> local:2x2x2 (2^k -> local:2x
 (world, config) runs in its own ``torchrun`` launch, so each config starts from fresh processes;
 rank 0 writes the config's result to a JSON file in a temporary directory and this script prints
 one table per world size. Step time: the slowest rank's time of each step, median over the steps
-after ``--warmup``. ``load`` is the machine's 1-minute load average around each launch: well above
-the world size means other work shared the cores and that row's time is inflated.
+after ``--warmup``. ``others`` is the share of the machine's CPU time that processes other than
+this bench used during the launch (Linux /proc/stat): well above 0% means other work shared the
+cores and that row's time is inflated — rerun on a quiet machine.
 
 Memory. On GPU (nccl) the figure is ``torch.cuda.max_memory_allocated`` after the model is built.
 On CPU there is no allocator counter, so every config (ours included, for an apples-to-apples
@@ -112,14 +113,17 @@ def launch(args: argparse.Namespace) -> int:
                           "--timeout", str(args.timeout), *[a for s in args.set for a in ("--set", s)]]
                 print(f"[{time.perf_counter() - t_all:6.1f}s] {config:<6} on {world} ranks ({cluster}) ...",
                       file=sys.stderr, flush=True)
-                t0, load0 = time.perf_counter(), os.getloadavg()[0]
+                t0, busy0, ours0 = time.perf_counter(), _machine_busy_s(), _children_cpu_s()
                 res = run_torchrun(world, target, module=False, stream=False, timeout_s=args.timeout)
                 if res.ok and out.is_file():
                     results[world][config] = json.loads(out.read_text())
                     r = results[world][config]
-                    r["load"] = max(load0, os.getloadavg()[0])
-                    print(f"          done in {time.perf_counter() - t0:.1f}s: {r['step_ms']:.1f} ms/step",
-                          file=sys.stderr, flush=True)
+                    busy1, wall = _machine_busy_s(), time.perf_counter() - t0
+                    if busy0 is not None and busy1 is not None:  # CPU that other processes used meanwhile
+                        others = busy1 - busy0 - (_children_cpu_s() - ours0)
+                        r["others_cpu_pct"] = max(0.0, 100.0 * others / (wall * (os.cpu_count() or 1)))
+                    print(f"          done in {wall:.1f}s: {r['step_ms']:.1f} ms/step, other processes used "
+                          f"{r.get('others_cpu_pct', float('nan')):.0f}% of the CPU", file=sys.stderr, flush=True)
                 else:
                     failed = True
                     why = f"timed out after {args.timeout:.0f}s" if res.timed_out else f"exit {res.returncode}"
@@ -133,6 +137,22 @@ def launch(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _machine_busy_s() -> float | None:
+    """CPU seconds the whole machine has been busy since boot (Linux /proc/stat), None elsewhere."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (torchrun and, through it, every rank)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     if not rows:
         return
@@ -143,7 +163,7 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
     if any_row.get("hsdp_mesh"):
         print(f"HSDP mesh (replicate, shard) = {tuple(any_row['hsdp_mesh'])}")
     head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'ours/FSDP2':>12}{'vs DDP':>8}"
-            f"{'mem MiB':>10}{'acct MiB':>10}{'loss first->last':>20}{'load':>6}")
+            f"{'mem MiB':>10}{'acct MiB':>10}{'loss first->last':>20}{'others':>8}")
     print(head)
     print("-" * len(head))
     ddp = rows.get("ddp", {}).get("step_ms")
@@ -156,8 +176,9 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
         vs_ddp = f"{r['step_ms'] / ddp:.2f}" if ddp else ""
         acct = f"{r['accountant_peak'] / 2**20:.1f}" if r.get("accountant_peak") is not None else ""
         loss = f"{r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
+        others = f"{r['others_cpu_pct']:.0f}%" if r.get("others_cpu_pct") is not None else ""
         print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{ratio:>12}{vs_ddp:>8}"
-              f"{r['mem_bytes'] / 2**20:>10.1f}{acct:>10}{loss:>20}{r.get('load', 0.0):>6.1f}")
+              f"{r['mem_bytes'] / 2**20:>10.1f}{acct:>10}{loss:>20}{others:>8}")
 
 
 # -- the rank side -----------------------------------------------------------------------------

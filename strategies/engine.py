@@ -141,8 +141,12 @@ class ZeroEngine:
             if not backward and self.s.secondary_span is not None and b.secondary is None and not b.plan.is_root:
                 b.secondary = self.comm.shard(b.flat.data, (1, self.s.secondary_span))
                 self.mem.alloc("secondary_params", b.secondary.numel() * self.elem)
-        for module, attr, shape, offset in b.views:
-            setattr(module, attr, b.flat[offset:offset + shape.numel()].view(shape))
+        # one split, not one slice per parameter: autograd then builds the bucket's gradient in a
+        # single pass instead of zero-filling a full-bucket tensor per slice and summing them
+        sizes = [shape.numel() for _, _, shape, _ in b.views]
+        parts = b.flat.split([*sizes, b.plan.padded - sum(sizes)])
+        for (module, attr, shape, _), part in zip(b.views, parts, strict=False):
+            setattr(module, attr, part.view(shape))
 
     def _release(self, b: FlatBucket) -> None:
         if self.s.param_span == 0 or not b.gathered:
