@@ -43,10 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (recommendations, jobs, studies, trials, catalog, health):
         app.include_router(module.router)
 
-    def hit() -> None:
-        service.metrics.outcomes["cached"] += 1
-
     token = settings.token.get_secret_value() if settings.token else None
-    app.add_middleware(FastAnswer, cache=service.cache, token=token, on_hit=hit)
+    app.add_middleware(FastAnswer, cache=service.cache, token=token, lookup=service.fast_answer)
     app.add_middleware(RequestMetrics, metrics=service.metrics)
     return app

@@ -3,9 +3,10 @@
 ``AnswerCache`` maps a request key (the hash of the normalized request) to the JSON bytes of its
 recommendation; it is filled on the first database hit and when a job finishes. A prologue storm
 sends the *same bytes* hundreds of times, so ``FastAnswer`` (an ASGI middleware) also remembers
-which raw bodies were answered from the cache and answers a repeat before routing, validation or
-normalization: one lookup on the body, one on the key. Anything else — a new body, a missing or
-wrong token, an uncached key — goes down the normal route, which validates and answers it.
+which raw bodies the route has validated and answers a repeat before routing, validation or
+normalization: one lookup on the body, one on the key — the stored answer (200), or, while the
+request's job runs and the client does not ``?wait``, that job (202). Anything else — a new body, a
+missing or wrong token, a key with neither — goes down the normal route.
 """
 
 from __future__ import annotations
@@ -57,16 +58,20 @@ class AnswerCache:
             while len(self.bodies) > 4 * self.size:
                 self.bodies.pop(next(iter(self.bodies)))
 
-    def answer_for_body(self, body: bytes) -> bytes | None:
-        key = self.bodies.get(body)
-        return self.get(key) if key is not None else None
+    def key_for_body(self, body: bytes) -> str | None:
+        return self.bodies.get(body)
 
 
 class FastAnswer:
-    """Answer ``POST /v1/recommendations`` from the cache when the exact body was answered before."""
+    """Answer ``POST /v1/recommendations`` from memory when the exact body was answered before.
 
-    def __init__(self, app: ASGIApp, cache: AnswerCache, token: str | None, on_hit: Callable[[], None]) -> None:
-        self.app, self.cache, self.on_hit = app, cache, on_hit
+    ``lookup(key, waits)`` gives ``(status, body, headers)`` for a known key, or None to let the
+    route answer.
+    """
+
+    def __init__(self, app: ASGIApp, cache: AnswerCache, token: str | None,
+                 lookup: Callable[[str, bool], tuple[int, bytes, list[tuple[bytes, bytes]]] | None]) -> None:
+        self.app, self.cache, self.lookup = app, cache, lookup
         self.authorization = f"Bearer {token}".encode() if token else None
 
     def _authorized(self, scope: Scope) -> bool:
@@ -87,12 +92,13 @@ class FastAnswer:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        answer = self.cache.answer_for_body(body) if self._authorized(scope) else None
-        if answer is not None:
-            self.on_hit()
-            await send({"type": "http.response.start", "status": 200,
+        key = self.cache.key_for_body(body)
+        known = self.lookup(key, b"wait=" in scope["query_string"]) if key and self._authorized(scope) else None
+        if known is not None:
+            status, answer, headers = known
+            await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(answer)).encode())]})
+                                    (b"content-length", str(len(answer)).encode()), *headers]})
             await send({"type": "http.response.body", "body": answer})
             return
         replayed = False
@@ -113,6 +119,6 @@ class FastAnswer:
             await send(message)
 
         await self.app(scope, replay, send_status)
-        key = scope.get("state", {}).get("answer_key")
-        if status == 200 and key:  # the route answered a recommendation for this body: remember it
+        key = scope.get("state", {}).get("request_key")
+        if status in (200, 202) and key:  # the route validated this body: remember its key
             self.cache.remember_body(body, key)

@@ -310,6 +310,20 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return ExitStatus.SUCCESS
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the service answers /healthz (or /readyz with --ready): the container health check."""
+    from api.client import Client, ServiceError
+
+    url = args.url or f"http://127.0.0.1:{os.environ.get('ZEROTUNE_PORT', '8000')}"
+    try:
+        _, _, body = Client(url, timeout=args.timeout).request("GET", "/readyz" if args.ready else "/healthz")
+    except ServiceError as exc:
+        print(f"zerotune: error: {url}: {exc}", file=sys.stderr)
+        return ExitStatus.ERROR
+    print(json.dumps(body))
+    return ExitStatus.SUCCESS
+
+
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -401,6 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=os.environ.get("ZEROTUNE_TOKEN"), help="bearer token (ZEROTUNE_TOKEN)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     p.set_defaults(func=cmd_upload)
+
+    p = sub.add_parser("health", help="check that a service answers (exit 0) or not (exit 1)")
+    p.add_argument("--url", default=os.environ.get("ZEROTUNE_URL"),
+                   help="the service (ZEROTUNE_URL; default http://127.0.0.1:$ZEROTUNE_PORT)")
+    p.add_argument("--ready", action="store_true", help="ask /readyz (database and workers) instead of /healthz")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(func=cmd_health)
 
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)

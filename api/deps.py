@@ -17,7 +17,8 @@ from db.session import session_scope
 
 
 async def get_service(request: Request) -> Service:
-    return request.app.state.service  # type: ignore[no-any-return]
+    service: Service = request.app.state.service
+    return service
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]

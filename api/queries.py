@@ -40,7 +40,8 @@ def recommendation_public(row: Recommendation) -> schemas.RecommendationPublic:
     return schemas.RecommendationPublic(
         id=row.id, request_key=row.request_key, study_id=row.study_id, trial_id=row.trial_id,
         runner_up_trial_id=row.runner_up_trial_id, strategy=row.strategy, value=value if isinstance(value, float | int)
-        else None, evidence=row.evidence, margin=row.margin, metrics=metrics, exports=row.exports,
+        else None, evidence=row.evidence,  # type: ignore[arg-type]  # the table's CHECK constraint holds it to these
+        margin=row.margin, metrics=metrics, exports=row.exports,
         created_at=row.created_at)
 
 
@@ -56,7 +57,8 @@ def job_public(session: Session, job: Job) -> schemas.JobPublic:
     best = repo.best_trial(session=session, study_id=job.study_id) if job.study_id else None
     rec = served_recommendation(session, request.key) if job.state == "done" else None
     return schemas.JobPublic(
-        id=job.id, state=job.state, progress=job.progress, trials_done=job.trials_done,
+        id=job.id, state=job.state,  # type: ignore[arg-type]  # CHECK constraint
+        progress=job.progress, trials_done=job.trials_done,
         trials_total=int((request.budget or {}).get("trials") or 0), best_value=best.value if best else None,
         error=job.error, request_key=request.key, request_id=request.id, study_id=job.study_id,
         recommendation_id=rec.id if rec else None,

@@ -165,6 +165,19 @@ class Service:
             return Outcome(answer=answer) if answer is not None else Outcome(job=job)
         return outcome
 
+    def fast_answer(self, key: str, waits: bool) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+        """For the fast path: the stored answer, or the running job unless the client waits for the answer."""
+        answer = self.cache.get(key)
+        if answer is not None:
+            self.metrics.outcomes["cached"] += 1
+            return 200, answer, []
+        job_id = self.active.get(key)
+        job = self.jobs.get(job_id) if job_id is not None and not waits else None
+        if job is None:
+            return None
+        self.metrics.outcomes["job_joined"] += 1
+        return 202, job.model_dump_json().encode(), [(b"location", f"/v1/jobs/{job.id}".encode())]
+
     async def _single_flight(self, request: TuneRequest) -> Outcome:
         key = request.key()
         pending = self.inflight.get(key)
@@ -176,9 +189,12 @@ class Service:
         self.inflight[key] = future
         try:
             outcome, created = await run_in_threadpool(self._lookup_or_queue, request)
-        except BaseException as exc:
+        except Exception as exc:
             future.set_exception(exc)
-            future.exception()  # retrieved: the waiters re-raise it
+            future.exception()  # marked retrieved: the waiters re-raise it themselves
+            raise
+        except BaseException:
+            future.cancel()
             raise
         finally:
             self.inflight.pop(key, None)

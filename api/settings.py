@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EXECUTORS = ("model", "local", "slurm")
@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     verify_quantized: bool = True
     """Check a predicted quantized winner with a short local proxy run before recommending it."""
     slurm_partition: str | None = None
+
+    @field_validator("token", "db", "slurm_partition", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value  # ZEROTUNE_TOKEN= (as compose passes an unset variable) means no token
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -8,6 +8,8 @@ stored trial also carries the cost model's prediction for the same point.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -18,6 +20,7 @@ from db import repository as repo
 from db.models import Study, Trial
 from strategies.catalog import STRATEGY_PRESETS, build_strategy
 from strategies.errors import SpecError
+from strategies.spec import ClusterSpec, ModelSpec, Strategy
 from tuner.study import TuneRequest, strategy_key
 
 EXECUTOR = "external"
@@ -66,7 +69,7 @@ def store_run(*, session: Session, run: TrialCreate) -> tuple[Trial, bool]:
     return finished, True
 
 
-def _prediction(run: TrialCreate, model, cluster, strategy) -> dict | None:  # type: ignore[no-untyped-def]
+def _prediction(run: TrialCreate, model: ModelSpec, cluster: ClusterSpec, strategy: Strategy) -> dict[str, Any] | None:
     from strategies.costmodel import predict
 
     try:

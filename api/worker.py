@@ -123,7 +123,10 @@ class Worker:
                 self.shutdown.wait(self.settings.poll_s)
                 continue
             self.jobs_run += 1
-            self.run_job(job_id)
+            try:
+                self.run_job(job_id)
+            except Exception as exc:  # reporting failed (the database went away): the job goes stale, then back
+                log.exception("worker %s: job %d: %s: %s", self.id, job_id, type(exc).__name__, exc)
         return self.jobs_run
 
     def requeue_stale(self) -> list[int]:
@@ -178,6 +181,7 @@ class Worker:
                                  steps=self.settings.steps, progress=beat.progress, stop=stop,
                                  verify_quantized=self.settings.verify_quantized)
             study_id = tuner.open()
+            self._fail_orphans(study_id)
             self._update(job_id, study_id=study_id)
             beat.study_id = study_id
             beat.start()
@@ -198,11 +202,23 @@ class Worker:
         log.info("worker %s: %s → %s in %.1f s", self.id, label, state, time.monotonic() - started)
         return state
 
+    def _fail_orphans(self, study_id: int) -> None:
+        """Fail the trials a dead runner added but never started (status ``queued``).
+
+        The tuner stores a trial as ``queued`` and claims it a moment later; a runner killed in between
+        leaves the row queued forever (``Tuner`` recovers only expired *running* leases). Whoever holds
+        the job holds the study, so a queued row at resume time is an orphan.
+        """
+        with session_scope(self.sessions) as s:
+            s.execute(update(Trial).where(Trial.study_id == study_id, Trial.status == "queued")
+                      .values(status="failed", finished_at=utcnow(),
+                              reason="runner died before starting it (the job was resumed by another worker)"))
+
     def _update(self, job_id: int, **values: Any) -> bool:
         """Stamp our running job (a heartbeat); False when it is no longer ours to run."""
         with session_scope(self.sessions) as s:
             done = s.execute(update(Job).where(Job.id == job_id, Job.worker == self.id, Job.state == "running")
-                             .values(heartbeat_at=utcnow(), **values).returning(Job.id))
+                             .values(**{"heartbeat_at": utcnow(), **values}).returning(Job.id))
             return done.scalar_one_or_none() is not None
 
     def _finish(self, job_id: int, state: str, error: str | None) -> str:
@@ -249,15 +265,15 @@ class _Heartbeat:
 
     def beat(self, with_progress: bool) -> None:
         if self.worker.shutdown.is_set() or self.worker._orphaned():
-            self.why.setdefault("reason", "")
-            self.stop_tuner.set()
+            self.stop_tuner.set()  # the worker is stopping: the job will be handed back
         values: dict[str, Any] = {}
         if with_progress and self.study_id is not None:
             with session_scope(self.worker.sessions) as s:
                 done = s.scalar(select(func.count()).select_from(Trial).where(
                     Trial.study_id == self.study_id, Trial.status.in_(COUNTED))) or 0
-                total = int(s.scalar(select(Request.budget).join(Job, Job.request_id == Request.id)
-                                     .where(Job.id == self.job_id)).get("trials") or 1)
+                budget = s.scalar(select(Request.budget).join(Job, Job.request_id == Request.id)
+                                  .where(Job.id == self.job_id)) or {}
+                total = int(budget.get("trials") or 1)
             values = {"trials_done": done, "progress": min(1.0, done / total)}
         if not self.worker._update(self.job_id, **values):
             with session_scope(self.worker.sessions) as s:
@@ -272,12 +288,30 @@ def _safe(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def prepare_optuna_storage(url: str, attempts: int = 10) -> None:
+    """Create Optuna's tables once, before any study: workers starting together on a fresh database
+    race in Optuna's ``create_all`` (PostgreSQL refuses the second ``CREATE TYPE``); the loser retries
+    and then finds the tables there."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    for attempt in range(attempts):
+        try:
+            optuna.storages.RDBStorage(url).remove_session()
+            return
+        except SQLAlchemyError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 def serve_worker(settings: Settings, url: str, parent_pid: int | None = None, max_jobs: int | None = None) -> int:
     """Run a worker in this process until SIGTERM/SIGINT; return the number of jobs run."""
     from db.migrate import upgrade
 
     warnings.filterwarnings("ignore", message=r"Argument ``group`` is an experimental feature")  # Tuner's TPE
     upgrade(url)
+    prepare_optuna_storage(url)
     worker = Worker(settings, url, parent_pid=parent_pid)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)

@@ -40,8 +40,8 @@ async def create_recommendation(
     """
     tune = normalize(body, service.settings)
     outcome = await service.recommend(tune, wait)
+    request.state.request_key = tune.key()  # a valid body: the fast path may answer it next time
     if outcome.answer is not None:
-        request.state.answer_key = tune.key()  # lets the fast path answer this exact body next time
         return Response(outcome.answer, media_type="application/json")
     assert outcome.job is not None
     return Response(outcome.job.model_dump_json(), status_code=202, media_type="application/json",

@@ -53,3 +53,26 @@ def test_console_script_runs_without_torch():
 def _has_script() -> bool:
     import shutil
     return shutil.which("zerotune") is not None
+
+
+def test_serve_with_a_bad_setting_is_one_line_on_stderr(capsys):
+    assert main(["serve", "--port", "70000"]) == ExitStatus.USAGE_ERROR
+    err = capsys.readouterr().err.strip()
+    assert err == "zerotune: error: ZEROTUNE_PORT=70000: Input should be less than or equal to 65535"
+
+
+def test_upload_exit_paths(tmp_path, capsys):
+    assert main(["upload", str(tmp_path / "missing.json")]) == ExitStatus.USAGE_ERROR
+    assert "cannot read a run.json" in capsys.readouterr().err
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"status": "ok", "model": "gpt-tiny", "cluster": "local:2", "strategy": "zero3"}))
+    assert main(["upload", str(run), "--url", "http://127.0.0.1:9", "--timeout", "2"]) == ExitStatus.ERROR
+    assert "service unreachable" in capsys.readouterr().err
+
+
+def test_new_commands_are_listed_and_stay_light():
+    code = ("import sys; from api.cli import build_parser; build_parser().parse_args(['worker', '--max-jobs', '1']); "
+            "build_parser().parse_args(['serve', '--workers', '0']); "
+            "assert not {'torch', 'fastapi', 'optuna', 'sqlalchemy'} & set(sys.modules), sorted(sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -22,9 +22,8 @@ async def _storm(url: str, body: dict, n: int, wait: float) -> list[httpx.Respon
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
-def test_200_identical_concurrent_posts_make_one_job_and_one_study(db, launcher, request):
-    url_db = request.getfixturevalue("sqlite_url" if db == "sqlite" else "pg_url")
+def test_200_identical_concurrent_posts_make_one_job_and_one_study(db_url, launcher):
+    url_db = db_url
     url = launcher.serve(url_db).url
     answers = asyncio.run(_storm(url, NEOX, 200, wait=180))
     assert {r.status_code for r in answers} == {200}, {r.status_code for r in answers}
@@ -55,18 +54,19 @@ def assert_no_trial_lost_or_duplicated(url_db: str, study_id: int, budget: int) 
 
 
 @pytest.mark.timeout(300)
-def test_service_restart_mid_job_loses_and_repeats_nothing(launcher, sqlite_url):
-    budget = 60
+def test_service_restart_mid_job_loses_and_repeats_nothing(sqlite_url, launcher):
+    budget = 30
     first = launcher.serve(sqlite_url)
     body = {**NEOX, "budget": {"trials": budget}}
     job_id = httpx.post(f"{first.url}/v1/recommendations", json=body).json()["id"]
     deadline = time.monotonic() + 120
-    while httpx.get(f"{first.url}/v1/jobs/{job_id}").json()["trials_done"] < 5:
+    while httpx.get(f"{first.url}/v1/jobs/{job_id}").json()["trials_done"] < 3:
         assert time.monotonic() < deadline, "the job made no progress"
         time.sleep(0.1)
-    assert first.stop(signal.SIGTERM) == 0  # graceful: the worker finishes its trial and hands the job back
+    first.stop(signal.SIGTERM)  # graceful: the worker finishes its trial and hands the job back
+    assert f"job {job_id} (gpt-neox-20b on frontier:48, model, {budget} trials) → queued" in first.tail()
     (state, done), = rows(sqlite_url, "SELECT state, trials_done FROM zt_jobs WHERE id = :j", j=job_id)
-    assert state == "queued" and 5 <= done < budget, (state, done)
+    assert state == "queued" and 3 <= done < budget, (state, done)
     (study_id, study_state), = rows(sqlite_url, "SELECT id, state FROM zt_studies")
     before = trial_ledger(sqlite_url, study_id)
 
@@ -81,9 +81,9 @@ def test_service_restart_mid_job_loses_and_repeats_nothing(launcher, sqlite_url)
 
 
 @pytest.mark.timeout(300)
-def test_killed_service_job_is_given_back_and_finished(launcher, sqlite_url):
+def test_killed_service_job_is_given_back_and_finished(sqlite_url, launcher):
     """SIGKILL the service and its worker mid-job: the job goes stale, is re-queued and finishes."""
-    budget = 40
+    budget = 25
     first = launcher.serve(sqlite_url)
     body = {**NEOX, "cluster": "frontier:16", "budget": {"trials": budget}}
     job_id = httpx.post(f"{first.url}/v1/recommendations", json=body).json()["id"]
@@ -99,19 +99,20 @@ def test_killed_service_job_is_given_back_and_finished(launcher, sqlite_url):
     (study_id,), = rows(sqlite_url, "SELECT id FROM zt_studies")
     trials = trial_ledger(sqlite_url, study_id)
     numbers = [t[1] for t in trials]
-    assert len(numbers) == len(set(numbers)) and not [t for t in trials if t[2] in ("queued", "running")]
+    assert len(numbers) == len(set(numbers)), trials
+    assert not [t for t in trials if t[2] in ("queued", "running")], trials
     dead = rows(sqlite_url, "SELECT strategy_key FROM zt_trials WHERE reason LIKE 'runner died%'")
     for (key,) in dead:  # a trial in flight at the kill is failed with the reason and retried once
         assert len([t for t in trials if t[3] == key]) >= 2
 
 
 @pytest.mark.timeout(300)
-def test_two_workers_on_postgresql_share_the_queue(launcher, pg_url):
+def test_two_workers_on_postgresql_share_the_queue(pg_url, launcher):
     server = launcher.serve(pg_url, workers=0)
     a, b = launcher.worker(pg_url), launcher.worker(pg_url)
     for w in (a, b):
         w.wait_log("watching")
-    bodies = [{**NEOX, "cluster": f"frontier:{n}", "budget": {"trials": 6}} for n in range(1, 9)]
+    bodies = [{**NEOX, "cluster": f"frontier:{n}", "budget": {"trials": 4}} for n in range(1, 7)]
     jobs = [httpx.post(f"{server.url}/v1/recommendations", json=body).json()["id"] for body in bodies]
     finished = [wait_job(server.url, j, timeout=240) for j in jobs]
     assert [j["state"] for j in finished] == ["done"] * len(jobs), finished
@@ -119,17 +120,17 @@ def test_two_workers_on_postgresql_share_the_queue(launcher, pg_url):
     assert len(workers) == 2, f"one worker ran every job: {workers}"
     assert rows(pg_url, "SELECT count(*) FROM zt_studies")[0][0] == len(jobs)  # one study per job: none ran twice
     for (study_id,) in rows(pg_url, "SELECT id FROM zt_studies"):
-        assert_no_trial_lost_or_duplicated(pg_url, study_id, 6)
+        assert_no_trial_lost_or_duplicated(pg_url, study_id, 4)
     for w in (a, b):
-        assert w.stop() == 0
+        assert w.stop() == 0, w.tail()
 
 
 @pytest.mark.timeout(300)
-def test_a_dead_workers_job_is_finished_by_another(launcher, pg_url):
+def test_a_dead_workers_job_is_finished_by_another(pg_url, launcher):
     server = launcher.serve(pg_url, workers=0)
     a = launcher.worker(pg_url)
     a.wait_log("watching")
-    body = {**NEOX, "budget": {"trials": 60}}
+    body = {**NEOX, "budget": {"trials": 30}}
     job_id = httpx.post(f"{server.url}/v1/recommendations", json=body).json()["id"]
     deadline = time.monotonic() + 120
     while httpx.get(f"{server.url}/v1/jobs/{job_id}").json()["trials_done"] < 3:
@@ -138,9 +139,31 @@ def test_a_dead_workers_job_is_finished_by_another(launcher, pg_url):
     a.kill_group()
     b = launcher.worker(pg_url)
     job = wait_job(server.url, job_id, timeout=180)
-    assert job["state"] == "done" and job["worker"] != a.log.name
+    assert job["state"] == "done" and f":{a.proc.pid}:" not in job["worker"]  # b finished it
     assert "re-queued" in b.log.read_text()
     (study_id,), = rows(pg_url, "SELECT id FROM zt_studies")
     trials = trial_ledger(pg_url, study_id)
     numbers = [t[1] for t in trials]
-    assert len(numbers) == len(set(numbers)) and not [t for t in trials if t[2] in ("queued", "running")]
+    assert len(numbers) == len(set(numbers)), trials
+    assert not [t for t in trials if t[2] in ("queued", "running")], trials
+
+
+@pytest.mark.timeout(180)
+def test_cancelling_a_running_job_stops_its_study_and_stores_no_answer(sqlite_url, launcher):
+    server = launcher.serve(sqlite_url)
+    body = {**NEOX, "cluster": "frontier:24", "budget": {"trials": 200}}
+    job_id = httpx.post(f"{server.url}/v1/recommendations", json=body).json()["id"]
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{server.url}/v1/jobs/{job_id}").json()["trials_done"] < 2:
+        assert time.monotonic() < deadline, "the job made no progress"
+        time.sleep(0.1)
+    cancelled = httpx.delete(f"{server.url}/v1/jobs/{job_id}").json()
+    assert cancelled["state"] == "cancelled" and "DELETE" in cancelled["error"]
+    deadline = time.monotonic() + 60
+    while rows(sqlite_url, "SELECT state FROM zt_studies")[0][0] != "cancelled":  # the worker saw it
+        assert time.monotonic() < deadline, "the study was not stopped"
+        time.sleep(0.2)
+    job = httpx.get(f"{server.url}/v1/jobs/{job_id}").json()
+    assert job["state"] == "cancelled" and job["trials_done"] < 200 and job["recommendation_id"] is None
+    assert rows(sqlite_url, "SELECT count(*) FROM zt_recommendations")[0][0] == 0
+    assert not rows(sqlite_url, "SELECT id FROM zt_trials WHERE status IN ('queued', 'running')")

@@ -46,7 +46,7 @@ def torch_loaded(pid: int) -> bool:
 
 
 @pytest.mark.timeout(240)
-def test_model_executor_end_to_end(launcher, db_url):
+def test_model_executor_end_to_end(db_url, launcher):
     server = launcher.serve(db_url)
     url = server.url
     first = httpx.post(f"{url}/v1/recommendations", json=NEOX)
@@ -73,10 +73,10 @@ def test_model_executor_end_to_end(launcher, db_url):
 
 
 @pytest.mark.timeout(420)
-def test_local_executor_end_to_end_and_upload(launcher, sqlite_url, tmp_path):
+def test_local_executor_end_to_end_and_upload(sqlite_url, launcher, tmp_path):
     server = launcher.serve(sqlite_url)
     url = server.url
-    body = {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budget": {"trials": 3}}
+    body = {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budget": {"trials": 2}}
     r = httpx.post(f"{url}/v1/recommendations", json=body, params={"wait": 300}, timeout=330)
     assert r.status_code == 200, r.text
     rec = r.json()
@@ -102,7 +102,7 @@ def test_local_executor_end_to_end_and_upload(launcher, sqlite_url, tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_wait_cancel_and_errors(launcher, sqlite_url):
+def test_wait_cancel_and_errors(sqlite_url, launcher):
     url = launcher.serve(sqlite_url, workers=0).url  # nobody runs the job: it stays queued
     body = {**NEOX, "cluster": "frontier:2"}
     held = httpx.post(f"{url}/v1/recommendations", json=body, params={"wait": 1.0}, timeout=10)
