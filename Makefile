@@ -1,5 +1,5 @@
 # zerotune — the two commands a new user needs:
-#   make run    install if needed, then start the main job
+#   make run    install if needed, then start the service on http://127.0.0.1:8000 (SQLite, one worker)
 #   make test   install if needed, then lint, type-check and run the tests
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -33,7 +33,7 @@ test: install lint
 	$(BIN)/python -m pytest
 
 run: install
-	$(BIN)/zerotune train --model gpt-tiny --cluster local:2x2x2 --strategy zeropp --steps 8 --out run.json
+	$(BIN)/zerotune serve --host 127.0.0.1 --port 8000
 
 bench: install
 	$(BIN)/python bench/collectives.py --cluster local:2x2x2 --size-mb 64
