@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import threading
 
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -136,7 +135,7 @@ def test_upgrade_from_threads(empty_url: str) -> None:
 
 def test_optuna_tables_coexist(empty_url: str) -> None:
     """Ours before Optuna's, a real migration after them, and a downgrade: neither side is touched."""
-    optuna = pytest.importorskip("optuna", reason="optuna is the tuner's dependency; install zerotune's deps")
+    import optuna  # a runtime dependency of zerotune: its tables must coexist with ours
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     upgrade(empty_url, "0001")
     storage = optuna.storages.RDBStorage(empty_url)

@@ -55,13 +55,29 @@ def cases_4() -> list[dict]:
 TOPOLOGIES = {"local:2x2x2": cases_8, "local:2x2": cases_4}
 
 
+_RUNS: dict[str, tuple] = {}
+
+
+def _run(topology: str, ranks_runner, tmp_path_factory) -> tuple:
+    """Train every case of ``topology`` once per session (several fixtures share the launch)."""
+    if topology not in _RUNS:
+        cluster = parse_cluster(topology)
+        cases = TOPOLOGIES[topology]()
+        ranks_runner(cluster.world_size, CHECKS, [topology, json.dumps(cases)], timeout_s=420)
+        out_dir = max(tmp_path_factory.getbasetemp().glob("engine_checks*"), key=lambda p: p.stat().st_mtime)
+        _RUNS[topology] = (cluster, {c["name"]: (c, torch.load(out_dir / f"{c['name']}.pt")) for c in cases})
+    return _RUNS[topology]
+
+
 @pytest.fixture(scope="module", params=list(TOPOLOGIES))
 def runs(request, ranks_runner, tmp_path_factory):
-    cluster = parse_cluster(request.param)
-    cases = TOPOLOGIES[request.param]()
-    ranks_runner(cluster.world_size, CHECKS, [request.param, json.dumps(cases)], timeout_s=420)
-    out_dir = max(tmp_path_factory.getbasetemp().glob("engine_checks*"), key=lambda p: p.stat().st_mtime)
-    return cluster, {c["name"]: (c, torch.load(out_dir / f"{c['name']}.pt")) for c in cases}
+    return _run(request.param, ranks_runner, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def runs8(ranks_runner, tmp_path_factory):
+    """The 8-rank cases only (accumulation, checkpointing, quantized and bf16 runs)."""
+    return _run("local:2x2x2", ranks_runner, tmp_path_factory)
 
 
 @cache
@@ -95,10 +111,8 @@ def test_unquantized_strategies_match_the_reference(runs):
         assert float((got - want).abs().max()) <= 1e-4, name
 
 
-def test_accumulation_and_checkpointing_do_not_change_results(runs):
-    cluster, results = runs
-    if "zero3-accum2-mbs2" not in results:
-        pytest.skip("8-rank cases only")
+def test_accumulation_and_checkpointing_do_not_change_results(runs8):
+    cluster, results = runs8
     ckpt, plain = results["3level-a-ckpt-prefetch2"][1], results["3level-a"][1]
     assert ckpt["losses"] == pytest.approx(plain["losses"], rel=TOL)
     # accumulation: 2 micro-batches of 2 sequences per rank = one batch of 32 sequences
@@ -106,10 +120,8 @@ def test_accumulation_and_checkpointing_do_not_change_results(runs):
         reference(8, 2, 2, STEPS)[0], rel=TOL)
 
 
-def test_quantized_strategies_learn_and_stay_near_the_reference(runs):
-    cluster, results = runs
-    if "zeropp-q" not in results:
-        pytest.skip("8-rank cases only")
+def test_quantized_strategies_learn_and_stay_near_the_reference(runs8):
+    cluster, results = runs8
     ref_losses, _ = reference(8, 1, 1, 30)
     for name in ("zeropp-q", "3level-b-q"):
         losses = results[name][1]["losses"]
@@ -130,10 +142,8 @@ def test_counted_bytes_equal_the_closed_form(runs):
         assert result["bytes"] == want, name
 
 
-def test_zeropp_cross_node_bytes_are_a_quarter_of_zero3(runs):
-    cluster, results = runs
-    if "zeropp-bf16" not in results:
-        pytest.skip("8-rank cases only")
+def test_zeropp_cross_node_bytes_are_a_quarter_of_zero3(runs8):
+    cluster, results = runs8
     outer = cluster.levels[-1].name
 
     def cross(name: str) -> int:
