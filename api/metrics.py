@@ -20,7 +20,8 @@ class Metrics:
         """POST /v1/recommendations answers: cached, stored, job_created, job_joined."""
 
     def render(self, *, cache_hits: int, cache_misses: int, cache_size: int, jobs: Mapping[str, int],
-               trials: Mapping[str, int], workers_alive: int, workers_expected: int) -> str:
+               trials: Mapping[str, int], workers_alive: int, workers_expected: int,
+               workers_live: int | None = None) -> str:
         lines: list[str] = []
 
         def family(name: str, kind: str, doc: str, samples: list[tuple[dict[str, Any], float]]) -> None:
@@ -46,6 +47,9 @@ class Metrics:
                [({"status": k}, n) for k, n in sorted(trials.items())])
         family("zerotune_embedded_workers", "gauge", "Embedded worker processes alive and expected.",
                [({"kind": "alive"}, workers_alive), ({"kind": "expected"}, workers_expected)])
+        if workers_live is not None:
+            family("zerotune_workers_live", "gauge",
+                   "Worker processes (embedded and remote) heard from within stale_after_s.", [({}, workers_live)])
         return "\n".join(lines) + "\n"
 
 

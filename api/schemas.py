@@ -241,6 +241,22 @@ class CatalogPublic(BaseModel):
     executors: list[str]
 
 
+class WorkerPublic(BaseModel):
+    id: str = Field(description="host:pid:random, as in a job's worker field")
+    host: str
+    pid: int
+    state: Literal["idle", "busy", "stopped"]
+    job_id: int | None = Field(description="the job it runs when busy")
+    jobs_run: int
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+class WorkersPublic(BaseModel):
+    data: list[WorkerPublic]
+    count: int
+
+
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, Any] = Field(default_factory=dict)

@@ -18,6 +18,7 @@ heartbeating, and any other worker gives its job back after ``stale_after_s``.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -41,26 +42,6 @@ from tuner.study import StudyFailed, Tuner, TuneRequest
 
 log = logging.getLogger("zerotune.worker")
 COUNTED = ("complete", "failed", "infeasible")  # the statuses Tuner counts against the budget
-
-
-class ServiceTuner(Tuner):
-    """The tuner as a worker runs it: a stopped study stores no partial recommendation.
-
-    ``Tuner.run`` recommends whenever its loop ends; when a worker stops mid-study (cancel,
-    shutdown) that answer would be built from a partial study and served as if it were final.
-    Here a stopped study returns ``{}`` instead and stays resumable (state ``cancelled``).
-    """
-
-    def __init__(self, *args: Any, verify_quantized: bool = True, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.verify_quantized = verify_quantized
-
-    def recommend(self, study_id: int) -> dict[str, Any]:
-        from tuner.recommend import recommend
-
-        if self.stop.is_set():
-            return {}
-        return recommend(self, study_id, verify_quantized=self.verify_quantized)
 
 
 def tune_request(row: Request) -> TuneRequest:
@@ -96,6 +77,16 @@ class Worker:
         self.sessions = make_session_factory(make_engine(url))
         self.shutdown = threading.Event()
         self.jobs_run = 0
+        self._stamped = -math.inf
+
+    def stamp(self, state: str, job_id: int | None = None, force: bool = False) -> None:
+        """Say in ``zt_workers`` that this worker is alive (at most every ``heartbeat_s`` unless ``force``)."""
+        if not force and time.monotonic() - self._stamped < self.settings.heartbeat_s:
+            return
+        with session_scope(self.sessions) as s:
+            repo.stamp_worker(session=s, worker_id=self.id, host=socket.gethostname(), pid=os.getpid(), state=state,
+                              job_id=job_id, jobs_run=self.jobs_run)
+        self._stamped = time.monotonic()
 
     def stop(self, *_: Any) -> None:
         self.shutdown.set()
@@ -108,11 +99,23 @@ class Worker:
     def run(self, max_jobs: int | None = None) -> int:
         """Work until stopped (or ``max_jobs`` jobs were run); return the number of jobs run."""
         log.info("worker %s: watching %s", self.id, _safe(self.url))
+        try:
+            with session_scope(self.sessions) as s:  # rows of workers gone for a day are history
+                repo.forget_workers(session=s, before=utcnow() - timedelta(days=1))
+            return self._loop(max_jobs)
+        finally:
+            try:
+                self.stamp("stopped", force=True)
+            except Exception as exc:  # the database is away: the row simply ages out
+                log.warning("worker %s: could not record the stop: %s", self.id, exc)
+
+    def _loop(self, max_jobs: int | None) -> int:
         while not self.shutdown.is_set() and (max_jobs is None or self.jobs_run < max_jobs):
             if self._orphaned():
                 log.info("worker %s: the service went away; stopping", self.id)
                 break
             try:
+                self.stamp("idle")
                 self.requeue_stale()
                 job_id = self.claim()
             except Exception as exc:  # the database is away: wait and try again
@@ -124,9 +127,11 @@ class Worker:
                 continue
             self.jobs_run += 1
             try:
+                self.stamp("busy", job_id=job_id, force=True)
                 self.run_job(job_id)
             except Exception as exc:  # reporting failed (the database went away): the job goes stale, then back
                 log.exception("worker %s: job %d: %s: %s", self.id, job_id, type(exc).__name__, exc)
+            self._stamped = -math.inf  # say idle again at once
         return self.jobs_run
 
     def requeue_stale(self) -> list[int]:
@@ -175,13 +180,14 @@ class Worker:
         beat = _Heartbeat(self, job_id, stop, why)
         try:
             executor = make_executor(request.executor, self.settings)
-            tuner = ServiceTuner(request, db_url=self.url, executor=executor,
-                                 workdir=self.settings.work_root() / request.key()[:16], worker_id=self.id,
-                                 lease_s=self.settings.lease_s, trial_timeout_s=self.settings.trial_timeout_s,
-                                 steps=self.settings.steps, progress=beat.progress, stop=stop,
-                                 verify_quantized=self.settings.verify_quantized)
+            # exclusive: holding the job means holding its study, so trials left unfinished by a
+            # dead runner are failed (and retried once) at resume, without waiting for their leases
+            tuner = Tuner(request, db_url=self.url, executor=executor,
+                          workdir=self.settings.work_root() / request.key()[:16], worker_id=self.id,
+                          lease_s=self.settings.lease_s, trial_timeout_s=self.settings.trial_timeout_s,
+                          steps=self.settings.steps, progress=beat.progress, stop=stop,
+                          verify_quantized=self.settings.verify_quantized, exclusive=True)
             study_id = tuner.open()
-            self._fail_orphans(study_id)
             self._update(job_id, study_id=study_id)
             beat.study_id = study_id
             beat.start()
@@ -201,18 +207,6 @@ class Worker:
             state = self._finish(job_id, "queued", None)
         log.info("worker %s: %s → %s in %.1f s", self.id, label, state, time.monotonic() - started)
         return state
-
-    def _fail_orphans(self, study_id: int) -> None:
-        """Fail the trials a dead runner added but never started (status ``queued``).
-
-        The tuner stores a trial as ``queued`` and claims it a moment later; a runner killed in between
-        leaves the row queued forever (``Tuner`` recovers only expired *running* leases). Whoever holds
-        the job holds the study, so a queued row at resume time is an orphan.
-        """
-        with session_scope(self.sessions) as s:
-            s.execute(update(Trial).where(Trial.study_id == study_id, Trial.status == "queued")
-                      .values(status="failed", finished_at=utcnow(),
-                              reason="runner died before starting it (the job was resumed by another worker)"))
 
     def _update(self, job_id: int, **values: Any) -> bool:
         """Stamp our running job (a heartbeat); False when it is no longer ours to run."""
@@ -275,6 +269,10 @@ class _Heartbeat:
                                   .where(Job.id == self.job_id)) or {}
                 total = int(budget.get("trials") or 1)
             values = {"trials_done": done, "progress": min(1.0, done / total)}
+        try:
+            self.worker.stamp("busy", job_id=self.job_id)
+        except Exception as exc:  # only the worker list goes stale; the job's own heartbeat follows
+            log.warning("worker %s: stamp: %s: %s", self.worker.id, type(exc).__name__, exc)
         if not self.worker._update(self.job_id, **values):
             with session_scope(self.worker.sessions) as s:
                 job = repo.get_job(session=s, job_id=self.job_id)
@@ -288,26 +286,9 @@ def _safe(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def prepare_optuna_storage(url: str, attempts: int = 10) -> None:
-    """Create Optuna's tables once, before any study: workers starting together on a fresh database
-    race in Optuna's ``create_all`` (PostgreSQL refuses the second ``CREATE TYPE``); the loser retries
-    and then finds the tables there."""
-    import optuna
-    from sqlalchemy.exc import SQLAlchemyError
-
-    for attempt in range(attempts):
-        try:
-            optuna.storages.RDBStorage(url).remove_session()
-            return
-        except SQLAlchemyError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.2 * (attempt + 1))
-
-
 def serve_worker(settings: Settings, url: str, parent_pid: int | None = None, max_jobs: int | None = None) -> int:
     """Run a worker in this process until SIGTERM/SIGINT; return the number of jobs run."""
-    from db.migrate import upgrade
+    from db.migrate import prepare_optuna_storage, upgrade
 
     warnings.filterwarnings("ignore", message=r"Argument ``group`` is an experimental feature")  # Tuner's TPE
     upgrade(url)

@@ -31,6 +31,7 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Alembic's ``context``/``op`` proxies are process-wide globals: one migration per process at a time.
 # (Across processes the database serializes them; see migrations/env.py.)
 _ALEMBIC_LOCK = threading.Lock()
+PG_OPTUNA_LOCK = 0x7A74_6F70_7475  # advisory lock key serializing the creation of Optuna's tables
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -65,6 +66,45 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
     nothing to do. Optuna's tables in the same database are never touched.
     """
     _run(url, lambda config: command.upgrade(config, revision))
+
+
+def prepare_optuna_storage(url: str | None = None, attempts: int = 10) -> None:
+    """Create Optuna's tables in the database at ``url`` once, before any study runs.
+
+    Optuna creates its schema lazily in ``RDBStorage.__init__``; workers starting together on a
+    fresh database race there (PostgreSQL refuses the second ``CREATE TYPE``). On PostgreSQL the
+    creation runs under a session advisory lock, so the others wait and then find the tables; on
+    SQLite the file lock serializes writers and a rare lost race is retried. Optuna owns those
+    tables (and its own ``alembic_version``): our migrations never touch them.
+    """
+    import time
+
+    import optuna
+    from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = normalize_url(url)
+    engine = make_engine(url, poolclass=NullPool)
+    try:
+        for attempt in range(attempts):
+            try:
+                with engine.connect() as connection:
+                    postgres = connection.dialect.name == "postgresql"
+                    if postgres:
+                        connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": PG_OPTUNA_LOCK})
+                    try:
+                        optuna.storages.RDBStorage(url).remove_session()
+                    finally:
+                        if postgres:
+                            connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PG_OPTUNA_LOCK})
+                            connection.commit()
+                return
+            except SQLAlchemyError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+    finally:
+        engine.dispose()
 
 
 def downgrade(url: str | None, revision: str) -> None:

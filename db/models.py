@@ -36,6 +36,7 @@ TABLE_PREFIX = "zt_"
 STUDY_STATES = ("pending", "running", "done", "failed", "cancelled")
 TRIAL_STATUSES = ("queued", "running", "complete", "failed", "pruned", "infeasible")
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+WORKER_STATES = ("idle", "busy", "stopped")
 EVIDENCE_KINDS = ("predicted", "proxy-verified", "measured")
 
 # Constraint names are spelled out by a convention so migrations (and SQLite's batch table
@@ -207,3 +208,23 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+
+
+class WorkerProcess(Base):
+    """A worker process (embedded or ``zerotune worker`` anywhere) and its last heartbeat.
+
+    Each worker stamps its row while it polls and while it runs a job; ``/readyz``, ``/metrics``
+    and ``GET /v1/workers`` count the ones heard from recently, wherever they run.
+    """
+
+    __tablename__ = "zt_workers"
+    __table_args__ = (CheckConstraint(_in("state", WORKER_STATES), name="state"),)
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)  # host:pid:random, as on zt_jobs.worker
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="idle")
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("zt_jobs.id", ondelete="SET NULL"))
+    jobs_run: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

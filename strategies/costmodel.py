@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -141,20 +141,35 @@ class _Costs:
         self.cluster, self.calib, self.e, self.qa, self.block = cluster, calib, elem_bytes, quantize_above, block
         self.prefix = [math.prod(cluster.sizes[:k]) for k in range(cluster.num_levels + 1)]
         self._vol: dict[tuple, Volume] = {}
+        self._flat: dict[tuple, tuple[tuple[tuple[str, str], int], ...]] = {}
         self._time: dict[tuple, float] = {}
+        self.step_volumes: dict[tuple, Volume] = {}
+        """``_fast_volume`` results by (spans, bits, accumulation, plan): strategies that differ only in
+        what does not move bytes (prefetch, micro-batch at a fixed accumulation, checkpointing) share one."""
 
-    def volume(self, c: Collective) -> Volume:
-        key = (c.op, c.levels, c.numel, c.bits)
-        if key not in self._vol:
-            self._vol[key] = _VOLUME[c.op](self.cluster, c.levels, c.numel, self.e, c.bits, self.qa, self.block)
-        return self._vol[key]
+    # A collective is any (op, levels, numel, bits) tuple: a ``Collective`` or, in the hot path, a plain one.
+    def volume(self, c: tuple[str, tuple[int, int], int, int]) -> Volume:
+        vol = self._vol.get(c)
+        if vol is None:
+            op, levels, numel, bits = c
+            vol = self._vol[c] = _VOLUME[op](self.cluster, levels, numel, self.e, bits, self.qa, self.block)
+        return vol
 
-    def time(self, c: Collective) -> float:
+    def flat_volume(self, c: tuple[str, tuple[int, int], int, int]) -> tuple[tuple[tuple[str, str], int], ...]:
+        """``volume(c)`` as ((level, kind), bytes) pairs with bytes > 0 (cheap to accumulate)."""
+        flat = self._flat.get(c)
+        if flat is None:
+            flat = self._flat[c] = tuple(((name, kind), n) for name, kinds in self.volume(c).items()
+                                         for kind, n in kinds.items() if n)
+        return flat
+
+    def time(self, c: tuple[str, tuple[int, int], int, int]) -> float:
         """Σ over the collective's levels of ring steps · latency + bytes / bandwidth, + quantization."""
-        key = (c.op, c.levels, c.numel, c.bits)
-        cached = self._time.get(key)
+        cached = self._time.get(c)
         if cached is not None:
             return cached
+        c = Collective(*c)
+        key = c
         lo, hi = c.levels
         t, quant_elems = 0.0, 0
         if lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
@@ -212,31 +227,46 @@ def _volume_of(sc: dict[str, Any], costs: _Costs, accum: int) -> Volume:
     return {name: {k: n for k, n in kinds.items() if n} for name, kinds in total.items() if any(kinds.values())}
 
 
-def _fast_volume(cluster: ClusterSpec, s: Strategy, costs: _Costs, accum: int, root: int, blocks: list[int],
-                 group_ends: list[int]) -> Volume:
-    """``step_volume`` counted by distinct bucket and group lengths (the hot path; the same numbers)."""
+def _fast_volume(cluster: ClusterSpec, s: Strategy, costs: _Costs, accum: int, root: int,
+                 block_counts: tuple[tuple[int, int], ...], group_counts: tuple[tuple[int, int], ...]) -> Volume:
+    """``step_volume`` counted by distinct bucket and group lengths (the hot path; the same numbers).
+
+    ``block_counts``: (padded length, number of block buckets of that length); ``group_counts``:
+    (reduce-group length, number of groups), the root's group included."""
     L, P, G, O = cluster.num_levels, s.param_span, s.grad_span, s.optim_span  # noqa: E741 (the paper's names)
-    size, h = costs.prefix, s.secondary_span
-    counts: Counter[Collective] = Counter()
-    for n, k in Counter(blocks + [root]).items():
-        k_blocks = k - (n == root)
-        fwd = Collective("all_gather", (1, P), n // size[P], s.weight_bits)
+    size, h, wb, gb = costs.prefix, s.secondary_span, s.weight_bits, s.grad_bits
+    memo_key = (P, G, O, h, wb, gb, accum, root, block_counts, group_counts)
+    known = costs.step_volumes.get(memo_key)
+    if known is not None:
+        return {name: dict(kinds) for name, kinds in known.items()}  # a copy: callers own their result
+    counts: defaultdict[tuple, int] = defaultdict(int)
+    lengths = dict(block_counts)
+    lengths[root] = lengths.get(root, 0)  # the root: forward gather and step boundary, no backward gather
+    for n, k_blocks in lengths.items():
+        k = k_blocks + (n == root)
+        fwd = ("all_gather", (1, P), n // size[P], wb)
         counts[fwd] += k * accum
         if k_blocks:
-            bwd = fwd if h is None else Collective("all_gather", (1, h), n // size[h], 16)
+            bwd = fwd if h is None else ("all_gather", (1, h), n // size[h], 16)
             counts[bwd] += k_blocks * accum
-        for c in (Collective("reduce_scatter", (G + 1, O), n // size[G], s.grad_bits),
-                  Collective("all_reduce", (O + 1, L), n // size[O], s.grad_bits),
-                  Collective("all_gather", (G + 1, O), n // size[O], 16),
-                  Collective("all_gather", (P + 1, G), n // size[G], 16)):
+        for c in (("reduce_scatter", (G + 1, O), n // size[G], gb), ("all_reduce", (O + 1, L), n // size[O], gb),
+                  ("all_gather", (G + 1, O), n // size[O], 16), ("all_gather", (P + 1, G), n // size[G], 16)):
             counts[c] += k
-    for m, k in Counter(m for m in group_ends if m).items():
-        counts[Collective("reduce_scatter", (1, P), m, s.grad_bits)] += k * accum
-        counts[Collective("reduce_scatter", (P + 1, G), m // size[P], s.grad_bits)] += k * accum
-    total: dict[str, dict[str, int]] = {}
+    for m, k in group_counts:
+        for c in (("reduce_scatter", (1, P), m, gb), ("reduce_scatter", (P + 1, G), m // size[P], gb)):
+            counts[c] += k * accum
+    flat: defaultdict[tuple[str, str], int] = defaultdict(int)
+    fv = costs.flat_volume
     for c, times in counts.items():
-        _merge_into(total, costs.volume(c), times)
-    return {name: {k: n for k, n in kinds.items() if n} for name, kinds in total.items() if any(kinds.values())}
+        for key, n in fv(c):
+            flat[key] += n * times
+    total: dict[str, dict[str, int]] = {}
+    for (name, kind), n in flat.items():
+        total.setdefault(name, {})[kind] = n
+    if len(costs.step_volumes) > 100_000:
+        costs.step_volumes.clear()
+    costs.step_volumes[memo_key] = total
+    return {name: dict(kinds) for name, kinds in total.items()}
 
 
 def state_memory(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int,
@@ -267,15 +297,110 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
     return model.layers * per_block + head + embed
 
 
+class _Summary(NamedTuple):
+    """Plan facts the hot path needs (cached per plan)."""
+
+    plan: Plan
+    root: int
+    """The root bucket's padded length."""
+    lengths: list[int]
+    """Block bucket padded lengths, forward order."""
+    units: list[int]
+    """Transformer blocks in each block bucket."""
+    group_end: list[int]
+    """Length of the reduce group that ends at each block bucket (0: none ends there)."""
+    root_group: int
+    """Length of the group ending at the root (the last reduction of the backward pass)."""
+    block_counts: tuple[tuple[int, int], ...]
+    """(length, number of block buckets) pairs."""
+    group_counts: tuple[tuple[int, int], ...]
+    """(length, number of groups) pairs, the root's group included."""
+    block_group_counts: tuple[tuple[int, int], ...]
+    """(length, number) of the groups ending at block buckets."""
+    total_units: int
+
+
 @functools.lru_cache(maxsize=4096)
-def _summary(model: ModelSpec, world: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> tuple:
-    """Plan facts the hot path needs: root length, block bucket lengths and units (forward order),
-    reduce-group length ending at each bucket (0 if none), and the root's group length."""
+def _summary(model: ModelSpec, world: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> _Summary:
     plan = _plan(model, world, allgather_bucket_mb, reduce_bucket_mb)
     ends = {g[-1]: sum(plan.buckets[i].padded for i in g) for g in plan.reduce_groups}
     blocks = plan.block_buckets
-    return (plan, plan.buckets[0].padded, [b.padded for b in blocks], [len(b.units) for b in blocks],
-            [ends.get(b.index, 0) for b in blocks], ends[0])
+    lengths = [b.padded for b in blocks]
+    units = [len(b.units) for b in blocks]
+    group_end = [ends.get(b.index, 0) for b in blocks]
+    return _Summary(plan, plan.buckets[0].padded, lengths, units, group_end, ends[0],
+                    tuple(Counter(lengths).items()), tuple(Counter(m for m in [*group_end, ends[0]] if m).items()),
+                    tuple(Counter(m for m in group_end if m).items()), sum(units))
+
+
+def _pipeline(t: float, comm: float, gathers: dict[int, float], lengths: list[int], compute: float,
+              units: list[int], reductions: dict[int, float] | None, groups: list[int] | None, p: int,
+              runs: list[int]) -> tuple[float, float]:
+    """Simulate one pass over the buckets: returns (compute stream end, communication queue end).
+
+    Iteration i issues the gathers up to bucket i + p on the FIFO queue (each starts when the queue
+    and the compute stream that issues it are both past; bucket j's gather takes
+    ``gathers[lengths[j]]``), waits for bucket i's gather, computes it (``compute · units[i]``), then
+    queues its reduction (``reductions[groups[i]]``, if a group ends there). ``runs[i]``: the last
+    iteration whose inputs equal those of iteration i. Inside such a run, once the state (t, comm,
+    pending gathers) has moved by the same δ in one iteration it moves by δ in every later one — the
+    step is translation invariant in time — so the rest of the run is skipped in one jump. Exact up
+    to float rounding; it makes the O(buckets) loop O(runs) for the uniform transformer blocks that
+    make up a plan.
+    """
+    nb = len(lengths)
+    ends = [0.0] * nb
+    issued = 0
+    pt = pc = 0.0
+    i = 0
+    while i < nb:
+        limit = i + 1 + p
+        if limit > nb:
+            limit = nb
+        while issued < limit:
+            comm = (comm if comm > t else t) + gathers[lengths[issued]]
+            ends[issued] = comm
+            issued += 1
+        e = ends[i]
+        t = (t if t > e else e) + compute * units[i]
+        if groups is not None and groups[i]:
+            r = reductions[groups[i]]  # type: ignore[index]
+            comm = (comm if comm > t else t) + r
+        last = runs[i]
+        if i and last > i and runs[i - 1] == last:  # inside a run, with more of it to come
+            d = t - pt
+            tol = 1e-12 * t
+            if abs(comm - pc - d) <= tol and all(abs(ends[m + 1] - ends[m] - d) <= tol for m in range(i, issued - 1)):
+                k = last - i
+                shift = k * d
+                ends[i + 1 + k:issued + k] = [x + shift for x in ends[i + 1:issued]]
+                t, comm, issued, i = t + shift, comm + shift, issued + k, last
+        pt, pc = t, comm
+        i += 1
+    return t, comm
+
+
+@functools.lru_cache(maxsize=4096)
+def _runs(model: ModelSpec, world: int, allgather_bucket_mb: float, reduce_bucket_mb: float,
+          p: int) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """For the backward pass: bucket lengths, units and group ends in backward order; and for both
+    passes of ``_pipeline``, the last iteration of each iteration's run of identical inputs (units
+    computed, the length gathered ahead, the group reduced). Iterations that issue no gather never
+    join a run (their pending window shrinks)."""
+    sm = _summary(model, world, allgather_bucket_mb, reduce_bucket_mb)
+    lengths, units, group_end, nb = sm.lengths, sm.units, sm.group_end, len(sm.lengths)
+
+    def last_of(keys: list[tuple]) -> list[int]:
+        out = list(range(nb))
+        for i in range(nb - 2, -1, -1):
+            if keys[i] == keys[i + 1] and keys[i][-1] is not None:
+                out[i] = out[i + 1]
+        return out
+
+    r_lengths, r_units, r_groups = lengths[::-1], units[::-1], group_end[::-1]
+    fwd = [(units[i], lengths[i + p] if i + p < nb else None) for i in range(nb)]
+    bwd = [(r_units[i], r_groups[i], r_lengths[i + p] if i + p < nb else None) for i in range(nb)]
+    return r_lengths, r_units, r_groups, last_of(fwd), last_of(bwd)
 
 
 def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int | None = None,
@@ -286,39 +411,31 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     e = elem_bytes or (4 if cluster.device == "cpu" else 2)
     world, mbs = cluster.world_size, s.micro_batch_size
     accum = max(1, (global_batch or world * mbs) // (world * mbs))
-    plan, root, blocks, units, group_end, root_group = _summary(model, world, s.allgather_bucket_mb,
-                                                               s.reduce_bucket_mb)
+    sm = _summary(model, world, s.allgather_bucket_mb, s.reduce_bucket_mb)
+    root, blocks, block_counts, root_group = sm.root, sm.lengths, sm.block_counts, sm.root_group
     costs = _costs(cluster, calib, e, s.quantize_above, block)
     L, P, G, O = cluster.num_levels, s.param_span, s.grad_span, s.optim_span  # noqa: E741 (the paper's names)
     size, h, ct = costs.prefix, s.secondary_span, costs.time
-    memo: dict[tuple[str, int], float] = {}
+    wb, gbits = s.weight_bits, s.grad_bits
 
+    # seconds of each collective, once per distinct bucket / group length (a handful per plan)
     def fwd_t(n: int) -> float:
-        if ("f", n) not in memo:
-            memo["f", n] = ct(Collective("all_gather", (1, P), n // size[P], s.weight_bits))
-        return memo["f", n]
+        return ct(("all_gather", (1, P), n // size[P], wb))
 
     def bwd_t(n: int) -> float:
-        if h is None:
-            return fwd_t(n)
-        if ("b", n) not in memo:
-            memo["b", n] = ct(Collective("all_gather", (1, h), n // size[h], 16))
-        return memo["b", n]
+        return fwd_t(n) if h is None else ct(("all_gather", (1, h), n // size[h], 16))
 
     def red_t(m: int) -> float:
-        if ("r", m) not in memo:
-            memo["r", m] = ct(Collective("reduce_scatter", (1, P), m, s.grad_bits)) + ct(
-                Collective("reduce_scatter", (P + 1, G), m // size[P], s.grad_bits)) if m else 0.0
-        return memo["r", m]
+        return ct(("reduce_scatter", (1, P), m, gbits)) + ct(("reduce_scatter", (P + 1, G), m // size[P], gbits))
 
     def boundary_t(n: int) -> float:
-        if ("s", n) in memo:
-            return memo["s", n]
-        memo["s", n] = (ct(Collective("reduce_scatter", (G + 1, O), n // size[G], s.grad_bits))
-                + ct(Collective("all_reduce", (O + 1, L), n // size[O], s.grad_bits))
-                + ct(Collective("all_gather", (G + 1, O), n // size[O], 16))
-                + ct(Collective("all_gather", (P + 1, G), n // size[G], 16)))
-        return memo["s", n]
+        return (ct(("reduce_scatter", (G + 1, O), n // size[G], gbits))
+                + ct(("all_reduce", (O + 1, L), n // size[O], gbits))
+                + ct(("all_gather", (G + 1, O), n // size[O], 16)) + ct(("all_gather", (P + 1, G), n // size[G], 16)))
+
+    f_of = {n: fwd_t(n) for n, _ in block_counts}
+    b_of = {n: bwd_t(n) for n, _ in block_counts}
+    r_of = {m: red_t(m) for m, _ in sm.group_counts}
 
     # compute, seconds: forward of a block is (2·params + 4·h·T) FLOPs per token; backward twice that
     rate = cluster.peak_tflops * 1e12 * calib.compute_efficiency
@@ -326,40 +443,28 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     per_block = (2 * block_numel(model) + 4 * model.hidden * model.seq_len) * tokens / rate
     head = 2 * root_numel(model) * tokens / rate
     bwd_factor = 3.0 if s.activation_checkpointing else 2.0  # + a forward recompute
-    cf = [per_block * u for u in units]
-    gf, gb, rd = [fwd_t(n) for n in blocks], [bwd_t(n) for n in blocks], [red_t(m) for m in group_end]
 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them
-    nb, p = len(blocks), s.prefetch_buckets
-    comm = t = fwd_t(root)  # the root is gathered before anything computes
-    ends, issued = [0.0] * nb, 0
-    for i in range(nb):  # forward: gathers run ahead by `prefetch` buckets
-        limit = min(nb, i + 1 + p)
-        while issued < limit:
-            comm = (comm if comm > t else t) + gf[issued]
-            ends[issued], issued = comm, issued + 1
-        t = (t if t > ends[i] else ends[i]) + cf[i]
+    p = s.prefetch_buckets
+    root_f, root_r = fwd_t(root), r_of[root_group] if root_group else 0.0
+    r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs(model, world, s.allgather_bucket_mb,
+                                                              s.reduce_bucket_mb, p)
+    # forward: gathers run ahead by `prefetch` buckets; the root is gathered before anything computes
+    t, comm = _pipeline(root_f, root_f, f_of, blocks, per_block, sm.units, None, None, p, fwd_runs)
     t += 3 * head  # the head's forward and backward
-    issued = 0
-    for i in range(nb):  # backward, last bucket first; a group's reduction queues after its last bucket
-        limit = min(nb, i + 1 + p)
-        while issued < limit:
-            comm = (comm if comm > t else t) + gb[nb - 1 - issued]
-            ends[issued], issued = comm, issued + 1
-        t = (t if t > ends[i] else ends[i]) + bwd_factor * cf[nb - 1 - i]
-        r = rd[nb - 1 - i]
-        if r:
-            comm = (comm if comm > t else t) + r
-    comm = max(comm, t) + red_t(root_group)
-    compute_s = sum(cf) * (1 + bwd_factor) + 3 * head
-    comm_s = fwd_t(root) + sum(gf) + sum(gb) + sum(rd) + red_t(root_group)
-    micro_s = calib.overlap * max(t, comm) + (1 - calib.overlap) * (compute_s + comm_s)
-    boundary_s = boundary_t(root) + sum(boundary_t(n) for n in blocks)
-    optimizer_s = (root + sum(blocks)) / size[O] / calib.optimizer_elems_per_s
+    # backward, last bucket first; a group's reduction queues after its last bucket
+    t, comm = _pipeline(t, comm, b_of, r_lengths, bwd_factor * per_block, r_units, r_of, r_groups, p, bwd_runs)
+    comm = (comm if comm > t else t) + root_r
+    compute_s = per_block * sm.total_units * (1 + bwd_factor) + 3 * head
+    comm_s = (root_f + sum(k * (f_of[n] + b_of[n]) for n, k in block_counts)
+              + sum(k * r_of[m] for m, k in sm.block_group_counts) + root_r)
+    micro_s = calib.overlap * (t if t > comm else comm) + (1 - calib.overlap) * (compute_s + comm_s)
+    boundary_s = boundary_t(root) + sum(k * boundary_t(n) for n, k in block_counts)
+    optimizer_s = (root + sum(n * k for n, k in block_counts)) / size[O] / calib.optimizer_elems_per_s
     step_s = accum * micro_s + boundary_s + optimizer_s + calib.step_overhead_s
 
     memory = {"params": 0, "secondary_params": 0, "grads": 0, "optim_states": 0}
-    for n, k in Counter(blocks).items():
+    for n, k in block_counts:
         memory["params"] += k * (n // size[P] * e)
         memory["grads"] += k * (n // size[G] * e)
         memory["optim_states"] += k * 12 * (n // size[O])
@@ -367,7 +472,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     memory["params"] += root // size[P] * e
     memory["grads"] += root // size[G] * e
     memory["optim_states"] += 12 * (root // size[O])
-    group = max(max(group_end, default=0), root_group)
+    group = max(max(sm.group_end, default=0), root_group)
     gathered = (root + (1 + s.prefetch_buckets) * max(blocks, default=0)) if s.param_span else 0
     memory["comm_buffers"] = (gathered + 2 * group) * e
     memory["activations"] = activation_memory(model, s, e)
@@ -379,7 +484,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         "status": "predicted", "world_size": world, "step_time_s": step_s,
         "tokens_per_s": global_tokens / step_s,
         "tflops_per_rank": model.flops_per_token() * global_tokens / world / step_s / 1e12,
-        "bytes_per_level": _fast_volume(cluster, s, costs, accum, root, blocks, group_end + [root_group]),
+        "bytes_per_level": _fast_volume(cluster, s, costs, accum, root, block_counts, sm.group_counts),
         "memory_bytes": memory, "feasible": feasible, "headroom_bytes": capacity - memory["peak"],
         "grad_accum_steps": accum, "global_batch": world * mbs * accum, "calibration": calib.name,
         "breakdown": {"compute_s": accum * compute_s, "comm_s": accum * comm_s,

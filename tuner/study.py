@@ -4,9 +4,15 @@ Optuna's RDB storage lives on the same database URL as our ``zt_`` tables (so ``
 can read the study), but zerotune owns the trial lifecycle: each dispatched trial gets a lease
 that a heartbeat thread extends while its executor runs (Optuna's heartbeat does not cover
 ask/tell). When a study is resumed, trials whose lease expired — their runner died — are failed
-with that reason and retried once. The cost model screens every point first: infeasible points are
-told with a positive constraint (``trial.set_constraint``, read by TPE and NSGA-II) and never run, and every
-measured trial stores the prediction for the same point, so model error stays visible.
+with that reason and retried once. A trial row is inserted already leased (one transaction), so a
+runner that dies at any moment leaves a lease to expire, never an unowned row; a caller that holds
+the study alone (a worker holding its job: ``exclusive=True``) fails every unfinished trial at once
+on resume instead of waiting for the leases. A stopped tuner (``stop`` set: a cancel or a shutdown)
+stores no recommendation: a partial study's answer is never served as final.
+
+The cost model screens every point first: infeasible points are told with a positive constraint
+(``trial.set_constraint``, read by TPE and NSGA-II) and never run, and every measured trial stores
+the prediction for the same point, so model error stays visible.
 
 Known-good strategies (zero3, zeropp, mics, 3level-a, 3level-b) are enqueued first, then the best
 strategies of the most similar earlier request (same cluster family, nearest model size).
@@ -97,7 +103,13 @@ class Tuner:
     def __init__(self, request: TuneRequest, *, db_url: str, executor: Executor, workdir: Path,
                  worker_id: str | None = None, lease_s: float = 60.0, trial_timeout_s: float = 600.0,
                  steps: int = 10, calibration: Calibration | None = None,
-                 progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None) -> None:
+                 progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None,
+                 verify_quantized: bool = True, exclusive: bool = False) -> None:
+        """``verify_quantized``: proxy-verify a predicted quantized pick before recommending it
+        (:func:`tuner.recommend.recommend`). ``exclusive``: the caller guarantees no other runner
+        works on this study (a worker holding its job), so unfinished trials found at resume are
+        dead whatever their lease says."""
+        self.verify_quantized, self.exclusive = verify_quantized, exclusive
         self.request, self.executor, self.workdir = request, executor, Path(workdir)
         self.db_url = db_url
         self.worker_id = worker_id or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
@@ -147,7 +159,8 @@ class Tuner:
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self, study_id: int | None = None) -> dict[str, Any]:
-        """Run trials until the budget is spent; return the recommendation."""
+        """Run trials until the budget is spent; return the recommendation (``{}`` when stopped first:
+        the study stays ``cancelled`` and resumable, and nothing partial is stored as an answer)."""
         study_id = study_id or self.open()
         self.study_id = study_id
         with session_scope(self.sessions) as s:
@@ -205,6 +218,8 @@ class Tuner:
             row = repo.add_trial(session=s, study_id=study_id, strategy=strategy.to_dict(), strategy_key=key,
                                  executor=self.executor.name, number=trial.number, optuna_trial_id=trial._trial_id)
             trial_id = row.id
+            # leased in the same transaction: a runner dying after this leaves a lease to expire
+            repo.claim_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
         trial.set_user_attr("zt_trial_id", trial_id)
         if not prediction["feasible"]:
             trial.set_constraint("memory_gib_over", float(-prediction["headroom_bytes"]) / 2**30)
@@ -232,9 +247,7 @@ class Tuner:
         return [tflops]
 
     def _dispatch(self, trial_id: int, strategy: Strategy, prediction: dict[str, Any]) -> TrialResult:
-        """Run one trial under a lease kept alive by a heartbeat thread."""
-        with session_scope(self.sessions) as s:
-            repo.claim_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
+        """Run one trial (leased when it was added) with a heartbeat thread keeping the lease alive."""
         done = threading.Event()
 
         def beat() -> None:
@@ -280,20 +293,37 @@ class Tuner:
 
     # -- recovery and seeding ------------------------------------------------------------------------
     def _recover_dead_trials(self, study_id: int, study: Any) -> None:
-        """Fail trials whose runner died (lease expired) and retry each once."""
+        """Fail trials whose runner died and retry each once.
+
+        Dead: a ``running`` trial whose lease expired, a ``queued`` row (never claimed: left by an
+        older version that inserted before leasing), and — when ``exclusive`` — every running trial,
+        since no other runner can hold one.
+        """
         import optuna
 
         now = datetime.now(UTC)
+        retries = {t.number for t in study.get_trials(deepcopy=False) if "retry_of" in t.user_attrs}
         with session_scope(self.sessions) as s:
-            dead = [(t.id, t.optuna_trial_id, t.number, t.strategy, t.attempts)
-                    for t in repo.expired_trials(session=s, now=now, study_id=study_id)]
-            for trial_id, *_ in dead:
-                repo.finish_trial(session=s, trial_id=trial_id, status="failed",
-                                  reason="runner died: its lease expired without a heartbeat; retried once")
-        for trial_id, _, number, strategy, attempts in dead:
+            query = select(Trial).where(Trial.study_id == study_id)
+            if self.exclusive:
+                query = query.where(Trial.status.in_(("queued", "running")))
+            else:
+                query = query.where((Trial.status == "queued") |
+                                    ((Trial.status == "running") & (Trial.lease_expires_at < now)))
+            dead = []
+            for t in s.scalars(query.order_by(Trial.id)).all():
+                why = ("runner died before starting it" if t.status == "queued" else
+                       "runner died: the study was resumed by another runner" if self.exclusive
+                       and (t.lease_expires_at is None or t.lease_expires_at >= now)
+                       else "runner died: its lease expired without a heartbeat")
+                retry = t.number not in retries  # a trial that killed its runner twice is not tried again
+                repo.finish_trial(session=s, trial_id=t.id, status="failed",
+                                  reason=f"{why}; {'retried once' if retry else 'not retried (it was a retry)'}")
+                dead.append((t.id, t.number, t.strategy, retry))
+        for trial_id, number, strategy, retry in dead:
             if number is not None:
                 study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-            if attempts < 2:
+            if retry:
                 attrs: dict[str, Any] = {"retry_of": trial_id}
                 if strategy.get("name"):
                     attrs["preset"] = strategy["name"]
@@ -346,9 +376,12 @@ class Tuner:
             return out
 
     def recommend(self, study_id: int) -> dict[str, Any]:
+        """The study's recommendation, stored; ``{}`` when the tuner was stopped (a partial study)."""
         from tuner.recommend import recommend
 
-        return recommend(self, study_id)
+        if self.stop.is_set():
+            return {}
+        return recommend(self, study_id, verify_quantized=self.verify_quantized)
 
 
 class StudyFailed(ZerotuneError):

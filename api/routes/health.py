@@ -1,6 +1,9 @@
-"""Liveness, readiness and Prometheus metrics."""
+"""Liveness, readiness, the workers list and Prometheus metrics."""
 
 from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -9,7 +12,9 @@ from starlette.concurrency import run_in_threadpool
 
 from api import queries
 from api.deps import ServiceDep
-from api.schemas import Health
+from api.schemas import Health, WorkerPublic, WorkersPublic
+from db import repository as repo
+from db.models import utcnow
 from db.session import session_scope
 
 router = APIRouter(tags=["health"])
@@ -23,7 +28,11 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health, "description": "Not ready."}})
 async def readyz(service: ServiceDep) -> JSONResponse:
-    """Ready when the database answers at the current schema and the embedded workers are alive."""
+    """Ready when the database answers at the current schema and the embedded workers are alive.
+
+    ``checks.workers.live`` counts every worker heard from within ``stale_after_s`` — embedded ones
+    and ``zerotune worker`` processes on other machines alike (informational: a service with no
+    live worker still accepts requests; their jobs wait in the queue)."""
     from db.migrate import head
 
     checks: dict[str, object] = {}
@@ -38,19 +47,35 @@ async def readyz(service: ServiceDep) -> JSONResponse:
             connection.execute(text("SELECT 1"))
             return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
+    live: int | None = None
     try:
         current = await run_in_threadpool(revision)
         checks["database"] = "ok" if current == head() else f"schema at {current}, expected {head()}"
         ok = current == head()
+        if ok:
+            live = len(await run_in_threadpool(_live_workers, service))
     except Exception as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
         ok = False
     expected = service.settings.workers
     alive = service.pool.alive() if service.pool is not None else 0
-    checks["workers"] = {"embedded_alive": alive, "embedded_expected": expected}
+    checks["workers"] = {"embedded_alive": alive, "embedded_expected": expected, "live": live}
     ok = ok and alive == expected
     body = Health(status="ok" if ok else "unavailable", checks=checks)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+
+def _live_workers(service: Any) -> list[WorkerPublic]:
+    since = utcnow() - timedelta(seconds=service.settings.stale_after_s)
+    with session_scope(service.sessions) as s:
+        return [WorkerPublic.model_validate(w, from_attributes=True) for w in repo.live_workers(session=s, since=since)]
+
+
+@router.get("/v1/workers", response_model=WorkersPublic, tags=["workers"])
+async def read_workers(service: ServiceDep) -> WorkersPublic:
+    """Worker processes heard from within ``stale_after_s`` (embedded and remote), oldest first."""
+    rows = await run_in_threadpool(_live_workers, service)
+    return WorkersPublic(data=rows, count=len(rows))
 
 
 @router.get("/metrics", response_class=PlainTextResponse,
@@ -58,17 +83,18 @@ async def readyz(service: ServiceDep) -> JSONResponse:
                              "description": "Prometheus text format 0.0.4."}})
 async def metrics(service: ServiceDep) -> PlainTextResponse:
     """Requests, recommendation outcomes, cache hits, jobs by state and trials by status."""
-    def counts() -> tuple[dict[str, int], dict[str, int]]:
+    def counts() -> tuple[dict[str, int], dict[str, int], int]:
         with session_scope(service.sessions) as s:
-            return queries.jobs_by_state(s), queries.trials_by_status(s)
+            return queries.jobs_by_state(s), queries.trials_by_status(s), len(_live_workers(service))
 
+    live: int | None
     try:
-        jobs, trials = await run_in_threadpool(counts)
+        jobs, trials, live = await run_in_threadpool(counts)
     except Exception:  # the counters still say something useful without the database
-        jobs, trials = {}, {}
+        jobs, trials, live = {}, {}, None
     cache = service.cache
     body = service.metrics.render(cache_hits=cache.hits, cache_misses=cache.misses, cache_size=len(cache.answers),
                                   jobs=jobs, trials=trials,
                                   workers_alive=service.pool.alive() if service.pool is not None else 0,
-                                  workers_expected=service.settings.workers)
+                                  workers_expected=service.settings.workers, workers_live=live)
     return PlainTextResponse(body, media_type="text/plain; version=0.0.4")

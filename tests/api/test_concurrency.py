@@ -112,6 +112,12 @@ def test_two_workers_on_postgresql_share_the_queue(pg_url, launcher):
     a, b = launcher.worker(pg_url), launcher.worker(pg_url)
     for w in (a, b):
         w.wait_log("watching")
+    deadline = time.monotonic() + 30  # the service sees remote workers through their heartbeat rows
+    while (listed := httpx.get(f"{server.url}/v1/workers").json())["count"] < 2:
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.2)
+    assert {w["pid"] for w in listed["data"]} == {a.proc.pid, b.proc.pid}, listed
+    assert httpx.get(f"{server.url}/readyz").json()["checks"]["workers"]["live"] == 2
     bodies = [{**NEOX, "cluster": f"frontier:{n}", "budget": {"trials": 4}} for n in range(1, 7)]
     jobs = [httpx.post(f"{server.url}/v1/recommendations", json=body).json()["id"] for body in bodies]
     finished = [wait_job(server.url, j, timeout=240) for j in jobs]

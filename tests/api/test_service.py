@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -69,6 +70,12 @@ def test_model_executor_end_to_end(db_url, launcher):
     assert 'zerotune_http_requests_total{method="POST",route="/v1/recommendations",status="200"}' in metrics
     ready = httpx.get(f"{url}/readyz").json()
     assert ready["status"] == "ok" and ready["checks"]["workers"]["embedded_alive"] == 1
+    assert ready["checks"]["workers"]["live"] == 1 and "zerotune_workers_live 1" in metrics
+    deadline = time.monotonic() + 10  # the worker says idle right after finishing its job
+    while (worker := httpx.get(f"{url}/v1/workers").json()["data"][0])["state"] != "idle":
+        assert time.monotonic() < deadline, worker
+        time.sleep(0.1)
+    assert worker["jobs_run"] == 1 and worker["job_id"] is None
     assert not torch_loaded(server.proc.pid), "the API process imported torch"
 
 

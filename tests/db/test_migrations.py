@@ -14,7 +14,7 @@ from db.migrations import VERSION_TABLE, include_name, include_object
 from db.models import Base
 from db.session import make_engine
 
-OUR_TABLES = {"zt_requests", "zt_studies", "zt_trials", "zt_recommendations", "zt_jobs"}
+OUR_TABLES = {"zt_requests", "zt_studies", "zt_trials", "zt_recommendations", "zt_jobs", "zt_workers"}
 
 
 def tables(url: str) -> set[str]:
@@ -60,7 +60,7 @@ def schema_diff(url: str) -> list:
 def test_upgrade_empty_database_to_head(empty_url: str) -> None:
     assert current(empty_url) is None
     upgrade(empty_url)
-    assert current(empty_url) == head() == "0002"
+    assert current(empty_url) == head() == "0003"
     assert tables(empty_url) == OUR_TABLES | {VERSION_TABLE}  # and no "alembic_version" of ours
     upgrade(empty_url)  # a second upgrade is a no-op
     assert current(empty_url) == head()
@@ -86,7 +86,7 @@ def test_upgrade_from_previous_revision_keeps_rows(empty_url: str) -> None:
     sql(empty_url, "INSERT INTO zt_recommendations (study_id, request_key, strategy, metrics, evidence, trial_id, "
         "exports, created_at) VALUES (1, 'k', '{}', '{}', 'predicted', 7, '{}', :now)", now=now)
 
-    upgrade(empty_url)
+    upgrade(empty_url, "0002")
 
     assert current(empty_url) == "0002"
     assert "proxy_model" in columns(empty_url, "zt_trials")
@@ -98,8 +98,11 @@ def test_upgrade_from_previous_revision_keeps_rows(empty_url: str) -> None:
     assert "proxy_model" not in columns(empty_url, "zt_trials")
     assert sql(empty_url, "SELECT id, value FROM zt_trials") == [(7, 12.5)]
     assert sql(empty_url, "SELECT trial_id FROM zt_recommendations") == [(7,)]
-    upgrade(empty_url)
+    upgrade(empty_url)  # to head: 0003 adds zt_workers beside the rows
     assert schema_diff(empty_url) == []
+    assert sql(empty_url, "SELECT count(*) FROM zt_workers") == [(0,)]
+    downgrade(empty_url, "0002")
+    assert "zt_workers" not in tables(empty_url) and sql(empty_url, "SELECT id FROM zt_trials") == [(7,)]
 
 
 def test_concurrent_upgrades_serialize(empty_url: str) -> None:
@@ -144,7 +147,7 @@ def test_optuna_tables_coexist(empty_url: str) -> None:
     optuna_version = sql(empty_url, "SELECT version_num FROM alembic_version")
     assert optuna_version != []
 
-    upgrade(empty_url)  # 0001 -> 0002 (on SQLite a batch operation) with Optuna's tables beside ours
+    upgrade(empty_url)  # 0001 -> head (on SQLite batch operations) with Optuna's tables beside ours
 
     names = tables(empty_url)
     assert OUR_TABLES | {VERSION_TABLE} <= names
@@ -160,3 +163,24 @@ def test_optuna_tables_coexist(empty_url: str) -> None:
     assert sql(empty_url, "SELECT version_num FROM alembic_version") == optuna_version
     study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=1)
     assert len(study.trials) == 4
+
+
+def test_optuna_tables_are_created_once_by_racing_processes(empty_url: str) -> None:
+    """Workers starting together on a fresh database all prepare Optuna's storage; none fails."""
+    import optuna
+
+    from db.migrate import prepare_optuna_storage
+
+    upgrade(empty_url)
+    processes = [multiprocessing.get_context("fork").Process(target=prepare_optuna_storage, args=(empty_url,))
+                 for _ in range(4)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    assert [process.exitcode for process in processes] == [0, 0, 0, 0]
+    assert {"studies", "trials", "version_info", "alembic_version"} <= tables(empty_url)
+    assert schema_diff(empty_url) == []  # ours untouched
+    study = optuna.create_study(storage=empty_url, study_name="after-race", direction="maximize")
+    study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=2)
+    assert len(optuna.load_study(study_name="after-race", storage=empty_url).trials) == 2

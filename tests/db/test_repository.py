@@ -306,3 +306,26 @@ def test_claim_next_job_skips_a_locked_job_on_postgresql(factory: Factory) -> No
     for thread in threads:
         thread.join(timeout=60)
     assert claims == {"holder": first, "other": second}
+
+
+def test_worker_heartbeats_live_and_forgotten(factory: Factory) -> None:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    with session_scope(factory) as session:
+        job = repo.create_job(session=session, request_id=new_request(session).id)
+        repo.stamp_worker(session=session, worker_id="a:1:x", host="a", pid=1, state="idle", now=t0)
+        repo.stamp_worker(session=session, worker_id="b:2:y", host="b", pid=2, state="busy", job_id=job.id,
+                          jobs_run=3, now=t0 + timedelta(seconds=30))
+        repo.stamp_worker(session=session, worker_id="c:3:z", host="c", pid=3, state="stopped",
+                          now=t0 + timedelta(seconds=30))
+        with pytest.raises(ValueError, match="state"):
+            repo.stamp_worker(session=session, worker_id="d:4:w", host="d", pid=4, state="asleep")
+    with session_scope(factory) as session:
+        live = repo.live_workers(session=session, since=t0 + timedelta(seconds=10))
+        assert [(w.id, w.state, w.job_id, w.jobs_run) for w in live] == [("b:2:y", "busy", job.id, 3)]
+        assert {w.id for w in repo.live_workers(session=session, since=t0)} == {"a:1:x", "b:2:y"}  # not stopped
+        repo.stamp_worker(session=session, worker_id="a:1:x", host="a", pid=1, state="idle",
+                          now=t0 + timedelta(seconds=40))  # the same row again, newer
+        assert repo.forget_workers(session=session, before=t0 + timedelta(seconds=35)) == 2
+    with session_scope(factory) as session:
+        left = repo.live_workers(session=session, since=t0)
+        assert [(w.id, w.started_at) for w in left] == [("a:1:x", t0)]  # started_at kept across stamps

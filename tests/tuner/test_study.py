@@ -222,3 +222,75 @@ def test_local_executor_prunes_a_slow_run(tmp_path):
     result = LocalExecutor().run(spec, pruner=pruner)
     assert result.status == "failed" and result.reason.startswith("pruned") and result.extra["pruned"]
     assert seen[:3] == [1, 2, 3] and max(seen) < 50 and time.monotonic() - t0 < 100
+
+
+def test_a_stopped_tuner_stores_no_recommendation_and_resumes(sqlite_url, tmp_path):
+    import threading
+
+    request = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=12, seed=0)
+    stop = threading.Event()
+    seen = []
+
+    def progress(p):
+        seen.append(p.done)
+        if len(seen) == 4:
+            stop.set()  # a cancel or a shutdown mid-study
+
+    tuner = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path, stop=stop,
+                  progress=progress, verify_quantized=False)
+    assert tuner.run() == {}
+    with make_session_factory(make_engine(sqlite_url))() as s:
+        study = s.scalars(select(Study)).one()
+        assert study.state == "cancelled"
+        assert s.scalars(select(Recommendation)).all() == []  # a partial study's answer is never stored
+    rec = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path,
+                verify_quantized=False).run(study.id)
+    trials = trials_of(sqlite_url, study.id)
+    assert rec["study_id"] == study.id
+    assert len([t for t in trials if t.status in ("complete", "failed", "infeasible")]) == 12  # the budget, once
+    with make_session_factory(make_engine(sqlite_url))() as s:
+        assert len(s.scalars(select(Recommendation)).all()) == 1
+
+
+def test_resume_fails_unfinished_trials_and_retries_them_once(sqlite_url, tmp_path):
+    """A runner killed mid-trial leaves a running trial (lease not yet expired) and maybe one it added but never
+    started; the next runner fails both with the reason and retries each once. Only an exclusive runner (a worker
+    holding the job) may fail a running trial whose lease is still valid."""
+    import threading
+
+    from db import repository as repo
+    from db.session import session_scope
+
+    request = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=10, seed=0)
+    stop = threading.Event()
+    first = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path, stop=stop,
+                  progress=lambda p: stop.set(), verify_quantized=False)
+    assert first.run() == {}
+    study_id = first.study_id
+    done = next(t for t in trials_of(sqlite_url, study_id) if t.status == "complete")
+    sessions = make_session_factory(make_engine(sqlite_url))
+    with session_scope(sessions) as s:  # what a killed runner leaves behind
+        running = repo.add_trial(session=s, study_id=study_id, strategy=done.strategy, strategy_key="r" * 64,
+                                 executor="model")
+        repo.claim_trial(session=s, trial_id=running.id, owner="dead-worker", lease_s=3600)
+        queued = repo.add_trial(session=s, study_id=study_id, strategy=done.strategy, strategy_key="q" * 64,
+                                executor="model")
+        running_id, queued_id = running.id, queued.id
+
+    stopped = threading.Event()
+    stopped.set()  # recover, then stop before any new trial
+    Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path, stop=stopped).run(study_id)
+    by_id = {t.id: t for t in trials_of(sqlite_url, study_id)}
+    assert by_id[queued_id].status == "failed" and "before starting it; retried once" in by_id[queued_id].reason
+    assert by_id[running_id].status == "running"  # its lease is valid and someone else may hold the study
+
+    rec = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path, exclusive=True,
+                verify_quantized=False).run(study_id)
+    trials = trials_of(sqlite_url, study_id)
+    by_id = {t.id: t for t in trials}
+    assert by_id[running_id].status == "failed"
+    assert "resumed by another runner; retried once" in by_id[running_id].reason
+    assert not [t for t in trials if t.status in ("queued", "running")]  # nothing left dangling
+    retries = [t for t in trials if t.id > queued_id and t.strategy == done.strategy]
+    assert len(retries) == 2 and all(t.status == "complete" for t in retries)  # each retried once
+    assert rec["study_id"] == study_id
