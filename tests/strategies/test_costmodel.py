@@ -180,3 +180,56 @@ def test_predict_cli_sweep_table_and_json(capsys):
     assert {"params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations", "peak"} <= set(
         p["memory_bytes"])
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--calibration", "nope"]) == 2
+
+
+def _naive_pipeline(t, comm, gathers, computes, reductions, p):
+    """The bucket schedule written plainly, one iteration per bucket (the reference for the fast one)."""
+    nb, ends, issued = len(computes), [0.0] * len(computes), 0
+    for i in range(nb):
+        while issued < min(nb, i + 1 + p):
+            comm = max(comm, t) + gathers[issued]
+            ends[issued], issued = comm, issued + 1
+        t = max(t, ends[i]) + computes[i]
+        if reductions and reductions[i]:
+            comm = max(comm, t) + reductions[i]
+    return t, comm
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_pipeline_skip_is_exact_against_the_plain_schedule(seed):
+    """Runs of identical buckets (with odd ones between), comm- or compute-bound, any prefetch: the skipped
+    simulation ends where the plain one does."""
+    from strategies import costmodel as cm
+
+    rng = random.Random(seed)
+    nb = rng.randint(1, 60)
+    lengths, units, groups = [], [], []
+    while len(lengths) < nb:  # runs of identical buckets, as transformer blocks make them
+        run = rng.randint(1, 25)
+        n, u, g = rng.choice([100, 200, 300]), rng.choice([1, 2]), rng.choice([0, 0, 500, 700])
+        lengths += [n] * run
+        units += [u] * run
+        groups += [g] * run
+    lengths, units, groups = lengths[:nb], units[:nb], groups[:nb]
+    scale = rng.choice([0.1, 1.0, 10.0])  # communication much cheaper, similar, much dearer than compute
+    gathers = {n: scale * rng.uniform(0.5, 2.0) for n in set(lengths)}
+    reductions = {g: scale * rng.uniform(0.5, 2.0) for g in set(groups) if g}
+    compute, p = rng.uniform(0.5, 2.0), rng.randint(0, 3)
+    keys = [(units[i], lengths[i + p] if i + p < nb else None) for i in range(nb)]
+    runs = list(range(nb))
+    for i in range(nb - 2, -1, -1):
+        if keys[i] == keys[i + 1] and keys[i][-1] is not None:
+            runs[i] = runs[i + 1]
+    t0, c0 = rng.uniform(0, 3), rng.uniform(0, 3)
+    fast = cm._pipeline(t0, c0, gathers, lengths, compute, units, None, None, p, runs)
+    plain = _naive_pipeline(t0, c0, [gathers[n] for n in lengths], [compute * u for u in units], None, p)
+    assert fast == pytest.approx(plain, rel=1e-12)
+    keys = [(units[i], groups[i], lengths[i + p] if i + p < nb else None) for i in range(nb)]
+    runs = list(range(nb))
+    for i in range(nb - 2, -1, -1):
+        if keys[i] == keys[i + 1] and keys[i][-1] is not None:
+            runs[i] = runs[i + 1]
+    fast = cm._pipeline(t0, c0, gathers, lengths, compute, units, reductions, groups, p, runs)
+    plain = _naive_pipeline(t0, c0, [gathers[n] for n in lengths], [compute * u for u in units],
+                            [reductions.get(g, 0.0) for g in groups], p)
+    assert fast == pytest.approx(plain, rel=1e-12)
