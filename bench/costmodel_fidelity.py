@@ -1,13 +1,16 @@
 """How well the cost model predicts real runs, and how fast it predicts.
 
-    python bench/costmodel_fidelity.py                       # 20 strategies on local:2x2x2, gpt-mini
+    python bench/costmodel_fidelity.py                       # 20 strategies on local:2x2x2, gpt-mini (~20 min)
     python bench/costmodel_fidelity.py --runs-dir runs/      # reuse run.json files already there
 
 1. Trains each strategy for real (``zerotune train``, 8 gloo ranks) and keeps its run.json.
 2. Calibrates the cost model on every other run (the even-numbered half) and predicts the others.
 3. Prints measured vs predicted step time for the held-out half, the Spearman rank correlation and
    the median relative error (goals: >= 0.9 and <= 15%).
-4. Times ``predict`` on gpt-neox-20b / frontier:48 over random valid strategies (goal >= 10,000/s).
+4. Trains zero3 ``--repeats`` more times and prints the run-to-run spread: the noise floor under any
+   model's error (8 ranks share this machine's cores; step times wander with the scheduler).
+5. Times ``predict`` on gpt-neox-20b / frontier:48 over random valid strategies (goal >= 10,000/s).
+Run it on an otherwise idle machine: other work on the cores changes every measured step time.
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
 ]
 
 
-def run_all(args: argparse.Namespace, runs_dir: Path) -> list[Path]:
+def run_all(args: argparse.Namespace, runs_dir: Path, variants: list[tuple[str, dict]] | None = None,
+            prefix: str = "run") -> list[Path]:
     runs_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for i, (preset, overrides) in enumerate(VARIANTS):
-        path = runs_dir / f"run{i:02d}-{preset}.json"
+    variants = VARIANTS if variants is None else variants
+    for i, (preset, overrides) in enumerate(variants):
+        path = runs_dir / f"{prefix}{i:02d}-{preset}.json"
         paths.append(path)
         if path.is_file() and json.loads(path.read_text()).get("status") == "ok":
             continue
@@ -54,7 +59,7 @@ def run_all(args: argparse.Namespace, runs_dir: Path) -> list[Path]:
         t0 = time.perf_counter()
         result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         status = "ok" if result.returncode == 0 else "FAILED: " + result.stderr.strip().splitlines()[-1]
-        print(f"[{i + 1}/{len(VARIANTS)}] {preset} {overrides}: {status} ({time.perf_counter() - t0:.0f} s)",
+        print(f"[{i + 1}/{len(variants)}] {preset} {overrides}: {status} ({time.perf_counter() - t0:.0f} s)",
               file=sys.stderr)
     return [p for p in paths if p.is_file() and json.loads(p.read_text()).get("status") == "ok"]
 
@@ -86,6 +91,16 @@ def fidelity(paths: list[Path]) -> None:
     print(f"median relative error (held-out):     {statistics.median(errors):.1%}   goal <= 15%")
 
 
+def noise(paths: list[Path]) -> None:
+    """Run-to-run spread of one strategy trained several times: the floor under any model's error."""
+    times = [json.loads(p.read_text())["step_time_s"] for p in paths]
+    if len(times) < 2:
+        return
+    mean = statistics.mean(times)
+    print(f"\nrun-to-run noise ({len(times)} identical zero3 runs): step time {min(times):.4f}-{max(times):.4f} s, "
+          f"spread {max(times) / min(times) - 1:.1%}, coefficient of variation {statistics.stdev(times) / mean:.1%}")
+
+
 def speed(n: int) -> None:
     model, cluster = parse_model("gpt-neox-20b"), parse_cluster("frontier:48")
     rng = random.Random(0)
@@ -115,13 +130,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt-mini")
     parser.add_argument("--cluster", default="local:2x2x2")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=10, help="training steps per run (2 of them warm-up)")
     parser.add_argument("--runs-dir", default=str(ROOT / "artifacts" / "fidelity"))
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--predictions", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=3, help="extra identical zero3 runs that measure the noise")
     args = parser.parse_args()
     if not args.speed_only:
         fidelity(run_all(args, Path(args.runs_dir)))
+        noise(run_all(args, Path(args.runs_dir), [("zero3", {})] * args.repeats, prefix="noise"))
     speed(args.predictions)
 
 

@@ -345,6 +345,16 @@ def get_recommendation_by_key(*, session: Session, request_key: str) -> Recommen
     return session.scalars(query).first()
 
 
+def served_recommendation(*, session: Session, request_key: str) -> Recommendation | None:
+    """The newest recommendation for ``request_key`` whose study finished (state ``done``).
+
+    What the service answers with: a stopped or failed study's partial answer is never served."""
+    query = (select(Recommendation).join(Study, Study.id == Recommendation.study_id)
+             .where(Recommendation.request_key == request_key, Study.state == "done")
+             .order_by(Recommendation.id.desc()).limit(1))
+    return session.scalars(query).first()
+
+
 # --- jobs -----------------------------------------------------------------------------------
 
 
