@@ -229,11 +229,13 @@ def _progress_bar(total: int, quiet: bool) -> Any:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from db.migrate import current, upgrade
+    from db.migrate import current, prepare_optuna_storage, upgrade
     from db.session import default_url
 
     url = args.db or default_url()
     upgrade(url, args.revision)
+    if args.revision == "head":
+        prepare_optuna_storage(url)  # Optuna's own tables too, so optuna-dashboard can open the database at once
     print(f"zerotune: database {url} at revision {current(url)}", file=sys.stderr)
     return ExitStatus.SUCCESS
 
@@ -280,7 +282,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Claim jobs from the database and run their studies until Ctrl-C or SIGTERM."""
-    from api.worker import serve_worker
+    from tuner.worker import serve_worker
 
     settings = _settings(db=args.db)
     _log_to_stderr(args.debug)
