@@ -18,15 +18,24 @@ from typing import Any
 
 
 class ExitStatus(enum.IntEnum):
-    """Exit codes of every ``zerotune`` command."""
+    """Exit codes of every ``zerotune`` command (3-6: ``zerotune recommend``, README "Slurm job prologue")."""
 
     SUCCESS = 0
+    """Done. For ``recommend``: the service's answer, or (without ``--strict``) a fallback, with a warning."""
     ERROR = 1
-    """An unexpected failure (a bug or a failed run); details on stderr."""
+    """An unexpected failure (a bug, a failed run, an output file that cannot be written); details on stderr."""
     USAGE_ERROR = 2
-    """Bad arguments or an invalid spec: the message names the field, value and rule."""
+    """Bad arguments, an invalid spec or a malformed SLURM_*/ZEROTUNE_* value: one line naming field, value, rule."""
+    FALLBACK_USED = 3
+    """``recommend --strict``: no answer from the service; the cached or built-in fallback was written anyway."""
+    SERVER_REFUSED = 4
+    """``recommend``: the service refused the request (4xx, e.g. an unknown model); its message is on stderr."""
+    SERVER_ERROR = 5
+    """``recommend --no-fallback``: the service was unreachable, kept answering 5xx, or the job failed."""
+    TIMEOUT = 6
+    """``recommend --no-fallback``: no answer within ``--timeout`` (+ ``--wait``): a slow service or a pending job."""
     INTERRUPTED = 130
-    """Ctrl-C."""
+    """Ctrl-C (and, for ``recommend``, SIGTERM)."""
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -326,6 +335,164 @@ def cmd_health(args: argparse.Namespace) -> int:
     return ExitStatus.SUCCESS
 
 
+def add_recommend_parser(sub: Any) -> None:
+    """The ``recommend`` subcommand (the Slurm prologue client): standard library only, see api/prologue.py."""
+    p = sub.add_parser(
+        "recommend", help="the Slurm prologue client: this job's config from the service (or a safe fallback)",
+        description="Ask the zerotune service for the config of this job's model on this job's allocation "
+                    "(SLURM_JOB_NUM_NODES / SLURM_NNODES, SLURM_GPUS_ON_NODE, SLURM_CLUSTER_NAME, SLURM_JOB_ID). "
+                    "When the service is slow or down: the last answer cached for the same request, else plain "
+                    "ZeRO-3 with DeepSpeed's default buckets, a warning, and exit 0 (see --strict, --no-fallback). "
+                    "Exit statuses: 0 ok, 1 error, 2 usage error, 3 fallback used (--strict), 4 refused by the "
+                    "service (4xx), 5 server error and 6 timeout (--no-fallback), 130 interrupted.")
+    p.add_argument("--model", help="model preset (gpt-neox-20b) or ModelSpec JSON file (ZEROTUNE_MODEL)")
+    p.add_argument("--cluster", help="frontier, dgx-h100, local:AxB, NAME:N or a ClusterSpec JSON file "
+                   "(ZEROTUNE_CLUSTER, else SLURM_CLUSTER_NAME); inside Slurm the node count comes from Slurm")
+    p.add_argument("--server", "--url", dest="server", help="the service (ZEROTUNE_URL, default http://127.0.0.1:8000)")
+    p.add_argument("--token", help="bearer token for a service that requires one (ZEROTUNE_TOKEN)")
+    p.add_argument("--format", choices=["env", "deepspeed", "fsdp", "json"], default="env",
+                   help="env: write every config into a directory and print export lines (default); deepspeed, "
+                        "fsdp, json (zerotune trainer): one config, to -o or stdout")
+    p.add_argument("-o", "--output", help="the file to write (deepspeed/fsdp/json; default stdout) or, with "
+                   "--format env, the directory (default .zerotune/job-$SLURM_JOB_ID)")
+    p.add_argument("--base", help="your DeepSpeed config: the recommended zero_optimization is merged into it, "
+                   "every other key stays yours (deepspeed and env formats)")
+    p.add_argument("--executor", choices=["model", "local", "slurm"], default="model", help="how the service tunes")
+    p.add_argument("--trials", type=int, default=40, help="the study's trial budget (default 40)")
+    p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    p.add_argument("--time-budget", type=float, help="the study's time budget, seconds")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds for the whole exchange, retries included (default 10), on top of --wait")
+    p.add_argument("--connect-timeout", type=float, default=2.0, help="seconds per connection attempt (default 2)")
+    p.add_argument("--read-timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+    p.add_argument("--wait", type=float, default=0.0,
+                   help="seconds to wait for a pending job (a request never answered before) to finish")
+    p.add_argument("--strict", action="store_true", help="exit 3 when a fallback was written")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="write nothing without the service's answer: exit 5 (server error) or 6 (timeout)")
+    p.add_argument("--no-slurm", action="store_true", help="ignore the SLURM_* variables")
+    p.add_argument("--dry-run", action="store_true", help="print the request it would send, send nothing")
+    p.set_defaults(func=lambda args: cmd_recommend(args, os.environ))
+
+
+def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """The prologue client: resolve the request, ask the service, fall back, write the outputs."""
+    import signal
+    import time
+
+    from api import prologue as pl
+    from api.client import Client, Retry, ServiceError, describe
+
+    start = time.monotonic()
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    for name, value, rule in (("--timeout", args.timeout, args.timeout > 0),
+                              ("--connect-timeout", args.connect_timeout, args.connect_timeout > 0),
+                              ("--read-timeout", args.read_timeout, args.read_timeout > 0),
+                              ("--wait", args.wait, args.wait >= 0), ("--trials", args.trials, args.trials >= 1)):
+        if not rule or value != value or value == float("inf"):
+            raise pl.UsageError(name, value, "must be a finite number > 0" if name != "--wait" else
+                                "must be a finite number >= 0")
+    if args.base and args.format not in ("deepspeed", "env"):
+        raise pl.UsageError("--base", args.base, "merges into a DeepSpeed config: use it with --format deepspeed or "
+                                                 "env")
+    use_slurm = not args.no_slurm
+    job = pl.job_id(env) if use_slurm else None
+    model = pl.resolve_model(args.model or env.get("ZEROTUNE_MODEL"))
+    cluster = pl.resolve_cluster(args.cluster or env.get("ZEROTUNE_CLUSTER"), env, use_slurm)
+    base = None
+    if args.base:
+        base = pl.read_json_file("--base", args.base)
+        if not isinstance(base, dict):
+            raise pl.UsageError("--base", args.base, "a DeepSpeed config is a JSON object")
+    body = pl.build_request(model, cluster, objective=args.objective, executor=args.executor, trials=args.trials,
+                            time_s=args.time_budget, global_batch=args.global_batch)
+    server = (args.server or env.get("ZEROTUNE_URL") or "http://127.0.0.1:8000").rstrip("/")
+    token = args.token or env.get("ZEROTUNE_TOKEN")
+    if args.dry_run:
+        print(json.dumps({"method": "POST", "url": f"{server}/v1/recommendations?wait={args.wait:g}",
+                          "headers": {"Content-Type": "application/json",
+                                      **({"Authorization": "Bearer ***"} if token else {})},
+                          "body": body, "cache_key": pl.request_key(body)}, indent=2))
+        return ExitStatus.SUCCESS
+    try:
+        client = Client(server, token, timeout=args.read_timeout, connect_timeout=args.connect_timeout,
+                        deadline=start + args.timeout + args.wait, retry=Retry())
+    except ValueError as exc:
+        raise pl.UsageError("--server", server, str(exc).split(": ", 1)[-1]) from None
+    default_dir = os.path.join(".zerotune", f"job-{job}" if job else "recommend")
+    fallback = False
+    try:
+        rec, source = pl.fetch(client, body, args.wait), "service"
+        pl.cache_store(body, rec, env, server)
+    except ServiceError as exc:  # 4xx: the request itself is wrong; a fallback would hide it
+        print(f"zerotune: error: the service refused the request: {describe(exc.status, exc.detail)}",
+              file=sys.stderr)
+        return ExitStatus.SERVER_REFUSED
+    except pl.Unanswered as exc:
+        if args.no_fallback:
+            print(f"zerotune: error: {exc} ({server})", file=sys.stderr)
+            return ExitStatus.TIMEOUT if exc.cause == "timeout" else ExitStatus.SERVER_ERROR
+        fallback, spent = True, time.monotonic() - start
+        cached = pl.cache_load(body, env)
+        if cached is not None:
+            rec, source = cached, "cache"
+            what = f"the cached recommendation {cached.get('id')} of {cached.get('saved_at')}"
+        else:
+            rec, source = pl.default_recommendation(body), "default"
+            what = "the built-in default (ZeRO-3, DeepSpeed's default buckets)"
+        pl.warn(f"{exc} ({server}, after {spent:.1f} s); using {what}")
+    try:
+        text = pl.write_outputs(rec, args.format, args.output, base, source, default_dir)
+    except OSError as exc:
+        print(f"zerotune: error: cannot write the {args.format} output: {exc}", file=sys.stderr)
+        return ExitStatus.ERROR
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return ExitStatus.FALLBACK_USED if fallback and args.strict else ExitStatus.SUCCESS
+
+
+def _main_recommend(argv: list[str], env: Mapping[str, str]) -> int:
+    """``zerotune recommend``: its own small parser and error handling, so that nothing but the standard
+    library (and api.client / api.prologue) is imported."""
+    from api.prologue import UsageError
+
+    parser = argparse.ArgumentParser(prog="zerotune", description="Pick the partition strategy for sharded LLM "
+                                                                   "training.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_recommend_parser(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return ExitStatus.SUCCESS if exc.code == 0 else ExitStatus.USAGE_ERROR
+    try:
+        return int(cmd_recommend(args, env))
+    except KeyboardInterrupt:
+        print("zerotune: interrupted", file=sys.stderr)
+        return ExitStatus.INTERRUPTED
+    except UsageError as exc:
+        print(f"zerotune: error: {exc}", file=sys.stderr)
+        return ExitStatus.USAGE_ERROR
+    except Exception as exc:
+        if args.debug or env.get("ZEROTUNE_DEBUG"):
+            raise
+        print(f"zerotune: error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return ExitStatus.ERROR
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (after the global ``--debug``), or None."""
+    for arg in argv:
+        if arg != "--debug":
+            return None if arg.startswith("-") else arg
+    return None
+
+
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -425,6 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=cmd_health)
 
+    add_recommend_parser(sub)
+
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)
     q = dbsub.add_parser("upgrade", help="apply the schema migrations (idempotent)")
@@ -436,9 +605,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Run one ``zerotune`` command; return its exit status."""
-    del env  # reserved: commands that read ZEROTUNE_* settings take them from here
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _command(argv) == "recommend":  # the prologue client: nothing but the standard library
+        return _main_recommend(argv, os.environ if env is None else env)
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed the usage line
