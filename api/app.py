@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from api import errors
 from api.cache import FastAnswer
+from api.dashboard import routes as dashboard
 from api.metrics import RequestMetrics
 from api.routes import catalog, health, jobs, recommendations, studies, trials
 from api.schemas import ValidationErrorPublic
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     for module in (recommendations, jobs, studies, trials, catalog, health):
         app.include_router(module.router)
+    dashboard.install(app)  # the HTML pages under /dashboard, their JSON aggregates, static files
 
     token = settings.token.get_secret_value() if settings.token else None
     app.add_middleware(FastAnswer, cache=service.cache, token=token, lookup=service.fast_answer)

@@ -274,3 +274,46 @@ class ValidationErrorPublic(BaseModel):
 
 class Message(BaseModel):
     detail: str
+
+
+# -- aggregates the dashboard draws (/v1/studies/{id}/points, /v1/studies/{id}/importance) --------------
+class TrialPointPublic(BaseModel):
+    """One trial as the study page draws it: its outcome, memory, and the cost model's error."""
+
+    id: int
+    number: int | None
+    status: Literal["queued", "running", "complete", "failed", "pruned", "infeasible"]
+    executor: str
+    strategy: dict[str, Any]
+    label: str = Field(description="the preset name, or the spans and bits in short (P3/G3/OS3 hpZ1 w8 g4)")
+    value: float | None = Field(description="the objective: TFLOPS per rank (complete trials)")
+    reason: str | None = Field(description="why it failed or is infeasible")
+    measured: bool = Field(description="metrics come from a run (run.json), not from the cost model")
+    predicted_tflops_per_rank: float | None
+    peak_memory_bytes: int | None = Field(description="peak bytes per rank: measured when measured, else predicted")
+    predicted_step_time_s: float | None
+    measured_step_time_s: float | None
+    inter_node_bytes: int | None = Field(description="bytes one rank sends per step on the outermost level")
+    health: str | None = Field(description="the health verdict of a measured run: ok, nan, diverged, flat")
+    proxy: bool = Field(description="a scaled-down proxy model ran instead of the requested one")
+    finished_at: datetime | None
+
+
+class TrialPointsPublic(BaseModel):
+    data: list[TrialPointPublic]
+    count: int
+
+
+class ImportancePublic(BaseModel):
+    param: str = Field(description="the Optuna parameter name (spans, quantize_above, secondary_span_p3 ...)")
+    importance: float = Field(description="share of the total importance (they sum to 1)")
+
+
+class ParamImportancePublic(BaseModel):
+    """Which strategy dimension mattered: Optuna's own importance evaluator over the study's feasible trials."""
+
+    study_id: int
+    method: str = Field(description="the evaluator used")
+    trials_used: int = Field(description="complete, feasible trials the evaluator saw")
+    data: list[ImportancePublic] = Field(description="most important first; empty when it cannot be computed")
+    note: str | None = Field(description="why the list is empty, when it is")

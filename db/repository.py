@@ -10,6 +10,7 @@ Times are timezone-aware UTC; every ``now`` argument defaults to the current tim
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -45,6 +46,23 @@ ACTIVE_JOB_STATES = ("queued", "running")
 
 class NotFoundError(LookupError):
     """A row that does not exist; the message names the table and the id."""
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None and NUL characters dropped.
+
+    PostgreSQL's ``json`` refuses NaN/Infinity (a diverged run's losses) and its text types refuse
+    NUL; SQLite stores both but no JSON parser reads them back. Applied to what trials store, and to
+    response bodies (``api.queries.finite``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _check(field: str, value: str, allowed: Iterable[str]) -> str:
@@ -260,8 +278,8 @@ def finish_trial(
         NotFoundError: no trial has id ``trial_id``.
     """
     _check("status", status, TERMINAL_TRIAL_STATUSES)
-    fields = {"value": value, "metrics": metrics, "prediction": prediction, "reason": reason, "logs": logs,
-              "proxy_model": proxy_model}
+    fields = {"value": value, "metrics": json_safe(metrics), "prediction": json_safe(prediction),
+              "reason": json_safe(reason), "logs": json_safe(logs), "proxy_model": json_safe(proxy_model)}
     stmt = update(Trial).where(Trial.id == trial_id)
     if owner is not None:  # checked in the UPDATE itself, so a reclaim just before cannot be overwritten
         stmt = stmt.where(Trial.status == "running", Trial.lease_owner == owner)
@@ -330,7 +348,7 @@ def save_recommendation(
     """
     _check_key("request_key", request_key)
     recommendation = Recommendation(
-        study_id=study_id, request_key=request_key, strategy=strategy, metrics=metrics,
+        study_id=study_id, request_key=request_key, strategy=strategy, metrics=json_safe(metrics),
         evidence=_check("evidence", evidence, EVIDENCE_KINDS), exports=exports, margin=margin,
         runner_up_trial_id=runner_up_trial_id, trial_id=trial_id)
     session.add(recommendation)

@@ -329,3 +329,18 @@ def test_worker_heartbeats_live_and_forgotten(factory: Factory) -> None:
     with session_scope(factory) as session:
         left = repo.live_workers(session=session, since=t0)
         assert [(w.id, w.started_at) for w in left] == [("a:1:x", t0)]  # started_at kept across stamps
+
+
+def test_a_diverged_runs_nan_metrics_are_stored_as_null(factory: Factory) -> None:
+    """PostgreSQL's json refuses NaN and text refuses NUL: what a diverged run reports is stored JSON-safe."""
+    with session_scope(factory) as session:
+        study = new_study(session)
+        trial = repo.add_trial(session=session, study_id=study.id, strategy={}, strategy_key="n" * 64, executor="local")
+        repo.finish_trial(session=session, trial_id=trial.id, status="failed", reason="loss nan\x00",
+                          metrics={"loss": [2.5, float("nan"), float("inf")], "health": {"verdict": "nan"}},
+                          logs="step 2 loss nan\x00")
+        trial_id = trial.id
+    with session_scope(factory) as session:
+        row = repo.get_trial(session=session, trial_id=trial_id)
+        assert row.metrics == {"loss": [2.5, None, None], "health": {"verdict": "nan"}}
+        assert row.reason == "loss nan" and row.logs == "step 2 loss nan"

@@ -1,0 +1,234 @@
+"""What each dashboard page shows, built from the JSON API's own reads (``api.queries``, ``api.schemas``).
+
+Every builder returns the template context; ``data`` is what the page's JavaScript draws, with the
+field names of the JSON API (a study page's ``data.study`` is ``GET /v1/studies/{id}``, its
+``data.points`` is ``GET /v1/studies/{id}/points``), so a live update can swap in a fresh JSON
+answer unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from api import queries
+from api.schemas import StudyPublic, TrialDetailPublic
+from db import repository as repo
+from db.models import Recommendation, Request, Study, Trial
+
+PRESETS = ("zero3", "zeropp", "3level-a", "3level-b", "mics")  # tuner.study.PRESETS: enqueued first in every study
+EXPORTS = (("zerotune", "zerotune.json", "zerotune's trainer: write its strategy to strategy.json, run its command "
+             "on every node"),
+           ("deepspeed", "ds_config.json", "DeepSpeed: deepspeed.initialize(..., config=\"ds_config.json\")"),
+           ("fsdp", "fsdp.json", "PyTorch FSDP2: the device mesh shape and fully_shard(reshard_after_forward=...)"))
+STRATEGY_FIELDS = (
+    ("param_span", "P (16-bit weights) partitioned over"),
+    ("grad_span", "G (gradients) partitioned over"),
+    ("optim_span", "OS (fp32 master + Adam moments) partitioned over"),
+    ("secondary_span", "hpZ: secondary weight copy over (backward all-gather)"),
+    ("weight_bits", "bits of weight all-gathers"),
+    ("grad_bits", "bits of gradient reduction"),
+    ("quantize_above", "quantized from this level outwards"),
+    ("allgather_bucket_mb", "all-gather bucket (MB)"),
+    ("reduce_bucket_mb", "reduce bucket (MB)"),
+    ("prefetch_buckets", "buckets gathered ahead"),
+    ("micro_batch_size", "micro-batch size"),
+    ("activation_checkpointing", "activation checkpointing"),
+)
+PER_PAGE = 50
+
+
+def page_data(value: Any) -> Any:
+    """JSON-ready and finite (NaN losses become null): what ``JSON.parse`` in the page accepts."""
+    return queries.finite(json.loads(json.dumps(value, default=str)))
+
+
+def cluster_levels(request: Request) -> list[dict[str, Any]]:
+    return list((request.cluster or {}).get("levels") or [])
+
+
+def span_words(levels: list[dict[str, Any]], span: Any) -> str:
+    """``span 2: node (8 ranks)``: a span in the words of the cluster's levels."""
+    if span is None:
+        return "off"
+    if not isinstance(span, int) or not 0 <= span <= len(levels):
+        return str(span)
+    if span == 0:
+        return "0: not partitioned (each rank holds all)"
+    ranks = math.prod(int(level.get("size", 1)) for level in levels[:span])
+    return f"{span}: {levels[span - 1].get('name')} ({ranks} ranks)"
+
+
+def strategy_rows(strategy: dict[str, Any], levels: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(field, value in words, meaning) for each Strategy dimension."""
+    out = []
+    for name, meaning in STRATEGY_FIELDS:
+        value = strategy.get(name)
+        if name.endswith("_span"):
+            words = span_words(levels, value)
+        elif name == "quantize_above" and isinstance(value, int) and 1 <= value <= len(levels):
+            words = f"{value}: {levels[value - 1].get('name')}"
+        else:
+            words = "—" if value is None else str(value)
+        out.append((name, words, meaning))
+    return out
+
+
+def request_summary(request: Request) -> dict[str, Any]:
+    model, cluster = request.model or {}, request.cluster or {}
+    levels = cluster_levels(request)
+    return {"id": request.id, "model": model.get("name", "custom"), "cluster": cluster.get("name", "custom"),
+            "world_size": math.prod(int(level.get("size", 1)) for level in levels) if levels else None,
+            "device": cluster.get("device"), "device_memory_gib": cluster.get("device_memory_gib"),
+            "levels": [level.get("name") for level in levels], "objective": request.objective,
+            "executor": request.executor, "trials": (request.budget or {}).get("trials")}
+
+
+def studies_page(session: Session, page: int) -> dict[str, Any]:
+    rows, count = repo.list_studies(session=session, offset=(page - 1) * PER_PAGE, limit=PER_PAGE)
+    studies: list[dict[str, Any]] = []
+    live: list[dict[str, int | None]] = []
+    for study in rows:
+        detail = queries.study_detail(session, study)
+        job = queries.study_job(session, study.id)
+        request = session.get(Request, study.request_id)
+        assert request is not None
+        done = sum(n for status, n in detail.trial_counts.items() if status in repo.TERMINAL_TRIAL_STATUSES)
+        studies.append({"study": detail, "request": request_summary(request), "done": done,
+                        "job": queries.job_public(session, job) if job is not None else None})
+        if detail.state in ("pending", "running"):
+            live.append({"study_id": detail.id, "job_id": job.id if job is not None else None})
+    waiting: list[dict[str, Any]] = []
+    for waiting_job in queries.waiting_jobs(session):
+        request = session.get(Request, waiting_job.request_id)
+        assert request is not None
+        waiting.append({"job": queries.job_public(session, waiting_job), "request": request_summary(request)})
+    pages = max(1, math.ceil(count / PER_PAGE))
+    return {"studies": studies, "count": count, "page": page, "pages": pages, "waiting": waiting,
+            "data": page_data({"live": live, "waiting": [w["job"].id for w in waiting]})}
+
+
+def study_page(session: Session, study: Study) -> dict[str, Any]:
+    detail = queries.study_detail(session, study)
+    request = session.get(Request, study.request_id)
+    assert request is not None
+    points = queries.trial_points(session, study)
+    job = queries.study_job(session, study.id)
+    job_view = queries.job_public(session, job) if job is not None else None
+    present = {p.strategy.get("name") for p in points.data if p.status == "complete"}
+    presets = [name for name in PRESETS if name in present]
+    failed = [p for p in points.data if p.status in ("failed", "infeasible")]
+    return {"study": detail, "request": request_summary(request), "job": job_view, "presets": presets,
+            "count": points.count, "failed": len(failed),
+            # JSON-ready as dumped: every number of a point went through queries.trial_point's finite check
+            # (a 500-trial study skips a second pass over 30,000 values)
+            "data": {"study": detail.model_dump(mode="json"), "points": points.model_dump(mode="json"),
+                     "job": job_view.model_dump(mode="json") if job_view else None,
+                     "device_memory_gib": request_summary(request)["device_memory_gib"],
+                     "outer_level": queries.outer_level(request)}}
+
+
+def trial_view(session: Session, trial: Trial) -> dict[str, Any]:
+    """A trial with its study's request, as the trial and compare pages draw it."""
+    study = session.get(Study, trial.study_id)
+    assert study is not None
+    request = session.get(Request, study.request_id)
+    assert request is not None
+    detail = TrialDetailPublic.model_validate(trial, from_attributes=True)
+    return {"trial": detail, "study": StudyPublic.model_validate(study, from_attributes=True),
+            "request": request_summary(request), "levels": cluster_levels(request),
+            "point": queries.trial_point(trial, queries.outer_level(request))}
+
+
+def trial_page(session: Session, trial: Trial) -> dict[str, Any]:
+    view = trial_view(session, trial)
+    best = repo.best_trial(session=session, study_id=trial.study_id)
+    detail: TrialDetailPublic = view["trial"]
+    return {**view, "best": best.id if best is not None and best.id != trial.id else None,
+            "strategy_rows": strategy_rows(detail.strategy, view["levels"]),
+            "data": page_data({"trial": detail.model_dump(mode="json", exclude={"logs"}),
+                               "levels": [level.get("name") for level in view["levels"]],
+                               "device_memory_gib": view["request"]["device_memory_gib"]})}
+
+
+def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]:
+    rec = queries.recommendation_public(row)
+    study = session.get(Study, row.study_id)
+    assert study is not None
+    request = session.get(Request, study.request_id)
+    assert request is not None
+    level = queries.outer_level(request)
+    evidence = {}
+    for role, trial_id in (("chosen", row.trial_id), ("runner-up", row.runner_up_trial_id)):
+        trial = session.get(Trial, trial_id) if trial_id is not None else None
+        if trial is not None:
+            evidence[role] = queries.trial_point(trial, level)
+    exports = [{"format": fmt, "filename": filename, "use": use,
+                "text": json.dumps(page_data(rec.exports.get(fmt) or {}), indent=2)}
+               for fmt, filename, use in EXPORTS if fmt in rec.exports]
+    notes = rec.exports.get("deepspeed_notes") or []
+    return {"rec": rec, "request": request_summary(request), "evidence": evidence, "exports": exports,
+            "notes": notes if isinstance(notes, list) else [str(notes)],
+            "verification": (rec.metrics or {}).get("verification"),
+            "strategy_rows": strategy_rows(rec.strategy, cluster_levels(request)), "data": page_data({})}
+
+
+def compare_trials(session: Session, trial_ids: list[int], study_id: int | None,
+                   strategies: list[str]) -> tuple[list[Trial], list[str]]:
+    """The trials to compare, and what could not be found (ids, or preset names absent from the study)."""
+    trials: list[Trial] = []
+    missing: list[str] = []
+    for trial_id in trial_ids:
+        trial = session.get(Trial, trial_id)
+        if trial is None:
+            missing.append(f"trial {trial_id}")
+        elif trial not in trials:
+            trials.append(trial)
+    if study_id is not None:
+        rows, _ = repo.list_trials(session=session, study_id=study_id, limit=100_000)
+        for name in strategies or list(PRESETS):
+            named = [t for t in rows if t.strategy.get("name") == name]
+            chosen = max((t for t in named if t.status == "complete"), key=lambda t: t.value or 0.0, default=None) \
+                or (named[0] if named else None)
+            if chosen is None:
+                if strategies:
+                    missing.append(f"{name} in study {study_id}")
+            elif chosen not in trials:
+                trials.append(chosen)
+    return trials, missing
+
+
+def compare_page(session: Session, trials: list[Trial], missing: list[str]) -> dict[str, Any]:
+    views = [trial_view(session, t) for t in trials]
+    rows: list[tuple[str, list[str], bool]] = []
+
+    def row(name: str, values: list[Any]) -> None:
+        words = ["—" if v is None else v if isinstance(v, str) else f"{v:.4g}" if isinstance(v, float) else str(v)
+                 for v in values]
+        rows.append((name, words, len(set(words)) > 1))
+
+    row("study", [f"{v['study'].id}: {v['request']['model']} on {v['request']['cluster']}" for v in views])
+    row("status", [v["trial"].status for v in views])
+    row("executor", [v["trial"].executor for v in views])
+    row("TFLOPS per rank", [v["point"].value for v in views])
+    row("predicted TFLOPS per rank", [v["point"].predicted_tflops_per_rank for v in views])
+    row("measured step time (s)", [v["point"].measured_step_time_s for v in views])
+    row("predicted step time (s)", [v["point"].predicted_step_time_s for v in views])
+    row("peak memory (GiB)", [v["point"].peak_memory_bytes / 2**30 if v["point"].peak_memory_bytes is not None
+                              else None for v in views])
+    row("inter-node MiB per step", [v["point"].inter_node_bytes / 2**20 if v["point"].inter_node_bytes is not None
+                                    else None for v in views])
+    for name, _ in STRATEGY_FIELDS:
+        row(name, [span_words(v["levels"], v["trial"].strategy.get(name)) if name.endswith("_span")
+                   else v["trial"].strategy.get(name) for v in views])
+    row("reason", [v["trial"].reason for v in views])
+    limits = {v["request"]["device_memory_gib"] for v in views}
+    return {"views": views, "rows": rows, "missing": missing,
+            "data": page_data({"trials": [{"trial": v["trial"].model_dump(mode="json", exclude={"logs"}),
+                                           "label": f"#{v['trial'].id} {v['point'].label}",
+                                           "levels": [level.get("name") for level in v["levels"]]}
+                                          for v in views],
+                               "device_memory_gib": limits.pop() if len(limits) == 1 else None})}
