@@ -390,6 +390,7 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)  # also when started with SIGINT ignored (a background job of a script)
     for name, value, rule in (("--timeout", args.timeout, args.timeout > 0),
                               ("--connect-timeout", args.connect_timeout, args.connect_timeout > 0),
                               ("--read-timeout", args.read_timeout, args.read_timeout > 0),
