@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -138,9 +139,7 @@ def resolve_cluster(cluster: str | None, env: Mapping[str, str], use_slurm: bool
         if slurm is not None:
             levels[-1] = {**levels[-1], "size": slurm[1]}
         if gpus is not None and len(levels) > 1:
-            per_node = 1
-            for lv in levels[:-1]:
-                per_node *= lv.get("size", 1) if isinstance(lv.get("size"), int) else 1
+            per_node = math.prod(lv["size"] if isinstance(lv.get("size"), int) else 1 for lv in levels[:-1])
             _check_gpus(gpus, per_node, f"the ClusterSpec in {cluster}")
         return spec
     name, sep, size = cluster.partition(":")
@@ -164,10 +163,7 @@ def resolve_cluster(cluster: str | None, env: Mapping[str, str], use_slurm: bool
             raise UsageError("cluster", cluster, "the sizes are unknown: write local:AxB, or run inside a Slurm "
                                                  "allocation")
         if gpus is not None and len(sizes) > 1:
-            per_node = 1
-            for s in sizes[:-1]:
-                per_node *= int(s)
-            _check_gpus(gpus, per_node, f"local:{'x'.join(sizes)}")
+            _check_gpus(gpus, math.prod(int(s) for s in sizes[:-1]), f"local:{'x'.join(sizes)}")
         return "local:" + "x".join(sizes)
     if sep and not (size.isdigit() and int(size) >= 1):
         raise UsageError("cluster", cluster, "the size after ':' is the number of nodes, a positive integer")

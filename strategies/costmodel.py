@@ -165,11 +165,11 @@ class _Costs:
 
     def time(self, c: tuple[str, tuple[int, int], int, int]) -> float:
         """Σ over the collective's levels of ring steps · latency + bytes / bandwidth, + quantization."""
-        cached = self._time.get(c)
+        key = c
+        cached = self._time.get(key)
         if cached is not None:
             return cached
-        c = Collective(*c)
-        key = c
+        c = Collective(*c)  # named fields below
         lo, hi = c.levels
         t, quant_elems = 0.0, 0
         if lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
@@ -300,7 +300,6 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
 class _Summary(NamedTuple):
     """Plan facts the hot path needs (cached per plan)."""
 
-    plan: Plan
     root: int
     """The root bucket's padded length."""
     lengths: list[int]
@@ -328,7 +327,7 @@ def _summary(model: ModelSpec, world: int, allgather_bucket_mb: float, reduce_bu
     lengths = [b.padded for b in blocks]
     units = [len(b.units) for b in blocks]
     group_end = [ends.get(b.index, 0) for b in blocks]
-    return _Summary(plan, plan.buckets[0].padded, lengths, units, group_end, ends[0],
+    return _Summary(plan.buckets[0].padded, lengths, units, group_end, ends[0],
                     tuple(Counter(lengths).items()), tuple(Counter(m for m in [*group_end, ends[0]] if m).items()),
                     tuple(Counter(m for m in group_end if m).items()), sum(units))
 

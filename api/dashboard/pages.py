@@ -18,8 +18,8 @@ from api import queries
 from api.schemas import StudyPublic, TrialDetailPublic
 from db import repository as repo
 from db.models import Recommendation, Request, Study, Trial
+from tuner.study import PRESETS  # the known-good strategies every study runs first (already loaded by the service)
 
-PRESETS = ("zero3", "zeropp", "3level-a", "3level-b", "mics")  # tuner.study.PRESETS: enqueued first in every study
 EXPORTS = (("zerotune", "zerotune.json", "zerotune's trainer: write its strategy to strategy.json, run its command "
              "on every node"),
            ("deepspeed", "ds_config.json", "DeepSpeed: deepspeed.initialize(..., config=\"ds_config.json\")"),
@@ -115,19 +115,20 @@ def study_page(session: Session, study: Study) -> dict[str, Any]:
     detail = queries.study_detail(session, study)
     request = session.get(Request, study.request_id)
     assert request is not None
+    summary = request_summary(request)
     points = queries.trial_points(session, study)
     job = queries.study_job(session, study.id)
     job_view = queries.job_public(session, job) if job is not None else None
     present = {p.strategy.get("name") for p in points.data if p.status == "complete"}
     presets = [name for name in PRESETS if name in present]
     failed = [p for p in points.data if p.status in ("failed", "infeasible")]
-    return {"study": detail, "request": request_summary(request), "job": job_view, "presets": presets,
+    return {"study": detail, "request": summary, "job": job_view, "presets": presets,
             "count": points.count, "failed": len(failed),
             # JSON-ready as dumped: every number of a point went through queries.trial_point's finite check
             # (a 500-trial study skips a second pass over 30,000 values)
             "data": {"study": detail.model_dump(mode="json"), "points": points.model_dump(mode="json"),
                      "job": job_view.model_dump(mode="json") if job_view else None,
-                     "device_memory_gib": request_summary(request)["device_memory_gib"],
+                     "device_memory_gib": summary["device_memory_gib"],
                      "outer_level": queries.outer_level(request)}}
 
 
