@@ -1,22 +1,31 @@
 """How well the cost model predicts real runs, and how fast it predicts.
 
-    python bench/costmodel_fidelity.py                       # 20 strategies on local:2x2x2, gpt-mini (~20 min)
-    python bench/costmodel_fidelity.py --runs-dir runs/      # reuse run.json files already there
+    python bench/costmodel_fidelity.py                       # 20 strategies x 3 rounds, local:2x2x2 (~35 min)
+    python bench/costmodel_fidelity.py --runs-dir runs/      # reuse run.json files already there (resumes)
 
-1. Trains each strategy for real (``zerotune train``, 8 gloo ranks) and keeps its run.json.
-2. Calibrates the cost model on every other run (the even-numbered half) and predicts the others.
+1. Trains each strategy for real (``zerotune train``, 8 gloo ranks, 20 steps of which the first 8
+   are warm-up: 8 ranks on a 2-core machine take that long to settle) ``--rounds`` times, round by
+   round so that slow drift of the machine touches every strategy alike. A strategy's measured step
+   time is the median over its rounds (each round's own figure is the median of its timed steps).
+2. Calibrates the cost model on every other strategy (the even-numbered half) and predicts the others.
 3. Prints measured vs predicted step time for the held-out half, the Spearman rank correlation and
-   the median relative error (goals: >= 0.9 and <= 15%).
-4. Trains zero3 ``--repeats`` more times and prints the run-to-run spread: the noise floor under any
-   model's error (8 ranks share this machine's cores; step times wander with the scheduler).
+   the median relative error (goals: >= 0.9 and <= 15%), against the rounds' median and against the
+   first round alone.
+4. Prints how well the measurements rank themselves: Spearman between two rounds over all strategies
+   (r), the same for the median of K rounds by the Spearman-Brown formula (r_K = K r / (1 + (K-1) r)),
+   and about sqrt(r_K): what an exact predictor would reach against those medians, the ceiling the
+   measurement noise puts on any model here.
 5. Times ``predict`` on gpt-neox-20b / frontier:48 over random valid strategies (goal >= 10,000/s).
 Run it on an otherwise idle machine: other work on the cores changes every measured step time.
+``--hidden`` / ``--seq-len`` change the preset's shape (e.g. 384 / 32 for a communication-bound step).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import random
 import statistics
 import subprocess
@@ -43,25 +52,39 @@ VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
 ]
 
 
-def run_all(args: argparse.Namespace, runs_dir: Path, variants: list[tuple[str, dict]] | None = None,
-            prefix: str = "run") -> list[Path]:
+def run_all(args: argparse.Namespace, runs_dir: Path, prefix: str = "run") -> dict[int, Path]:
+    """Train every variant once (skipping runs already there); returns {variant index: ok run.json}."""
     runs_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    variants = VARIANTS if variants is None else variants
-    for i, (preset, overrides) in enumerate(variants):
+    model = bench_model(args, runs_dir)
+    done = {}
+    for i, (preset, overrides) in enumerate(VARIANTS):
         path = runs_dir / f"{prefix}{i:02d}-{preset}.json"
-        paths.append(path)
+        if not (path.is_file() and json.loads(path.read_text()).get("status") == "ok"):
+            sets = [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()]
+            cmd = [sys.executable, "-m", "api.cli", "train", "--model", model, "--cluster", args.cluster,
+                   "--strategy", preset, *sets, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--quiet", "--out", str(path)]
+            t0 = time.perf_counter()
+            result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            status = "ok" if result.returncode == 0 else "FAILED: " + (result.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"{prefix} [{i + 1}/{len(VARIANTS)}] {preset} {overrides}: {status} "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         if path.is_file() and json.loads(path.read_text()).get("status") == "ok":
-            continue
-        sets = [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()]
-        cmd = [sys.executable, "-m", "api.cli", "train", "--model", args.model, "--cluster", args.cluster,
-               "--strategy", preset, *sets, "--steps", str(args.steps), "--warmup", "2", "--quiet", "--out", str(path)]
-        t0 = time.perf_counter()
-        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        status = "ok" if result.returncode == 0 else "FAILED: " + result.stderr.strip().splitlines()[-1]
-        print(f"[{i + 1}/{len(variants)}] {preset} {overrides}: {status} ({time.perf_counter() - t0:.0f} s)",
-              file=sys.stderr)
-    return [p for p in paths if p.is_file() and json.loads(p.read_text()).get("status") == "ok"]
+            done[i] = path
+    return done
+
+
+def bench_model(args: argparse.Namespace, runs_dir: Path) -> str:
+    """The preset with ``--hidden`` / ``--seq-len`` applied, as a model JSON file in the runs directory."""
+    base = parse_model(args.model)
+    changes = {k: v for k, v in (("hidden", args.hidden), ("seq_len", args.seq_len)) if v}
+    if not changes:
+        return args.model
+    spec = dataclasses.replace(base, name=f"{base.name}-h{changes.get('hidden', base.hidden)}"
+                                          f"-t{changes.get('seq_len', base.seq_len)}", **changes)
+    path = runs_dir / "model.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    return str(path)
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -70,35 +93,52 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-def fidelity(paths: list[Path]) -> None:
-    runs = [(p, Measurement.from_run(json.loads(p.read_text()), str(p))) for p in paths]
-    train, test = runs[0::2], runs[1::2]
+def fidelity(rounds: list[dict[int, Path]]) -> None:
+    runs = {i: [json.loads(r[i].read_text()) for r in rounds if i in r] for i in range(len(VARIANTS))}
+    runs = {i: rs for i, rs in runs.items() if rs}
+    measured = {i: statistics.median(r["step_time_s"] for r in rs) for i, rs in runs.items()}
+    first = {i: rs[0]["step_time_s"] for i, rs in runs.items()}
+    train = [dataclasses.replace(Measurement.from_run(runs[i][0]), step_time_s=measured[i]) for i in runs if i % 2 == 0]
     fields = ["compute_efficiency", "latency_scale", "quant_elems_per_s", "overlap", "step_overhead_s"]
-    calib, stats = fit([m for _, m in train], name="local-cpu", fields=fields)
-    print(f"\ncalibrated on {len(train)} runs (fit median error {stats['median_rel_error']:.1%}):")
+    calib, stats = fit(train, name="local-cpu", fields=fields)
+    print(f"\ncalibrated on {len(train)} strategies (fit median error {stats['median_rel_error']:.1%}):")
     print("  " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in calib.to_dict().items() if k != "name"))
-    print(f"\n{'held-out run':<36}{'measured s':>12}{'predicted s':>13}{'error':>9}")
-    measured, predicted = [], []
-    for path, m in test:
-        p = predict(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes, global_batch=m.global_batch,
-                    calibration=calib, block=m.quant_block)["step_time_s"]
-        measured.append(m.step_time_s)
-        predicted.append(p)
-        print(f"{path.stem:<36}{m.step_time_s:>12.4f}{p:>13.4f}{(p - m.step_time_s) / m.step_time_s:>9.1%}")
-    errors = [abs(p - m) / m for p, m in zip(predicted, measured, strict=True)]
-    print(f"\nSpearman rank correlation (held-out): {spearman(measured, predicted):.3f}   goal >= 0.9")
-    print(f"median relative error (held-out):     {statistics.median(errors):.1%}   goal <= 15%")
+    held = [i for i in runs if i % 2 == 1]
+    print(f"\n{'held-out strategy':<52}{'rounds s':>22}{'median s':>10}{'predicted':>11}{'error':>8}")
+    predicted = {}
+    for i in held:
+        m = Measurement.from_run(runs[i][0])
+        predicted[i] = predict(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes, global_batch=m.global_batch,
+                               calibration=calib, block=m.quant_block)["step_time_s"]
+        label = f"{i:02d} {VARIANTS[i][0]} {json.dumps(VARIANTS[i][1])}"[:50]
+        each = " ".join(f"{r['step_time_s']:.3f}" for r in runs[i])
+        print(f"{label:<52}{each:>22}{measured[i]:>10.4f}{predicted[i]:>11.4f}"
+              f"{(predicted[i] - measured[i]) / measured[i]:>8.1%}")
+    pred = [predicted[i] for i in held]
+    for what, values in ((f"median of {len(rounds)} rounds", measured), ("first round only", first)):
+        meas = [values[i] for i in held]
+        errors = [abs(p - m) / m for p, m in zip(pred, meas, strict=True)]
+        print(f"\nagainst the {what}: Spearman {spearman(meas, pred):.3f} (goal >= 0.9), "
+              f"median relative error {statistics.median(errors):.1%} (goal <= 15%)")
+    reliability(runs, len(rounds))
 
 
-def noise(paths: list[Path]) -> None:
-    """Run-to-run spread of one strategy trained several times: the floor under any model's error."""
-    times = [json.loads(p.read_text())["step_time_s"] for p in paths]
-    if len(times) < 2:
+def reliability(runs: dict[int, list[dict]], k: int) -> None:
+    """How well the measurements rank themselves: the ceiling measurement noise puts on any model."""
+    both = [i for i, rs in runs.items() if len(rs) >= 2]
+    if len(both) < 3 or k < 2:
         return
-    mean = statistics.mean(times)
-    print(f"\nrun-to-run noise ({len(times)} identical zero3 runs): step time {min(times):.4f}-{max(times):.4f} s, "
-          f"spread {max(times) / min(times) - 1:.1%}, coefficient of variation {statistics.stdev(times) / mean:.1%}")
+    r = spearman([runs[i][0]["step_time_s"] for i in both], [runs[i][1]["step_time_s"] for i in both])
+    rk = k * r / (1 + (k - 1) * r) if r > 0 else r
+    spread = statistics.median(
+        (max(x["step_time_s"] for x in rs) - min(x["step_time_s"] for x in rs))
+        / statistics.median(x["step_time_s"] for x in rs) for rs in runs.values() if len(rs) >= 2)
+    times = sorted(statistics.median(x["step_time_s"] for x in rs) for rs in runs.values())
+    print(f"\nmeasurement noise: strategies' medians span {times[0]:.3f}-{times[-1]:.3f} s; one strategy's rounds "
+          f"spread {spread:.1%} (median over strategies)")
+    print(f"  Spearman(round 1, round 2) over {len(both)} strategies r = {r:.3f}; for the median of {k} rounds "
+          f"r_{k} = {rk:.3f}; an exact predictor would reach about sqrt(r_{k}) = {math.sqrt(max(rk, 0.0)):.3f}")
 
 
 def speed(n: int) -> None:
@@ -130,15 +170,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gpt-mini")
     parser.add_argument("--cluster", default="local:2x2x2")
-    parser.add_argument("--steps", type=int, default=10, help="training steps per run (2 of them warm-up)")
+    parser.add_argument("--hidden", type=int, default=0, help="override the preset's hidden size (0: keep)")
+    parser.add_argument("--seq-len", type=int, default=0, help="override the preset's sequence length (0: keep)")
+    parser.add_argument("--rounds", type=int, default=3, help="times each strategy is trained (>= 2 for the noise)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run")
+    parser.add_argument("--warmup", type=int, default=8,
+                        help="first steps left out (here the first ~8 steps of 8 oversubscribed ranks run slow)")
     parser.add_argument("--runs-dir", default=str(ROOT / "artifacts" / "fidelity"))
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--predictions", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=3, help="extra identical zero3 runs that measure the noise")
     args = parser.parse_args()
     if not args.speed_only:
-        fidelity(run_all(args, Path(args.runs_dir)))
-        noise(run_all(args, Path(args.runs_dir), [("zero3", {})] * args.repeats, prefix="noise"))
+        fidelity([run_all(args, Path(args.runs_dir), "run" if k == 0 else f"round{k + 1}")
+                  for k in range(args.rounds)])
     speed(args.predictions)
 
 
