@@ -7,7 +7,8 @@
    are warm-up: 8 ranks on a 2-core machine take that long to settle) ``--rounds`` times, round by
    round so that slow drift of the machine touches every strategy alike. A strategy's measured step
    time is the median over its rounds (each round's own figure is the median of its timed steps).
-2. Calibrates the cost model on every other strategy (the even-numbered half) and predicts the others.
+2. Calibrates the cost model on every other strategy (the even-numbered half) and predicts the others;
+   then the other way round (two-fold), so every strategy is predicted once by a fit that never saw it.
 3. Prints measured vs predicted step time for the held-out half, the Spearman rank correlation and
    the median relative error (goals: >= 0.9 and <= 15%), against the rounds' median and against the
    first round alone.
@@ -96,16 +97,24 @@ def spearman(a: list[float], b: list[float]) -> float:
 def fidelity(rounds: list[dict[int, Path]]) -> None:
     runs = {i: [json.loads(r[i].read_text()) for r in rounds if i in r] for i in range(len(VARIANTS))}
     runs = {i: rs for i, rs in runs.items() if rs}
+    for calibrate_on, held_out in (("even", 1), ("odd", 0)):  # two-fold: each half predicted once
+        held_out_half(runs, len(rounds), calibrate_on, held_out)
+    reliability(runs, len(rounds))
+
+
+def held_out_half(runs: dict[int, list[dict]], k: int, calibrate_on: str, held_out: int) -> None:
     measured = {i: statistics.median(r["step_time_s"] for r in rs) for i, rs in runs.items()}
     first = {i: rs[0]["step_time_s"] for i, rs in runs.items()}
-    train = [dataclasses.replace(Measurement.from_run(runs[i][0]), step_time_s=measured[i]) for i in runs if i % 2 == 0]
+    train = [dataclasses.replace(Measurement.from_run(runs[i][0]), step_time_s=measured[i])
+             for i in runs if i % 2 != held_out]
     fields = ["compute_efficiency", "latency_scale", "quant_elems_per_s", "overlap", "step_overhead_s"]
     calib, stats = fit(train, name="local-cpu", fields=fields)
-    print(f"\ncalibrated on {len(train)} strategies (fit median error {stats['median_rel_error']:.1%}):")
+    print(f"\n=== calibrated on the {calibrate_on}-numbered {len(train)} strategies "
+          f"(fit median error {stats['median_rel_error']:.1%}):")
     print("  " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in calib.to_dict().items() if k != "name"))
-    held = [i for i in runs if i % 2 == 1]
-    print(f"\n{'held-out strategy':<52}{'rounds s':>22}{'median s':>10}{'predicted':>11}{'error':>8}")
+    held = [i for i in runs if i % 2 == held_out]
+    print(f"\n{'held-out strategy':<52}{'rounds s':>36}{'median s':>10}{'predicted':>11}{'error':>8}")
     predicted = {}
     for i in held:
         m = Measurement.from_run(runs[i][0])
@@ -113,15 +122,14 @@ def fidelity(rounds: list[dict[int, Path]]) -> None:
                                calibration=calib, block=m.quant_block)["step_time_s"]
         label = f"{i:02d} {VARIANTS[i][0]} {json.dumps(VARIANTS[i][1])}"[:50]
         each = " ".join(f"{r['step_time_s']:.3f}" for r in runs[i])
-        print(f"{label:<52}{each:>22}{measured[i]:>10.4f}{predicted[i]:>11.4f}"
+        print(f"{label:<52}{each:>36}{measured[i]:>10.4f}{predicted[i]:>11.4f}"
               f"{(predicted[i] - measured[i]) / measured[i]:>8.1%}")
     pred = [predicted[i] for i in held]
-    for what, values in ((f"median of {len(rounds)} rounds", measured), ("first round only", first)):
+    for what, values in ((f"median of {k} rounds", measured), ("first round only", first)):
         meas = [values[i] for i in held]
         errors = [abs(p - m) / m for p, m in zip(pred, meas, strict=True)]
-        print(f"\nagainst the {what}: Spearman {spearman(meas, pred):.3f} (goal >= 0.9), "
+        print(f"against the {what}: Spearman {spearman(meas, pred):.3f} (goal >= 0.9), "
               f"median relative error {statistics.median(errors):.1%} (goal <= 15%)")
-    reliability(runs, len(rounds))
 
 
 def reliability(runs: dict[int, list[dict]], k: int) -> None:
