@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from strategies.calibration import Measurement, fit  # noqa: E402
+from strategies.calibration import Measurement, fit, predicted_step_time  # noqa: E402
 from strategies.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
 from strategies.costmodel import predict  # noqa: E402
 from strategies.errors import SpecError  # noqa: E402
@@ -53,14 +53,23 @@ VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
 ]
 
 
-def run_all(args: argparse.Namespace, runs_dir: Path, prefix: str = "run") -> dict[int, Path]:
+def _ok_run(path: Path) -> dict | None:
+    """The run.json at ``path`` if it finished (status ok), else None."""
+    if not path.is_file():
+        return None
+    run = json.loads(path.read_text())
+    return run if run.get("status") == "ok" else None
+
+
+def run_all(args: argparse.Namespace, runs_dir: Path, prefix: str = "run") -> dict[int, dict]:
     """Train every variant once (skipping runs already there); returns {variant index: ok run.json}."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     model = bench_model(args, runs_dir)
     done = {}
     for i, (preset, overrides) in enumerate(VARIANTS):
         path = runs_dir / f"{prefix}{i:02d}-{preset}.json"
-        if not (path.is_file() and json.loads(path.read_text()).get("status") == "ok"):
+        run = _ok_run(path)
+        if run is None:
             sets = [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()]
             cmd = [sys.executable, "-m", "api.cli", "train", "--model", model, "--cluster", args.cluster,
                    "--strategy", preset, *sets, "--steps", str(args.steps), "--warmup", str(args.warmup),
@@ -70,8 +79,9 @@ def run_all(args: argparse.Namespace, runs_dir: Path, prefix: str = "run") -> di
             status = "ok" if result.returncode == 0 else "FAILED: " + (result.stderr.strip().splitlines() or ["?"])[-1]
             print(f"{prefix} [{i + 1}/{len(VARIANTS)}] {preset} {overrides}: {status} "
                   f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-        if path.is_file() and json.loads(path.read_text()).get("status") == "ok":
-            done[i] = path
+            run = _ok_run(path)
+        if run is not None:
+            done[i] = run
     return done
 
 
@@ -94,41 +104,37 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-def fidelity(rounds: list[dict[int, Path]]) -> None:
-    runs = {i: [json.loads(r[i].read_text()) for r in rounds if i in r] for i in range(len(VARIANTS))}
+def fidelity(rounds: list[dict[int, dict]]) -> None:
+    runs = {i: [r[i] for r in rounds if i in r] for i in range(len(VARIANTS))}
     runs = {i: rs for i, rs in runs.items() if rs}
+    measured = {i: statistics.median(r["step_time_s"] for r in rs) for i, rs in runs.items()}
+    first = {i: rs[0]["step_time_s"] for i, rs in runs.items()}
+    # what each strategy ran, timed by the median of its rounds
+    points = {i: dataclasses.replace(Measurement.from_run(rs[0]), step_time_s=measured[i]) for i, rs in runs.items()}
     for calibrate_on, held_out in (("even", 1), ("odd", 0)):  # two-fold: each half predicted once
-        held_out_half(runs, len(rounds), calibrate_on, held_out)
+        held_out_half(runs, points, first, len(rounds), calibrate_on, held_out)
     reliability(runs, len(rounds))
 
 
-def held_out_half(runs: dict[int, list[dict]], k: int, calibrate_on: str, held_out: int) -> None:
-    measured = {i: statistics.median(r["step_time_s"] for r in rs) for i, rs in runs.items()}
-    first = {i: rs[0]["step_time_s"] for i, rs in runs.items()}
-    train = [dataclasses.replace(Measurement.from_run(runs[i][0]), step_time_s=measured[i])
-             for i in runs if i % 2 != held_out]
+def held_out_half(runs: dict[int, list[dict]], points: dict[int, Measurement], first: dict[int, float], k: int,
+                  calibrate_on: str, held_out: int) -> None:
+    train = [m for i, m in points.items() if i % 2 != held_out]
     fields = ["compute_efficiency", "latency_scale", "quant_elems_per_s", "overlap", "step_overhead_s"]
     calib, stats = fit(train, name="local-cpu", fields=fields)
     print(f"\n=== calibrated on the {calibrate_on}-numbered {len(train)} strategies "
           f"(fit median error {stats['median_rel_error']:.1%}):")
     print("  " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in calib.to_dict().items() if k != "name"))
-    held = [i for i in runs if i % 2 == held_out]
+    held = [i for i in points if i % 2 == held_out]
     print(f"\n{'held-out strategy':<52}{'rounds s':>36}{'median s':>10}{'predicted':>11}{'error':>8}")
-    predicted = {}
-    for i in held:
-        m = Measurement.from_run(runs[i][0])
-        predicted[i] = predict(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes, global_batch=m.global_batch,
-                               calibration=calib, block=m.quant_block)["step_time_s"]
+    pred, meas = [predicted_step_time(points[i], calib) for i in held], [points[i].step_time_s for i in held]
+    for i, p, m in zip(held, pred, meas, strict=True):
         label = f"{i:02d} {VARIANTS[i][0]} {json.dumps(VARIANTS[i][1])}"[:50]
         each = " ".join(f"{r['step_time_s']:.3f}" for r in runs[i])
-        print(f"{label:<52}{each:>36}{measured[i]:>10.4f}{predicted[i]:>11.4f}"
-              f"{(predicted[i] - measured[i]) / measured[i]:>8.1%}")
-    pred = [predicted[i] for i in held]
-    for what, values in ((f"median of {k} rounds", measured), ("first round only", first)):
-        meas = [values[i] for i in held]
-        errors = [abs(p - m) / m for p, m in zip(pred, meas, strict=True)]
-        print(f"against the {what}: Spearman {spearman(meas, pred):.3f} (goal >= 0.9), "
+        print(f"{label:<52}{each:>36}{m:>10.4f}{p:>11.4f}{(p - m) / m:>8.1%}")
+    for what, values in ((f"median of {k} rounds", meas), ("first round only", [first[i] for i in held])):
+        errors = [abs(p - m) / m for p, m in zip(pred, values, strict=True)]
+        print(f"against the {what}: Spearman {spearman(values, pred):.3f} (goal >= 0.9), "
               f"median relative error {statistics.median(errors):.1%} (goal <= 15%)")
 
 

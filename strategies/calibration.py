@@ -56,7 +56,8 @@ _SCALARS = [("compute_efficiency", 1e-4, 2.0), ("latency_scale", 1e-3, 1e4), ("q
 _LOG = {"compute_efficiency", "latency_scale", "quant_elems_per_s", "optimizer_elems_per_s"}
 
 
-def _predict(m: Measurement, calib: Calibration) -> float:
+def predicted_step_time(m: Measurement, calib: Calibration) -> float:
+    """The model's step time for what ``m`` ran, under ``calib``."""
     return predict(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes, global_batch=m.global_batch,
                    calibration=calib, block=m.quant_block)["step_time_s"]
 
@@ -99,7 +100,7 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
 
     def residuals(x: Sequence[float]) -> list[float]:
         calib = unpack(x)
-        return [math.log(_predict(m, calib) / m.step_time_s) for m in measurements]
+        return [math.log(predicted_step_time(m, calib) / m.step_time_s) for m in measurements]
 
     x0 = [math.log10(getattr(base, f)) if f in _LOG else getattr(base, f) for f, _, _ in scalars]
     x0 += [math.log10(base.bandwidth_efficiency[lv - 1]) for lv in busy]
