@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,6 +168,19 @@ def test_calibration_recovers_known_parameters(tmp_path, monkeypatch):
     assert load_calibration("recovered") == calib
     with pytest.raises(SpecError, match="no such calibration"):
         load_calibration("nope")
+
+
+FIDELITY_RUNS = Path(__file__).resolve().parents[2] / "bench" / "data" / "fidelity-2core"
+
+
+def test_fidelity_bench_replays_its_stored_runs():
+    """The committed measurements and the bench that reads them stay in step (no training: every run is there)."""
+    out = subprocess.run([sys.executable, "bench/costmodel_fidelity.py", "--runs-dir", str(FIDELITY_RUNS),
+                          "--rounds", "5", "--repeats", "1", "--predictions", "200"],
+                         cwd=FIDELITY_RUNS.parents[2], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "/20]" not in out.stderr and "over 2 held-out halves: Spearman mean" in out.stdout
+    assert "mean r = " in out.stdout and "prediction speed" in out.stdout
 
 
 def test_predict_cli_sweep_table_and_json(capsys):
