@@ -150,8 +150,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from strategies.calibration import Measurement, fit, save_calibration
+    from strategies.calibration import Measurement, fit, fit_options, save_calibration
 
+    fields, start = fit_options(args.fit, args.fix)  # refuse bad options before reading any run
     runs = []
     for path in args.runs:
         try:
@@ -160,7 +161,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             from strategies.errors import SpecError
 
             raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
-    calib, stats = fit(runs, name=args.name)
+    calib, stats = fit(runs, name=args.name, fields=fields, start=start)
     path = save_calibration(calib, runs[0].cluster.name, stats)
     print(json.dumps({"calibration": calib.to_dict(), "fit": stats, "saved": str(path)}, indent=2))
     return ExitStatus.SUCCESS
@@ -542,6 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="fit the cost model to measured run.json files and store it by name")
     p.add_argument("runs", nargs="+", help="run.json files from zerotune train (one cluster layout)")
     p.add_argument("--name", required=True, help="name to store the calibration under")
+    p.add_argument("--fit", default=None, metavar="FIELD,...",
+                   help="the efficiencies to fit (default all: compute_efficiency, latency_scale, quant_elems_per_s, "
+                        "optimizer_elems_per_s, overlap, step_overhead_s); per-level bandwidths are always fitted")
+    p.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
+                   help="hold a field left out of --fit at VALUE (else nominal), e.g. overlap=0 where ranks "
+                        "outnumber cores")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("tune", help="run a study without a server and print the recommendation")

@@ -54,6 +54,37 @@ class Measurement:
 _SCALARS = [("compute_efficiency", 1e-4, 2.0), ("latency_scale", 1e-3, 1e4), ("quant_elems_per_s", 1e5, 1e13),
             ("optimizer_elems_per_s", 1e5, 1e13), ("overlap", 0.0, 1.0), ("step_overhead_s", 0.0, 100.0)]
 _LOG = {"compute_efficiency", "latency_scale", "quant_elems_per_s", "optimizer_elems_per_s"}
+FITTABLE = tuple(f for f, _, _ in _SCALARS)
+"""The scalar fields ``fit`` can fit (per-level bandwidth efficiencies are always fitted)."""
+
+
+def fit_options(fields_text: str | None, fixes: Sequence[str]) -> tuple[list[str] | None, Calibration]:
+    """``--fit a,b`` and ``--fix field=value`` as ``fit``'s ``fields`` and ``start``.
+
+    With few runs, fit few unknowns: latency trades off against bandwidth, overhead against compute,
+    and overlap cannot be seen at all where ranks outnumber cores (``--fix overlap=0`` there)."""
+    fields = None
+    if fields_text:
+        fields = [f.strip() for f in fields_text.split(",") if f.strip()]
+        for f in fields:
+            if f not in FITTABLE:
+                raise SpecError("fit", f, f"not a fitted field; choose from {', '.join(FITTABLE)}")
+    values: dict[str, float] = {}
+    for text in fixes:
+        field, sep, raw = text.partition("=")
+        if not sep or field not in FITTABLE:
+            raise SpecError("fix", text, f"expected FIELD=VALUE with FIELD one of {', '.join(FITTABLE)}")
+        if fields is None or field in fields:
+            raise SpecError("fix", text, f"{field} is fitted; leave it out of --fit to hold it at a value")
+        low, high = next((lo, hi) for f, lo, hi in _SCALARS if f == field)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SpecError("fix", text, "the value must be a number") from None
+        if not low <= value <= high:
+            raise SpecError("fix", text, f"{field} must lie in [{low:g}, {high:g}]")
+        values[field] = value
+    return fields, Calibration(**values)
 
 
 def predicted_step_time(m: Measurement, calib: Calibration) -> float:

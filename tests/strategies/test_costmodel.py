@@ -173,6 +173,29 @@ def test_calibration_recovers_known_parameters(tmp_path, monkeypatch):
 FIDELITY_RUNS = Path(__file__).resolve().parents[2] / "bench" / "data" / "fidelity-2core"
 
 
+def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ZEROTUNE_DATA_DIR", str(tmp_path))
+    runs = [str(p) for p in sorted(FIDELITY_RUNS.glob("run*.json"))]
+    assert main(["calibrate", *runs, "--name", "two-core", "--fit", "compute_efficiency,quant_elems_per_s",
+                 "--fix", "overlap=0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    calib = load_calibration("two-core")
+    assert out["saved"].endswith("two-core.json") and out["fit"]["runs"] == 20
+    assert calib.overlap == 0.0 and calib.latency_scale == 1.0 and calib.step_overhead_s == 0.0  # held
+    nominal = Calibration()
+    assert calib.compute_efficiency != nominal.compute_efficiency and len(calib.bandwidth_efficiency) == 3
+    assert out["fit"]["median_rel_error"] < 0.15  # 5 unknowns, 20 measured runs of 8 ranks on 2 cores
+    for bad, words in ((["--fit", "compute"], "fit='compute': not a fitted field"),
+                       (["--fix", "overlap=0"], "overlap is fitted"),
+                       (["--fit", "compute_efficiency", "--fix", "overlap=2"], "overlap must lie in [0, 1]"),
+                       (["--fit", "compute_efficiency", "--fix", "overlap"], "expected FIELD=VALUE")):
+        assert main(["calibrate", *runs[:2], "--name", "bad", *bad]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["calibrate", *runs[:2], "--name", "few"]) == 2  # 2 runs for 9 unknowns
+    assert "need at least 9 runs" in capsys.readouterr().err
+    assert not (tmp_path / "calibrations" / "bad.json").exists()
+
+
 def test_fidelity_bench_replays_its_stored_runs():
     """The committed measurements and the bench that reads them stay in step (no training: every run is there)."""
     out = subprocess.run([sys.executable, "bench/costmodel_fidelity.py", "--runs-dir", str(FIDELITY_RUNS),
