@@ -43,9 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from strategies.calibration import Measurement, fit, predicted_step_time  # noqa: E402
+from strategies.calibration import Measurement, fit, fit_options, predicted_step_time  # noqa: E402
 from strategies.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
-from strategies.costmodel import Calibration, predict  # noqa: E402
+from strategies.costmodel import predict  # noqa: E402
 from strategies.errors import SpecError  # noqa: E402
 
 VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
@@ -63,8 +63,9 @@ VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
 # from different starts end anywhere in 0..1 at the same cost). Latency stays nominal. Fitting
 # latency, overlap and step overhead too (--fit-all: 8 unknowns for 10 runs) lets a fit trade
 # latency against bandwidth and overhead against compute, and it predicts worse (report.txt).
-FIT_LOCAL = (["compute_efficiency", "quant_elems_per_s"], Calibration(name="local-cpu", overlap=0.0))
-FIT_ALL = (["compute_efficiency", "latency_scale", "quant_elems_per_s", "overlap", "step_overhead_s"], None)
+# As `zerotune calibrate --fit compute_efficiency,quant_elems_per_s --fix overlap=0`.
+FIT_LOCAL = fit_options("compute_efficiency,quant_elems_per_s", ["overlap=0"])
+FIT_ALL = fit_options("compute_efficiency,latency_scale,quant_elems_per_s,overlap,step_overhead_s", [])
 
 
 def _ok_run(path: Path) -> dict | None:
