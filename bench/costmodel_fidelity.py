@@ -7,10 +7,10 @@
 1. Trains each strategy for real (``zerotune train``, 8 gloo ranks, 20 steps of which the first 8
    are warm-up: 8 ranks on a 2-core machine take that long to settle) ``--rounds`` times, round by
    round so that slow drift of the machine touches every strategy alike. A run's step time is the
-   fastest of its timed steps (``--statistic min``; ``median`` is run.json's own ``step_time_s``):
-   on a shared 2-core machine a slow step is mostly another process's doing, and the minimum ranks
-   the strategies more repeatably (step 4's r, 0.65 against 0.55 for the median, on the stored
-   first five rounds). A strategy's time is the median over its rounds.
+   median of its timed steps (run.json's ``step_time_s``, what the tuner ranks by); ``--statistic
+   min`` takes the fastest step instead, which repeats better on a shared 2-core machine (step 4's r:
+   0.65-0.67 against 0.53-0.55) but is not what the model is calibrated to predict. A strategy's time
+   is the median over its rounds.
 2. 5x2 cross-validation (Dietterich 1998): ``--repeats`` random splits of the strategies into two
    halves; each half calibrates (``FIT_LOCAL``) and the other half is predicted, so every figure
    comes from a fit that never saw the strategy, and no single lucky split decides the result.
@@ -234,8 +234,8 @@ def main() -> None:
                         help="first steps left out (here the first ~8 steps of 8 oversubscribed ranks run slow)")
     parser.add_argument("--first-round", type=int, default=1,
                         help="analyse rounds first..rounds only (e.g. a second campaign on its own)")
-    parser.add_argument("--statistic", choices=["median", "min"], default="min",
-                        help="a run's step time from its timed steps: min (default) or median (run.json's)")
+    parser.add_argument("--statistic", choices=["median", "min"], default="median",
+                        help="a run's step time from its timed steps: median (run.json's step_time_s) or min")
     parser.add_argument("--repeats", type=int, default=5,
                         help="random half splits (5: Dietterich's 5x2 cross-validation)")
     parser.add_argument("--fit-all", action="store_true",

@@ -199,7 +199,7 @@ def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeyp
 def test_fidelity_bench_replays_its_stored_runs():
     """The committed measurements and the bench that reads them stay in step (no training: every run is there)."""
     out = subprocess.run([sys.executable, "bench/costmodel_fidelity.py", "--runs-dir", str(FIDELITY_RUNS),
-                          "--rounds", "5", "--repeats", "1", "--predictions", "200"],
+                          "--rounds", "10", "--repeats", "1", "--predictions", "200"],
                          cwd=FIDELITY_RUNS.parents[2], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "/20]" not in out.stderr and "over 2 held-out halves: Spearman mean" in out.stdout
