@@ -84,7 +84,7 @@ def fit_options(fields_text: str | None, fixes: Sequence[str]) -> tuple[list[str
         if not low <= value <= high:
             raise SpecError("fix", text, f"{field} must lie in [{low:g}, {high:g}]")
         values[field] = value
-    return fields, Calibration(**values)
+    return fields, Calibration.from_dict(values)
 
 
 def predicted_step_time(m: Measurement, calib: Calibration) -> float:
