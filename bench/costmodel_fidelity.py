@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from strategies.calibration import Measurement, fit, fit_options, predicted_step_time  # noqa: E402
 from strategies.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
-from strategies.costmodel import predict  # noqa: E402
+from strategies.costmodel import Calibration, predict  # noqa: E402
 from strategies.errors import SpecError  # noqa: E402
 
 VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
@@ -120,12 +120,12 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def figure(run: dict, statistic: str) -> float:
-    """One run's step time: the median (as run.json's ``step_time_s``) or the minimum of its timed steps."""
-    timed = run["step_times_s"][run["warmup_steps"]:]
-    return float(min(timed) if statistic == "min" else statistics.median(timed))
+    """One run's step time: run.json's ``step_time_s`` (the median of its timed steps) or the fastest timed step."""
+    return float(min(run["step_times_s"][run["warmup_steps"]:])) if statistic == "min" else run["step_time_s"]
 
 
-def fidelity(rounds: list[dict[int, dict]], statistic: str, repeats: int, fit_all: bool) -> None:
+def fidelity(rounds: list[dict[int, dict]], statistic: str, repeats: int,
+             fit_with: tuple[list[str] | None, Calibration]) -> None:
     runs = {i: [r[i] for r in rounds if i in r] for i in range(len(VARIANTS))}
     runs = {i: rs for i, rs in runs.items() if rs}
     times = {i: [figure(r, statistic) for r in rs] for i, rs in runs.items()}
@@ -141,7 +141,7 @@ def fidelity(rounds: list[dict[int, dict]], statistic: str, repeats: int, fit_al
         order = rng.sample(sorted(points), len(points))
         half_a, half_b = sorted(order[:len(order) // 2]), sorted(order[len(order) // 2:])
         for train, held in ((half_a, half_b), (half_b, half_a)):
-            folds.append(held_out_half(times, points, train, held, fit_all, detail=rep == 0))
+            folds.append(held_out_half(times, points, train, held, fit_with, detail=rep == 0))
         print(f"split {rep + 1}: Spearman {folds[-2][0]:.3f} / {folds[-1][0]:.3f}, median relative error "
               f"{folds[-2][1]:.1%} / {folds[-1][1]:.1%} (first round only: Spearman {folds[-2][2]:.3f} / "
               f"{folds[-1][2]:.3f})")
@@ -154,9 +154,10 @@ def fidelity(rounds: list[dict[int, dict]], statistic: str, repeats: int, fit_al
 
 
 def held_out_half(times: dict[int, list[float]], points: dict[int, Measurement], train: list[int], held: list[int],
-                  fit_all: bool, detail: bool) -> tuple[float, float, float]:
-    """Calibrate on ``train``, predict ``held``: (Spearman, median relative error, Spearman vs round 1)."""
-    fields, start = FIT_ALL if fit_all else FIT_LOCAL
+                  fit_with: tuple[list[str] | None, Calibration], detail: bool) -> tuple[float, float, float]:
+    """Calibrate on ``train`` (fields, start), predict ``held``: (Spearman, median relative error, Spearman vs
+    the first round)."""
+    fields, start = fit_with
     calib, stats = fit([points[i] for i in train], name="local-cpu", fields=fields, start=start)
     pred, meas = [predicted_step_time(points[i], calib) for i in held], [points[i].step_time_s for i in held]
     first = [times[i][0] for i in held]
@@ -247,7 +248,7 @@ def main() -> None:
     if not args.speed_only:
         fidelity([run_all(args, Path(args.runs_dir), "run" if k == 0 else f"round{k + 1}")
                   for k in range(args.first_round - 1, args.rounds)], args.statistic, args.repeats,
-                 args.fit_all)
+                 FIT_ALL if args.fit_all else FIT_LOCAL)
     speed(args.predictions)
 
 
