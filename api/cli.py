@@ -544,8 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run.json files from zerotune train (one cluster layout)")
     p.add_argument("--name", required=True, help="name to store the calibration under")
     p.add_argument("--fit", default=None, metavar="FIELD,...",
-                   help="the scalar efficiencies to fit (default all; a wrong name lists them); per-level "
-                        "bandwidths are always fitted")
+                   help="the scalar efficiencies to fit (default: those the runs can tell apart; a wrong name "
+                        "lists them); per-level bandwidths are always fitted")
     p.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
                    help="hold a field left out of --fit at VALUE (else nominal), e.g. overlap=0 where ranks "
                         "outnumber cores")

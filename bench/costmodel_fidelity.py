@@ -2,15 +2,15 @@
 
     python bench/costmodel_fidelity.py                       # 20 strategies x 3 rounds, local:2x2x2 (~45 min)
     python bench/costmodel_fidelity.py --runs-dir runs/      # reuse run.json files already there (resumes)
-    python bench/costmodel_fidelity.py --runs-dir bench/data/fidelity-2core --rounds 10   # the stored runs
+    python bench/costmodel_fidelity.py --runs-dir bench/data/fidelity-2core --rounds 15 --campaign 5   # stored runs
 
 1. Trains each strategy for real (``zerotune train``, 8 gloo ranks, 20 steps of which the first 8
    are warm-up: 8 ranks on a 2-core machine take that long to settle) ``--rounds`` times, round by
    round so that slow drift of the machine touches every strategy alike. A run's step time is the
    median of its timed steps (run.json's ``step_time_s``, what the tuner ranks by); ``--statistic
-   min`` takes the fastest step instead, which repeats better on a shared 2-core machine (step 4's r:
-   0.65-0.67 against 0.53-0.55) but is not what the model is calibrated to predict. A strategy's time
-   is the median over its rounds.
+   min`` takes the fastest step instead, which repeats better on a shared 2-core machine (the r of
+   item 4 in the three stored campaigns: 0.65-0.71 against 0.53-0.65) but is not what the tuner
+   ranks by. A strategy's time is the median over its rounds.
 2. 5x2 cross-validation (Dietterich 1998): ``--repeats`` random splits of the strategies into two
    halves; each half calibrates (``FIT_LOCAL``) and the other half is predicted, so every figure
    comes from a fit that never saw the strategy, and no single lucky split decides the result.
@@ -20,7 +20,10 @@
 4. Prints how well the measurements rank themselves: the mean Spearman between two rounds over all
    strategies (r), the same for the median of K rounds by the Spearman-Brown formula
    (r_K = K r / (1 + (K-1) r)), and about sqrt(r_K): what an exact predictor would reach against
-   those medians, the ceiling the measurement noise puts on any model here.
+   those medians, the ceiling the measurement noise puts on any model here. With ``--campaign K``
+   (rounds measured in campaigns of K, at different times) also each campaign's medians as the
+   prediction of every other campaign's, scored as the model is: the ceiling the machine's drift
+   puts on it, which sqrt(r_K) does not see.
 5. Times ``predict`` on gpt-neox-20b / frontier:48 over random valid strategies (goal >= 10,000/s).
 Run it on an otherwise idle machine: other work on the cores changes every measured step time.
 ``--hidden`` / ``--seq-len`` change the preset's shape (e.g. 384 / 32 for a communication-bound step);
@@ -125,7 +128,7 @@ def figure(run: dict, statistic: str) -> float:
 
 
 def fidelity(rounds: list[dict[int, dict]], statistic: str, repeats: int,
-             fit_with: tuple[list[str] | None, Calibration]) -> None:
+             fit_with: tuple[list[str] | None, Calibration], campaign: int = 0) -> None:
     runs = {i: [r[i] for r in rounds if i in r] for i in range(len(VARIANTS))}
     runs = {i: rs for i, rs in runs.items() if rs}
     times = {i: [figure(r, statistic) for r in rs] for i, rs in runs.items()}
@@ -135,12 +138,9 @@ def fidelity(rounds: list[dict[int, dict]], statistic: str, repeats: int,
     print(f"step time of a run: the {statistic} of its timed steps; of a strategy: the median over its "
           f"{len(rounds)} rounds; {repeats}x2 cross-validation (each split: each half calibrates, the other "
           f"is predicted)")
-    rng = random.Random(0)
     folds: list[tuple[float, float, float]] = []
-    for rep in range(repeats):
-        order = rng.sample(sorted(points), len(points))
-        half_a, half_b = sorted(order[:len(order) // 2]), sorted(order[len(order) // 2:])
-        for train, held in ((half_a, half_b), (half_b, half_a)):
+    for rep, pairs in enumerate(splits(sorted(points), repeats)):
+        for train, held in pairs:
             folds.append(held_out_half(times, points, train, held, fit_with, detail=rep == 0))
         print(f"split {rep + 1}: Spearman {folds[-2][0]:.3f} / {folds[-1][0]:.3f}, median relative error "
               f"{folds[-2][1]:.1%} / {folds[-1][1]:.1%} (first round only: Spearman {folds[-2][2]:.3f} / "
@@ -151,6 +151,46 @@ def fidelity(rounds: list[dict[int, dict]], statistic: str, repeats: int,
           f"{statistics.fmean(err):.1%} (max {max(err):.1%}; goal <= 15%); against the first round only: "
           f"Spearman mean {statistics.fmean(rho1):.3f}")
     reliability(times, len(rounds))
+    if campaign:
+        campaigns(rounds, campaign, statistic, repeats)
+
+
+def splits(indices: list[int], repeats: int) -> list[tuple[tuple[list[int], list[int]], ...]]:
+    """The 5x2 cross-validation's splits: per repeat, (train, held) both ways round (seeded: every
+    caller gets the same halves)."""
+    rng, out = random.Random(0), []
+    for _ in range(repeats):
+        order = rng.sample(indices, len(indices))
+        a, b = sorted(order[:len(order) // 2]), sorted(order[len(order) // 2:])
+        out.append(((a, b), (b, a)))
+    return out
+
+
+def campaigns(rounds: list[dict[int, dict]], size: int, statistic: str, repeats: int) -> None:
+    """How well one campaign's measurements predict another's, on the same held-out halves.
+
+    Rounds are grouped into campaigns of ``size`` consecutive rounds (measured at different times).
+    Each campaign's medians are used as the "prediction" of every other campaign's, scored exactly as
+    the model is (mean Spearman over the held-out halves). No model can be expected to beat a
+    re-measurement of the same strategies at another time by much: that is the ceiling the machine's
+    drift puts on the goal, which sqrt(r_K) (rounds of one campaign only) does not see."""
+    groups = [rounds[k:k + size] for k in range(0, len(rounds) - size + 1, size)]
+    if len(groups) < 2:
+        return
+    medians = [{i: statistics.median(figure(r[i], statistic) for r in g) for i in range(len(VARIANTS))
+                if all(i in r for r in g)} for g in groups]
+    print(f"\nanother campaign as the prediction ({len(groups)} campaigns of {size} rounds; mean Spearman over "
+          f"the same held-out halves, source -> target):")
+    cells = []
+    for t, target in enumerate(medians):
+        for s, source in enumerate(medians):
+            common = sorted(set(target) & set(source))
+            if s == t or len(common) < 4:
+                continue
+            rho = [spearman([target[i] for i in held], [source[i] for i in held])
+                   for pairs in splits(common, repeats) for _, held in pairs]
+            cells.append(f"{s + 1}->{t + 1} {statistics.fmean(rho):.3f}")
+    print("  " + ", ".join(cells))
 
 
 def held_out_half(times: dict[int, list[float]], points: dict[int, Measurement], train: list[int], held: list[int],
@@ -241,6 +281,9 @@ def main() -> None:
                         help="random half splits (5: Dietterich's 5x2 cross-validation)")
     parser.add_argument("--fit-all", action="store_true",
                         help="also fit latency, overlap and step overhead (8 unknowns for 10 runs; see FIT_LOCAL)")
+    parser.add_argument("--campaign", type=int, default=0, metavar="K",
+                        help="rounds come in campaigns of K (measured at different times): also score each "
+                             "campaign's medians as the prediction of every other's")
     parser.add_argument("--runs-dir", default=str(ROOT / "artifacts" / "fidelity"))
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--predictions", type=int, default=20000)
@@ -248,7 +291,7 @@ def main() -> None:
     if not args.speed_only:
         fidelity([run_all(args, Path(args.runs_dir), "run" if k == 0 else f"round{k + 1}")
                   for k in range(args.first_round - 1, args.rounds)], args.statistic, args.repeats,
-                 FIT_ALL if args.fit_all else FIT_LOCAL)
+                 FIT_ALL if args.fit_all else FIT_LOCAL, args.campaign)
     speed(args.predictions)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.costmodel import Calibration, predict
+from strategies.costmodel import Calibration, predict, state_memory
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
 
@@ -38,6 +38,8 @@ class Measurement:
     elem_bytes: int = 4
     global_batch: int | None = None
     quant_block: int = 2048
+    oversubscribed: bool = False
+    """CPU ranks outnumbered the CPUs of their host (run.json's ``host``): no communication overlapped."""
 
     @classmethod
     def from_run(cls, run: dict[str, Any], source: str = "run.json") -> Measurement:
@@ -47,7 +49,9 @@ class Measurement:
         return cls(model=ModelSpec.from_dict(run["model"]), cluster=ClusterSpec.from_dict(run["cluster"]),
                    strategy=Strategy.from_dict(run["strategy"]), step_time_s=float(run["step_time_s"]),
                    elem_bytes=2 if run.get("dtype") in ("bfloat16", "float16") else 4,
-                   global_batch=run.get("global_batch"), quant_block=run.get("config", {}).get("quant_block", 2048))
+                   global_batch=run.get("global_batch"), quant_block=run.get("config", {}).get("quant_block", 2048),
+                   oversubscribed=run.get("backend") == "gloo" and "host" in run
+                   and run["host"]["local_ranks"] > run["host"]["cpus"])
 
 
 # (field, lower, upper) in the fitted space; rates are fitted as log10
@@ -87,6 +91,27 @@ def fit_options(fields_text: str | None, fixes: Sequence[str]) -> tuple[list[str
     return fields, Calibration.from_dict(values)
 
 
+def identifiable_fields(measurements: Sequence[Measurement]) -> tuple[list[str], dict[str, str]]:
+    """``fit``'s default unknowns: the scalars these runs can tell apart, and why each other one is held.
+
+    Quantization throughput needs a run that quantizes; optimizer throughput needs runs whose
+    optimizer shards differ in size (else it is one more constant, like the step overhead); overlap
+    cannot be seen where every run had more ranks than CPUs (held at 0: nothing overlapped)."""
+    fields, held = [], {}
+    for field in FITTABLE:
+        if field == "quant_elems_per_s" and not any(m.strategy.quantized for m in measurements):
+            held[field] = "no run quantizes"
+        elif field == "optimizer_elems_per_s" and len(
+                {state_memory(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes)["optim_states"]
+                 for m in measurements}) < 2:
+            held[field] = "every run's optimizer shard has the same size"
+        elif field == "overlap" and all(m.oversubscribed for m in measurements):
+            held[field] = "ranks outnumbered CPUs in every run: held at 0"
+        else:
+            fields.append(field)
+    return fields, held
+
+
 def predicted_step_time(m: Measurement, calib: Calibration) -> float:
     """The model's step time for what ``m`` ran, under ``calib``."""
     return predict(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes, global_batch=m.global_batch,
@@ -94,15 +119,16 @@ def predicted_step_time(m: Measurement, calib: Calibration) -> float:
 
 
 def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Calibration | None = None,
-        fields: Sequence[str] | None = None) -> tuple[Calibration, dict[str, float]]:
+        fields: Sequence[str] | None = None) -> tuple[Calibration, dict[str, Any]]:
     """Least-squares calibration from measurements; returns it and fit statistics.
 
     Args:
         measurements: runs on one cluster family (level layout); at least as many as unknowns.
         name: the calibration's name.
         start: initial values (nominal by default).
-        fields: the scalar fields to fit (default all); bandwidth efficiencies of every level
-            that carries traffic in the data are always fitted.
+        fields: the scalar fields to fit (default: ``identifiable_fields``, the ones the runs can
+            tell apart; the others stay at ``start``, overlap at 0 where ranks outnumbered CPUs);
+            bandwidth efficiencies of every level that carries traffic in the data are always fitted.
     """
     from scipy.optimize import least_squares
 
@@ -112,9 +138,14 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
     if any(m.cluster.num_levels != levels for m in measurements):
         raise SpecError("measurements", "mixed clusters", "all runs of one calibration must share the level layout")
     base = start or Calibration(name=name)
+    held: dict[str, str] = {}
+    if fields is None:
+        fields, held = identifiable_fields(measurements)
+        if "overlap" in held:
+            base = dataclasses.replace(base, overlap=0.0)
     if len(base.bandwidth_efficiency) != levels:
         base = dataclasses.replace(base, bandwidth_efficiency=(0.8,) * levels)
-    scalars = [s for s in _SCALARS if fields is None or s[0] in fields]
+    scalars = [s for s in _SCALARS if s[0] in fields]
     busy = sorted({lv for m in measurements for lv in range(1, levels + 1) if m.cluster.levels[lv - 1].size > 1})
     n_unknowns = len(scalars) + len(busy)
     if len(measurements) < n_unknowns:
@@ -142,7 +173,8 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
     calib = unpack(result.x)
     errors = [abs(math.exp(r) - 1) for r in residuals(result.x)]
     return calib, {"runs": len(measurements), "median_rel_error": sorted(errors)[len(errors) // 2],
-                   "max_rel_error": max(errors), "cost": float(result.cost), "converged": bool(result.success)}
+                   "max_rel_error": max(errors), "cost": float(result.cost), "converged": bool(result.success),
+                   "fitted": [f for f, _, _ in scalars], "held": held}
 
 
 def data_dir() -> Path:

@@ -27,10 +27,14 @@ FLOPs / (peak · efficiency) with FLOPs from ``ModelSpec.flops_per_token`` (+ a 
 with checkpointing); a collective over levels lo..hi costs Σ_i (steps_i·α_i + bytes_i/β_i) with
 β_i = bandwidth_gbps · efficiency_i (bandwidths are per rank with all ranks sending, so NIC
 sharing is in the figure), steps = s_i − 1 per all-gather/reduce-scatter/all-to-all; quantization
-costs elements / quant throughput. One communication queue (FIFO, as the engine's comm thread) and
-one compute stream are simulated bucket by bucket, so prefetched gathers and bucketed reductions
-hide behind compute; ``overlap`` blends that schedule with full serialization. The step adds the
-step-boundary collectives and the optimizer. All efficiencies come from a ``Calibration``.
+costs (elements quantized + elements dequantized) / quant throughput, counted as ``comm.py`` runs
+them (``_Costs.quant_elems``): a weight gather quantizes its shard once and dequantizes once what
+it gathered over the quantized levels; a gradient reduce-scatter quantizes and dequantizes, at
+every quantized level, the buffer that level sees. One communication queue (FIFO, as the
+engine's comm thread) and one compute stream are simulated bucket by bucket, so prefetched gathers
+and bucketed reductions hide behind compute; ``overlap`` blends that schedule with full
+serialization. The step adds the step-boundary collectives and the optimizer. All efficiencies
+come from a ``Calibration``.
 """
 
 from __future__ import annotations
@@ -163,6 +167,30 @@ class _Costs:
                                          for kind, n in kinds.items() if n)
         return flat
 
+    def quant_elems(self, op: str, lo: int, hi: int, numel: int) -> int:
+        """Elements quantized plus elements dequantized by a collective at bits < 16, as ``comm.py`` runs it.
+
+        Quantized levels are those ≥ ``quantize_above`` with 2+ ranks. An all-gather of a
+        ``numel``-element shard quantizes the shard once and dequantizes once, on leaving the
+        quantized (outer) levels, the c · Π s_l elements gathered over them. A reduce-scatter of a
+        ``numel``-element buffer quantizes and dequantizes, at each quantized level l, the buffer
+        that level sees: numel / Π_{lo ≤ k < l} s_k. An all-reduce is a reduce-scatter, then an
+        all-gather of its result."""
+        sizes = self.cluster.sizes
+        quantized = [lv for lv in range(max(lo, self.qa), hi + 1) if sizes[lv - 1] > 1]
+        if not quantized:
+            return 0
+        if op == "all_gather":
+            return numel + numel * math.prod(sizes[lv - 1] for lv in quantized)
+        total, seen = 0, numel
+        for level in range(lo, hi + 1):
+            if level in quantized:
+                total += 2 * seen
+            seen //= sizes[level - 1]
+        if op == "all_reduce":  # seen is now the shard each rank keeps
+            total += self.quant_elems("all_gather", lo, hi, seen)
+        return total
+
     def time(self, c: tuple[str, tuple[int, int], int, int]) -> float:
         """Σ over the collective's levels of ring steps · latency + bytes / bandwidth, + quantization."""
         key = c
@@ -171,7 +199,7 @@ class _Costs:
             return cached
         c = Collective(*c)  # named fields below
         lo, hi = c.levels
-        t, quant_elems = 0.0, 0
+        t = 0.0
         if lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
             vol, calib = self.volume(c), self.calib
             for level in range(lo, hi + 1):
@@ -181,10 +209,8 @@ class _Costs:
                 steps = (lv.size - 1) * (2 if c.op == "all_reduce" else 1)
                 t += steps * lv.latency_us * 1e-6 * calib.latency_scale
                 t += sum(vol.get(lv.name, {}).values()) / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level))
-                if c.bits < 16 and level >= self.qa:  # quantize before, dequantize after the level
-                    gathered = self.prefix[hi] // self.prefix[level - 1] if c.op == "all_gather" else 1
-                    quant_elems += 2 * c.numel * gathered
-            t += quant_elems / calib.quant_elems_per_s
+            if c.bits < 16:
+                t += self.quant_elems(c.op, lo, hi, c.numel) / calib.quant_elems_per_s
         self._time[key] = t
         return t
 

@@ -127,6 +127,9 @@ def _env_from_slurm() -> None:
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
         os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        per_node = os.environ.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]  # "4(x2),3" -> 4
+        if per_node.isdigit():
+            os.environ.setdefault("LOCAL_WORLD_SIZE", per_node)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -211,7 +214,14 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "config": {"lr": args.lr, "weight_decay": args.weight_decay, "seed": args.seed,
                    "token_file": args.token_file, "quant_block": args.quant_block or QUANT_BLOCK},
         "torch_version": torch.__version__,
+        "host": host_facts(world),
     }
+
+
+def host_facts(world: int) -> dict[str, int]:
+    """CPUs rank 0 may run on and ranks on its host: where ranks outnumber CPUs, nothing overlaps."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"cpus": cpus, "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", world))}
 
 
 def main(argv: list[str] | None = None) -> int:

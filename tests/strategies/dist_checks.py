@@ -37,6 +37,23 @@ def exact_values(n: int, seed: int) -> torch.Tensor:
     return torch.randint(-1024, 1024, (n,), generator=g).float() / 256
 
 
+QUANT_COUNT = [0]
+"""Elements quantized plus elements dequantized since the last reset (what the cost model charges)."""
+
+
+def _counting(fn: Callable[..., torch.Tensor], elems: Callable[[torch.Tensor, torch.Tensor], int]
+              ) -> Callable[..., torch.Tensor]:
+    def wrapped(*args: object, **kwargs: object) -> torch.Tensor:
+        out = fn(*args, **kwargs)
+        QUANT_COUNT[0] += elems(args[0], out)  # type: ignore[arg-type]
+        return out
+    return wrapped
+
+
+quant.quantize = _counting(quant.quantize, lambda x, _: x.numel())  # comm.py calls them through the module
+quant.dequantize = _counting(quant.dequantize, lambda _, out: out.numel())
+
+
 def main() -> None:
     cluster, out_dir = parse_cluster(sys.argv[1]), Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -48,8 +65,10 @@ def main() -> None:
     def measure(op: str, levels: tuple[int, int], n: int, meta: dict, fn: Callable[..., torch.Tensor],
                 *args: object, **kwargs: object) -> torch.Tensor:
         comm.counter.reset()
+        QUANT_COUNT[0] = 0
         out = fn(*args, **kwargs)
-        records.append({"op": op, "levels": list(levels), "n": n, "bytes": comm.counter.as_dict(), **meta})
+        records.append({"op": op, "levels": list(levels), "n": n, "bytes": comm.counter.as_dict(),
+                        "quant_elems": QUANT_COUNT[0], **meta})
         return out
 
     for levels in level_ranges(cluster.num_levels):

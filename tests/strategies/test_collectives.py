@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,21 @@ def test_quantized_reduce_scatter_within_documented_bound(measured):
             assert r["max_err"] <= bound * 1.01 + 1e-6, r
             # and typical error is far below the worst case
             assert r["rel_rms"] < (0.02 if r["bits"] == 8 else 0.3), r
+
+
+def test_cost_model_charges_the_quantization_the_collectives_run(measured):
+    """The elements ``comm.py`` quantizes and dequantizes equal what the cost model charges for."""
+    from strategies.costmodel import Calibration, _costs
+
+    cluster, ranks = measured
+    checked = 0
+    for r in ranks[0]["records"]:
+        if r["flat"]:
+            continue  # the engine runs the hierarchical algorithm; the cost model prices that one
+        lo, hi = r["levels"]
+        costs = _costs(cluster, Calibration(), 4, r["qa"], BLOCK)
+        numel = r["n"] if r["op"] == "all_gather" else volume.pad_to(r["n"], math.prod(cluster.sizes[lo - 1:hi]))
+        want = costs.quant_elems(r["op"], lo, hi, numel) if r["bits"] < 16 else 0
+        assert r["quant_elems"] == want, r
+        checked += want > 0
+    assert checked, "no quantized collective crossed a quantized level"

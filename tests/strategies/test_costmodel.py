@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from api.cli import main
-from strategies.calibration import Measurement, fit, load_calibration, save_calibration
+from strategies.calibration import FITTABLE, Measurement, fit, identifiable_fields, load_calibration, save_calibration
 from strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
 from strategies.costmodel import Calibration, activation_memory, cross_node_bytes, predict, state_memory, step_volume
 from strategies.errors import SpecError
@@ -191,19 +192,39 @@ def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeyp
                        (["--fit", "compute_efficiency", "--fix", "overlap"], "expected FIELD=VALUE")):
         assert main(["calibrate", *runs[:2], "--name", "bad", *bad]) == 2
         assert words in capsys.readouterr().err
-    assert main(["calibrate", *runs[:2], "--name", "few"]) == 2  # 2 runs for 9 unknowns
-    assert "need at least 9 runs" in capsys.readouterr().err
+    # by default only what the runs can tell apart: zero1 and zero2 neither quantize nor differ in optimizer shards
+    assert main(["calibrate", *runs[:2], "--name", "few"]) == 2  # 2 runs for 4 scalars + 3 bandwidths
+    assert "need at least 7 runs" in capsys.readouterr().err
     assert not (tmp_path / "calibrations" / "bad.json").exists()
+
+
+def test_default_fit_holds_what_the_runs_cannot_tell_apart():
+    runs = [Measurement.from_run(json.loads(p.read_text())) for p in sorted(FIDELITY_RUNS.glob("run*.json"))]
+    assert identifiable_fields(runs) == (list(FITTABLE), {})  # quantized runs, mics' larger optimizer shards
+    plain = [m for m in runs if m.strategy.weight_bits == m.strategy.grad_bits == 16 and m.strategy.optim_span == 3]
+    crowded = [dataclasses.replace(m, oversubscribed=True) for m in plain]  # 8 ranks on 2 CPUs, as they ran
+    fields, held = identifiable_fields(crowded)
+    assert fields == ["compute_efficiency", "latency_scale", "step_overhead_s"]
+    assert set(held) == {"quant_elems_per_s", "optimizer_elems_per_s", "overlap"}
+    calib, stats = fit(crowded, name="crowded")
+    assert calib.overlap == 0.0 and calib.quant_elems_per_s == Calibration().quant_elems_per_s
+    assert stats["fitted"] == fields and stats["held"] == held
+    # a run.json whose host had fewer CPUs than ranks is read as oversubscribed
+    run = json.loads(next(FIDELITY_RUNS.glob("run00-*.json")).read_text())
+    assert not Measurement.from_run(run).oversubscribed
+    assert Measurement.from_run({**run, "host": {"cpus": 2, "local_ranks": 8}}).oversubscribed
+    assert not Measurement.from_run({**run, "host": {"cpus": 16, "local_ranks": 8}}).oversubscribed
 
 
 def test_fidelity_bench_replays_its_stored_runs():
     """The committed measurements and the bench that reads them stay in step (no training: every run is there)."""
     out = subprocess.run([sys.executable, "bench/costmodel_fidelity.py", "--runs-dir", str(FIDELITY_RUNS),
-                          "--rounds", "10", "--repeats", "1", "--predictions", "200"],
+                          "--rounds", "15", "--campaign", "5", "--repeats", "1", "--predictions", "200"],
                          cwd=FIDELITY_RUNS.parents[2], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "/20]" not in out.stderr and "over 2 held-out halves: Spearman mean" in out.stdout
     assert "mean r = " in out.stdout and "prediction speed" in out.stdout
+    assert "3 campaigns of 5 rounds" in out.stdout and "1->3 " in out.stdout
 
 
 def test_predict_cli_sweep_table_and_json(capsys):

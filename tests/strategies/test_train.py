@@ -37,6 +37,7 @@ def test_train_writes_run_json(tmp_path):
     assert run["status"] == "ok" and run["world_size"] == 4 and len(run["loss"]) == len(run["grad_norm"]) == 6
     assert run["health"]["verdict"] == "ok", run["health"]
     assert run["step_time_s"] > 0 and run["tokens_per_s"] > 0 and run["tflops_per_rank"] > 0
+    assert run["host"] == {"cpus": len(os.sched_getaffinity(0)), "local_ranks": 4}  # torchrun's 4 ranks here
     cluster, model = parse_cluster("local:2x2"), parse_model("gpt-tiny")
     s = build_strategy("zeropp", cluster, allgather_bucket_mb=0.1)
     assert run["bytes_per_level"] == step_volume(model, cluster, s, elem_bytes=4)
@@ -97,3 +98,19 @@ def test_invalid_input_is_refused_before_any_process_starts(tmp_path):
 ])
 def test_health_verdicts(losses, norms, verdict):
     assert health(losses, norms)["verdict"] == verdict
+
+
+def test_srun_layout_and_host_facts(monkeypatch):
+    """Under srun without torchrun, rank, world and ranks per host come from Slurm's variables."""
+    from strategies.train import _env_from_slurm, host_facts
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(var, "")  # recorded, so what _env_from_slurm sets is undone after the test
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "16")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x3),4")
+    _env_from_slurm()
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("5", "16", "1")
+    assert host_facts(16) == {"cpus": len(os.sched_getaffinity(0)), "local_ranks": 4}
