@@ -162,8 +162,18 @@ class Service:
             except TimeoutError:
                 job = self.jobs.get(job.id, job)
             answer = self.cache.get(key)
+            if answer is None and job.state == "done":  # ended without its answer in hand: read it
+                answer = await run_in_threadpool(self._stored_answer, key)
             return Outcome(answer=answer) if answer is not None else Outcome(job=job)
         return outcome
+
+    def _stored_answer(self, key: str) -> bytes | None:
+        with session_scope(self.sessions) as s:
+            row = queries.served_recommendation(s, key)
+            answer = queries.answer_bytes(row) if row is not None else None
+        if answer is not None:
+            self.cache.put(key, answer)
+        return answer
 
     def fast_answer(self, key: str, waits: bool) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
         """For the fast path: the stored answer, or the running job unless the client waits for the answer."""
@@ -269,11 +279,12 @@ class Service:
                 if seen is not None and (seen.state, seen.trials_done, seen.study_id, seen.error) == (
                         state, trials_done, study_id, error):
                     continue
-                job = repo.get_job(session=s, job_id=job_id)
+                job = repo.get_job(session=s, job_id=job_id)  # read again: it may have ended since the query
                 assert job is not None
+                public = queries.job_public(s, job)
                 answer = None
-                if state == "done":
+                if public.state == "done":  # the job as returned, not as first read, decides
                     row = queries.served_recommendation(s, ids[job_id])
                     answer = queries.answer_bytes(row) if row is not None else None
-                out.append((ids[job_id], queries.job_public(s, job), answer))
+                out.append((ids[job_id], public, answer))
         return out
