@@ -161,7 +161,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             from strategies.errors import SpecError
 
             raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
-    calib, stats = fit(runs, name=args.name, fields=fields, start=start)
+    tie = {"auto": None, "shared": True, "per-level": False}[args.bandwidths]
+    calib, stats = fit(runs, name=args.name, fields=fields, start=start, tie_levels=tie)
     path = save_calibration(calib, runs[0].cluster.name, stats)
     print(json.dumps({"calibration": calib.to_dict(), "fit": stats, "saved": str(path)}, indent=2))
     return ExitStatus.SUCCESS
@@ -549,6 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
                    help="hold a field left out of --fit at VALUE (else nominal), e.g. overlap=0 where ranks "
                         "outnumber cores")
+    p.add_argument("--bandwidths", choices=["auto", "shared", "per-level"], default="auto",
+                   help="fit one effective bandwidth shared by all levels or one per level (auto: shared where "
+                        "every run had all its ranks on one host, whose levels cross the same transport)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("tune", help="run a study without a server and print the recommendation")

@@ -60,11 +60,14 @@ VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
     ("3level-a", {"allgather_bucket_mb": 0.5}), ("zero2", {"grad_bits": 8, "quantize_above": 3}),
     ("3level-b", {"prefetch_buckets": 2}), ("zero1", {"micro_batch_size": 2}),
 ]
-# What a half (10 runs) calibrates: compute efficiency, quantization throughput and the three
-# levels' bandwidth efficiencies (5 unknowns). Overlap is fixed at 0: 8 ranks share 2 cores, so no
-# core is ever idle for communication to hide behind; and these runs cannot tell overlap apart (fits
-# from different starts end anywhere in 0..1 at the same cost). Latency stays nominal. Fitting
-# latency, overlap and step overhead too (--fit-all: 8 unknowns for 10 runs) lets a fit trade
+# What a half (10 runs) calibrates: compute efficiency, quantization throughput and one effective
+# bandwidth shared by the three levels (3 unknowns): all 8 ranks run on this host, so every level's
+# collectives cross the same loopback transport (``fit``'s default for one-host runs; --per-level
+# fits one bandwidth per level, 5 unknowns, and predicts worse on every campaign). Overlap is
+# fixed at 0: 8 ranks share 2 cores, so no core is ever idle for communication to hide behind;
+# and these runs cannot tell overlap apart (fits from different starts end anywhere in 0..1 at the
+# same cost). Latency stays nominal. Fitting
+# latency, overlap and step overhead too (--fit-all: 6 unknowns for 10 runs) lets a fit trade
 # latency against bandwidth and overhead against compute, and it predicts worse (report.txt).
 # As `zerotune calibrate --fit compute_efficiency,quant_elems_per_s --fix overlap=0`.
 FIT_LOCAL = fit_options("compute_efficiency,quant_elems_per_s", ["overlap=0"])
@@ -128,7 +131,7 @@ def figure(run: dict, statistic: str) -> float:
 
 
 def fidelity(rounds: list[dict[int, dict]], statistic: str, repeats: int,
-             fit_with: tuple[list[str] | None, Calibration], campaign: int = 0) -> None:
+             fit_with: tuple[list[str] | None, Calibration, bool | None], campaign: int = 0) -> None:
     runs = {i: [r[i] for r in rounds if i in r] for i in range(len(VARIANTS))}
     runs = {i: rs for i, rs in runs.items() if rs}
     times = {i: [figure(r, statistic) for r in rs] for i, rs in runs.items()}
@@ -194,11 +197,12 @@ def campaigns(rounds: list[dict[int, dict]], size: int, statistic: str, repeats:
 
 
 def held_out_half(times: dict[int, list[float]], points: dict[int, Measurement], train: list[int], held: list[int],
-                  fit_with: tuple[list[str] | None, Calibration], detail: bool) -> tuple[float, float, float]:
-    """Calibrate on ``train`` (fields, start), predict ``held``: (Spearman, median relative error, Spearman vs
-    the first round)."""
-    fields, start = fit_with
-    calib, stats = fit([points[i] for i in train], name="local-cpu", fields=fields, start=start)
+                  fit_with: tuple[list[str] | None, Calibration, bool | None],
+                  detail: bool) -> tuple[float, float, float]:
+    """Calibrate on ``train`` (fields, start, tie_levels), predict ``held``: (Spearman, median relative error,
+    Spearman vs the first round)."""
+    fields, start, tie = fit_with
+    calib, stats = fit([points[i] for i in train], name="local-cpu", fields=fields, start=start, tie_levels=tie)
     pred, meas = [predicted_step_time(points[i], calib) for i in held], [points[i].step_time_s for i in held]
     first = [times[i][0] for i in held]
     if detail:
@@ -280,7 +284,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="random half splits (5: Dietterich's 5x2 cross-validation)")
     parser.add_argument("--fit-all", action="store_true",
-                        help="also fit latency, overlap and step overhead (8 unknowns for 10 runs; see FIT_LOCAL)")
+                        help="also fit latency, overlap and step overhead (6 unknowns for 10 runs; see FIT_LOCAL)")
+    parser.add_argument("--per-level", action="store_true",
+                        help="fit one bandwidth per level instead of one shared by all (all ranks share this host)")
     parser.add_argument("--campaign", type=int, default=0, metavar="K",
                         help="rounds come in campaigns of K (measured at different times): also score each "
                              "campaign's medians as the prediction of every other's")
@@ -291,7 +297,7 @@ def main() -> None:
     if not args.speed_only:
         fidelity([run_all(args, Path(args.runs_dir), "run" if k == 0 else f"round{k + 1}")
                   for k in range(args.first_round - 1, args.rounds)], args.statistic, args.repeats,
-                 FIT_ALL if args.fit_all else FIT_LOCAL, args.campaign)
+                 (*(FIT_ALL if args.fit_all else FIT_LOCAL), False if args.per_level else None), args.campaign)
     speed(args.predictions)
 
 

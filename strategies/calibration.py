@@ -3,8 +3,10 @@
 ``fit`` solves a nonlinear least-squares problem (``scipy.optimize.least_squares``, trust-region
 reflective with bounds) over log step times: residual_i = log(predicted_i / measured_i), so every
 run weighs the same whatever its length. The unknowns are the ``Calibration`` fields: compute
-efficiency, one bandwidth efficiency per level that carries traffic in the data, the latency
-scale, the quantization and optimizer throughputs, the overlap and a fixed per-step overhead. The
+efficiency, one bandwidth efficiency per level that carries traffic in the data (or one effective
+bandwidth for all of them where every run had its ranks on one host: there the levels name
+subgroups that all talk over the same shared-memory or loopback transport), the latency scale,
+the quantization and optimizer throughputs, the overlap and a fixed per-step overhead. The
 predictor is the same ``costmodel.predict`` the tuner uses, so a fit is a fit of the model itself.
 
 Calibrations are JSON files ``<data dir>/calibrations/<name>.json`` (data dir: ``$ZEROTUNE_DATA_DIR``
@@ -40,18 +42,24 @@ class Measurement:
     quant_block: int = 2048
     oversubscribed: bool = False
     """CPU ranks outnumbered the CPUs of their host (run.json's ``host``): no communication overlapped."""
+    one_host: bool = False
+    """Every rank ran on one host (run.json's ``host``; before it was recorded, a ``local:`` cluster):
+    whatever the levels are called, their collectives crossed the same transport."""
 
     @classmethod
     def from_run(cls, run: dict[str, Any], source: str = "run.json") -> Measurement:
         """From a trainer ``run.json`` (status ok)."""
         if run.get("status") != "ok":
             raise SpecError(source, run.get("status"), "only completed runs (status ok) can calibrate")
+        host = run.get("host")
+        one_host = (host["local_ranks"] >= run["world_size"] if host and "world_size" in run
+                    else str(run["cluster"].get("name", "")).startswith("local:"))
         return cls(model=ModelSpec.from_dict(run["model"]), cluster=ClusterSpec.from_dict(run["cluster"]),
                    strategy=Strategy.from_dict(run["strategy"]), step_time_s=float(run["step_time_s"]),
                    elem_bytes=2 if run.get("dtype") in ("bfloat16", "float16") else 4,
                    global_batch=run.get("global_batch"), quant_block=run.get("config", {}).get("quant_block", 2048),
                    oversubscribed=run.get("backend") == "gloo" and "host" in run
-                   and run["host"]["local_ranks"] > run["host"]["cpus"])
+                   and run["host"]["local_ranks"] > run["host"]["cpus"], one_host=one_host)
 
 
 # (field, lower, upper) in the fitted space; rates are fitted as log10
@@ -59,7 +67,7 @@ _SCALARS = [("compute_efficiency", 1e-4, 2.0), ("latency_scale", 1e-3, 1e4), ("q
             ("optimizer_elems_per_s", 1e5, 1e13), ("overlap", 0.0, 1.0), ("step_overhead_s", 0.0, 100.0)]
 _LOG = {"compute_efficiency", "latency_scale", "quant_elems_per_s", "optimizer_elems_per_s"}
 FITTABLE = tuple(f for f, _, _ in _SCALARS)
-"""The scalar fields ``fit`` can fit (per-level bandwidth efficiencies are always fitted)."""
+"""The scalar fields ``fit`` can fit (bandwidths are always fitted: per level, or one shared by all levels)."""
 
 
 def fit_options(fields_text: str | None, fixes: Sequence[str]) -> tuple[list[str] | None, Calibration]:
@@ -119,7 +127,7 @@ def predicted_step_time(m: Measurement, calib: Calibration) -> float:
 
 
 def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Calibration | None = None,
-        fields: Sequence[str] | None = None) -> tuple[Calibration, dict[str, Any]]:
+        fields: Sequence[str] | None = None, tie_levels: bool | None = None) -> tuple[Calibration, dict[str, Any]]:
     """Least-squares calibration from measurements; returns it and fit statistics.
 
     Args:
@@ -129,6 +137,10 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         fields: the scalar fields to fit (default: ``identifiable_fields``, the ones the runs can
             tell apart; the others stay at ``start``, overlap at 0 where ranks outnumbered CPUs);
             bandwidth efficiencies of every level that carries traffic in the data are always fitted.
+        tie_levels: fit one effective bandwidth (bytes/s) shared by every level instead of one per
+            level (default: where every run had all its ranks on one host, as ``local:`` runs do:
+            their "levels" are names for subgroups, and every collective crossed the same shared
+            memory or loopback transport, so per-level bandwidths would only fit noise).
     """
     from scipy.optimize import least_squares
 
@@ -147,7 +159,10 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         base = dataclasses.replace(base, bandwidth_efficiency=(0.8,) * levels)
     scalars = [s for s in _SCALARS if s[0] in fields]
     busy = sorted({lv for m in measurements for lv in range(1, levels + 1) if m.cluster.levels[lv - 1].size > 1})
-    n_unknowns = len(scalars) + len(busy)
+    tied = all(m.one_host for m in measurements) if tie_levels is None else tie_levels
+    gbps = [lv.bandwidth_gbps for lv in measurements[0].cluster.levels]
+    fitted_bw = busy[:1] if tied else busy  # tied: the first busy level's efficiency; the others share its bytes/s
+    n_unknowns = len(scalars) + len(fitted_bw)
     if len(measurements) < n_unknowns:
         raise SpecError("measurements", len(measurements), f"need at least {n_unknowns} runs for {n_unknowns} unknowns")
 
@@ -156,8 +171,11 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         for (field, _, _), v in zip(scalars, x, strict=False):
             values[field] = float(10 ** v if field in _LOG else v)
         bw = list(base.bandwidth_efficiency)
-        for lv, v in zip(busy, x[len(scalars):], strict=True):
+        for lv, v in zip(fitted_bw, x[len(scalars):], strict=True):
             bw[lv - 1] = float(10 ** v)
+        if tied and busy:
+            for lv in busy[1:]:
+                bw[lv - 1] = bw[busy[0] - 1] * gbps[busy[0] - 1] / gbps[lv - 1]
         return dataclasses.replace(base, name=name, bandwidth_efficiency=tuple(bw), **values)
 
     def residuals(x: Sequence[float]) -> list[float]:
@@ -165,16 +183,17 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         return [math.log(predicted_step_time(m, calib) / m.step_time_s) for m in measurements]
 
     x0 = [math.log10(getattr(base, f)) if f in _LOG else getattr(base, f) for f, _, _ in scalars]
-    x0 += [math.log10(base.bandwidth_efficiency[lv - 1]) for lv in busy]
-    lower = [math.log10(lo) if f in _LOG else lo for f, lo, _ in scalars] + [-4.0] * len(busy)
-    upper = [math.log10(hi) if f in _LOG else hi for f, _, hi in scalars] + [1.0] * len(busy)
+    x0 += [math.log10(base.bandwidth_efficiency[lv - 1]) for lv in fitted_bw]
+    lower = [math.log10(lo) if f in _LOG else lo for f, lo, _ in scalars] + [-4.0] * len(fitted_bw)
+    upper = [math.log10(hi) if f in _LOG else hi for f, _, hi in scalars] + [1.0] * len(fitted_bw)
     x0 = [min(max(v, lo + 1e-9), hi - 1e-9) for v, lo, hi in zip(x0, lower, upper, strict=True)]
     result = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac", max_nfev=400 * n_unknowns)
     calib = unpack(result.x)
     errors = [abs(math.exp(r) - 1) for r in residuals(result.x)]
     return calib, {"runs": len(measurements), "median_rel_error": sorted(errors)[len(errors) // 2],
                    "max_rel_error": max(errors), "cost": float(result.cost), "converged": bool(result.success),
-                   "fitted": [f for f, _, _ in scalars], "held": held}
+                   "fitted": [f for f, _, _ in scalars], "held": held,
+                   "bandwidths": "one for all levels" if tied else "one per level"}
 
 
 def data_dir() -> Path:

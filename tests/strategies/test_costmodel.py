@@ -171,6 +171,32 @@ def test_calibration_recovers_known_parameters(tmp_path, monkeypatch):
         load_calibration("nope")
 
 
+def test_runs_on_one_host_share_one_bandwidth():
+    """All ranks on one host: every level crosses the same transport, so one bytes/s is fitted for all."""
+    cluster = parse_cluster("local:2x2x2")
+    gbps = [lv.bandwidth_gbps for lv in cluster.levels]
+    shared = 2.5e8  # bytes/s of whatever the host's ranks talk over
+    truth = Calibration(name="truth", compute_efficiency=0.2, quant_elems_per_s=3e7, overlap=0.0,
+                        bandwidth_efficiency=tuple(shared / (g * 1e9) for g in gbps))
+    m = parse_model("gpt-tiny")
+    runs = [Measurement(m, cluster, s, predict(m, cluster, s, calibration=truth)["step_time_s"], one_host=True)
+            for name in STRATEGY_PRESETS for s in [build_strategy(name, cluster)]]
+    calib, stats = fit(runs, name="one-host", fields=["compute_efficiency", "quant_elems_per_s"],
+                       start=Calibration(overlap=0.0))
+    assert stats["bandwidths"] == "one for all levels" and stats["max_rel_error"] < 1e-6
+    assert [e * g * 1e9 for e, g in zip(calib.bandwidth_efficiency, gbps, strict=True)] == pytest.approx([shared] * 3)
+    assert calib.compute_efficiency == pytest.approx(0.2, rel=1e-3)
+    _, per_level = fit(runs, name="each", fields=["compute_efficiency"], start=truth, tie_levels=False)
+    assert per_level["bandwidths"] == "one per level"
+    # which runs count as one host: run.json's host, or a local: cluster where it predates that field
+    run = json.loads(next(FIDELITY_RUNS.glob("run00-*.json")).read_text())
+    assert "host" not in run and Measurement.from_run(run).one_host
+    assert Measurement.from_run({**run, "host": {"cpus": 16, "local_ranks": 8}}).one_host
+    two_hosts = {**run, "host": {"cpus": 16, "local_ranks": 4}, "cluster": {**run["cluster"], "name": "two-nodes"}}
+    assert not Measurement.from_run(two_hosts).one_host
+    assert not Measurement.from_run({**run, "cluster": {**run["cluster"], "name": "frontier:2"}}).one_host
+
+
 FIDELITY_RUNS = Path(__file__).resolve().parents[2] / "bench" / "data" / "fidelity-2core"
 
 
@@ -193,7 +219,9 @@ def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeyp
         assert main(["calibrate", *runs[:2], "--name", "bad", *bad]) == 2
         assert words in capsys.readouterr().err
     # by default only what the runs can tell apart: zero1 and zero2 neither quantize nor differ in optimizer shards
-    assert main(["calibrate", *runs[:2], "--name", "few"]) == 2  # 2 runs for 4 scalars + 3 bandwidths
+    assert main(["calibrate", *runs[:2], "--name", "few"]) == 2  # 2 runs for 4 scalars + 1 shared bandwidth
+    assert "need at least 5 runs" in capsys.readouterr().err
+    assert main(["calibrate", *runs[:2], "--name", "few", "--bandwidths", "per-level"]) == 2  # + 3 bandwidths
     assert "need at least 7 runs" in capsys.readouterr().err
     assert not (tmp_path / "calibrations" / "bad.json").exists()
 
