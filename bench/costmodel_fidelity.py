@@ -2,14 +2,14 @@
 
     python bench/costmodel_fidelity.py                       # 20 strategies x 3 rounds, local:2x2x2 (~45 min)
     python bench/costmodel_fidelity.py --runs-dir runs/      # reuse run.json files already there (resumes)
-    python bench/costmodel_fidelity.py --runs-dir bench/data/fidelity-2core --rounds 15 --campaign 5   # stored runs
+    python bench/costmodel_fidelity.py --runs-dir bench/data/fidelity-2core --rounds 20 --campaign 5   # stored runs
 
 1. Trains each strategy for real (``zerotune train``, 8 gloo ranks, 20 steps of which the first 8
    are warm-up: 8 ranks on a 2-core machine take that long to settle) ``--rounds`` times, round by
    round so that slow drift of the machine touches every strategy alike. A run's step time is the
    median of its timed steps (run.json's ``step_time_s``, what the tuner ranks by); ``--statistic
    min`` takes the fastest step instead, which repeats better on a shared 2-core machine (the r of
-   item 4 in the three stored campaigns: 0.65-0.71 against 0.53-0.65) but is not what the tuner
+   item 4 in the four stored campaigns: 0.65-0.79 against 0.54-0.72) but is not what the tuner
    ranks by. A strategy's time is the median over its rounds.
 2. 5x2 cross-validation (Dietterich 1998): ``--repeats`` random splits of the strategies into two
    halves; each half calibrates (``FIT_LOCAL``) and the other half is predicted, so every figure
