@@ -37,6 +37,12 @@ def answer_bytes(row: Recommendation) -> bytes:
     return recommendation_public(row).model_dump_json().encode()
 
 
+def served_answer(session: Session, key: str) -> bytes | None:
+    """The served recommendation for ``key`` as answer bytes, or None while there is none."""
+    row = served_recommendation(session, key)
+    return answer_bytes(row) if row is not None else None
+
+
 def job_public(session: Session, job: Job) -> schemas.JobPublic:
     """A job with what a client polls for: progress, best so far, the recommendation once done."""
     request = session.get(Request, job.request_id)

@@ -169,8 +169,7 @@ class Service:
 
     def _stored_answer(self, key: str) -> bytes | None:
         with session_scope(self.sessions) as s:
-            row = queries.served_recommendation(s, key)
-            answer = queries.answer_bytes(row) if row is not None else None
+            answer = queries.served_answer(s, key)
         if answer is not None:
             self.cache.put(key, answer)
         return answer
@@ -282,9 +281,7 @@ class Service:
                 job = repo.get_job(session=s, job_id=job_id)  # read again: it may have ended since the query
                 assert job is not None
                 public = queries.job_public(s, job)
-                answer = None
-                if public.state == "done":  # the job as returned, not as first read, decides
-                    row = queries.served_recommendation(s, ids[job_id])
-                    answer = queries.answer_bytes(row) if row is not None else None
+                # the job as returned, not as first read, decides
+                answer = queries.served_answer(s, ids[job_id]) if public.state == "done" else None
                 out.append((ids[job_id], public, answer))
         return out

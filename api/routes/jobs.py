@@ -24,8 +24,8 @@ async def read_job(job_id: Id, service: ServiceDep) -> JobPublic:
             if job is None:
                 raise NotFoundError(f"no job with id {job_id}")
             view = queries.job_public(s, job)
-            row = queries.served_recommendation(s, view.request_key) if job.state == "done" else None
-            return view, view.request_key, queries.answer_bytes(row) if row is not None else None
+            answer = queries.served_answer(s, view.request_key) if job.state == "done" else None
+            return view, view.request_key, answer
 
     view, key, answer = await run_in_threadpool(read)
     if view.state not in ("queued", "running"):
