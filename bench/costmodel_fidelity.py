@@ -63,12 +63,12 @@ VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
 # What a half (10 runs) calibrates: compute efficiency, quantization throughput and one effective
 # bandwidth shared by the three levels (3 unknowns): all 8 ranks run on this host, so every level's
 # collectives cross the same loopback transport (``fit``'s default for one-host runs; --per-level
-# fits one bandwidth per level, 5 unknowns, and predicts worse on every campaign). Overlap is
-# fixed at 0: 8 ranks share 2 cores, so no core is ever idle for communication to hide behind;
+# fits one bandwidth per level, 5 unknowns, and ranks worse on every campaign: report.txt). Overlap
+# is fixed at 0: 8 ranks share 2 cores, so no core is ever idle for communication to hide behind;
 # and these runs cannot tell overlap apart (fits from different starts end anywhere in 0..1 at the
-# same cost). Latency stays nominal. Fitting
-# latency, overlap and step overhead too (--fit-all: 6 unknowns for 10 runs) lets a fit trade
-# latency against bandwidth and overhead against compute, and it predicts worse (report.txt).
+# same cost). Latency stays nominal. Fitting latency, overlap and step overhead too (--fit-all:
+# 6 unknowns for 10 runs) lets a fit trade latency against bandwidth and overhead against compute,
+# and it ranks worse (report.txt: 0.809 against 0.892 on rounds 1-20, 0.837 against 0.938 on 16-20).
 # As `zerotune calibrate --fit compute_efficiency,quant_elems_per_s --fix overlap=0`.
 FIT_LOCAL = fit_options("compute_efficiency,quant_elems_per_s", ["overlap=0"])
 FIT_ALL = fit_options("compute_efficiency,latency_scale,quant_elems_per_s,overlap,step_overhead_s", [])
