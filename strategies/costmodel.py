@@ -228,6 +228,14 @@ def _costs(cluster: ClusterSpec, calib: Calibration, e: int, qa: int, block: int
     return costs
 
 
+def clear_caches() -> None:
+    """Forget every memoized plan, per-collective cost and step volume (what ``predict`` learns as it
+    runs): the next call starts cold, e.g. to time it."""
+    _COSTS.clear()
+    for cached in (_plan, _summary, _runs):
+        cached.cache_clear()
+
+
 def _merge_into(total: dict[str, dict[str, int]], vol: Volume, times: int = 1) -> None:
     for name, kinds in vol.items():
         level = total.setdefault(name, {})

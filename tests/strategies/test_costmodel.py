@@ -255,6 +255,16 @@ def test_fidelity_bench_replays_its_stored_runs():
     assert "4 campaigns of 5 rounds" in out.stdout and "1->4 " in out.stdout
 
 
+def test_fidelity_bench_campaign_sizes_must_cover_the_rounds():
+    """Campaign sizes that do not add up to the rounds analysed are refused before anything is read or trained."""
+    for sizes, message in [("5,5", "the sizes add up to 10 rounds, but rounds 1..28 are 28"),
+                           ("5,x", "must be K or K1,K2,..."), ("5,0", "every campaign needs at least 1 round")]:
+        out = subprocess.run([sys.executable, "bench/costmodel_fidelity.py", "--runs-dir", str(FIDELITY_RUNS),
+                              "--rounds", "28", "--campaign", sizes], cwd=FIDELITY_RUNS.parents[2],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and message in out.stderr and not out.stdout, (sizes, out.stderr)
+
+
 def test_predict_cli_sweep_table_and_json(capsys):
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:1,2,48", "--strategy", "zero3",
                  "--strategy", "zero1"]) == 0
