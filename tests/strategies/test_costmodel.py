@@ -247,12 +247,12 @@ def test_default_fit_holds_what_the_runs_cannot_tell_apart():
 def test_fidelity_bench_replays_its_stored_runs():
     """The committed measurements and the bench that reads them stay in step (no training: every run is there)."""
     out = subprocess.run([sys.executable, "bench/costmodel_fidelity.py", "--runs-dir", str(FIDELITY_RUNS),
-                          "--rounds", "20", "--campaign", "5", "--repeats", "1", "--predictions", "200"],
+                          "--rounds", "28", "--campaign", "5,5,5,5,3,5", "--repeats", "1", "--predictions", "200"],
                          cwd=FIDELITY_RUNS.parents[2], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "/20]" not in out.stderr and "over 2 held-out halves: Spearman mean" in out.stdout
     assert "mean r = " in out.stdout and "prediction speed" in out.stdout
-    assert "4 campaigns of 5 rounds" in out.stdout and "1->4 " in out.stdout
+    assert "6 campaigns of 5+5+5+5+3+5 rounds" in out.stdout and "1->6 " in out.stdout and "6->5 " in out.stdout
 
 
 def test_fidelity_bench_campaign_sizes_must_cover_the_rounds():
