@@ -19,11 +19,16 @@ from sqlalchemy import select
 from db import repository as repo
 from db.models import Trial
 from db.session import session_scope
+from strategies.errors import ZerotuneError
 from strategies.spec import Strategy
 from tuner.executors.base import TrialSpec
 
 if TYPE_CHECKING:
     from tuner.study import Tuner
+
+
+class StudyFailed(ZerotuneError):
+    """A study could not produce a recommendation."""
 
 
 def exports(tuner: Tuner, strategy: Strategy) -> dict[str, Any]:
@@ -59,8 +64,6 @@ def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> tuple[bool, str]
 
 def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candidates: int = 3) -> dict[str, Any]:
     """Pick, verify, export and store the recommendation of a study."""
-    from tuner.study import StudyFailed
-
     with session_scope(tuner.sessions) as s:
         rows = s.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete",
                                              Trial.value.is_not(None)).order_by(Trial.value.desc())).all()

@@ -40,9 +40,10 @@ from db.models import Request, Study, Trial
 from db.session import make_engine, make_session_factory, session_scope
 from strategies.catalog import build_strategy
 from strategies.costmodel import Calibration, predict
-from strategies.errors import SpecError, ZerotuneError
+from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
 from tuner.executors.base import Executor, TrialResult, TrialSpec
+from tuner.recommend import StudyFailed, recommend
 from tuner.space import Space
 
 PRESETS = ("zero3", "zeropp", "3level-b", "3level-a", "mics")
@@ -377,12 +378,7 @@ class Tuner:
 
     def recommend(self, study_id: int) -> dict[str, Any]:
         """The study's recommendation, stored; ``{}`` when the tuner was stopped (a partial study)."""
-        from tuner.recommend import recommend
-
         if self.stop.is_set():
             return {}
         return recommend(self, study_id, verify_quantized=self.verify_quantized)
 
-
-class StudyFailed(ZerotuneError):
-    """A study could not produce a recommendation."""

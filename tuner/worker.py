@@ -36,7 +36,8 @@ from db import repository as repo
 from db.models import Job, Request, Trial, utcnow
 from db.session import make_engine, make_session_factory, session_scope
 from strategies.spec import ClusterSpec, ModelSpec
-from tuner.study import StudyFailed, Tuner, TuneRequest
+from tuner.recommend import StudyFailed
+from tuner.study import Tuner, TuneRequest
 
 log = logging.getLogger("zerotune.worker")
 
