@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import random
@@ -187,10 +188,9 @@ def campaign_groups(rounds: list[dict[int, dict]], sizes: list[int]) -> list[lis
     """Consecutive rounds grouped into campaigns: one size repeats for as many whole campaigns as
     there are rounds; a list is taken as given (``main`` checks that it adds up to the rounds analysed)."""
     if len(sizes) == 1:
-        k = sizes[0]
-        return [rounds[i:i + k] for i in range(0, len(rounds) - k + 1, k)]
-    starts = [sum(sizes[:j]) for j in range(len(sizes))]
-    return [rounds[a:a + k] for a, k in zip(starts, sizes, strict=True)]
+        sizes = sizes * (len(rounds) // sizes[0])
+    ends = list(itertools.accumulate(sizes))
+    return [rounds[end - k:end] for k, end in zip(sizes, ends, strict=True)]
 
 
 def campaigns(rounds: list[dict[int, dict]], sizes: list[int], statistic: str, repeats: int) -> None:
