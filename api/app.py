@@ -12,7 +12,7 @@ from api import errors
 from api.cache import FastAnswer
 from api.dashboard import routes as dashboard
 from api.metrics import RequestMetrics
-from api.routes import catalog, health, jobs, recommendations, studies, trials
+from api.routes import calibrations, catalog, health, jobs, recommendations, studies, trials
 from api.schemas import ValidationErrorPublic
 from api.service import Service
 from api.settings import Settings
@@ -41,7 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   responses={422: {"model": ValidationErrorPublic, "description": "Bad input: field, value, rule."}})
     app.state.service = service
     errors.install(app)
-    for module in (recommendations, jobs, studies, trials, catalog, health):
+    for module in (recommendations, jobs, studies, trials, calibrations, catalog, health):
         app.include_router(module.router)
     dashboard.install(app)  # the HTML pages under /dashboard, their JSON aggregates, static files
 

@@ -110,6 +110,13 @@ class RecommendationCreate(_In):
                     "default: world size x 4")
     tokens_per_step: int | None = Field(
         default=None, ge=1, le=MAX_ID, description="the same batch in tokens (a whole number of sequences)")
+    calibration: str | None = Field(
+        default=None, min_length=1, max_length=128,
+        description="a stored calibration to predict with (GET /v1/calibrations); default: the newest stored for "
+                    "the cluster, else the cluster's own profile")
+    measure_shortlist: Literal["local", "slurm"] | None = Field(
+        default=None, description="after a model study whose leaders lie within the model's error, measure that "
+                                  "shortlist with this executor and answer with the measured fastest")
 
 
 class RecommendationPublic(BaseModel):
@@ -127,6 +134,23 @@ class RecommendationPublic(BaseModel):
     metrics: dict[str, Any]
     exports: dict[str, Any]
     created_at: datetime
+
+
+class CalibrationPublic(BaseModel):
+    """A calibration of the cost model refitted from measured trials, with its error before and after."""
+
+    id: int
+    name: str
+    cluster: str = Field(description="the cluster the measured runs ran on")
+    study_id: int | None
+    calibration: dict[str, Any]
+    report: dict[str, Any] = Field(description="runs, fitted factors, error before / after / cross-validated")
+    created_at: datetime
+
+
+class CalibrationsPublic(BaseModel):
+    data: list[CalibrationPublic]
+    count: int
 
 
 class JobPublic(BaseModel):

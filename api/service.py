@@ -11,6 +11,7 @@ other processes or machines join the same job too).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from db.session import make_engine, make_session_factory, session_scope
 from strategies.catalog import MODELS, parse_cluster, parse_model
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec
+from tuner import calibrations
 from tuner.study import TuneRequest
 
 log = logging.getLogger("zerotune.api")
@@ -80,19 +82,23 @@ def cluster_spec(value: str | schemas.ClusterCreate) -> ClusterSpec:
     return cluster
 
 
-def normalize(body: schemas.RecommendationCreate, settings: Settings) -> TuneRequest:
-    """The request with presets expanded and defaults filled; its ``key()`` names equivalent requests."""
-    if body.executor not in settings.executors:
-        raise InputError("body.executor", body.executor, f"this service runs only {list(settings.executors)}")
+def normalize(body: schemas.RecommendationCreate, settings: Settings, calibration: str | None = None) -> TuneRequest:
+    """The request with presets expanded and defaults filled; its ``key()`` names equivalent requests.
+
+    ``calibration``: the stored calibration it resolves to (``Service.normalize`` looks it up)."""
+    for field, value in (("executor", body.executor), ("measure_shortlist", body.measure_shortlist)):
+        if value is not None and value not in settings.executors:
+            raise InputError(f"body.{field}", value, f"this service runs only {list(settings.executors)}")
     if body.budget.trials > settings.max_trials:
         raise InputError("body.budget.trials", body.budget.trials, f"must be <= {settings.max_trials} here")
     model, cluster = model_spec(body.model), cluster_spec(body.cluster)
     try:
         return TuneRequest(model=model, cluster=cluster, executor=body.executor, trials=body.budget.trials,
                            objective=body.objective, global_batch=body.global_batch,
-                           tokens_per_step=body.tokens_per_step, time_budget_s=body.budget.time_s)
+                           tokens_per_step=body.tokens_per_step, time_budget_s=body.budget.time_s,
+                           calibration=calibration, measure=body.measure_shortlist)
     except SpecError as exc:
-        if exc.field in ("global_batch", "tokens_per_step"):  # top-level fields of the body
+        if exc.field in ("global_batch", "tokens_per_step", "measure_shortlist"):  # top-level fields of the body
             raise InputError(f"body.{exc.field}", exc.as_detail()["value"], exc.rule) from None
         raise InputError.from_spec("request", exc) from None
 
@@ -142,6 +148,20 @@ class Service:
         self.engine.dispose()
 
     # -- the recommendation flow ---------------------------------------------------------------
+    async def normalize(self, body: schemas.RecommendationCreate) -> TuneRequest:
+        """``normalize`` with the request's calibration resolved against the database: the one the body
+        names (422 when none is stored by that name), else the newest stored for its cluster."""
+        request = normalize(body, self.settings)
+        name = await run_in_threadpool(self._calibration_name, request.cluster, body.calibration)
+        return request if name is None else dataclasses.replace(request, calibration=name)
+
+    def _calibration_name(self, cluster: ClusterSpec, name: str | None) -> str | None:
+        with session_scope(self.sessions) as s:
+            try:
+                return calibrations.resolve_name(s, cluster, name)
+            except SpecError as exc:
+                raise InputError("body.calibration", name, exc.rule) from None
+
     async def recommend(self, request: TuneRequest, wait_s: float) -> Outcome:
         key = request.key()
         answer = self.cache.get(key)
@@ -229,7 +249,8 @@ class Service:
             req, _ = repo.get_or_create_request(
                 session=s, key=key, model=request.model.to_dict(), cluster=request.cluster.to_dict(),
                 objective=request.objective, budget={"trials": request.trials, "time_s": request.time_budget_s},
-                executor=request.executor, global_batch=request.global_batch)
+                executor=request.executor, global_batch=request.global_batch, calibration=request.calibration,
+                measure=request.measure)
             job, created = repo.get_or_create_job(session=s, request_id=req.id)
             return Outcome(job=queries.job_public(s, job)), created
 
@@ -242,6 +263,8 @@ class Service:
             self.ended(key, job)
 
     def ended(self, key: str, job: schemas.JobPublic, answer: bytes | None = None) -> None:
+        # a measured study may have stored a calibration that a known body now resolves to: relearn them
+        self.cache.bodies.clear()
         if answer is not None:
             self.cache.put(key, answer)
         if self.active.get(key) == job.id:

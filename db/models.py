@@ -1,4 +1,4 @@
-"""zerotune's tables: requests, studies, trials, recommendations and jobs (SQLAlchemy 2.0 typed ORM).
+"""zerotune's tables: requests, studies, trials, recommendations, calibrations and jobs (SQLAlchemy 2.0 typed ORM).
 
 Every table name starts with ``zt_``: Optuna's RDB storage keeps its own tables (``studies``,
 ``trials``, ``alembic_version`` …) in the same database, and the prefix is how our migrations
@@ -106,6 +106,8 @@ class Request(Base):
     budget: Mapped[dict[str, Any]]
     executor: Mapped[str] = mapped_column(String(32))
     global_batch: Mapped[int | None] = mapped_column(Integer)
+    calibration: Mapped[str | None] = mapped_column(String(128))  # the stored calibration it uses (revision 0004)
+    measure: Mapped[str | None] = mapped_column(String(16))  # executor that measures the shortlist (revision 0004)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -183,6 +185,26 @@ class Recommendation(Base):
     runner_up_trial_id: Mapped[int | None] = mapped_column(ForeignKey("zt_trials.id", ondelete="SET NULL"))
     trial_id: Mapped[int | None] = mapped_column(ForeignKey("zt_trials.id", ondelete="SET NULL"))
     exports: Mapped[dict[str, Any]]  # {"zerotune": ..., "deepspeed": ..., "fsdp": ...}
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class StoredCalibration(Base):
+    """A calibration of the cost model for one cluster, refitted from measured trials (revision 0004).
+
+    The newest one whose ``cluster`` is a request's cluster (else the newest of the same family and
+    level count) is what the next study there predicts with; ``report`` holds the error on the runs
+    before and after the refit (``strategies.calibration.refit``)."""
+
+    __tablename__ = "zt_calibrations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    cluster: Mapped[str] = mapped_column(String(128), index=True)  # the cluster the runs ran on
+    family: Mapped[str] = mapped_column(String(64))
+    num_levels: Mapped[int] = mapped_column(Integer)
+    calibration: Mapped[dict[str, Any]]
+    report: Mapped[dict[str, Any]]
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("zt_studies.id", ondelete="SET NULL"), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -29,6 +29,7 @@ from db.models import (
     Job,
     Recommendation,
     Request,
+    StoredCalibration,
     Study,
     Trial,
     WorkerProcess,
@@ -117,7 +118,7 @@ def _dialect(session: Session) -> str:
 
 def get_or_create_request(
     *, session: Session, key: str, model: JsonDict, cluster: JsonDict, objective: str, budget: JsonDict,
-    executor: str, global_batch: int | None = None,
+    executor: str, global_batch: int | None = None, calibration: str | None = None, measure: str | None = None,
 ) -> tuple[Request, bool]:
     """The request stored under ``key``, inserting it if new; safe when many callers race.
 
@@ -129,7 +130,8 @@ def get_or_create_request(
     """
     _check_key("key", key)
     values = {"key": key, "model": model, "cluster": cluster, "objective": objective, "budget": budget,
-              "executor": executor, "global_batch": global_batch, "created_at": utcnow()}
+              "executor": executor, "global_batch": global_batch, "calibration": calibration, "measure": measure,
+              "created_at": utcnow()}
     insert = postgresql.insert if _dialect(session) == "postgresql" else sqlite.insert
     stmt = insert(Request).values(**values).on_conflict_do_nothing(index_elements=["key"]).returning(Request.id)
     created = session.execute(stmt).scalar_one_or_none() is not None
@@ -371,6 +373,49 @@ def served_recommendation(*, session: Session, request_key: str) -> Recommendati
              .where(Recommendation.request_key == request_key, Study.state == "done")
              .order_by(Recommendation.id.desc()).limit(1))
     return session.scalars(query).first()
+
+
+# --- calibrations ---------------------------------------------------------------------------
+
+
+def save_calibration(
+    *, session: Session, name: str, cluster: str, num_levels: int, calibration: JsonDict, report: JsonDict,
+    study_id: int | None = None,
+) -> StoredCalibration:
+    """Store a calibration of the cost model for ``cluster`` (a cluster name, e.g. ``local:2x2``).
+
+    Args:
+        name: unique; a second calibration under the same name is refused.
+        report: how it was made and its error before and after (``strategies.calibration.refit``).
+    """
+    if not name or len(name) > 128:
+        raise ValueError(f"name={name!r}: must be 1-128 characters")
+    row = StoredCalibration(name=name, cluster=cluster, family=cluster.partition(":")[0], num_levels=num_levels,
+                            calibration=json_safe(calibration), report=json_safe(report), study_id=study_id)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_calibration(*, session: Session, name: str) -> StoredCalibration | None:
+    """The stored calibration called ``name``, or None."""
+    return session.scalars(select(StoredCalibration).where(StoredCalibration.name == name)).one_or_none()
+
+
+def calibration_for_cluster(*, session: Session, cluster: str, num_levels: int) -> StoredCalibration | None:
+    """The calibration a study on ``cluster`` starts from: the newest stored for that very cluster, else
+    the newest for the same family (the name before ``:``) with the same number of levels."""
+    newest = select(StoredCalibration).order_by(StoredCalibration.id.desc()).limit(1)
+    exact = session.scalars(newest.where(StoredCalibration.cluster == cluster)).first()
+    if exact is not None:
+        return exact
+    return session.scalars(newest.where(StoredCalibration.family == cluster.partition(":")[0],
+                                        StoredCalibration.num_levels == num_levels)).first()
+
+
+def list_calibrations(*, session: Session, offset: int = 0, limit: int = 100) -> tuple[list[StoredCalibration], int]:
+    """Stored calibrations, newest first, and their total count."""
+    return _page(session, select(StoredCalibration).order_by(StoredCalibration.id.desc()), offset, limit)
 
 
 # --- jobs -----------------------------------------------------------------------------------

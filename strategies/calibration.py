@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.costmodel import Calibration, predict, state_memory
+from strategies.costmodel import Calibration, MeasuredError, predict, state_memory
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
 
@@ -194,6 +194,88 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
                    "max_rel_error": max(errors), "cost": float(result.cost), "converged": bool(result.success),
                    "fitted": [f for f, _, _ in scalars], "held": held,
                    "bandwidths": "one for all levels" if tied else "one per level"}
+
+
+REFIT_ORDER = ("compute_efficiency", "step_overhead_s", "latency_scale", "overlap", "optimizer_elems_per_s",
+               "quant_elems_per_s")
+"""With fewer runs than unknowns, ``refit`` fits the first of these the runs can tell apart (compute and
+the fixed per-step cost explain most of a short run; the rates of small kernels least)."""
+
+
+def _spread(errors: Sequence[float]) -> dict[str, Any]:
+    ordered = sorted(errors)
+    if not ordered:
+        return {"median": None, "p90": None, "count": 0}
+    return {"median": ordered[len(ordered) // 2], "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+            "count": len(ordered)}
+
+
+def assess(measurements: Sequence[Measurement], predicted: Sequence[float]) -> dict[str, Any]:
+    """How far ``predicted`` step times are from the measured ones.
+
+    ``rows``: |predicted / measured - 1| per run. ``comparisons``: |predicted ratio / measured ratio - 1|
+    over every pair of runs of the same model, cluster and batch — the error of choosing between them."""
+    rows = [abs(p / m.step_time_s - 1) for m, p in zip(measurements, predicted, strict=True)]
+    pairs = []
+    for i, (a, pa) in enumerate(zip(measurements, predicted, strict=True)):
+        for b, pb in zip(measurements[i + 1:], predicted[i + 1:], strict=True):
+            if (a.model, a.cluster, a.global_batch) == (b.model, b.cluster, b.global_batch):
+                pairs.append(abs((pa / pb) / (a.step_time_s / b.step_time_s) - 1))
+    return {"rows": _spread(rows), "comparisons": _spread(pairs)}
+
+
+def refit(measurements: Sequence[Measurement], *, name: str, start: Calibration | None = None) -> tuple[
+        Calibration, dict[str, Any]]:
+    """Refit ``start`` (the calibration the cluster had) to measured runs, and say what it gained.
+
+    Fits as many unknowns as the runs allow while keeping one run out of each fit: the unknowns
+    ``identifiable_fields`` names, in ``REFIT_ORDER``, with one bandwidth shared by all levels where
+    the runs ran on one host or are too few for one per level. The error is then measured three
+    ways on the same runs: ``before`` (``start``), ``after`` (the refit, in-sample) and
+    ``cross_validated`` (each run predicted by a fit that never saw it: leave-one-out up to 10 runs,
+    5 folds beyond), which becomes the refit's ``measured_error`` — the band its predictions carry.
+    """
+    n = len(measurements)
+    if n == 0:
+        raise SpecError("measurements", 0, "need at least one measured run to calibrate")
+    start = start or Calibration()
+    folds = n if n <= 10 else 5
+    budget = max(1, min(n - math.ceil(n / folds), n // 2))  # at most one unknown per two runs
+    fields, held = identifiable_fields(measurements)
+    if "overlap" in held:
+        start = dataclasses.replace(start, overlap=0.0)
+    levels = measurements[0].cluster.num_levels
+    busy = {lv for m in measurements for lv in range(1, levels + 1) if m.cluster.levels[lv - 1].size > 1}
+    tie = all(m.one_host for m in measurements) or len(busy) + 1 > budget
+    keep = [f for f in REFIT_ORDER if f in fields][:max(0, budget - (1 if tie else len(busy)))]
+    for f in fields:
+        if f not in keep:
+            held[f] = f"{n} runs: fitted only the {len(keep)} most telling factors"
+    start = dataclasses.replace(start, measured_error=None)
+
+    def fitted(runs: Sequence[Measurement]) -> Calibration:
+        return fit(runs, name=name, start=start, fields=keep, tie_levels=tie)[0]
+
+    calib, stats = fit(measurements, name=name, start=start, fields=keep, tie_levels=tie)
+    report: dict[str, Any] = {
+        "runs": n, "cluster": measurements[0].cluster.name, "start": start.name, "fit": stats,
+        "before": assess(measurements, [predicted_step_time(m, start) for m in measurements]),
+        "after": assess(measurements, [predicted_step_time(m, calib) for m in measurements]),
+        "cross_validated": None}
+    if n > 1:
+        predicted = [0.0] * n
+        for fold in range(folds):
+            held_out = set(range(fold, n, folds))
+            model = fitted([m for i, m in enumerate(measurements) if i not in held_out])
+            for i in held_out:
+                predicted[i] = predicted_step_time(measurements[i], model)
+        cv = report["cross_validated"] = assess(measurements, predicted)
+        pairs = cv["comparisons"] if cv["comparisons"]["count"] else cv["rows"]
+        calib = dataclasses.replace(calib, measured_error=MeasuredError(
+            row_median=cv["rows"]["median"], row_p90=cv["rows"]["p90"], comparison_median=pairs["median"],
+            comparison_p90=pairs["p90"], runs=n,
+            source=f"{n} measured runs on {measurements[0].cluster.name}, cross-validated ({folds} folds)"))
+    return calib, report
 
 
 def data_dir() -> Path:

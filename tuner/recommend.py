@@ -150,15 +150,19 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
                 seen.add(part)
                 decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(), "value": cand[2]})
     req = tuner.request
-    body: dict[str, Any] = {"study_id": study_id, "request_key": req.key(), "trial_id": trial_id,
+    extra = {"decision": decision, "refit": tuner.refit, **(tuner.answer_note or {})}
+    if "measured_shortlist" in extra:  # does the measurement keep the predicted winner's partition?
+        foreseen = Strategy.from_dict(extra["measured_shortlist"]["predicted_strategy"])
+        extra["measured_shortlist"] = {**extra["measured_shortlist"], "agrees": partition(foreseen) == mine}
+    body: dict[str, Any] = {"study_id": study_id, "request_key": tuner.answer_key or req.key(), "trial_id": trial_id,
             "strategy": strategy.to_dict(), "value": value, "evidence": evidence, "margin": margin,
             "runner_up_trial_id": runner[0] if runner else None, "verification": verification,
-            "decision": decision, "global_batch": req.global_batch, "tokens_per_step": req.tokens_per_step,
+            **extra, "global_batch": req.global_batch, "tokens_per_step": req.tokens_per_step,
             "metrics": metrics, "exports": exports(tuner, strategy)}
     with session_scope(tuner.sessions) as s:
         saved = repo.save_recommendation(
             session=s, study_id=study_id, request_key=body["request_key"], strategy=body["strategy"],
-            metrics={**(metrics or {}), "verification": verification, "decision": decision}, evidence=evidence,
+            metrics={**(metrics or {}), "verification": verification, **extra}, evidence=evidence,
             margin=margin,
             runner_up_trial_id=body["runner_up_trial_id"], trial_id=trial_id, exports=body["exports"])
         body["id"] = saved.id

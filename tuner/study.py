@@ -47,7 +47,9 @@ from strategies.catalog import build_strategy
 from strategies.costmodel import Calibration, predict
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from tuner import calibrations
 from tuner.executors.base import Executor, TrialResult, TrialSpec
+from tuner.executors.local import runs_as_is
 from tuner.recommend import StudyFailed, recommend
 from tuner.space import Space, resolve_global_batch
 
@@ -77,6 +79,12 @@ class TuneRequest:
     time_budget_s: float | None = None
     tokens_per_step: int | None = None
     """The same batch in tokens (a whole number of sequences); filled in from ``global_batch``."""
+    calibration: str | None = None
+    """The stored calibration every prediction uses (``tuner.calibrations``); None = the cluster's profile."""
+    measure: str | None = None
+    """``local`` or ``slurm``: after a model study, measure the shortlist its decision names with that executor."""
+    shortlist_of: str | None = None
+    """Set on the measured study of another request's shortlist: that request's key."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "pareto"):
@@ -85,14 +93,29 @@ class TuneRequest:
             raise SpecError("sampler", self.sampler, f"must be one of {list(SAMPLERS)}")
         if not isinstance(self.trials, int) or self.trials < 1:
             raise SpecError("budget.trials", self.trials, "must be an integer >= 1")
+        if self.measure is not None:
+            if self.measure not in ("local", "slurm"):
+                raise SpecError("measure_shortlist", self.measure, "must be 'local' or 'slurm'")
+            if self.executor != "model":
+                raise SpecError("measure_shortlist", self.measure, f"only a model study has a shortlist to measure; "
+                                f"executor {self.executor!r} measures every trial already")
+            if self.measure == "local" and not runs_as_is(self.cluster):
+                raise SpecError("measure_shortlist", self.measure, f"this machine can only emulate {self.cluster.name} "
+                                "(fewer ranks, a proxy model), which cannot settle a choice the model's error leaves "
+                                "open there; measure it with 'slurm', or ask about a local: cluster")
         batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
         object.__setattr__(self, "global_batch", batch)  # frozen: the resolved batch is what the request means
         object.__setattr__(self, "tokens_per_step", batch * self.model.seq_len)
 
     def normalized(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "cluster": self.cluster.to_dict(), "executor": self.executor,
-                "objective": self.objective, "global_batch": self.global_batch, "trials": self.trials,
-                "sampler": self.sampler}
+        """What makes two requests equivalent (the optional fields only where set, so older keys hold)."""
+        fields = {"model": self.model.to_dict(), "cluster": self.cluster.to_dict(), "executor": self.executor,
+                  "objective": self.objective, "global_batch": self.global_batch, "trials": self.trials,
+                  "sampler": self.sampler}
+        for name in ("calibration", "measure", "shortlist_of"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        return fields
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()
@@ -119,19 +142,32 @@ class Tuner:
                  worker_id: str | None = None, lease_s: float = 60.0, trial_timeout_s: float = 600.0,
                  steps: int = 10, calibration: Calibration | None = None,
                  progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None,
-                 verify_quantized: bool = True, exclusive: bool = False) -> None:
-        """``verify_quantized``: proxy-verify a predicted quantized pick before recommending it
-        (:func:`tuner.recommend.recommend`). ``exclusive``: the caller guarantees no other runner
-        works on this study (a worker holding its job), so unfinished trials found at resume are
-        dead whatever their lease says."""
+                 verify_quantized: bool = True, exclusive: bool = False,
+                 candidates: list[Strategy] | None = None, answer_key: str | None = None,
+                 answer_note: dict[str, Any] | None = None) -> None:
+        """``calibration``: what every prediction uses (None: the one ``request.calibration`` names, else
+        the cluster's profile). ``verify_quantized``: proxy-verify a predicted quantized pick before
+        recommending it (:func:`tuner.recommend.recommend`). ``exclusive``: the caller guarantees no
+        other runner works on this study (a worker holding its job), so unfinished trials found at
+        resume are dead whatever their lease says. ``candidates``: try exactly these strategies (a
+        shortlist to measure) instead of the presets, the warm start and the sampler. ``answer_key``:
+        store the recommendation under this request key (the request whose shortlist this measures),
+        with ``answer_note`` in its metrics."""
         self.verify_quantized, self.exclusive = verify_quantized, exclusive
         self.request, self.executor, self.workdir = request, executor, Path(workdir)
         self.db_url = db_url
         self.worker_id = worker_id or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
         self.lease_s, self.trial_timeout_s, self.steps = lease_s, trial_timeout_s, steps
-        self.calibration, self.progress_cb, self.stop = calibration, progress, stop or threading.Event()
+        self.progress_cb, self.stop = progress, stop or threading.Event()
+        self.candidates, self.answer_key, self.answer_note = candidates, answer_key, answer_note
         self.space = Space(request.cluster, global_batch=request.global_batch)
         self.sessions = make_session_factory(make_engine(db_url))
+        if calibration is None and request.calibration is not None:
+            with session_scope(self.sessions) as s:
+                calibration = calibrations.load(s, request.calibration)
+        self.calibration = calibration
+        self.refit: dict[str, Any] | None = None
+        """The calibration this study's measured runs refitted (``tuner.calibrations.refit_study``)."""
 
     # -- setup -------------------------------------------------------------------------------------
     def _optuna_study(self, name: str) -> Any:
@@ -163,7 +199,8 @@ class Tuner:
             req, _ = repo.get_or_create_request(session=s, key=r.key(), model=r.model.to_dict(),
                                              cluster=r.cluster.to_dict(), objective=r.objective,
                                              budget={"trials": r.trials, "time_s": r.time_budget_s},
-                                             executor=r.executor, global_batch=r.global_batch)
+                                             executor=r.executor, global_batch=r.global_batch,
+                                             calibration=r.calibration, measure=r.measure)
             existing = s.scalars(select(Study).where(Study.request_id == req.id).order_by(Study.id.desc())).first()
             if existing is not None and existing.state != "failed":
                 return existing.id
@@ -200,6 +237,8 @@ class Tuner:
                 self._one_trial(study, study_id, progress)
                 if self.progress_cb:
                     self.progress_cb(progress)
+            if self.executor.name != "model" and not self.stop.is_set():
+                self.refit = self._refit(study_id)
             recommendation = self.recommend(study_id)
         except BaseException as exc:
             with session_scope(self.sessions) as s:
@@ -208,6 +247,16 @@ class Tuner:
         with session_scope(self.sessions) as s:
             repo.set_study_state(session=s, study_id=study_id, state="cancelled" if self.stop.is_set() else "done")
         return recommendation
+
+    def _refit(self, study_id: int) -> dict[str, Any] | None:
+        """Refit the calibration of the cluster the measured runs ran on; a refit that fails is logged and
+        reported, never the study's failure (the measurements and the answer stand without it)."""
+        try:
+            with session_scope(self.sessions) as s:
+                return calibrations.refit_study(s, study_id)
+        except Exception as exc:
+            calibrations.log.warning("study %d: refit failed: %s: %s", study_id, type(exc).__name__, exc)
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     def _count_done(self, study_id: int) -> int:
         with session_scope(self.sessions) as s:
@@ -350,9 +399,9 @@ class Tuner:
 
     def _enqueue_known_good(self, study: Any, study_id: int) -> None:
         seen: set[str] = set()
-        strategies = []
+        strategies: list[tuple[Strategy, dict[str, Any]]] = []
         r = self.request
-        for name in PRESETS:
+        for name in PRESETS if self.candidates is None else ():
             try:
                 s = build_strategy(name, r.cluster)
             except SpecError:
@@ -361,7 +410,10 @@ class Tuner:
                                                                  calibration=self.calibration)["feasible"]:
                 continue
             strategies.append((s, {"preset": name}))
-        strategies += [(s, {"warm_start": "true"}) for s in self._warm_start()]
+        if self.candidates is not None:
+            strategies += [(s, {"preset": s.name} if s.name else {"shortlist": "true"}) for s in self.candidates]
+        else:
+            strategies += [(s, {"warm_start": "true"}) for s in self._warm_start()]
         for s, attrs in strategies:
             params = self.space.strategy_params(s)
             key = json.dumps(params, sort_keys=True)

@@ -17,6 +17,7 @@ heartbeating, and any other worker gives its job back after ``stale_after_s``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -33,9 +34,10 @@ from typing import Any, Protocol
 from sqlalchemy import func, select, update
 
 from db import repository as repo
-from db.models import Job, Request, Trial, utcnow
+from db.models import Job, Request, Study, Trial, utcnow
 from db.session import make_engine, make_session_factory, session_scope
-from strategies.spec import ClusterSpec, ModelSpec
+from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from tuner import calibrations
 from tuner.recommend import StudyFailed
 from tuner.study import Tuner, TuneRequest
 
@@ -63,14 +65,8 @@ def tune_request(row: Request) -> TuneRequest:
     budget = row.budget or {}
     return TuneRequest(model=ModelSpec.from_dict(row.model), cluster=ClusterSpec.from_dict(row.cluster),
                        executor=row.executor, trials=int(budget.get("trials") or 40), objective=row.objective,
-                       global_batch=row.global_batch, time_budget_s=budget.get("time_s"))
-
-
-def make_executor(name: str, settings: WorkerSettings) -> Any:
-    """The executor of a job (the model executor predicts with the cluster's own profile)."""
-    from tuner.executors import make_executor as build
-
-    return build(name, partition=settings.slurm_partition)
+                       global_batch=row.global_batch, time_budget_s=budget.get("time_s"),
+                       calibration=row.calibration, measure=row.measure)
 
 
 class Worker:
@@ -182,19 +178,14 @@ class Worker:
         stop, why = threading.Event(), {"reason": ""}
         beat = _Heartbeat(self, job_id, stop, why)
         try:
-            executor = make_executor(request.executor, self.settings)
-            # exclusive: holding the job means holding its study, so trials left unfinished by a
-            # dead runner are failed (and retried once) at resume, without waiting for their leases
-            tuner = Tuner(request, db_url=self.url, executor=executor,
-                          workdir=self.settings.work_root() / request.key()[:16], worker_id=self.id,
-                          lease_s=self.settings.lease_s, trial_timeout_s=self.settings.trial_timeout_s,
-                          steps=self.settings.steps, progress=beat.progress, stop=stop,
-                          verify_quantized=self.settings.verify_quantized, exclusive=True)
+            tuner = self._tuner(request, beat, stop)
             study_id = tuner.open()
             self._update(job_id, study_id=study_id)
             beat.study_id = study_id
             beat.start()
             result = tuner.run(study_id)
+            if result and request.measure and not stop.is_set():
+                result = self._measure_shortlist(job_id, request, result, beat, stop)
         except StudyFailed as exc:
             return self._finish(job_id, "failed", str(exc))
         except Exception as exc:
@@ -210,6 +201,49 @@ class Worker:
             state = self._finish(job_id, "queued", None)
         log.info("worker %s: %s → %s in %.1f s", self.id, label, state, time.monotonic() - started)
         return state
+
+    def _tuner(self, request: TuneRequest, beat: _Heartbeat, stop: threading.Event, **options: Any) -> Tuner:
+        """The Tuner of one study of a job, predicting with the calibration the request names."""
+        from tuner.executors import make_executor
+
+        with session_scope(self.sessions) as s:
+            calibration = calibrations.load(s, request.calibration)
+        executor = make_executor(request.executor, calibration=calibration, partition=self.settings.slurm_partition)
+        # exclusive: holding the job means holding its study, so trials left unfinished by a
+        # dead runner are failed (and retried once) at resume, without waiting for their leases
+        return Tuner(request, db_url=self.url, executor=executor, calibration=calibration,
+                     workdir=self.settings.work_root() / request.key()[:16], worker_id=self.id,
+                     lease_s=self.settings.lease_s, trial_timeout_s=self.settings.trial_timeout_s,
+                     steps=self.settings.steps, progress=beat.progress, stop=stop,
+                     verify_quantized=self.settings.verify_quantized, exclusive=True, **options)
+
+    def _measure_shortlist(self, job_id: int, request: TuneRequest, predicted: dict[str, Any], beat: _Heartbeat,
+                           stop: threading.Event) -> dict[str, Any]:
+        """Measure the partitions the predicted answer could not tell apart, and answer with the fastest.
+
+        The measured study is a request of its own (``shortlist_of`` the predicted one, the same
+        model, cluster and global batch) whose recommendation is stored under the predicted request's
+        key: the newest answer, and so the one served. A decision beyond the model's error has a
+        shortlist of one (or none): nothing to measure, the predicted answer stands."""
+        shortlist = [Strategy.from_dict(c["strategy"]) for c in predicted["decision"]["shortlist"]]
+        if len(shortlist) < 2:
+            log.info("job %d: the predicted winner is beyond the model's error; no shortlist to measure", job_id)
+            return predicted
+        assert request.measure is not None
+        measured = dataclasses.replace(request, executor=request.measure, measure=None, trials=len(shortlist),
+                                       shortlist_of=request.key(), time_budget_s=None)
+        note = {"measured_shortlist": {
+            "of_request": request.key(), "predicted_recommendation_id": predicted["id"],
+            "predicted_strategy": predicted["strategy"], "candidates": len(shortlist), "executor": request.measure,
+            "why": f"{len(shortlist)} partitions lay within the model's error ({predicted['decision']['band']:.1%}) "
+                   "of the predicted winner"}}
+        tuner = self._tuner(measured, beat, stop, candidates=shortlist, answer_key=request.key(), answer_note=note)
+        study_id = tuner.open()
+        self._update(job_id, study_id=study_id)
+        beat.study_id = study_id
+        log.info("job %d: measuring a shortlist of %d with %s (study %d)", job_id, len(shortlist), request.measure,
+                 study_id)
+        return tuner.run(study_id)
 
     def _update(self, job_id: int, **values: Any) -> bool:
         """Stamp our running job (a heartbeat); False when it is no longer ours to run."""
@@ -268,9 +302,7 @@ class _Heartbeat:
             with session_scope(self.worker.sessions) as s:
                 done = s.scalar(select(func.count()).select_from(Trial).where(
                     Trial.study_id == self.study_id, Trial.status.in_(COUNTED))) or 0
-                budget = s.scalar(select(Request.budget).join(Job, Job.request_id == Request.id)
-                                  .where(Job.id == self.job_id)) or {}
-                total = int(budget.get("trials") or 1)
+                total = s.scalar(select(Study.n_trials).where(Study.id == self.study_id)) or 1
             values = {"trials_done": done, "progress": min(1.0, done / total)}
         try:
             self.worker.stamp("busy", job_id=self.job_id)

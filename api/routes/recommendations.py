@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse
 from api import queries
 from api.deps import Id, ServiceDep, SessionDep, WriteAccess
 from api.schemas import JobPublic, Message, RecommendationCreate, RecommendationPublic
-from api.service import normalize
 from db.models import Recommendation
 from db.repository import NotFoundError
 
@@ -38,7 +37,7 @@ async def create_recommendation(
     comes back at once (200); otherwise the request joins the one job of its equivalence class
     (202, ``Location: /v1/jobs/{id}``), however many identical requests arrive at once.
     """
-    tune = normalize(body, service.settings)
+    tune = await service.normalize(body)
     outcome = await service.recommend(tune, wait)
     request.state.request_key = tune.key()  # a valid body: the fast path may answer it next time
     if outcome.answer is not None:

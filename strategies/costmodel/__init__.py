@@ -16,13 +16,13 @@ Every formula is written in its module's docstring.
 import math
 from typing import Any
 
-from strategies.costmodel.hardware import Calibration, calibration_for
+from strategies.costmodel.hardware import Calibration, MeasuredError, calibration_for
 from strategies.costmodel.memory import GIB, activation_memory, state_memory
 from strategies.costmodel.predict import accumulation_steps, predict, step_volume
 from strategies.costmodel.schedule import Schedule, build_schedule
 from strategies.spec import ClusterSpec
 
-__all__ = ["GIB", "Calibration", "Schedule", "accumulation_steps", "activation_memory",
+__all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_steps", "activation_memory",
            "build_schedule", "calibration_for", "clear_caches", "cross_node_bytes", "predict", "scaling_efficiency",
            "state_memory", "step_volume"]
 

@@ -10,8 +10,8 @@ file is what the bench computes from today's model and tables, so it cannot go s
   the error of a *decision* between strategies, which is what a recommendation's margin is held to.
 
 Each band gives the median and the 90th percentile. A prediction with another calibration (the
-nominal one of a ``local:`` or custom cluster, or a fitted one) has no published band: its error is
-what measured trials on that cluster show.
+nominal one of a ``local:`` or custom cluster) has no published band; a calibration refitted from
+measured trials (``strategies.calibration.refit``) carries the error those trials show under cross-validation.
 """
 
 from __future__ import annotations
@@ -34,14 +34,19 @@ def published_error() -> dict[str, Any] | None:
 
 
 def error_band(calibration: Calibration) -> dict[str, Any] | None:
-    """The band a prediction made with ``calibration`` carries: the published one for a preset's own
-    profile, None for any other calibration (nothing measured its error). A fresh dict per call."""
+    """The band a prediction made with ``calibration`` carries: its measured error for a fitted one, the
+    published one for a preset's own profile, None otherwise (nothing measured its error). A fresh dict per call."""
     band = _band(calibration)
     return dict(band) if band is not None else None
 
 
 @functools.lru_cache(maxsize=64)
 def _band(calibration: Calibration) -> dict[str, Any] | None:
+    measured = calibration.measured_error
+    if measured is not None:
+        return {"row_median": measured.row_median, "row_p90": measured.row_p90,
+                "comparison_median": measured.comparison_median, "comparison_p90": measured.comparison_p90,
+                "source": measured.source}
     err = published_error() if calibration in PRESET_CALIBRATIONS.values() else None
     if err is None:
         return None

@@ -68,6 +68,21 @@ other; used to carry a GEMM figure over to a device without a published training
 
 
 @dataclass(frozen=True)
+class MeasuredError:
+    """How far a fitted calibration's predictions were from measured runs it was not fitted on
+    (cross-validated: each run predicted by a fit of the others), as relative errors."""
+
+    row_median: float
+    """Median |predicted / measured - 1| of step times."""
+    row_p90: float
+    comparison_median: float
+    """Median |predicted ratio / measured ratio - 1| over pairs of runs of the same model: the error of a decision."""
+    comparison_p90: float
+    runs: int
+    source: str
+
+
+@dataclass(frozen=True)
 class Calibration:
     """The efficiencies that turn bytes and FLOPs into seconds (fitted, or a preset's profile).
 
@@ -93,6 +108,8 @@ class Calibration:
     """Fixed cost of each primitive collective (one per level crossed): launch + the library's base latency."""
     overlap_slowdown: float = 0.0
     """κ: compute that runs beside a busy communication queue takes (1 + κ) times as long."""
+    measured_error: MeasuredError | None = None
+    """A fitted calibration's cross-validated error on the runs it came from (its predictions' band)."""
 
     def level_efficiency(self, level: int) -> float:
         return self.bandwidth_efficiency[level - 1] if self.bandwidth_efficiency else 0.8
@@ -104,6 +121,8 @@ class Calibration:
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
         data = dict(data)
         data["bandwidth_efficiency"] = tuple(data.get("bandwidth_efficiency", ()))
+        if isinstance(data.get("measured_error"), dict):
+            data["measured_error"] = MeasuredError(**data["measured_error"])
         return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
 
 

@@ -43,6 +43,11 @@ def local_cluster_for(cluster: ClusterSpec, max_ranks: int = 8) -> ClusterSpec:
     return dataclasses.replace(emulated, levels=levels)
 
 
+def runs_as_is(cluster: ClusterSpec, max_ranks: int = 8) -> bool:
+    """Whether this machine runs ``cluster`` itself (a ``cpu`` cluster of at most ``max_ranks``), not an emulation."""
+    return local_cluster_for(cluster, max_ranks) == cluster
+
+
 def proxy_model_for(model: ModelSpec, max_params: int = 30_000_000, hidden: int = 256, vocab: int = 4096,
                     seq_len: int = 128) -> ModelSpec:
     """The model itself if small enough for this machine, else a GPT of the same family, scaled down."""

@@ -1,0 +1,105 @@
+"""The calibration a study predicts with, and the refit a measured study leaves for the next one.
+
+A study on a cluster predicts with, in order: the calibration its request names (stored in the
+database, or a ``zerotune calibrate`` file), else the newest one stored for that cluster (see
+``db.repository.calibration_for_cluster``), else the cluster's own profile (``costmodel.calibration_for``).
+
+A study whose trials were measured (``local`` or ``slurm``) refits the calibration of the cluster
+the runs ran on from every measured run there, and stores it with its error on those runs before
+and after (``strategies.calibration.refit``): the next study on that cluster starts from it. An
+emulated run (a preset cluster run on this machine at a smaller size) calibrates the machine it ran
+on, never the cluster it stood in for, so its refit is stored under the machine's ``local:`` name.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from db import repository as repo
+from db.models import Trial
+from strategies.calibration import Measurement, load_calibration, refit
+from strategies.costmodel import Calibration, calibration_for
+from strategies.errors import SpecError
+from strategies.spec import ClusterSpec
+
+log = logging.getLogger("zerotune.calibrations")
+MAX_RUNS = 60
+"""A refit uses the newest measured runs on the cluster, at most this many (a fit costs ~0.1 s per run)."""
+
+
+def resolve_name(session: Session, cluster: ClusterSpec, name: str | None) -> str | None:
+    """The calibration name a request on ``cluster`` uses: ``name`` when it exists, else the newest stored
+    for the cluster, else None (the cluster's profile). An unknown ``name`` is a ``SpecError``."""
+    if name is not None:
+        load(session, name)
+        return name
+    row = repo.calibration_for_cluster(session=session, cluster=cluster.name, num_levels=cluster.num_levels)
+    return row.name if row is not None else None
+
+
+def load(session: Session, name: str | None) -> Calibration | None:
+    """The calibration called ``name``: from the database, else from the calibration files; None for None."""
+    if name is None:
+        return None
+    row = repo.get_calibration(session=session, name=name)
+    if row is not None:
+        return Calibration.from_dict(row.calibration)
+    try:
+        return load_calibration(name)
+    except SpecError:
+        stored = [c.name for c in repo.list_calibrations(session=session, limit=20)[0]]
+        raise SpecError("calibration", name, f"no such calibration; stored: {stored or 'none'}") from None
+
+
+def measured_runs(session: Session, cluster_run: str, limit: int = MAX_RUNS) -> list[tuple[int, Measurement]]:
+    """The newest completed measured trials (local, slurm, uploaded) whose runs ran on ``cluster_run``, as
+    (trial id, measurement)."""
+    measured = Trial.executor.in_(("local", "slurm", "external"))
+    rows = session.scalars(select(Trial).where(Trial.status == "complete", measured).order_by(Trial.id.desc()))
+    out = []
+    for t in rows:
+        metrics = t.metrics or {}
+        if metrics.get("status") != "ok" or (metrics.get("cluster") or {}).get("name") != cluster_run:
+            continue
+        try:
+            out.append((t.id, Measurement.from_run(metrics, source=f"trial {t.id}")))
+        except (KeyError, TypeError, ValueError, SpecError) as exc:
+            log.warning("trial %d: its run.json cannot calibrate: %s", t.id, exc)
+            continue
+        if len(out) >= limit:
+            break
+    return out[::-1]
+
+
+def refit_study(session: Session, study_id: int) -> dict[str, Any] | None:
+    """Refit and store the calibration of the cluster the study's measured runs ran on.
+
+    Returns the stored report (with ``name``), or None when the study measured nothing."""
+    mine = session.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete")).all()
+    clusters = [(t.metrics or {}).get("cluster") for t in mine if (t.metrics or {}).get("status") == "ok"]
+    if not clusters or not all(clusters):
+        return None
+    ran_on = ClusterSpec.from_dict(clusters[-1])
+    runs = measured_runs(session, ran_on.name)
+    if not runs:
+        return None
+    measurements = [m for _, m in runs]
+    previous = repo.calibration_for_cluster(session=session, cluster=ran_on.name, num_levels=ran_on.num_levels)
+    start = Calibration.from_dict(previous.calibration) if previous is not None else calibration_for(ran_on)
+    name = f"{ran_on.name}-study{study_id}"
+    existing = repo.get_calibration(session=session, name=name)
+    if existing is not None:  # a resumed study that refitted already
+        return {**existing.report, "name": name}
+    calib, report = refit(measurements, name=name, start=start)
+    report.update(trial_ids=[i for i, _ in runs], study_trials=sum(1 for i, _ in runs if i in {t.id for t in mine}))
+    repo.save_calibration(session=session, name=name, cluster=ran_on.name, num_levels=ran_on.num_levels,
+                          calibration=calib.to_dict(), report=report, study_id=study_id)
+    log.info("study %s: refitted %s from %d measured runs on %s: median error %.1f%% before, %.1f%% after "
+             "(cross-validated %s)", study_id, name, len(runs), ran_on.name, 100 * report["before"]["rows"]["median"],
+             100 * report["after"]["rows"]["median"],
+             f"{100 * report['cross_validated']['rows']['median']:.1f}%" if report["cross_validated"] else "n/a")
+    return {**report, "name": name}
