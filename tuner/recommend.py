@@ -106,6 +106,19 @@ def _lossy_within_band(ranked: list, band: float | None) -> tuple[list, dict[str
     return [ranked[plain], *ranked[:plain], *ranked[plain + 1:]], lossy
 
 
+def leading_partitions(session: Any, study_id: int, n: int = 3) -> list[Strategy]:
+    """The best completed trial of each of the study's ``n`` fastest partitions (its strategy)."""
+    rows = session.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete",
+                                               Trial.value.is_not(None)).order_by(Trial.value.desc())).all()
+    out: dict[tuple, Strategy] = {}
+    for row in rows:
+        s = Strategy.from_dict(row.strategy)
+        out.setdefault(partition(s), s)
+        if len(out) == n:
+            break
+    return list(out.values())
+
+
 def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candidates: int = 3) -> dict[str, Any]:
     """Pick, verify, export and store the recommendation of a study."""
     with session_scope(tuner.sessions) as s:

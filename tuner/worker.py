@@ -38,7 +38,7 @@ from db.models import Job, Request, Study, Trial, utcnow
 from db.session import make_engine, make_session_factory, session_scope
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
 from tuner import calibrations
-from tuner.recommend import StudyFailed
+from tuner.recommend import StudyFailed, leading_partitions
 from tuner.study import Tuner, TuneRequest
 
 log = logging.getLogger("zerotune.worker")
@@ -58,6 +58,8 @@ class WorkerSettings(Protocol):
 
     def work_root(self) -> Path: ...
 COUNTED = ("complete", "failed", "infeasible")  # the statuses Tuner counts against the budget
+LEADERS = 3
+"""Partitions measured when the model's error on a cluster is unknown (its fastest predicted ones)."""
 
 
 def tune_request(row: Request) -> TuneRequest:
@@ -225,7 +227,16 @@ class Worker:
         model, cluster and global batch) whose recommendation is stored under the predicted request's
         key: the newest answer, and so the one served. A decision beyond the model's error has a
         shortlist of one (or none): nothing to measure, the predicted answer stands."""
-        shortlist = [Strategy.from_dict(c["strategy"]) for c in predicted["decision"]["shortlist"]]
+        decision = predicted["decision"]
+        if decision["band"] is None:  # nothing measured the model's error here: the leaders are all in doubt
+            with session_scope(self.sessions) as s:
+                shortlist = leading_partitions(s, predicted["study_id"], LEADERS)
+            why = (f"the model's error on {request.cluster.name} is unknown (no calibration measured it): the "
+                   f"{len(shortlist)} fastest partitions predicted")
+        else:
+            shortlist = [Strategy.from_dict(c["strategy"]) for c in decision["shortlist"]]
+            why = (f"{len(shortlist)} partitions lay within the model's error ({decision['band']:.1%}) of the "
+                   "predicted winner")
         if len(shortlist) < 2:
             log.info("job %d: the predicted winner is beyond the model's error; no shortlist to measure", job_id)
             return predicted
@@ -235,8 +246,7 @@ class Worker:
         note = {"measured_shortlist": {
             "of_request": request.key(), "predicted_recommendation_id": predicted["id"],
             "predicted_strategy": predicted["strategy"], "candidates": len(shortlist), "executor": request.measure,
-            "why": f"{len(shortlist)} partitions lay within the model's error ({predicted['decision']['band']:.1%}) "
-                   "of the predicted winner"}}
+            "why": why}}
         tuner = self._tuner(measured, beat, stop, candidates=shortlist, answer_key=request.key(), answer_note=note)
         study_id = tuner.open()
         self._update(job_id, study_id=study_id)

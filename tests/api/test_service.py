@@ -17,8 +17,11 @@ from tests.api.conftest import ROOT, rows, wait_job
 NEOX = {"model": "gpt-neox-20b", "cluster": "frontier:48", "executor": "model", "budget": {"trials": 10}}
 
 
-def check_recommendation(url: str, rec: dict) -> None:
-    """The recommendation, each export download, its study, trials (paged, filtered) and one trial."""
+def check_recommendation(url: str, rec: dict, shortlist_of: bool = False) -> None:
+    """The recommendation, each export download, its study, trials (paged, filtered) and one trial.
+
+    ``shortlist_of``: the answer measured a predicted request's shortlist: its study is a measured
+    request of its own, and the answer is stored under the predicted request's key."""
     assert set(rec["exports"]) >= {"zerotune", "deepspeed", "fsdp"}
     assert rec["evidence"] in ("predicted", "proxy-verified", "measured") and rec["value"] > 0
     again = httpx.get(f"{url}/v1/recommendations/{rec['id']}").json()
@@ -32,7 +35,11 @@ def check_recommendation(url: str, rec: dict) -> None:
     assert study["state"] == "done" and study["recommendation_id"] == rec["id"]
     lossy = rec["metrics"]["decision"]["lossy"]  # the fastest trial, unless a lossy leader was passed over
     fastest = lossy["quantized_trial_id"] if lossy and lossy["kept"] == "unquantized" else rec["trial_id"]
-    assert study["best_trial_id"] == fastest and study["request"]["key"] == rec["request_key"]
+    assert study["best_trial_id"] == fastest
+    if shortlist_of:
+        assert study["request"]["key"] != rec["request_key"] and study["request"]["executor"] == "local"
+    else:
+        assert study["request"]["key"] == rec["request_key"]
     page = httpx.get(f"{url}/v1/studies/{rec['study_id']}/trials", params={"limit": 2}).json()
     assert len(page["data"]) == 2 and page["count"] == sum(study["trial_counts"].values())
     complete = httpx.get(f"{url}/v1/studies/{rec['study_id']}/trials", params={"status": "complete"}).json()
@@ -111,6 +118,59 @@ def test_local_executor_end_to_end_and_upload(sqlite_url, launcher, tmp_path):
     assert uploaded["metrics"]["tokens_per_s"] == trial["metrics"]["tokens_per_s"] and uploaded["prediction"]
 
 
+@pytest.mark.timeout(420)
+def test_a_measured_shortlist_answers_and_refits_the_calibration_the_next_request_uses(sqlite_url, launcher):
+    """A model study asked to measure its shortlist: with no calibration on local:2x2 the model's error there is
+    unknown, so its three fastest partitions are measured with the local executor; the measured fastest is the
+    answer served for the request, and the measured runs refit the cluster's calibration, which the next request
+    on that cluster predicts with (a new question: a new key)."""
+    server = launcher.serve(sqlite_url)
+    url = server.url
+    body = {"model": "gpt-tiny", "cluster": "local:2x2", "budget": {"trials": 6}, "measure_shortlist": "local"}
+    r = httpx.post(f"{url}/v1/recommendations", json=body, params={"wait": 360}, timeout=400)
+    assert r.status_code == 200, r.text
+    rec = r.json()
+    assert rec["evidence"] == "measured" and rec["metrics"]["health"]["verdict"] == "ok"
+    check_recommendation(url, rec, shortlist_of=True)
+    note = rec["metrics"]["measured_shortlist"]
+    assert note["candidates"] == 3 and note["executor"] == "local" and "error on local:2x2 is unknown" in note["why"]
+    assert isinstance(note["agrees"], bool)
+    predicted = httpx.get(f"{url}/v1/recommendations/{note['predicted_recommendation_id']}").json()
+    assert predicted["evidence"] == "predicted" and predicted["request_key"] == rec["request_key"]
+    measured = httpx.get(f"{url}/v1/studies/{rec['study_id']}/trials").json()["data"]
+    assert len(measured) == 3 and {t["executor"] for t in measured} == {"local"}
+    assert {json.dumps(t["strategy"], sort_keys=True) for t in measured} == {  # exactly the three leaders
+        json.dumps(s, sort_keys=True) for s in [predicted["strategy"], *[
+            t["strategy"] for t in httpx.get(f"{url}/v1/studies/{predicted['study_id']}/trials",
+                                             params={"status": "complete"}).json()["data"]]]
+        if json.dumps(s, sort_keys=True) in {json.dumps(t["strategy"], sort_keys=True) for t in measured}}
+    (job,) = rows(sqlite_url, "SELECT state, study_id FROM zt_jobs")
+    assert job == ("done", rec["study_id"])
+    again = httpx.post(f"{url}/v1/recommendations", json=body, timeout=30)  # the same request: the served answer
+    assert again.status_code == 200 and again.json()["id"] == rec["id"]
+
+    # the refit, stored and listed with its error before and after
+    refit = rec["metrics"]["refit"]
+    assert refit["name"] == f"local:2x2-study{rec['study_id']}" and refit["runs"] == 3
+    assert refit["after"]["rows"]["median"] < refit["before"]["rows"]["median"]
+    listed = httpx.get(f"{url}/v1/calibrations").json()
+    assert listed["count"] == 1 and listed["data"][0]["name"] == refit["name"]
+    one = httpx.get(f"{url}/v1/calibrations/{refit['name']}").json()
+    assert one["cluster"] == "local:2x2" and one["report"]["before"] == refit["before"]
+    assert one["calibration"]["measured_error"]["runs"] == 3
+    assert httpx.get(f"{url}/v1/calibrations/nope").status_code == 404
+
+    # the next request on the cluster predicts with it
+    plain = {"model": "gpt-tiny", "cluster": "local:2x2", "budget": {"trials": 4}}
+    nxt = httpx.post(f"{url}/v1/recommendations", json=plain, params={"wait": 120}, timeout=150)
+    assert nxt.status_code == 200, nxt.text
+    answer = nxt.json()
+    assert answer["metrics"]["calibration"] == refit["name"]
+    assert answer["metrics"]["error_band"]["source"].startswith("3 measured runs on local:2x2")
+    assert rows(sqlite_url, "SELECT calibration FROM zt_requests WHERE key = :k", k=answer["request_key"]) == [
+        (refit["name"],)]
+
+
 @pytest.mark.timeout(180)
 def test_wait_cancel_and_errors(sqlite_url, launcher):
     url = launcher.serve(sqlite_url, workers=0).url  # nobody runs the job: it stays queued
@@ -151,6 +211,12 @@ def test_wait_cancel_and_errors(sqlite_url, launcher):
      "no micro-batch in [1, 2, 4] runs it on dgx-h100:8"),
     ({"model": "gpt-7b", "cluster": "dgx-h100:8", "tokens_per_step": 1000}, "body.tokens_per_step",
      "whole number of sequences of 2048 tokens"),
+    ({"model": "gpt-tiny", "cluster": "local:2", "calibration": "nope"}, "body.calibration", "no such calibration"),
+    ({"model": "gpt-7b", "cluster": "frontier:2", "measure_shortlist": "local"}, "body.measure_shortlist",
+     "this machine can only emulate frontier:2"),
+    ({"model": "gpt-tiny", "cluster": "local:2", "executor": "local", "measure_shortlist": "local"},
+     "body.measure_shortlist", "only a model study has a shortlist"),
+    ({"model": "gpt-tiny", "cluster": "local:2", "measure_shortlist": "gpu"}, "body.measure_shortlist", "'local'"),
 ])
 def test_bad_input_is_a_422_naming_field_value_and_rule(body, field, rule, api_server):
     engine = sqlalchemy.create_engine(api_server.args[api_server.args.index("--db") + 1])

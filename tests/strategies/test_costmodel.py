@@ -341,3 +341,33 @@ def test_the_pipeline_skip_is_exact_against_the_plain_schedule(seed):
     plain = _naive_pipeline(t0, c0, [gathers[n] for n in lengths], [compute * u for u in units],
                             [reductions.get(g, 0.0) for g in groups], p, kappa)
     assert fast == pytest.approx(plain, rel=1e-12)
+
+
+def test_refit_states_its_error_before_after_and_on_runs_it_never_saw():
+    """A refit of the nominal model to real measured runs: far closer than the start in-sample, its
+    cross-validated error becomes the band its predictions carry, and it never fits more unknowns than
+    half the runs (one left out of every fold)."""
+    from strategies.calibration import assess, refit
+
+    runs = [Measurement.from_run(json.loads(p.read_text())) for p in sorted(FIDELITY_RUNS.glob("round10*.json"))]
+    assert len(runs) >= 12
+    calib, report = refit(runs[:12], name="host-refit")
+    before, after, cv = report["before"], report["after"], report["cross_validated"]
+    assert before["rows"]["count"] == after["rows"]["count"] == cv["rows"]["count"] == 12
+    assert after["rows"]["median"] < 0.5 * before["rows"]["median"]  # nominal is far off on 2 shared cores
+    assert after["rows"]["median"] <= cv["rows"]["median"] < before["rows"]["median"]  # unseen: worse, still better
+    assert len(report["fit"]["fitted"]) + 1 <= 6  # one shared bandwidth (one host) + at most 5 scalars
+    band = predict(runs[0].model, runs[0].cluster, runs[0].strategy, global_batch=runs[0].global_batch,
+                   calibration=calib)["error_band"]
+    assert band["row_median"] == pytest.approx(cv["rows"]["median"])
+    assert band["comparison_p90"] == pytest.approx(cv["comparisons"]["p90"])
+    assert "12 measured runs on local:2x2x2, cross-validated" in band["source"]
+    assert Calibration.from_dict(json.loads(json.dumps(calib.to_dict()))) == calib  # stored and loaded intact
+    # the report's error is what assess computes
+    again = assess(runs[:12], [predict(m.model, m.cluster, m.strategy, global_batch=m.global_batch, calibration=calib,
+                                       elem_bytes=m.elem_bytes, block=m.quant_block)["step_time_s"] for m in runs[:12]])
+    assert again == after
+    # two runs: one unknown (the shared bandwidth), still cross-validated
+    few, small = refit(runs[:2], name="two")
+    assert small["fit"]["fitted"] == [] and small["cross_validated"]["rows"]["count"] == 2
+    assert few.measured_error is not None and few.measured_error.runs == 2

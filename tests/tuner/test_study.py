@@ -18,11 +18,12 @@ from sqlalchemy import create_engine, select, text
 
 from db.migrate import upgrade
 from db.models import Recommendation, Study, Trial
-from db.session import make_engine, make_session_factory
+from db.session import make_engine, make_session_factory, session_scope
 from strategies.catalog import parse_cluster, parse_model
 from strategies.costmodel import calibration_for
 from strategies.errors import SpecError
 from strategies.spec import Strategy
+from tuner import calibrations
 from tuner.executors import make_executor
 from tuner.executors.local import LocalExecutor
 from tuner.executors.model import ModelExecutor
@@ -147,6 +148,27 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(db, req
         assert t.metrics["global_batch"] == req.global_batch == 16  # measured on the same training
     best = max(complete, key=lambda t: t.value)
     assert rec["trial_id"] == best.id and rec["evidence"] == "measured"
+    # the measured runs refit the cluster's calibration: closer than the nominal model it started from
+    refit = rec["refit"]
+    assert refit["name"] == f"local:2x2-study{rec['study_id']}" and refit["start"] == "nominal"
+    assert refit["runs"] == refit["study_trials"] == len(complete)
+    assert refit["after"]["rows"]["median"] < refit["before"]["rows"]["median"]
+    assert refit["cross_validated"]["rows"]["count"] == len(complete)
+    # and the next study on that cluster starts from it: its predictions carry the measured error as their band
+    sessions = make_session_factory(make_engine(url))
+    with session_scope(sessions) as s:
+        name = calibrations.resolve_name(s, req.cluster, None)
+        calib = calibrations.load(s, name)
+    assert name == refit["name"] and calib is not None and calib.measured_error is not None
+    nxt = TuneRequest(model=req.model, cluster=req.cluster, trials=4, seed=0, calibration=name)
+    assert nxt.key() != dataclasses.replace(nxt, calibration=None).key()  # a new calibration, a new question
+    answer = Tuner(nxt, db_url=url, executor=make_executor("model", calibration=calib), workdir=tmp_path).run()
+    predicted = [t for t in trials_of(url, answer["study_id"]) if t.status == "complete"]
+    assert predicted and {t.prediction["calibration"] for t in predicted} == {name}
+    band = predicted[0].prediction["error_band"]
+    assert band["row_median"] == pytest.approx(refit["cross_validated"]["rows"]["median"])
+    assert f"{len(complete)} measured runs on local:2x2" in band["source"]
+    assert answer["decision"]["band"] == band["comparison_median"] and answer["refit"] is None
 
 
 class FaultyExecutor(LocalExecutor):
