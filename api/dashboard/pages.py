@@ -12,12 +12,13 @@ import json
 import math
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import queries
 from api.schemas import StudyPublic, TrialDetailPublic
 from db import repository as repo
-from db.models import Recommendation, Request, Study, Trial
+from db.models import Recommendation, Request, StoredCalibration, Study, Trial
 from tuner.study import PRESETS  # the known-good strategies every study runs first (already loaded by the service)
 
 EXPORTS = (("zerotune", "zerotune.json", "zerotune's trainer: write its strategy to strategy.json, run its command "
@@ -84,7 +85,15 @@ def request_summary(request: Request) -> dict[str, Any]:
             "world_size": math.prod(int(level.get("size", 1)) for level in levels) if levels else None,
             "device": cluster.get("device"), "device_memory_gib": cluster.get("device_memory_gib"),
             "levels": [level.get("name") for level in levels], "objective": request.objective,
-            "executor": request.executor, "trials": (request.budget or {}).get("trials")}
+            "executor": request.executor, "trials": (request.budget or {}).get("trials"),
+            "calibration": request.calibration}
+
+
+def refit_of(session: Session, study_id: int) -> dict[str, Any] | None:
+    """The calibration a study's measured runs refitted (its report, with ``name`` and ``cluster``), or None."""
+    row = session.scalars(select(StoredCalibration).where(StoredCalibration.study_id == study_id)
+                          .order_by(StoredCalibration.id.desc()).limit(1)).first()
+    return {**row.report, "name": row.name, "cluster": row.cluster} if row is not None else None
 
 
 def studies_page(session: Session, page: int) -> dict[str, Any]:
@@ -123,6 +132,7 @@ def study_page(session: Session, study: Study) -> dict[str, Any]:
     presets = [name for name in PRESETS if name in present]
     failed = [p for p in points.data if p.status in ("failed", "infeasible")]
     return {"study": detail, "request": summary, "job": job_view, "presets": presets,
+            "refit": refit_of(session, study.id),
             "count": points.count, "failed": len(failed),
             # JSON-ready as dumped: every number of a point went through queries.trial_point's finite check
             # (a 500-trial study skips a second pass over 30,000 values)
@@ -175,6 +185,7 @@ def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]
             "notes": notes if isinstance(notes, list) else [str(notes)],
             "verification": (rec.metrics or {}).get("verification"),
             "decision": (rec.metrics or {}).get("decision"), "band": (rec.metrics or {}).get("error_band") or {},
+            "refit": refit_of(session, row.study_id), "shortlist_note": (rec.metrics or {}).get("measured_shortlist"),
             "strategy_rows": strategy_rows(rec.strategy, cluster_levels(request)), "data": page_data({})}
 
 

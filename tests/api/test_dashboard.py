@@ -75,6 +75,7 @@ class Seeded:
     running_job: int = 0
     failed_only: int = 0
     trials: dict[str, int] = field(default_factory=dict)
+    refit: dict[str, Any] = field(default_factory=dict)
 
 
 def seed_running_and_failed(db: str, seeded: Seeded) -> None:
@@ -117,6 +118,10 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
         seeded.trials["running-open"] = trial.id
         repo.update_job(session=s, job_id=job.id, state="running", progress=4 / 12, trials_done=4, study_id=study.id)
         seeded.running, seeded.running_job = study.id, job.id
+        s.flush()
+        from tuner.calibrations import refit_study  # its three healthy runs refit local:2x2x2's calibration
+
+        seeded.refit = refit_study(s, study.id) or {}
 
         # a study where nothing completed: two points that do not fit, one run that crashed
         big, small = parse_model("gpt-neox-20b"), parse_cluster("local:2x2")
@@ -308,6 +313,16 @@ def test_study_pages_render_every_chart(tab: Tab, seeded: Seeded) -> None:
     assert tab.page.locator("#chart-error .scatterlayer .trace").first.locator(".point").count() == 3
     assert "no Optuna study" in charts["chart-importance"]["empty"]
     assert tab.page.locator("#live").is_visible()
+    refit = seeded.refit  # 3 runs at 1.3, 1.1 and 0.85 x the nominal prediction: no one factor explains them
+    assert refit["runs"] == 3 and refit["fit"]["fitted"] == [] and refit["cross_validated"]["rows"]["count"] == 3
+    shown = tab.page.locator("#refit").inner_text()
+    assert refit["name"] in shown and "3 measured runs on local:2x2x2" in shown
+    assert tab.page.locator("#refit .err-before").inner_text() == f"{100 * refit['before']['rows']['median']:.1f}%"
+    assert tab.page.locator("#refit .err-after").inner_text() == f"{100 * refit['after']['rows']['median']:.1f}%"
+    assert tab.page.locator("#refit .err-cv").inner_text() == \
+        f"{100 * refit['cross_validated']['rows']['median']:.1f}%"
+    assert api(seeded, f"/v1/calibrations/{refit['name']}")["report"]["before"] == refit["before"]
+    assert "the cluster's own profile" in tab.page.locator("#calibration").inner_text()
     tab.shot("study-running")
 
     tab.open(f"/dashboard/studies/{seeded.failed_only}")

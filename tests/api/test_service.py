@@ -159,6 +159,9 @@ def test_a_measured_shortlist_answers_and_refits_the_calibration_the_next_reques
     assert one["cluster"] == "local:2x2" and one["report"]["before"] == refit["before"]
     assert one["calibration"]["measured_error"]["runs"] == 3
     assert httpx.get(f"{url}/v1/calibrations/nope").status_code == 404
+    page = httpx.get(f"{url}/dashboard/recommendations/{rec['id']}").text  # the page says what was measured, and why
+    assert 'id="measured-shortlist"' in page and "3 candidates measured with the local executor" in page
+    assert f"predicted answer {predicted['id']}" in page and refit["name"] in page and 'class="err-after"' in page
 
     # the next request on the cluster predicts with it
     plain = {"model": "gpt-tiny", "cluster": "local:2x2", "budget": {"trials": 4}}
