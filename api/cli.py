@@ -9,6 +9,7 @@ with ``--debug``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import json
 import os
@@ -173,29 +174,50 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from db.migrate import upgrade
-    from db.session import default_url
-    from strategies.calibration import load_calibration
+    from db.session import default_url, make_engine, make_session_factory, session_scope
     from strategies.catalog import parse_cluster, parse_model
+    from tuner import calibrations, shortlist
+    from tuner.executors import make_executor
     from tuner.study import Tuner, TuneRequest
 
     request = TuneRequest(model=parse_model(args.model), cluster=parse_cluster(args.cluster), executor=args.executor,
                           trials=args.trials, objective=args.objective, global_batch=args.global_batch,
-                          tokens_per_step=args.tokens_per_step,
+                          tokens_per_step=args.tokens_per_step, measure=args.measure_shortlist,
                           sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget)
     url = args.db or default_url()
     upgrade(url)
-    from tuner.executors import make_executor
+    engine = make_engine(url)
+    try:  # the calibration named, else the newest stored for the cluster (as the service does)
+        with session_scope(make_session_factory(engine)) as s:
+            name = calibrations.resolve_name(s, request.cluster, args.calibration)
+            calibration = calibrations.load(s, name)
+    finally:
+        engine.dispose()
+    request = dataclasses.replace(request, calibration=name)
 
-    calibration = load_calibration(args.calibration) if args.calibration else None
-    executor = make_executor(args.executor, calibration=calibration, partition=args.partition)
-    bar = _progress_bar(args.trials, args.quiet)
-    workdir = Path(args.workdir or Path(".zerotune") / request.key()[:12])
-    tuner = Tuner(request, db_url=url, executor=executor, workdir=workdir, steps=args.steps,
-                  trial_timeout_s=args.trial_timeout,
-                  calibration=calibration, progress=bar)
-    rec = tuner.run()
-    if hasattr(bar, "close"):
-        bar.close()
+    def study(request: TuneRequest, trials: int, **options: Any) -> dict[str, Any]:
+        bar = _progress_bar(trials, args.quiet)
+        workdir = Path(args.workdir or Path(".zerotune")) / request.key()[:12]
+        executor = make_executor(request.executor, calibration=calibration, partition=args.partition)
+        tuner = Tuner(request, db_url=url, executor=executor, workdir=workdir, steps=args.steps,
+                      trial_timeout_s=args.trial_timeout, calibration=calibration, progress=bar, **options)
+        try:
+            return tuner.run()
+        finally:
+            if hasattr(bar, "close"):
+                bar.close()
+
+    rec = study(request, args.trials)
+    if request.measure:
+        with session_scope(make_session_factory(make_engine(url))) as s:
+            todo = shortlist.plan(s, request, rec)
+        if todo is None:
+            print("zerotune: the predicted winner is beyond the model's error: nothing to measure", file=sys.stderr)
+        else:
+            print(f"zerotune: measuring the shortlist ({todo.note['measured_shortlist']['why']}) with "
+                  f"{todo.request.executor}", file=sys.stderr)
+            rec = study(todo.request, len(todo.candidates), candidates=todo.candidates, answer_key=todo.answer_key,
+                        answer_note=todo.note)
     s = rec["strategy"]
     d = rec.get("decision") or {}
     band = f" (model error {d['band']:.1%}: {d['margin_vs_band']})" if d.get("band") is not None and \
@@ -205,7 +227,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
           f"sequences ({request.tokens_per_step:,} tokens) per step; study {rec['study_id']} in {url}", file=sys.stderr)
     if d.get("lossy") and d["lossy"]["kept"] == "unquantized":
         print(f"zerotune: {d['lossy']['why']}", file=sys.stderr)
-    if d.get("shortlist"):
+    if rec.get("refit") and "error" not in rec["refit"]:
+        r = rec["refit"]
+        print(f"zerotune: the measured runs refitted calibration {r['name']}: median error "
+              f"{r['before']['rows']['median']:.1%} before, {r['after']['rows']['median']:.1%} after"
+              + (f", {r['cross_validated']['rows']['median']:.1%} cross-validated" if r["cross_validated"] else "")
+              + f" ({r['runs']} runs); the next study on {r['cluster']} starts from it", file=sys.stderr)
+    if d.get("shortlist") and not rec.get("measured_shortlist"):
         print(f"zerotune: {len(d['shortlist'])} partitions lie within the model's error of the winner; worth "
               f"measuring (--executor local or slurm): " + "; ".join(
                   f"trial {c['trial_id']} {_describe(c['strategy'])}" for c in d["shortlist"]), file=sys.stderr)
@@ -572,7 +600,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=None, help="stop starting trials after this many seconds")
     p.add_argument("--steps", type=int, default=10, help="steps per measured trial")
     p.add_argument("--trial-timeout", type=float, default=600.0, help="seconds before a measured trial is killed")
-    p.add_argument("--calibration", help="a stored calibration for the model executor")
+    p.add_argument("--calibration", help="a stored calibration to predict with (default: the newest stored for the "
+                                         "cluster in --db, else the cluster's profile), or a zerotune calibrate file")
+    p.add_argument("--measure-shortlist", choices=["local", "slurm"], default=None,
+                   help="after a model study, measure the partitions within the model's error of its winner (its "
+                        "three fastest where that error is unknown) with this executor, and answer with the fastest")
     p.add_argument("--partition", help="Slurm partition (slurm executor)")
     p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")

@@ -17,7 +17,6 @@ heartbeating, and any other worker gives its job back after ``stale_after_s``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -36,9 +35,9 @@ from sqlalchemy import func, select, update
 from db import repository as repo
 from db.models import Job, Request, Study, Trial, utcnow
 from db.session import make_engine, make_session_factory, session_scope
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
-from tuner import calibrations
-from tuner.recommend import StudyFailed, leading_partitions
+from strategies.spec import ClusterSpec, ModelSpec
+from tuner import calibrations, shortlist
+from tuner.recommend import StudyFailed
 from tuner.study import Tuner, TuneRequest
 
 log = logging.getLogger("zerotune.worker")
@@ -58,8 +57,6 @@ class WorkerSettings(Protocol):
 
     def work_root(self) -> Path: ...
 COUNTED = ("complete", "failed", "infeasible")  # the statuses Tuner counts against the budget
-LEADERS = 3
-"""Partitions measured when the model's error on a cluster is unknown (its fastest predicted ones)."""
 
 
 def tune_request(row: Request) -> TuneRequest:
@@ -221,38 +218,20 @@ class Worker:
 
     def _measure_shortlist(self, job_id: int, request: TuneRequest, predicted: dict[str, Any], beat: _Heartbeat,
                            stop: threading.Event) -> dict[str, Any]:
-        """Measure the partitions the predicted answer could not tell apart, and answer with the fastest.
-
-        The measured study is a request of its own (``shortlist_of`` the predicted one, the same
-        model, cluster and global batch) whose recommendation is stored under the predicted request's
-        key: the newest answer, and so the one served. A decision beyond the model's error has a
-        shortlist of one (or none): nothing to measure, the predicted answer stands."""
-        decision = predicted["decision"]
-        if decision["band"] is None:  # nothing measured the model's error here: the leaders are all in doubt
-            with session_scope(self.sessions) as s:
-                shortlist = leading_partitions(s, predicted["study_id"], LEADERS)
-            why = (f"the model's error on {request.cluster.name} is unknown (no calibration measured it): the "
-                   f"{len(shortlist)} fastest partitions predicted")
-        else:
-            shortlist = [Strategy.from_dict(c["strategy"]) for c in decision["shortlist"]]
-            why = (f"{len(shortlist)} partitions lay within the model's error ({decision['band']:.1%}) of the "
-                   "predicted winner")
-        if len(shortlist) < 2:
+        """Measure the partitions the predicted answer could not tell apart (``tuner.shortlist``) and answer
+        with the measured fastest; the predicted answer stands where the decision leaves nothing to measure."""
+        with session_scope(self.sessions) as s:
+            todo = shortlist.plan(s, request, predicted)
+        if todo is None:
             log.info("job %d: the predicted winner is beyond the model's error; no shortlist to measure", job_id)
             return predicted
-        assert request.measure is not None
-        measured = dataclasses.replace(request, executor=request.measure, measure=None, trials=len(shortlist),
-                                       shortlist_of=request.key(), time_budget_s=None)
-        note = {"measured_shortlist": {
-            "of_request": request.key(), "predicted_recommendation_id": predicted["id"],
-            "predicted_strategy": predicted["strategy"], "candidates": len(shortlist), "executor": request.measure,
-            "why": why}}
-        tuner = self._tuner(measured, beat, stop, candidates=shortlist, answer_key=request.key(), answer_note=note)
+        tuner = self._tuner(todo.request, beat, stop, candidates=todo.candidates, answer_key=todo.answer_key,
+                            answer_note=todo.note)
         study_id = tuner.open()
         self._update(job_id, study_id=study_id)
         beat.study_id = study_id
-        log.info("job %d: measuring a shortlist of %d with %s (study %d)", job_id, len(shortlist), request.measure,
-                 study_id)
+        log.info("job %d: measuring a shortlist of %d with %s (study %d)", job_id, len(todo.candidates),
+                 todo.request.executor, study_id)
         return tuner.run(study_id)
 
     def _update(self, job_id: int, **values: Any) -> bool:

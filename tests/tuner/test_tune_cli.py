@@ -38,3 +38,29 @@ def test_tune_rejects_bad_input_with_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "global_batch=100: no micro-batch in [1, 2, 4] runs it on dgx-h100:8" in r.stderr
     assert "nearest: 128" in r.stderr
+    r = zerotune("tune", "--model", "gpt-tiny", "--cluster", "local:2", "--calibration", "nope", "--db",
+                 f"sqlite:///{tmp_path}/x.sqlite")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "calibration='nope': no such calibration; stored: none" in r.stderr
+    r = zerotune("tune", "--model", "gpt-7b", "--cluster", "frontier:2", "--measure-shortlist", "local", "--db",
+                 f"sqlite:///{tmp_path}/x.sqlite")
+    assert r.returncode == 2 and "this machine can only emulate frontier:2" in r.stderr, r.stderr
+
+
+def test_tune_measures_its_shortlist_and_the_next_tune_starts_from_the_refit(tmp_path):
+    """A model study on local:2 with --measure-shortlist local: three partitions measured (the model's error there
+    is unknown), the measured fastest printed, the refit stored in --db and used by the next tune there."""
+    db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    r = zerotune("tune", "--model", "gpt-tiny", "--cluster", "local:2", "--trials", "5", "--seed", "0", "--db", db,
+                 "--workdir", str(tmp_path), "--measure-shortlist", "local", "--steps", "8", "--full", "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads(r.stdout)
+    assert rec["evidence"] == "measured" and rec["measured_shortlist"]["candidates"] == 3
+    assert "measuring the shortlist (the model's error on local:2 is unknown" in r.stderr
+    name = rec["refit"]["name"]
+    assert f"refitted calibration {name}: median error" in r.stderr and "cross-validated (3 runs)" in r.stderr
+    r = zerotune("tune", "--model", "gpt-tiny", "--cluster", "local:2", "--trials", "3", "--db", db, "--full",
+                 "--quiet", "--workdir", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    nxt = json.loads(r.stdout)
+    assert nxt["metrics"]["calibration"] == name and nxt["metrics"]["error_band"]["source"].startswith("3 measured")
