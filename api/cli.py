@@ -9,7 +9,6 @@ with ``--debug``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import enum
 import json
 import os
@@ -171,6 +170,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """A study without a server: progress on stderr, the recommendation on stdout."""
+    import dataclasses
     from pathlib import Path
 
     from db.migrate import upgrade
