@@ -107,11 +107,13 @@ def failure_reason(out: Path, output: str, timed_out: bool, limit: float) -> str
     return lines[-1] if lines else "torchrun exited without output"
 
 
-def _maybe_fault(rank: int, step: int) -> None:
-    """Fault injection for failure-path tests: ZEROTUNE_FAULT="crash@RANK:STEP" or "hang@RANK:STEP"."""
+def _maybe_fault(rank: int, step: int) -> bool:
+    """Fault injection for failure-path tests: ZEROTUNE_FAULT="crash@RANK:STEP", "hang@RANK:STEP" or
+    "nan@RANK:STEP" (that rank's loss is NaN from that step on: the run ends and the health gate fails it).
+    Returns whether this rank's loss is poisoned at this step."""
     spec = os.environ.get("ZEROTUNE_FAULT")
     if not spec:
-        return
+        return False
     kind, _, where = spec.partition("@")
     fault_rank, _, fault_step = where.partition(":")
     if rank == int(fault_rank) and step == int(fault_step or 0):
@@ -119,6 +121,7 @@ def _maybe_fault(rank: int, step: int) -> None:
             raise RuntimeError(f"injected crash on rank {rank} at step {step} (ZEROTUNE_FAULT={spec})")
         if kind == "hang":
             time.sleep(10**6)
+    return kind == "nan" and rank == int(fault_rank) and step >= int(fault_step or 0)
 
 
 def _env_from_slurm() -> None:
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     losses, grad_norms, step_times = [], [], []
     step_bytes: dict[str, dict[str, int]] = {}
     for step in range(args.steps):
-        _maybe_fault(topo.rank, step)
+        poisoned = _maybe_fault(topo.rank, step)
         engine.counter.reset()
         t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float64)
@@ -172,6 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
         step_bytes = engine.counter.as_dict()
+        if poisoned:
+            total.fill_(math.nan)
         dist.all_reduce(total)  # logging only; not part of the strategy's bytes
         losses.append(float(total) / (world * accum))
         grad_norms.append(grad_norm)

@@ -63,15 +63,32 @@ def _evidence(tuner: Tuner, row: Trial) -> str:
     return "measured"
 
 
-def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> tuple[bool, str]:
-    """A short healthy run of a proxy with this strategy on this machine (quantized strategies)."""
+VERIFY_OUTCOMES = ("healthy", "unhealthy", "could not run")
+
+
+def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
+    """A short run of a proxy with this strategy on this machine (a predicted quantized pick).
+
+    ``healthy``: it trained and its loss fell beyond noise. ``unhealthy``: it trained and the health
+    gate failed it (NaN, diverging or flat loss): the strategy loses its place. ``could not run``:
+    no verdict (no torch here, the run crashed or timed out before a verdict): the pick keeps its
+    place as a prediction, and the answer says why nothing verified it."""
     from tuner.executors.local import LocalExecutor
 
     spec = TrialSpec(model=tuner.request.model, cluster=tuner.request.cluster, strategy=strategy,
                      workdir=tuner.workdir / f"verify-{trial_id}", steps=16, warmup=1, timeout_s=tuner.trial_timeout_s)
-    # a health check, not a speed test: a small proxy that learns the synthetic stream within 16 steps
-    result = LocalExecutor(max_ranks=4, proxy_hidden=128, proxy_vocab=512, proxy_seq_len=64).run(spec)
-    return result.status == "complete", result.reason or "healthy"
+    try:  # a health check, not a speed test: a small proxy that learns the synthetic stream within 16 steps
+        result = LocalExecutor(max_ranks=4, proxy_hidden=128, proxy_vocab=512, proxy_seq_len=64).run(spec)
+    except Exception as exc:  # the executor itself could not start here
+        return {"trial_id": trial_id, "outcome": "could not run", "healthy": None,
+                "detail": f"{type(exc).__name__}: {exc}"}
+    if result.status == "complete":
+        return {"trial_id": trial_id, "outcome": "healthy", "healthy": True,
+                "detail": (result.metrics or {}).get("health", {}).get("evidence", "healthy")}
+    verdict = ((result.metrics or {}).get("health") or {}).get("verdict")
+    if verdict not in (None, "ok"):
+        return {"trial_id": trial_id, "outcome": "unhealthy", "healthy": False, "detail": result.reason or verdict}
+    return {"trial_id": trial_id, "outcome": "could not run", "healthy": None, "detail": result.reason or "no verdict"}
 
 
 def partition(s: Strategy) -> tuple:
@@ -134,16 +151,25 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
     band = _band(ranked[0][4]) if predicted else None
     ranked, lossy = _lossy_within_band(ranked, _band(ranked[0][4], "comparison_p90") if predicted else None)
     verification = None
-    chosen = 0
+    chosen: int | None = None
+    unhealthy: list[int] = []
     for i, (trial_id, strategy, _, evidence, _) in enumerate(ranked[:candidates]):
         if evidence == "predicted" and strategy.quantized and verify_quantized:
-            ok, why = _verify(tuner, strategy, trial_id)
-            verification = {"trial_id": trial_id, "healthy": ok, "detail": why}
-            if not ok:
+            verification = _verify(tuner, strategy, trial_id)
+            if verification["outcome"] == "unhealthy":  # only a verdict against it disqualifies a pick
+                unhealthy.append(trial_id)
                 continue
-            ranked[i] = (*ranked[i][:3], "proxy-verified", ranked[i][4])
+            if verification["outcome"] == "healthy":
+                ranked[i] = (*ranked[i][:3], "proxy-verified", ranked[i][4])
         chosen = i
         break
+    if chosen is None:  # every leader verified unhealthy: the best strategy that quantizes nothing
+        chosen = next((i for i, r in enumerate(ranked) if not r[1].quantized), None)
+        if chosen is None:
+            raise StudyFailed(f"every quantized leader of study {study_id} trained unhealthily "
+                              f"(trials {unhealthy}) and no unquantized strategy completed")
+    if verification is not None and unhealthy:
+        verification = {**verification, "disqualified": unhealthy}
     trial_id, strategy, value, evidence, metrics = ranked[chosen]
     mine = partition(strategy)
     # the lossy leaders passed over are neither runners-up nor worth measuring against the pick

@@ -419,3 +419,33 @@ def test_a_predicted_answer_states_its_margin_against_the_model_error(sqlite_url
 
 def strategy_of(rec):
     return Strategy.from_dict(rec["strategy"])
+
+
+@pytest.mark.parametrize("fault", ["could not run", "unhealthy"])
+def test_only_an_unhealthy_verification_disqualifies_a_quantized_pick(fault, tmp_path, monkeypatch):
+    """A predicted quantized leader is verified by a short local run. A run that cannot finish (here: a 0.5 s limit,
+    as on a host without torch) gives no verdict: the pick stays, as a prediction, and says why nothing verified it.
+    A run that trains to a NaN loss (injected) is a verdict: the pick and every unhealthy leader after it lose their
+    place to the best strategy that verifies or quantizes nothing."""
+    cluster, model = parse_cluster("frontier:8"), parse_model("gpt-13b")
+    slow = dataclasses.replace(calibration_for(cluster), name="slow-network", bandwidth_efficiency=(0.82, 0.82, 0.01))
+    url = f"sqlite:///{tmp_path / 'v.sqlite'}"
+    upgrade(url)
+    if fault == "unhealthy":
+        monkeypatch.setenv("ZEROTUNE_FAULT", "nan@0:2")
+    request = TuneRequest(model=model, cluster=cluster, trials=10, seed=0)
+    rec = Tuner(request, db_url=url, workdir=tmp_path, executor=make_executor("model", calibration=slow),
+                calibration=slow, trial_timeout_s=0.5 if fault == "could not run" else 180).run()
+    ranked = sorted((t for t in trials_of(url, rec["study_id"]) if t.status == "complete"), key=lambda t: -t.value)
+    top = ranked[0]
+    assert Strategy.from_dict(top.strategy).quantized  # a slow network: quantized collectives lead
+    verification = rec["verification"]
+    assert verification["outcome"] == fault and verification["trial_id"] in {t.id for t in ranked[:3]}
+    if fault == "could not run":
+        assert rec["trial_id"] == top.id and rec["evidence"] == "predicted" and verification["healthy"] is None
+        assert "timed out after 0.5 s" in verification["detail"]
+    else:
+        assert top.id in verification["disqualified"] and rec["trial_id"] not in verification["disqualified"]
+        assert "unhealthy run (nan)" in verification["detail"] and verification["healthy"] is False
+        chosen = next(t for t in ranked if t.id == rec["trial_id"])
+        assert not Strategy.from_dict(chosen.strategy).quantized
