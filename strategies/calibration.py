@@ -127,7 +127,8 @@ def predicted_step_time(m: Measurement, calib: Calibration) -> float:
 
 
 def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Calibration | None = None,
-        fields: Sequence[str] | None = None, tie_levels: bool | None = None) -> tuple[Calibration, dict[str, Any]]:
+        fields: Sequence[str] | None = None, tie_levels: bool | None = None,
+        bandwidths: bool = True) -> tuple[Calibration, dict[str, Any]]:
     """Least-squares calibration from measurements; returns it and fit statistics.
 
     Args:
@@ -141,6 +142,7 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
             level (default: where every run had all its ranks on one host, as ``local:`` runs do:
             their "levels" are names for subgroups, and every collective crossed the same shared
             memory or loopback transport, so per-level bandwidths would only fit noise).
+        bandwidths: False holds every level's bandwidth at ``start`` (too few runs to fit them too).
     """
     from scipy.optimize import least_squares
 
@@ -161,7 +163,7 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
     busy = sorted({lv for m in measurements for lv in range(1, levels + 1) if m.cluster.levels[lv - 1].size > 1})
     tied = all(m.one_host for m in measurements) if tie_levels is None else tie_levels
     gbps = [lv.bandwidth_gbps for lv in measurements[0].cluster.levels]
-    fitted_bw = busy[:1] if tied else busy  # tied: the first busy level's efficiency; the others share its bytes/s
+    fitted_bw = (busy[:1] if tied else busy) if bandwidths else []  # tied: the first busy level's; others share
     n_unknowns = len(scalars) + len(fitted_bw)
     if len(measurements) < n_unknowns:
         raise SpecError("measurements", len(measurements), f"need at least {n_unknowns} runs for {n_unknowns} unknowns")
@@ -173,7 +175,7 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         bw = list(base.bandwidth_efficiency)
         for lv, v in zip(fitted_bw, x[len(scalars):], strict=True):
             bw[lv - 1] = float(10 ** v)
-        if tied and busy:
+        if tied and fitted_bw:
             for lv in busy[1:]:
                 bw[lv - 1] = bw[busy[0] - 1] * gbps[busy[0] - 1] / gbps[lv - 1]
         return dataclasses.replace(base, name=name, bandwidth_efficiency=tuple(bw), **values)
@@ -228,9 +230,10 @@ def refit(measurements: Sequence[Measurement], *, name: str, start: Calibration 
         Calibration, dict[str, Any]]:
     """Refit ``start`` (the calibration the cluster had) to measured runs, and say what it gained.
 
-    Fits as many unknowns as the runs allow while keeping one run out of each fit: the unknowns
-    ``identifiable_fields`` names, in ``REFIT_ORDER``, with one bandwidth shared by all levels where
-    the runs ran on one host or are too few for one per level. The error is then measured three
+    Fits at most one unknown per two runs, and never more than a fold without one run can fit:
+    compute efficiency first, then the bandwidths (one shared by all levels where the runs ran on one
+    host or are too few for one per level), then the other factors ``identifiable_fields`` names, in
+    ``REFIT_ORDER``. The error is then measured three
     ways on the same runs: ``before`` (``start``), ``after`` (the refit, in-sample) and
     ``cross_validated`` (each run predicted by a fit that never saw it: leave-one-out up to 10 runs,
     5 folds beyond), which becomes the refit's ``measured_error`` — the band its predictions carry.
@@ -246,17 +249,25 @@ def refit(measurements: Sequence[Measurement], *, name: str, start: Calibration 
         start = dataclasses.replace(start, overlap=0.0)
     levels = measurements[0].cluster.num_levels
     busy = {lv for m in measurements for lv in range(1, levels + 1) if m.cluster.levels[lv - 1].size > 1}
+    order = [f for f in REFIT_ORDER if f in fields]
+    keep, slots = order[:1], budget - len(order[:1])  # compute first: what a short run mostly measures
     tie = all(m.one_host for m in measurements) or len(busy) + 1 > budget
-    keep = [f for f in REFIT_ORDER if f in fields][:max(0, budget - (1 if tie else len(busy)))]
+    n_bw = (1 if tie else len(busy)) if busy else 0
+    with_bw = slots >= n_bw
+    slots -= n_bw if with_bw else 0
+    keep += order[1:1 + max(0, slots)]
     for f in fields:
         if f not in keep:
-            held[f] = f"{n} runs: fitted only the {len(keep)} most telling factors"
+            held[f] = f"{n} runs: fitted only the {len(keep) + (n_bw if with_bw else 0)} most telling factors"
+    if not with_bw:
+        held["bandwidth_efficiency"] = f"{n} runs: too few to fit the bandwidths too"
     start = dataclasses.replace(start, measured_error=None)
 
     def fitted(runs: Sequence[Measurement]) -> Calibration:
-        return fit(runs, name=name, start=start, fields=keep, tie_levels=tie)[0]
+        return fit(runs, name=name, start=start, fields=keep, tie_levels=tie, bandwidths=with_bw)[0]
 
-    calib, stats = fit(measurements, name=name, start=start, fields=keep, tie_levels=tie)
+    calib, stats = fit(measurements, name=name, start=start, fields=keep, tie_levels=tie, bandwidths=with_bw)
+    stats["held"] = held
     report: dict[str, Any] = {
         "runs": n, "cluster": measurements[0].cluster.name, "start": start.name, "fit": stats,
         "before": assess(measurements, [predicted_step_time(m, start) for m in measurements]),

@@ -327,8 +327,9 @@ class Tuner:
                          warmup=min(2, self.steps - 1), global_batch=self.request.global_batch,
                          timeout_s=self.trial_timeout_s)
         try:
-            if self.executor.name == "local":
-                return self.executor.run(spec, None, self._pruner())  # type: ignore[call-arg]
+            if self.executor.name == "local":  # a shortlist is measured in full: nothing is pruned
+                pruner = self._pruner() if self.candidates is None else None
+                return self.executor.run(spec, None, pruner)  # type: ignore[call-arg]
             return self.executor.run(spec)
         except Exception as exc:  # an executor bug must fail the trial, not the study
             return TrialResult(status="failed", reason=f"executor error: {type(exc).__name__}: {exc}",

@@ -150,14 +150,15 @@ def test_a_measured_shortlist_answers_and_refits_the_calibration_the_next_reques
     assert again.status_code == 200 and again.json()["id"] == rec["id"]
 
     # the refit, stored and listed with its error before and after
-    refit = rec["metrics"]["refit"]
-    assert refit["name"] == f"local:2x2-study{rec['study_id']}" and refit["runs"] == 3
+    refit = rec["metrics"]["refit"]  # every complete measured run (a shortlist is never pruned; one may still fail)
+    assert refit["name"] == f"local:2x2-study{rec['study_id']}"
+    assert refit["runs"] == sum(t["status"] == "complete" for t in measured) >= 2
     assert refit["after"]["rows"]["median"] < refit["before"]["rows"]["median"]
     listed = httpx.get(f"{url}/v1/calibrations").json()
     assert listed["count"] == 1 and listed["data"][0]["name"] == refit["name"]
     one = httpx.get(f"{url}/v1/calibrations/{refit['name']}").json()
     assert one["cluster"] == "local:2x2" and one["report"]["before"] == refit["before"]
-    assert one["calibration"]["measured_error"]["runs"] == 3
+    assert one["calibration"]["measured_error"]["runs"] == refit["runs"]
     assert httpx.get(f"{url}/v1/calibrations/nope").status_code == 404
     page = httpx.get(f"{url}/dashboard/recommendations/{rec['id']}").text  # the page says what was measured, and why
     assert 'id="measured-shortlist"' in page and "3 candidates measured with the local executor" in page
@@ -169,7 +170,7 @@ def test_a_measured_shortlist_answers_and_refits_the_calibration_the_next_reques
     assert nxt.status_code == 200, nxt.text
     answer = nxt.json()
     assert answer["metrics"]["calibration"] == refit["name"]
-    assert answer["metrics"]["error_band"]["source"].startswith("3 measured runs on local:2x2")
+    assert answer["metrics"]["error_band"]["source"].startswith(f"{refit['runs']} measured runs on local:2x2")
     assert rows(sqlite_url, "SELECT calibration FROM zt_requests WHERE key = :k", k=answer["request_key"]) == [
         (refit["name"],)]
 

@@ -367,7 +367,9 @@ def test_refit_states_its_error_before_after_and_on_runs_it_never_saw():
     again = assess(runs[:12], [predict(m.model, m.cluster, m.strategy, global_batch=m.global_batch, calibration=calib,
                                        elem_bytes=m.elem_bytes, block=m.quant_block)["step_time_s"] for m in runs[:12]])
     assert again == after
-    # two runs: one unknown (the shared bandwidth), still cross-validated
+    # two runs: one unknown (compute, what a short run mostly measures; the bandwidth held), still cross-validated
     few, small = refit(runs[:2], name="two")
-    assert small["fit"]["fitted"] == [] and small["cross_validated"]["rows"]["count"] == 2
+    assert small["fit"]["fitted"] == ["compute_efficiency"] and "bandwidth_efficiency" in small["fit"]["held"]
+    assert few.bandwidth_efficiency == Calibration().bandwidth_efficiency or few.bandwidth_efficiency == (0.8,) * 3
+    assert small["cross_validated"]["rows"]["count"] == 2
     assert few.measured_error is not None and few.measured_error.runs == 2
