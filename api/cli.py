@@ -163,9 +163,43 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
     tie = {"auto": None, "shared": True, "per-level": False}[args.bandwidths]
     calib, stats = fit(runs, name=args.name, fields=fields, start=start, tie_levels=tie)
+    # --db first (it refuses a name stored there already): where studies look for it, the newest stored
+    # for a cluster being what its next study predicts with
+    stored = _store_calibration(args.db, calib, runs, stats) if args.db else None
     path = save_calibration(calib, runs[0].cluster.name, stats)
-    print(json.dumps({"calibration": calib.to_dict(), "fit": stats, "saved": str(path)}, indent=2))
+    out: dict[str, Any] = {"calibration": calib.to_dict(), "fit": stats, "saved": str(path)}
+    if stored:
+        out["stored"] = stored
+    print(json.dumps(out, indent=2))
     return ExitStatus.SUCCESS
+
+
+def _store_calibration(url: str, calib: Any, runs: list[Any], stats: dict[str, Any]) -> str:
+    """Store a ``calibrate`` fit in the database (``zt_calibrations``) with its error before and after."""
+    from db import repository as repo
+    from db.migrate import upgrade
+    from db.session import make_engine, make_session_factory, session_scope
+    from strategies.calibration import assess, predicted_step_time
+    from strategies.costmodel import calibration_for
+
+    start = calibration_for(runs[0].cluster)
+    report = {"runs": len(runs), "cluster": runs[0].cluster.name, "start": start.name, "fit": stats,
+              "before": assess(runs, [predicted_step_time(m, start) for m in runs]),
+              "after": assess(runs, [predicted_step_time(m, calib) for m in runs]), "cross_validated": None,
+              "source": "zerotune calibrate"}
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with session_scope(make_session_factory(engine)) as s:
+            if repo.get_calibration(session=s, name=calib.name) is not None:
+                from strategies.errors import SpecError
+
+                raise SpecError("name", calib.name, "a calibration of that name is stored in --db already")
+            repo.save_calibration(session=s, name=calib.name, cluster=runs[0].cluster.name,
+                                  num_levels=runs[0].cluster.num_levels, calibration=calib.to_dict(), report=report)
+    finally:
+        engine.dispose()
+    return f"{calib.name} for {runs[0].cluster.name}"
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -581,6 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
                    help="hold a field left out of --fit at VALUE (else nominal), e.g. overlap=0 where ranks "
                         "outnumber cores")
+    p.add_argument("--db", help="also store it in this database (SQLAlchemy URL), where studies on the cluster find "
+                                "it (the newest stored for a cluster is what its next study predicts with)")
     p.add_argument("--bandwidths", choices=["auto", "shared", "per-level"], default="auto",
                    help="fit one effective bandwidth shared by all levels or one per level (auto: shared where "
                         "every run had all its ranks on one host, whose levels cross the same transport)")

@@ -224,6 +224,23 @@ def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeyp
     assert main(["calibrate", *runs[:2], "--name", "few", "--bandwidths", "per-level"]) == 2  # + 3 bandwidths
     assert "need at least 7 runs" in capsys.readouterr().err
     assert not (tmp_path / "calibrations" / "bad.json").exists()
+    # --db: stored where studies look, with its error before and after; the same name twice is refused
+    db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    assert main(["calibrate", *runs, "--name", "stored", "--db", db]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stored"] == "stored for local:2x2x2"
+    from db import repository as repo
+    from db.session import make_engine, make_session_factory, session_scope
+    from tuner import calibrations
+
+    engine = make_engine(db)
+    with session_scope(make_session_factory(engine)) as s:
+        row = repo.get_calibration(session=s, name="stored")
+        assert row is not None and row.report["after"]["rows"]["median"] < row.report["before"]["rows"]["median"]
+        assert calibrations.resolve_name(s, parse_cluster("local:2x2x2"), None) == "stored"
+    engine.dispose()
+    assert main(["calibrate", *runs, "--name", "stored", "--db", db]) == 2
+    assert "a calibration of that name is stored in --db already" in capsys.readouterr().err
 
 
 def test_default_fit_holds_what_the_runs_cannot_tell_apart():
