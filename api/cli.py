@@ -179,14 +179,12 @@ def _store_calibration(url: str, calib: Any, runs: list[Any], stats: dict[str, A
     from db import repository as repo
     from db.migrate import upgrade
     from db.session import make_engine, make_session_factory, session_scope
-    from strategies.calibration import assess, predicted_step_time
+    from strategies.calibration import before_after
     from strategies.costmodel import calibration_for
 
     start = calibration_for(runs[0].cluster)
     report = {"runs": len(runs), "cluster": runs[0].cluster.name, "start": start.name, "fit": stats,
-              "before": assess(runs, [predicted_step_time(m, start) for m in runs]),
-              "after": assess(runs, [predicted_step_time(m, calib) for m in runs]), "cross_validated": None,
-              "source": "zerotune calibrate"}
+              **before_after(runs, start, calib), "cross_validated": None, "source": "zerotune calibrate"}
     upgrade(url)
     engine = make_engine(url)
     try:
@@ -205,14 +203,12 @@ def _store_calibration(url: str, calib: Any, runs: list[Any], stats: dict[str, A
 def cmd_tune(args: argparse.Namespace) -> int:
     """A study without a server: progress on stderr, the recommendation on stdout."""
     import dataclasses
-    from pathlib import Path
 
     from db.migrate import upgrade
     from db.session import default_url, make_engine, make_session_factory, session_scope
     from strategies.catalog import parse_cluster, parse_model
-    from tuner import calibrations, shortlist
-    from tuner.executors import make_executor
-    from tuner.study import Tuner, TuneRequest
+    from tuner import calibrations
+    from tuner.study import TuneRequest
 
     request = TuneRequest(model=parse_model(args.model), cluster=parse_cluster(args.cluster), executor=args.executor,
                           trials=args.trials, objective=args.objective, global_batch=args.global_batch,
@@ -221,13 +217,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     url = args.db or default_url()
     upgrade(url)
     engine = make_engine(url)
+    sessions = make_session_factory(engine)
     try:  # the calibration named, else the newest stored for the cluster (as the service does)
-        with session_scope(make_session_factory(engine)) as s:
+        with session_scope(sessions) as s:
             name = calibrations.resolve_name(s, request.cluster, args.calibration)
             calibration = calibrations.load(s, name)
+        return _tune(args, dataclasses.replace(request, calibration=name), url, sessions, calibration)
     finally:
         engine.dispose()
-    request = dataclasses.replace(request, calibration=name)
+
+
+def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calibration: Any) -> int:
+    """``cmd_tune`` once the request and its calibration are resolved: the study, its shortlist, the summary."""
+    from pathlib import Path
+
+    from db.session import session_scope
+    from tuner import shortlist
+    from tuner.executors import make_executor
+    from tuner.study import Tuner, TuneRequest
 
     def study(request: TuneRequest, trials: int, **options: Any) -> dict[str, Any]:
         bar = _progress_bar(trials, args.quiet)
@@ -243,7 +250,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     rec = study(request, args.trials)
     if request.measure:
-        with session_scope(make_session_factory(make_engine(url))) as s:
+        with session_scope(sessions) as s:
             todo = shortlist.plan(s, request, rec)
         if todo is None:
             print("zerotune: the predicted winner is beyond the model's error: nothing to measure", file=sys.stderr)

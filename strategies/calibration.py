@@ -226,6 +226,12 @@ def assess(measurements: Sequence[Measurement], predicted: Sequence[float]) -> d
     return {"rows": _spread(rows), "comparisons": _spread(pairs)}
 
 
+def before_after(measurements: Sequence[Measurement], start: Calibration, fitted: Calibration) -> dict[str, Any]:
+    """The error on ``measurements`` of the calibration they started from and of the one fitted to them."""
+    return {"before": assess(measurements, [predicted_step_time(m, start) for m in measurements]),
+            "after": assess(measurements, [predicted_step_time(m, fitted) for m in measurements])}
+
+
 def refit(measurements: Sequence[Measurement], *, name: str, start: Calibration | None = None) -> tuple[
         Calibration, dict[str, Any]]:
     """Refit ``start`` (the calibration the cluster had) to measured runs, and say what it gained.
@@ -270,9 +276,7 @@ def refit(measurements: Sequence[Measurement], *, name: str, start: Calibration 
     stats["held"] = held
     report: dict[str, Any] = {
         "runs": n, "cluster": measurements[0].cluster.name, "start": start.name, "fit": stats,
-        "before": assess(measurements, [predicted_step_time(m, start) for m in measurements]),
-        "after": assess(measurements, [predicted_step_time(m, calib) for m in measurements]),
-        "cross_validated": None}
+        **before_after(measurements, start, calib), "cross_validated": None}
     if n > 1:
         predicted = [0.0] * n
         for fold in range(folds):

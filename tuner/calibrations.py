@@ -84,18 +84,18 @@ def refit_study(session: Session, study_id: int) -> dict[str, Any] | None:
     if not clusters or not all(clusters):
         return None
     ran_on = ClusterSpec.from_dict(clusters[-1])
+    name = f"{ran_on.name}-study{study_id}"
+    existing = repo.get_calibration(session=session, name=name)
+    if existing is not None:  # a resumed study that refitted already: nothing to read or fit again
+        return {**existing.report, "name": name}
     runs = measured_runs(session, ran_on.name)
     if not runs:
         return None
-    measurements = [m for _, m in runs]
     previous = repo.calibration_for_cluster(session=session, cluster=ran_on.name, num_levels=ran_on.num_levels)
     start = Calibration.from_dict(previous.calibration) if previous is not None else calibration_for(ran_on)
-    name = f"{ran_on.name}-study{study_id}"
-    existing = repo.get_calibration(session=session, name=name)
-    if existing is not None:  # a resumed study that refitted already
-        return {**existing.report, "name": name}
-    calib, report = refit(measurements, name=name, start=start)
-    report.update(trial_ids=[i for i, _ in runs], study_trials=sum(1 for i, _ in runs if i in {t.id for t in mine}))
+    calib, report = refit([m for _, m in runs], name=name, start=start)
+    own = {t.id for t in mine}
+    report.update(trial_ids=[i for i, _ in runs], study_trials=sum(i in own for i, _ in runs))
     repo.save_calibration(session=session, name=name, cluster=ran_on.name, num_levels=ran_on.num_levels,
                           calibration=calib.to_dict(), report=report, study_id=study_id)
     log.info("study %s: refitted %s from %d measured runs on %s: median error %.1f%% before, %.1f%% after "

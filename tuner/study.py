@@ -400,21 +400,11 @@ class Tuner:
 
     def _enqueue_known_good(self, study: Any, study_id: int) -> None:
         seen: set[str] = set()
-        strategies: list[tuple[Strategy, dict[str, Any]]] = []
-        r = self.request
-        for name in PRESETS if self.candidates is None else ():
-            try:
-                s = build_strategy(name, r.cluster)
-            except SpecError:
-                continue
-            if name in REPLICATING and not predict(r.model, r.cluster, s, global_batch=r.global_batch,
-                                                                 calibration=self.calibration)["feasible"]:
-                continue
-            strategies.append((s, {"preset": name}))
-        if self.candidates is not None:
-            strategies += [(s, {"preset": s.name} if s.name else {"shortlist": "true"}) for s in self.candidates]
+        strategies: list[tuple[Strategy, dict[str, Any]]]
+        if self.candidates is not None:  # a shortlist: exactly these, nothing else
+            strategies = [(s, {"preset": s.name} if s.name else {"shortlist": "true"}) for s in self.candidates]
         else:
-            strategies += [(s, {"warm_start": "true"}) for s in self._warm_start()]
+            strategies = self._presets() + [(s, {"warm_start": "true"}) for s in self._warm_start()]
         for s, attrs in strategies:
             params = self.space.strategy_params(s)
             key = json.dumps(params, sort_keys=True)
@@ -422,6 +412,20 @@ class Tuner:
             if key not in seen and len(seen) < self.request.trials:
                 seen.add(key)
                 study.enqueue_trial(params, user_attrs=attrs)
+
+    def _presets(self) -> list[tuple[Strategy, dict[str, Any]]]:
+        """The known-good presets that exist on the cluster (the replicating ones only where they fit)."""
+        r, out = self.request, []
+        for name in PRESETS:
+            try:
+                s = build_strategy(name, r.cluster)
+            except SpecError:
+                continue
+            if name in REPLICATING and not predict(r.model, r.cluster, s, global_batch=r.global_batch,
+                                                   calibration=self.calibration)["feasible"]:
+                continue
+            out.append((s, {"preset": name}))
+        return out
 
     def _warm_start(self, top: int = 3) -> list[Strategy]:
         """The best strategies of the most similar earlier request (same cluster family, nearest size): its
