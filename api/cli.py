@@ -85,11 +85,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from strategies.launch import run_torchrun
-    from strategies.train import failure_reason, resolve
+    from strategies.train import available_memory_bytes, check_memory, failure_reason, resolve
 
     model, cluster, strategy, accum = resolve(args)  # refuse bad input before any process starts
+    if not args.force:  # every rank runs on this host: together they must fit in its free memory
+        import torch
+
+        elem = 2 if args.dtype == "bf16" or (args.dtype == "auto" and torch.cuda.is_available()) else 4
+        check_memory(model, cluster, strategy, accum, elem, ranks_here=cluster.world_size,
+                     available_bytes=None if torch.cuda.is_available() else available_memory_bytes())
     out = Path(args.out)
-    for stale in [out, *out.parent.glob(out.name + ".rank*.err")]:
+    for stale in [out, *out.parent.glob(out.name + ".rank*")]:
         stale.unlink(missing_ok=True)
     print(f"zerotune: training {model.name} with {strategy.name or 'custom strategy'} on {cluster.name} "
           f"({cluster.world_size} ranks, {args.steps} steps, {accum} micro-batch(es) per step)", file=sys.stderr)
@@ -266,6 +272,12 @@ def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calib
     print(f"zerotune: recommended {_describe(s)} — {rec['value']:.4g} TFLOPS/rank ({rec['evidence']}), "
           f"margin {rec['margin'] or 0:.1%} over the runner-up{band}, every trial at {request.global_batch} "
           f"sequences ({request.tokens_per_step:,} tokens) per step; study {rec['study_id']} in {url}", file=sys.stderr)
+    if rec.get("leaders"):
+        again = set(rec.get("remeasured") or [])
+        print("zerotune: measured leaders (TFLOPS/rank, median [interquartile]): " + "; ".join(
+            f"trial {lead['trial_id']} {lead['value']:.4g} [{lead['interval'][0]:.4g}, {lead['interval'][1]:.4g}]"
+            f"{' re-measured' if lead['trial_id'] in again else ''}"
+            for lead in rec["leaders"] if lead.get("interval")), file=sys.stderr)
     if d.get("lossy") and d["lossy"]["kept"] == "unquantized":
         print(f"zerotune: {d['lossy']['why']}", file=sys.stderr)
     if rec.get("refit") and "error" not in rec["refit"]:
@@ -294,17 +306,41 @@ def _describe(s: dict[str, Any]) -> str:
 
 
 def _progress_bar(total: int, quiet: bool) -> Any:
+    """Progress on stderr: a bar on a terminal, one plain line per event in a log (no carriage returns).
+
+    Each finished trial shows its status, and a failed one its reason; a new phase (measuring,
+    re-measuring k/n, verifying) is announced."""
     if quiet:
         return None
+
+    def line(progress: Any) -> str:
+        last = progress.last
+        if not last:
+            return f"{progress.phase}"
+        outcome = f"{last['value']:.4g} TFLOPS/rank" if last.get("value") is not None else \
+            f"{last.get('status')}: {last.get('reason') or 'no reason recorded'}"
+        best = f"{progress.best_value:.4g}" if progress.best_value is not None else "-"
+        return f"{progress.phase} trial {progress.done + 1}/{progress.total} (#{last.get('number')}): {outcome}; " \
+               f"best {best}"
+
+    if not sys.stderr.isatty():
+        def plain(progress: Any) -> None:
+            print(f"zerotune: {line(progress)}", file=sys.stderr, flush=True)
+        return plain
+
     from tqdm import tqdm
 
     bar = tqdm(total=total, desc="trials", unit="trial", file=sys.stderr)
 
     def update(progress: Any) -> None:
+        bar.set_description_str(progress.phase or "trials")
         bar.n = progress.done + 1 if progress.last else progress.done
-        best = f"{progress.best_value:.4g}" if progress.best_value is not None else "-"
         last = progress.last
-        bar.set_postfix_str(f"best {best} TFLOPS/rank; last #{last.get('number')} {last.get('status')}")
+        if last.get("value") is None and last.get("status"):
+            bar.write(f"zerotune: {line(progress)}", file=sys.stderr)  # a failed trial's reason stays on screen
+        best = f"{progress.best_value:.4g}" if progress.best_value is not None else "-"
+        bar.set_postfix_str(f"best {best} TFLOPS/rank; last #{last.get('number')} {last.get('status')}" if last
+                            else f"best {best} TFLOPS/rank")
         bar.refresh()
     update.close = bar.close  # type: ignore[attr-defined]
     return update

@@ -259,6 +259,8 @@ class TrialCreate(BaseModel):
     tflops_per_rank: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False,
                                           description="required when status is ok")
     global_batch: int | None = Field(default=None, ge=1, le=MAX_ID)
+    device: str | None = Field(default=None, max_length=255,
+                               description="the device the run ran on (run.json's device); must be the cluster's")
     error: str | None = Field(default=None, max_length=10000)
     logs: str | None = Field(default=None, max_length=1_000_000)
 

@@ -18,7 +18,7 @@ from api.schemas import TrialCreate
 from api.service import InputError, cluster_spec, model_spec
 from db import repository as repo
 from db.models import Study, Trial
-from strategies.catalog import STRATEGY_PRESETS, build_strategy
+from strategies.catalog import STRATEGY_PRESETS, build_strategy, device_matches
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
 from tuner.study import TuneRequest, strategy_key
@@ -40,6 +40,10 @@ def store_run(*, session: Session, run: TrialCreate) -> tuple[Trial, bool]:
         strategy = build_strategy(spec, cluster)
     except SpecError as exc:
         raise InputError.from_spec("strategy", exc) from None
+    if run.device is not None and not device_matches(cluster.device, run.device):
+        raise InputError("body.device", run.device,
+                         f"the run ran on {run.device} and {cluster.name}'s devices are {cluster.device}: a run "
+                         "emulated on other hardware measures no time of that cluster; upload runs made on it")
     if run.status == "ok" and run.tflops_per_rank is None:
         raise InputError("body.tflops_per_rank", None, "required when status is 'ok'")
     metrics = finite({**run.model_dump(exclude={"logs"}), "model": model.to_dict(), "cluster": cluster.to_dict(),

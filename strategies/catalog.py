@@ -180,3 +180,14 @@ def catalog() -> dict[str, Any]:
         "models": {k: {**v.to_dict(), "num_params": v.num_params()} for k, v in MODELS.items()},
         "strategies": {k: doc for k, (doc, _) in STRATEGY_PRESETS.items()},
     }
+
+
+def device_matches(cluster_device: str, actual: str) -> bool:
+    """Whether a run on ``actual`` (``torch.cuda.get_device_name``, or ``cpu (arch)``) ran on the cluster's
+    device: the model token of the cluster's name (the first word with a digit: ``H100``, ``MI250X``)
+    appears in the actual name; a ``cpu`` cluster matches any CPU."""
+    want, got = cluster_device.lower(), actual.lower()
+    if want == "cpu" or got.startswith("cpu"):
+        return want == "cpu" and got.startswith("cpu")
+    tokens = [t for t in want.replace("-", " ").split() if any(c.isdigit() for c in t)]
+    return bool(tokens) and tokens[0] in got.replace("-", " ")

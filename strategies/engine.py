@@ -62,7 +62,8 @@ class ZeroEngine:
 
     def __init__(self, spec: ModelSpec, strategy: Strategy, topo: Topology, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", lr: float = 1e-3, weight_decay: float = 0.0, seed: int = 0,
-                 quant_block: int = QUANT_BLOCK) -> None:
+                 quant_block: int = QUANT_BLOCK, betas: tuple[float, float] = (0.9, 0.999),
+                 grad_clip: float | None = None) -> None:
         strategy.validate_for(topo.cluster)
         self.spec, self.s, self.topo, self.dtype = spec, strategy, topo, dtype
         self.device = torch.device(device)
@@ -79,7 +80,8 @@ class ZeroEngine:
         units = dict(unit_params(self.model))
         self.buckets = [self._build_bucket(b, [p for u in b.units for p in units[u]]) for b in self.plan.buckets]
         self.optimizer = torch.optim.AdamW([b.master for b in self.buckets], lr=lr, weight_decay=weight_decay,
-                                           foreach=False)
+                                           betas=betas, foreach=False)
+        self.grad_clip = grad_clip
         self._comm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotune-comm")
         self._inflight: list[Future] = []
 
@@ -263,8 +265,11 @@ class ZeroEngine:
         return g.reshape(-1)
 
     # -- the step --------------------------------------------------------------------------------
-    def step(self) -> float:
-        """Reduce grad shards to optimizer shards, AdamW, gather new weights; returns the grad norm."""
+    def step(self, lr: float | None = None) -> float:
+        """Reduce grad shards to optimizer shards, AdamW, gather new weights; returns the grad norm.
+
+        ``lr`` sets this step's learning rate (a schedule's value); ``grad_clip`` (constructor) scales
+        the gradients down to that global norm when they exceed it, as Megatron and DeepSpeed do."""
         self._wait_inflight()
         bits, qa = self.s.grad_bits, self.s.quantize_above
         sq = torch.zeros((), dtype=torch.float64)
@@ -277,6 +282,14 @@ class ZeroEngine:
         group = self.topo.group((1, self.s.optim_span))
         if group is not None:  # a logging scalar, not counted in the strategy's bytes
             dist.all_reduce(sq, group=group)
+        norm = math.sqrt(float(sq))
+        if self.grad_clip is not None and norm > self.grad_clip:
+            for b in self.buckets:
+                assert b.master.grad is not None
+                b.master.grad.mul_(self.grad_clip / (norm + 1e-6))
+        if lr is not None:
+            for group_ in self.optimizer.param_groups:
+                group_["lr"] = lr
         self.optimizer.step()
         for b in self.buckets:  # nested layout: optimizer shard -> grad-span piece -> param shard
             new = self.comm.all_gather(b.master.detach().to(self.dtype), self.go_range)
@@ -284,7 +297,7 @@ class ZeroEngine:
             if b.secondary is not None:
                 self.mem.free("secondary_params", b.secondary.numel() * self.elem)
                 b.secondary = None
-        return math.sqrt(float(sq))
+        return norm
 
     # -- inspection ------------------------------------------------------------------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:

@@ -21,6 +21,8 @@ import json
 import math
 import os
 import platform
+import re
+import signal
 import statistics
 import sys
 import time
@@ -33,6 +35,11 @@ from strategies.catalog import build_strategy, parse_cluster, parse_model, parse
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
 
+SEQUENCES_PER_RANK = 4
+"""A step's default sequences per rank: a study's default batch (tuner/space.py), and enough that
+one step's loss is not ruled by a single sequence (at 1 sequence the loss jumps by 0.3 nats from
+step to step on gpt-mini, as much as a short run learns)."""
+
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``zerotune train`` and ``python -m strategies.train``."""
@@ -40,19 +47,26 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="local:2x2", help="cluster preset (local:AxBxC here) or JSON file")
     p.add_argument("--strategy", default="zero3", help="strategy preset or JSON file")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a strategy field")
-    p.add_argument("--steps", type=int, default=8, help="optimizer steps")
-    p.add_argument("--warmup", type=int, default=1, help="first steps left out of the timing")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps (a study's trials run 10)")
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing and the health trend")
     p.add_argument("--global-batch", type=int, default=None,
-                   help="sequences per step (default: world x micro_batch_size, i.e. no accumulation)")
+                   help=f"sequences per step (default: {SEQUENCES_PER_RANK} per rank, in whole micro-batches, "
+                        "as a study's trials train)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                    help="compute and unquantized communication dtype (auto: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: scaled to the model's width, see default_lr)")
+    p.add_argument("--lr-warmup", type=int, default=None,
+                   help="steps of linear learning-rate warm-up (default: half the steps)")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm to this (0: off)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token-file", default=None, help="uint16 token ids (nanoGPT train.bin); default synthetic")
     p.add_argument("--quant-block", type=int, default=None, help="elements per quantization block")
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
     p.add_argument("--out", default="run.json", help="where rank 0 writes the metrics")
+    p.add_argument("--force", action="store_true",
+                   help="run even when the cost model says the strategy does not fit the device's memory")
 
 
 def resolve(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Strategy, int]:
@@ -64,42 +78,174 @@ def resolve(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Strategy,
     if not 0 <= args.warmup < args.steps:
         raise SpecError("warmup", args.warmup, f"must be >= 0 and < steps={args.steps}")
     per_step = cluster.world_size * strategy.micro_batch_size
-    global_batch = args.global_batch or per_step
+    global_batch = args.global_batch or per_step * -(-SEQUENCES_PER_RANK // strategy.micro_batch_size)
     if global_batch % per_step:
         raise SpecError("global_batch", global_batch, f"must be a multiple of world x micro_batch_size = {per_step}")
-    return model, cluster, strategy, global_batch // per_step
+    _check_out(args.out)
+    accum = global_batch // per_step
+    if not args.force:
+        check_memory(model, cluster, strategy, accum, _elem_bytes(args.dtype, cluster))
+    return model, cluster, strategy, accum
 
 
-def health(losses: list[float], grad_norms: list[float]) -> dict[str, str]:
-    """``ok``, or ``nan`` / ``diverged`` / ``flat`` with the evidence.
+def _elem_bytes(dtype: str, cluster: ClusterSpec) -> int:
+    """Bytes per element the run will use (``auto``: bf16 on an accelerator cluster, fp32 on CPU)."""
+    return {"fp32": 4, "bf16": 2}.get(dtype, 4 if cluster.device == "cpu" else 2)
 
-    nan: a non-finite loss or grad norm. diverged: the mean of the last quarter of the losses is
-    above 1.2x the first loss, or any loss above 2x the first. flat: 8+ steps (shorter runs cannot
-    tell slow learning from none) and the last quarter fell by less than 1% from the first loss.
+
+def _check_out(out: str) -> None:
+    """``--out`` must be writable before anything trains, not after."""
+    path = Path(out)
+    if path.is_dir():
+        raise SpecError("out", out, "is a directory; give the path of the run.json to write")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise SpecError("out", out, f"its directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise SpecError("out", out, f"its directory {str(parent)!r} is not writable")
+
+
+def check_memory(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, accum: int, elem_bytes: int,
+                 ranks_here: int | None = None, available_bytes: int | None = None) -> dict[str, Any]:
+    """Refuse (SpecError) a run the cost model says cannot fit: per rank against the cluster's device
+    memory, and, with ``ranks_here`` and ``available_bytes``, all ranks on this host against its free
+    memory. Returns the prediction's memory per rank."""
+    from strategies.costmodel import GIB, predict
+
+    per_step = cluster.world_size * strategy.micro_batch_size
+    pred = predict(model, cluster, strategy, elem_bytes=elem_bytes, global_batch=per_step * accum)
+    memory = pred["memory_bytes"]
+    if not pred["feasible"]:
+        over = pred["overflow"]
+        raise SpecError("strategy", strategy.name or "custom",
+                        f"{model.name} does not fit {cluster.device} memory with it: {over['reason']} "
+                        f"(over by {over['over_by_bytes'] / GIB:.1f} GiB per rank); --force runs it anyway")
+    if ranks_here and available_bytes is not None and ranks_here * memory["peak"] > available_bytes:
+        raise SpecError("cluster", cluster.name,
+                        f"its {ranks_here} ranks on this host need {ranks_here * memory['peak'] / GIB:.1f} GiB "
+                        f"({memory['peak'] / GIB:.2f} GiB each) and {available_bytes / GIB:.1f} GiB is available; "
+                        "--force runs it anyway")
+    return memory
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` from /proc/meminfo (Linux), else None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def default_lr(model: ModelSpec) -> float:
+    """The peak learning rate for a short run: 6e-4 at width 768 and below, scaled as 1/width above.
+
+    6e-4 at d_model 768 is GPT-3's 125M setting (Brown et al. 2020, Table 2.1), whose larger models
+    take lower rates (1.2e-4 at 4096, 1.0e-4 at 5120: close to 1/width, as muP prescribes, Yang et
+    al. 2022). Narrower models are not given more: at 1e-3 gpt-mini's loss jumps by 0.5 nats with a
+    gradient norm of 10 once the warm-up ends (measured on 16 sequences per step), at 6e-4 it does not."""
+    return 6e-4 * min(1.0, 768 / model.hidden)
+
+
+def lr_schedule(peak: float, warmup_steps: int) -> list[float]:
+    """Linear warm-up to ``peak`` over ``warmup_steps`` (the first step at peak/warmup_steps), then constant."""
+    return [peak * min(1.0, (i + 1) / max(1, warmup_steps)) for i in range(warmup_steps + 1)]
+
+
+MIN_TREND_POINTS = 4
+"""Fewest losses a trend is read from: with fewer, the noise estimate has under 2 degrees of freedom."""
+CONFIDENCE = 0.99
+"""One-sided: a run is called learning (or rising) only when chance would give that trend 1% of the time."""
+
+
+def loss_trend(losses: list[float]) -> dict[str, float]:
+    """The least-squares slope of ``losses`` per step, its standard error from the residuals, and t = slope/se.
+
+    A noise-free line has se = 0; t is then ±``EXACT_T`` (finite, so it stays valid JSON)."""
+    n = len(losses)
+    xs = [float(i) for i in range(n)]
+    mx, my = statistics.fmean(xs), statistics.fmean(losses)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, losses, strict=True)) / sxx
+    resid = [y - (my + slope * (x - mx)) for x, y in zip(xs, losses, strict=True)]
+    noise = math.sqrt(sum(r * r for r in resid) / (n - 2))
+    se = noise / math.sqrt(sxx)
+    t = slope / se if se > 1e-12 * max(1.0, abs(my)) else math.copysign(EXACT_T, slope) if slope else 0.0
+    return {"slope": slope, "noise": noise, "t": t}
+
+
+EXACT_T = 1e9
+
+
+def health(losses: list[float], grad_norms: list[float], warmup: int = 0) -> dict[str, Any]:
+    """Whether the run learned: ``ok``, or ``nan`` / ``diverged`` / ``flat``, with the figures used.
+
+    nan: a non-finite loss or grad norm at any step. Otherwise the loss trend is fitted over the
+    timed steps (after ``warmup``; over every step when fewer than 4 are timed) by least squares,
+    and its t statistic (slope / its standard error, the noise read from the residuals) is compared
+    with Student's t at 99% one-sided, n − 2 degrees of freedom: rising beyond noise (t > t*) or any
+    loss above twice the first → diverged; not falling beyond noise (t > −t*) → flat; else ok. Runs
+    with fewer than 4 steps cannot separate a trend from noise: only the nan check applies.
     """
+    from scipy.stats import t as student_t
+
     for i, (loss, gn) in enumerate(zip(losses, grad_norms, strict=True)):
         if not (math.isfinite(loss) and math.isfinite(gn)):
-            return {"verdict": "nan", "evidence": f"step {i}: loss={loss}, grad_norm={gn}"}
-    first, tail = losses[0], statistics.fmean(losses[-max(1, len(losses) // 4):])
-    if tail > 1.2 * first or max(losses) > 2 * first:
+            return {"verdict": "nan", "evidence": f"step {i + 1}: loss={loss}, grad_norm={gn}"}
+    first = losses[0]
+    if max(losses) > 2 * first:
+        worst = losses.index(max(losses))
         return {"verdict": "diverged",
-                "evidence": f"loss went from {first:.4f} to {tail:.4f} (max {max(losses):.4f})"}
-    if len(losses) >= 8 and first - tail < 0.01 * first:
-        return {"verdict": "flat", "evidence": f"loss {first:.4f} -> {tail:.4f}: less than 1% lower"}
-    return {"verdict": "ok", "evidence": f"loss {first:.4f} -> {tail:.4f}"}
+                "evidence": f"loss {max(losses):.4f} at step {worst + 1} is over twice the first ({first:.4f})"}
+    start = warmup if len(losses) - warmup >= MIN_TREND_POINTS else 0
+    fitted = losses[start:]
+    if len(fitted) < MIN_TREND_POINTS:
+        return {"verdict": "ok", "evidence": f"{len(losses)} steps: too few to read a trend "
+                                             f"({MIN_TREND_POINTS} needed); only checked for NaN"}
+    trend = loss_trend(fitted)
+    crit = float(student_t.ppf(CONFIDENCE, len(fitted) - 2))
+    figures = (f"loss {fitted[0]:.4f} -> {fitted[-1]:.4f} over steps {start + 1}-{len(losses)}: "
+               f"trend {trend['slope']:+.4f}/step, noise {trend['noise']:.4f}, t = {trend['t']:.2f}")
+    verdict = "ok"
+    if trend["t"] > crit:
+        verdict, rule = "diverged", f"rising beyond noise (t > {crit:.2f}, 99% one-sided, {len(fitted) - 2} df)"
+    elif trend["t"] > -crit:
+        verdict, rule = "flat", f"not falling beyond noise (t > -{crit:.2f}, 99% one-sided, {len(fitted) - 2} df)"
+    else:
+        rule = f"falling beyond noise (t <= -{crit:.2f}, 99% one-sided, {len(fitted) - 2} df)"
+    return {"verdict": verdict, "evidence": f"{figures}: {rule}", "slope": trend["slope"], "noise": trend["noise"],
+            "t": trend["t"], "critical_t": crit, "steps_fitted": len(fitted)}
+
+
+ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
 def failure_reason(out: Path, output: str, timed_out: bool, limit: float) -> str:
-    """Which rank failed and why: the first error file written (its peers fail after it, inside
-    collectives), else the launcher's last words."""
+    """Which rank failed and why.
+
+    A rank killed by a signal (torchrun's "Root Cause" names it; its peers then fail inside
+    collectives) is named with the signal and the memory it last held; else the first error file
+    written (``<out>.rank<r>.err``); else the launcher's last words."""
     if timed_out:
         return f"timed out after {limit:g} s; every rank was killed"
-    errors = []
-    for path in out.parent.glob(out.name + ".rank*.err"):
+    m = ROOT_CAUSE.search(output)
+    if m and int(m.group(2)) < 0:
+        rank, signum = int(m.group(1)), -int(m.group(2))
         try:
-            errors.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        reason = f"rank {rank} killed by {name}"
+        if signum == signal.SIGKILL:
+            reason += " — out of memory?"
+        status = _read_json(Path(f"{out}.rank{rank}.status"))
+        if status.get("max_rss_bytes"):
+            reason += (f" (resident memory {status['max_rss_bytes'] / 2**30:.2f} GiB when last recorded, "
+                       f"{status.get('phase', '')})").replace(" )", ")")
+        return reason
+    errors = [e for e in map(_read_json, out.parent.glob(out.name + ".rank*.err")) if e]
     if errors:
         first = min(errors, key=lambda e: (e.get("time", 0.0), e.get("rank", 0)))
         return f"rank {first['rank']} failed: {first['error']}"
@@ -107,8 +253,38 @@ def failure_reason(out: Path, output: str, timed_out: bool, limit: float) -> str
     return lines[-1] if lines else "torchrun exited without output"
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class RankStatus:
+    """``<out>.rank<r>.status``: this rank's phase and peak resident memory, rewritten when either
+    changes (the memory by 5% or more), so a rank the kernel kills leaves its last figures behind."""
+
+    def __init__(self, out: str, rank: int) -> None:
+        self.path, self.rank = Path(f"{out}.rank{rank}.status"), rank
+        self.written: tuple[str | None, int] = (None, 0)
+
+    def update(self, phase: str) -> None:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+        last_phase, last_rss = self.written
+        if last_phase is None or phase.split()[0] != last_phase.split()[0] or rss > 1.05 * last_rss:
+            self.path.write_text(json.dumps({"rank": self.rank, "phase": phase, "max_rss_bytes": rss}))
+            self.written = (phase, rss)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 def _maybe_fault(rank: int, step: int) -> bool:
-    """Fault injection for failure-path tests: ZEROTUNE_FAULT="crash@RANK:STEP", "hang@RANK:STEP" or
+    """Fault injection for failure-path tests: ZEROTUNE_FAULT="crash@RANK:STEP", "hang@RANK:STEP", "kill@RANK:STEP"
+    (SIGKILL, as the out-of-memory killer sends) or
     "nan@RANK:STEP" (that rank's loss is NaN from that step on: the run ends and the health gate fails it).
     Returns whether this rank's loss is poisoned at this step."""
     spec = os.environ.get("ZEROTUNE_FAULT")
@@ -121,6 +297,8 @@ def _maybe_fault(rank: int, step: int) -> bool:
             raise RuntimeError(f"injected crash on rank {rank} at step {step} (ZEROTUNE_FAULT={spec})")
         if kind == "hang":
             time.sleep(10**6)
+        if kind == "kill":  # as the kernel's out-of-memory killer would
+            os.kill(os.getpid(), signal.SIGKILL)
     return kind == "nan" and rank == int(fault_rank) and step >= int(fault_step or 0)
 
 
@@ -140,6 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
 
+    from strategies.catalog import device_matches
     from strategies.data import TokenSource, sequence_ids
     from strategies.engine import ZeroEngine
     from strategies.topology import build_topology
@@ -155,8 +334,20 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype, torch.bfloat16 if cuda else torch.float32)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     topo = build_topology(cluster, timeout_s=args.timeout)
-    engine = ZeroEngine(model_spec, strategy, topo, dtype=dtype, device=device, lr=args.lr,
-                        weight_decay=args.weight_decay, seed=args.seed, quant_block=args.quant_block or QUANT_BLOCK)
+    device_name = torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.machine()})"
+    emulated = not device_matches(cluster.device, device_name)
+    if emulated and topo.rank == 0:
+        print(f"zerotune: {cluster.name} has {cluster.device} devices and this run has {device_name}: it is an "
+              f"emulation on {platform.node()} (bytes, memory and learning carry over; times do not)",
+              file=sys.stderr, flush=True)
+    status = RankStatus(args.out, topo.rank)
+    status.update("while building the model")
+    lr = args.lr or default_lr(model_spec)
+    lr_warmup = args.steps // 2 if args.lr_warmup is None else args.lr_warmup
+    schedule = lr_schedule(lr, lr_warmup)
+    engine = ZeroEngine(model_spec, strategy, topo, dtype=dtype, device=device, lr=lr, betas=(0.9, 0.95),
+                        grad_clip=args.grad_clip or None, weight_decay=args.weight_decay, seed=args.seed,
+                        quant_block=args.quant_block or QUANT_BLOCK)
     data = TokenSource(model_spec.vocab, model_spec.seq_len, seed=args.seed, token_file=args.token_file)
     world, mbs = topo.world_size, strategy.micro_batch_size
     losses, grad_norms, step_times = [], [], []
@@ -170,7 +361,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             ids = sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=mbs)
             idx, targets = (t.to(device) for t in data.batch(ids))
             total += engine.forward_backward(idx, targets, loss_scale=1.0 / (world * accum))
-        grad_norm = engine.step()
+        grad_norm = engine.step(lr=schedule[min(step, len(schedule) - 1)])
+        status.update(f"at step {step + 1}/{args.steps}")
         if cuda:
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
@@ -190,9 +382,11 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     dist.all_gather_object(memories, memory)
     engine.close()
     dist.destroy_process_group()
+    status.remove()
     if topo.rank != 0:
         return None
-    step_time = statistics.median(step_times[args.warmup:])
+    spread = step_spread(step_times, args.warmup)
+    step_time = spread["median"]
     tokens = world * mbs * accum * model_spec.seq_len
     return {
         "status": "ok",
@@ -201,32 +395,47 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "warmup_steps": args.warmup,
         "step_time_s": step_time,
         "step_times_s": step_times,
+        "step_time_spread": spread,
         "tokens_per_s": tokens / step_time,
         "tflops_per_rank": model_spec.flops_per_token() * tokens / world / step_time / 1e12,
         "bytes_per_level": step_bytes,
         "memory_bytes": {k: max(m[k] for m in memories) for k in memory},
         "loss": losses,
         "grad_norm": grad_norms,
-        "health": health(losses, grad_norms),
+        "health": health(losses, grad_norms, args.warmup),
         "grad_accum_steps": accum,
         "global_batch": world * mbs * accum,
         "dtype": str(dtype).removeprefix("torch."),
-        "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.machine()})",
+        "device": device_name,
+        "emulated": emulated,
         "backend": "nccl" if cuda else "gloo",
         "model": model_spec.to_dict(),
         "cluster": cluster.to_dict(),
         "strategy": strategy.to_dict(),
-        "config": {"lr": args.lr, "weight_decay": args.weight_decay, "seed": args.seed,
+        "data": data.describe(),
+        "config": {"lr": lr, "lr_warmup_steps": lr_warmup, "grad_clip": args.grad_clip or None, "betas": [0.9, 0.95],
+                   "weight_decay": args.weight_decay, "seed": args.seed,
                    "token_file": args.token_file, "quant_block": args.quant_block or QUANT_BLOCK},
         "torch_version": torch.__version__,
         "host": host_facts(world),
     }
 
 
-def host_facts(world: int) -> dict[str, int]:
-    """CPUs rank 0 may run on and ranks on its host: where ranks outnumber CPUs, nothing overlaps."""
+def spread(times: list[float]) -> dict[str, float]:
+    """Median and quartiles (inclusive method) of ``times``, and how many there were."""
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
+    return {"median": statistics.median(times), "q1": q1, "q3": q3, "n": len(times)}
+
+
+def step_spread(step_times: list[float], warmup: int) -> dict[str, float]:
+    """``spread`` of the timed steps (every step when none is past the warm-up)."""
+    return spread(step_times[warmup:] or step_times)
+
+
+def host_facts(world: int) -> dict[str, Any]:
+    """Rank 0's host, the CPUs it may run on and the ranks on it: where ranks outnumber CPUs, nothing overlaps."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"cpus": cpus, "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", world))}
+    return {"name": platform.node(), "cpus": cpus, "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", world))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +449,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         err = {"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}",
                "traceback": traceback.format_exc()}
-        Path(f"{args.out}.rank{rank}.err").write_text(json.dumps(err, indent=2))
+        try:
+            Path(f"{args.out}.rank{rank}.err").write_text(json.dumps(err, indent=2))
+        except OSError:
+            pass  # --out's directory is unusable: the refusal itself says so
         raise
     if result is not None:
         Path(args.out).write_text(json.dumps(result, indent=2))

@@ -55,11 +55,17 @@ def load(session: Session, name: str | None) -> Calibration | None:
         raise SpecError("calibration", name, f"no such calibration; stored: {stored or 'none'}") from None
 
 
+MEASURED_STATUSES = ("complete", "failed")
+"""A failed trial counts when its run wrote run.json (``metrics.status == "ok"``): the health gate failed it."""
+
+
 def measured_runs(session: Session, cluster_run: str, limit: int = MAX_RUNS) -> list[tuple[int, Measurement]]:
-    """The newest completed measured trials (local, slurm, uploaded) whose runs ran on ``cluster_run``, as
-    (trial id, measurement)."""
+    """The newest measured trials (local, slurm, uploaded) whose runs ran on ``cluster_run``, as (trial id,
+    measurement). A run the health gate failed (flat, diverged, NaN loss) still ran to its end: its
+    step times, bytes and memory are a measurement of the strategy and count here."""
     measured = Trial.executor.in_(("local", "slurm", "external"))
-    rows = session.scalars(select(Trial).where(Trial.status == "complete", measured).order_by(Trial.id.desc()))
+    rows = session.scalars(select(Trial).where(Trial.status.in_(MEASURED_STATUSES), measured)
+                           .order_by(Trial.id.desc()))
     out = []
     for t in rows:
         metrics = t.metrics or {}
@@ -79,7 +85,8 @@ def refit_study(session: Session, study_id: int) -> dict[str, Any] | None:
     """Refit and store the calibration of the cluster the study's measured runs ran on.
 
     Returns the stored report (with ``name``), or None when the study measured nothing."""
-    mine = session.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete")).all()
+    mine = session.scalars(select(Trial).where(Trial.study_id == study_id,
+                                               Trial.status.in_(MEASURED_STATUSES))).all()
     clusters = [(t.metrics or {}).get("cluster") for t in mine if (t.metrics or {}).get("status") == "ok"]
     if not clusters or not all(clusters):
         return None

@@ -33,6 +33,7 @@ from db.models import Trial
 from db.session import session_scope
 from strategies.errors import ZerotuneError
 from strategies.spec import Strategy
+from tuner import remeasure
 from tuner.executors.base import TrialSpec
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ def _evidence(tuner: Tuner, row: Trial) -> str:
 
 
 VERIFY_OUTCOMES = ("healthy", "unhealthy", "could not run")
+VERIFY_PROXY: dict[str, Any] = {"max_ranks": 4, "proxy_hidden": 128, "proxy_vocab": 512, "proxy_seq_len": 64}
+"""The verification run's executor: a proxy small enough to learn in seconds on this machine."""
 
 
 def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
@@ -78,7 +81,7 @@ def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
     spec = TrialSpec(model=tuner.request.model, cluster=tuner.request.cluster, strategy=strategy,
                      workdir=tuner.workdir / f"verify-{trial_id}", steps=16, warmup=1, timeout_s=tuner.trial_timeout_s)
     try:  # a health check, not a speed test: a small proxy that learns the synthetic stream within 16 steps
-        result = LocalExecutor(max_ranks=4, proxy_hidden=128, proxy_vocab=512, proxy_seq_len=64).run(spec)
+        result = LocalExecutor(**VERIFY_PROXY).run(spec)
     except Exception as exc:  # the executor itself could not start here
         return {"trial_id": trial_id, "outcome": "could not run", "healthy": None,
                 "detail": f"{type(exc).__name__}: {exc}"}
@@ -155,6 +158,7 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
     unhealthy: list[int] = []
     for i, (trial_id, strategy, _, evidence, _) in enumerate(ranked[:candidates]):
         if evidence == "predicted" and strategy.quantized and verify_quantized:
+            tuner.phase("verifying")
             verification = _verify(tuner, strategy, trial_id)
             if verification["outcome"] == "unhealthy":  # only a verdict against it disqualifies a pick
                 unhealthy.append(trial_id)
@@ -190,6 +194,10 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
                 decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(), "value": cand[2]})
     req = tuner.request
     extra = {"decision": decision, "refit": tuner.refit, **(tuner.answer_note or {})}
+    measured = [(r[0], r[2], r[4] or {}) for r in ranked if r[3] != "predicted" and r[2] is not None]
+    if measured:  # each leader's TFLOPS at the quartiles of its timed steps; which ones ran twice
+        extra["leaders"] = remeasure.leaders(measured)
+        extra["remeasured"] = tuner.remeasured
     if "measured_shortlist" in extra:  # does the measurement keep the predicted winner's partition?
         foreseen = Strategy.from_dict(extra["measured_shortlist"]["predicted_strategy"])
         extra["measured_shortlist"] = {**extra["measured_shortlist"], "agrees": partition(foreseen) == mine}

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import socket
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,11 +49,13 @@ from strategies.catalog import build_strategy
 from strategies.costmodel import Calibration, predict
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
-from tuner import calibrations
+from tuner import calibrations, remeasure
 from tuner.executors.base import Executor, TrialResult, TrialSpec
 from tuner.executors.local import runs_as_is
 from tuner.recommend import StudyFailed, recommend
 from tuner.space import Space, resolve_global_batch
+
+log = logging.getLogger("zerotune.tuner")
 
 RETRIED = "retried once"
 """How a dead runner's trial ends its reason when a retry replaces it (the retry is what counts)."""
@@ -131,6 +135,8 @@ def strategy_key(s: Strategy) -> str:
 class Progress:
     done: int = 0
     total: int = 0
+    phase: str = ""
+    """screening (model executor), measuring, re-measuring k/n, verifying."""
     best_value: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
 
@@ -166,6 +172,9 @@ class Tuner:
             with session_scope(self.sessions) as s:
                 calibration = calibrations.load(s, request.calibration)
         self.calibration = calibration
+        self.remeasured: list[int] = []
+        """Trials this study ran a second time because their intervals overlapped the leader's."""
+        self.progress: Progress | None = None
         self.refit: dict[str, Any] | None = None
         """The calibration this study's measured runs refitted (``tuner.calibrations.refit_study``)."""
 
@@ -174,6 +183,8 @@ class Tuner:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # TPE's multivariate/group and constraints are marked experimental; the warnings say nothing a user can act on
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
         r = self.request
         sampler: optuna.samplers.BaseSampler
@@ -225,7 +236,9 @@ class Tuner:
         self._recover_dead_trials(study_id, study)
         if fresh:
             self._enqueue_known_good(study, study_id)
-        progress = Progress(total=self.request.trials)
+        progress = Progress(total=self.request.trials,
+                            phase="screening" if self.executor.name == "model" else "measuring")
+        self.progress = progress
         deadline = time.monotonic() + self.request.time_budget_s if self.request.time_budget_s else math.inf
         asked = 0
         try:
@@ -238,6 +251,7 @@ class Tuner:
                 if self.progress_cb:
                     self.progress_cb(progress)
             if self.executor.name != "model" and not self.stop.is_set():
+                self.remeasured = self._remeasure(study_id, progress)
                 self.refit = self._refit(study_id)
             recommendation = self.recommend(study_id)
         except BaseException as exc:
@@ -247,6 +261,45 @@ class Tuner:
         with session_scope(self.sessions) as s:
             repo.set_study_state(session=s, study_id=study_id, state="cancelled" if self.stop.is_set() else "done")
         return recommendation
+
+    def phase(self, name: str) -> None:
+        """Tell the progress callback that the study entered phase ``name``."""
+        progress = self.progress
+        if progress is not None and self.progress_cb:
+            progress.phase, progress.last = name, {}
+            self.progress_cb(progress)
+
+    def _remeasure(self, study_id: int, progress: Progress) -> list[int]:
+        """Run the measured leaders whose intervals overlap again and pool their timed steps
+        (``tuner.remeasure``); returns the trial ids re-measured. A second run that fails is logged and
+        leaves the first measurement as it was."""
+        with session_scope(self.sessions) as s:
+            rows = s.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete",
+                                                 Trial.value.is_not(None)).order_by(Trial.value.desc())).all()
+            ranked = [(t.id, float(t.value), dict(t.metrics)) for t in rows
+                      if t.value is not None and t.metrics and t.metrics.get("step_times_s")]
+            strategies = {t.id: Strategy.from_dict(t.strategy) for t in rows}
+        known = {i: (v, m) for i, v, m in ranked}
+        todo = [i for i in remeasure.overlapping(ranked) if not known[i][1].get("remeasured")]
+        for k, trial_id in enumerate(todo):
+            self.phase(f"re-measuring {k + 1}/{len(todo)}")
+            spec = TrialSpec(model=self.request.model, cluster=self.request.cluster, strategy=strategies[trial_id],
+                             workdir=self.workdir / f"trial-{trial_id}-again", steps=self.steps,
+                             warmup=min(2, self.steps - 1), global_batch=self.request.global_batch,
+                             timeout_s=self.trial_timeout_s)
+            try:
+                result = self.executor.run(spec)
+            except Exception as exc:
+                log.warning("trial %d: the second run could not start: %s: %s", trial_id, type(exc).__name__, exc)
+                continue
+            if not result.metrics or result.metrics.get("status") != "ok":
+                log.warning("trial %d: the second run failed (%s); the first measurement stands", trial_id,
+                            result.reason)
+                continue
+            value, metrics = remeasure.pooled(known[trial_id][1], known[trial_id][0], result.metrics)
+            with session_scope(self.sessions) as s:
+                repo.finish_trial(session=s, trial_id=trial_id, status="complete", value=value, metrics=metrics)
+        return todo
 
     def _refit(self, study_id: int) -> dict[str, Any] | None:
         """Refit the calibration of the cluster the measured runs ran on; a refit that fails is logged and

@@ -25,7 +25,6 @@ import socket
 import threading
 import time
 import uuid
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -314,7 +313,6 @@ def serve_worker(settings: WorkerSettings, url: str, parent_pid: int | None = No
     """Run a worker in this process until SIGTERM/SIGINT; return the number of jobs run."""
     from db.migrate import prepare_optuna_storage, upgrade
 
-    warnings.filterwarnings("ignore", message=r"Argument ``group`` is an experimental feature")  # Tuner's TPE
     upgrade(url)
     prepare_optuna_storage(url)
     worker = Worker(settings, url, parent_pid=parent_pid)

@@ -186,6 +186,8 @@ def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]
             "verification": (rec.metrics or {}).get("verification"),
             "decision": (rec.metrics or {}).get("decision"), "band": (rec.metrics or {}).get("error_band") or {},
             "refit": refit_of(session, row.study_id), "shortlist_note": (rec.metrics or {}).get("measured_shortlist"),
+            "leaders": (rec.metrics or {}).get("leaders") or [],
+            "remeasured": (rec.metrics or {}).get("remeasured") or [],
             "strategy_rows": strategy_rows(rec.strategy, cluster_levels(request)), "data": page_data({})}
 
 

@@ -117,6 +117,29 @@ def test_local_executor_end_to_end_and_upload(sqlite_url, launcher, tmp_path):
     uploaded = httpx.get(f"{url}/v1/trials/{stored[0]}").json()
     assert uploaded["metrics"]["tokens_per_s"] == trial["metrics"]["tokens_per_s"] and uploaded["prediction"]
 
+    # the same CPU run labelled as a Frontier run is refused, naming both devices; nothing is stored
+    run.write_text(json.dumps({**trial["metrics"], "cluster": "frontier:2"}))
+    refused = subprocess.run(upload, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "body.device" in refused.stderr and "cpu (" in refused.stderr and "AMD MI250X GCD" in refused.stderr
+    assert len(rows(sqlite_url, "SELECT id FROM zt_trials WHERE executor = 'external'")) == 1
+
+
+@pytest.mark.timeout(420)
+def test_a_large_model_is_measured_through_its_proxy(sqlite_url, launcher):
+    """gpt-7b on dgx-h100:2 with the local executor through the service: every trial trains its proxy
+    healthily on the emulated cluster, and the answer states the leaders' intervals."""
+    server = launcher.serve(sqlite_url)
+    body = {"model": "gpt-7b", "cluster": "dgx-h100:2", "executor": "local", "budget": {"trials": 3}}
+    r = httpx.post(f"{server.url}/v1/recommendations", json=body, params={"wait": 360}, timeout=400)
+    assert r.status_code == 200, r.text
+    rec = r.json()
+    assert rec["evidence"] == "proxy-verified" and rec["metrics"]["health"]["verdict"] == "ok"
+    statuses = rows(sqlite_url, "SELECT status, reason FROM zt_trials")
+    assert len(statuses) == 3 and all(st == "complete" for st, _ in statuses), statuses
+    leaders = rec["metrics"]["leaders"]
+    assert leaders[0]["trial_id"] == rec["trial_id"] and leaders[0]["interval"][0] <= leaders[0]["value"]
+
 
 @pytest.mark.timeout(420)
 def test_a_measured_shortlist_answers_and_refits_the_calibration_the_next_request_uses(sqlite_url, launcher):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -37,10 +38,12 @@ def test_train_writes_run_json(tmp_path):
     assert run["status"] == "ok" and run["world_size"] == 4 and len(run["loss"]) == len(run["grad_norm"]) == 6
     assert run["health"]["verdict"] == "ok", run["health"]
     assert run["step_time_s"] > 0 and run["tokens_per_s"] > 0 and run["tflops_per_rank"] > 0
-    assert run["host"] == {"cpus": len(os.sched_getaffinity(0)), "local_ranks": 4}  # torchrun's 4 ranks here
+    assert run["host"] == {"name": platform.node(), "cpus": len(os.sched_getaffinity(0)), "local_ranks": 4}
+    assert run["device"].startswith("cpu") and run["emulated"] is False
     cluster, model = parse_cluster("local:2x2"), parse_model("gpt-tiny")
     s = build_strategy("zeropp", cluster, allgather_bucket_mb=0.1)
-    assert run["bytes_per_level"] == step_volume(model, cluster, s, elem_bytes=4)
+    assert run["global_batch"] == 16 and run["grad_accum_steps"] == 4  # 4 sequences per rank by default
+    assert run["bytes_per_level"] == step_volume(model, cluster, s, elem_bytes=4, accum=4)
     mem = state_memory(model, cluster, s, elem_bytes=4)
     assert {k: run["memory_bytes"][k] for k in mem} == mem
 
@@ -51,7 +54,7 @@ def test_diverging_run_is_reported_diverged(tmp_path):
                  "--out", str(out), "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
     verdict = json.loads(out.read_text())["health"]
-    assert verdict["verdict"] == "diverged" and "loss went from" in verdict["evidence"]
+    assert verdict["verdict"] == "diverged" and "over twice the first" in verdict["evidence"]
 
 
 def test_crashing_rank_is_named(tmp_path):
@@ -76,6 +79,55 @@ def test_hung_run_times_out_and_is_killed(tmp_path):
     assert leftover.stdout.strip() == "", "ranks left behind"
 
 
+def test_killed_rank_is_named_with_its_signal_and_memory(tmp_path):
+    """A rank the kernel kills (as the out-of-memory killer does) is named, not a peer's connection error."""
+    out = tmp_path / "run.json"
+    r = zerotune("train", "--cluster", "local:2x2", "--steps", "4", "--out", str(out), "--quiet",
+                 env={"ZEROTUNE_FAULT": "kill@1:2"})
+    assert r.returncode == 1
+    line = r.stderr.strip().splitlines()[-1]
+    assert "rank 1 killed by SIGKILL — out of memory? (resident memory" in line and "GiB when last recorded" in line
+    assert json.loads(out.read_text())["status"] == "failed"
+
+
+def test_a_run_on_other_hardware_is_an_emulation(tmp_path):
+    out = tmp_path / "run.json"
+    r = zerotune("train", "--cluster", "dgx-h100:1", "--steps", "2", "--warmup", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "it is an emulation on" in r.stderr and "NVIDIA H100 80GB" in r.stderr
+    run = json.loads(out.read_text())
+    assert run["emulated"] is True and run["device"].startswith("cpu") and run["host"]["name"] == platform.node()
+    assert not list(tmp_path.glob("run.json.rank*"))  # per-rank status files are removed after a clean run
+
+
+def test_early_refusals(tmp_path):
+    """Memory (the cost model, before any process starts), an unwritable --out: exit 2, one line."""
+    out = tmp_path / "run.json"
+    t0 = time.monotonic()
+    r = zerotune("train", "--model", "gpt-7b", "--cluster", "local:2x2", "--out", str(out))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "gpt-7b does not fit cpu memory" in r.stderr and "largest: optim_states" in r.stderr
+    assert "--force runs it anyway" in r.stderr
+    r = zerotune("train", "--out", "/nonexistent/dir/run.json")
+    assert r.returncode == 2 and "out='/nonexistent/dir/run.json': its directory '/nonexistent/dir' does not exist" \
+        in r.stderr
+    r = zerotune("train", "--out", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr
+    assert time.monotonic() - t0 < 30 and not out.exists()
+
+
+def test_host_memory_check_counts_every_rank_on_the_host():
+    from strategies.errors import SpecError
+    from strategies.train import check_memory
+
+    model, cluster = parse_model("gpt-mini"), parse_cluster("local:2x2")
+    s = build_strategy("zero3", cluster)
+    per_rank = check_memory(model, cluster, s, 4, 4)["peak"]
+    check_memory(model, cluster, s, 4, 4, ranks_here=4, available_bytes=4 * per_rank)
+    with pytest.raises(SpecError, match=r"its 4 ranks on this host need .* GiB .* is available"):
+        check_memory(model, cluster, s, 4, 4, ranks_here=4, available_bytes=4 * per_rank - 1)
+
+
 def test_invalid_input_is_refused_before_any_process_starts(tmp_path):
     out = tmp_path / "run.json"
     t0 = time.monotonic()
@@ -87,17 +139,39 @@ def test_invalid_input_is_refused_before_any_process_starts(tmp_path):
     assert time.monotonic() - t0 < 20
 
 
+# Loss curves recorded from real runs (10 steps, the first 2 untimed) and shaped ones around them.
+NOISY_DECREASING = [8.34, 8.23, 8.15, 8.12, 8.07, 7.91, 8.14, 7.81, 7.76, 7.73]  # gpt-mini, 1 rank: a spike at 7
+SMOOTH_DECREASING = [6.25, 6.24, 6.2, 6.17, 6.13, 6.09, 6.06, 6.01, 5.98, 5.96]  # gpt-tiny, 8 ranks
+FLAT = [8.3715, 8.40, 8.31, 8.45, 8.36, 8.33, 8.44, 8.38, 8.35, 8.5772]  # noise around a level: the old gate's case
+RISING_SLOWLY = [6.2, 6.22, 6.21, 6.25, 6.24, 6.28, 6.27, 6.31, 6.30, 6.34]
+BLOW_UP = [6.26, 6.1, 6.0, 7.5, 9.8, 14.2, 30.1, 55.0, 80.2, 87.7]  # --lr 1.0
+
+
 @pytest.mark.parametrize("losses, norms, verdict", [
-    ([6.0, 5.5, 5.0, 4.5], [1, 1, 1, 1], "ok"),
+    (NOISY_DECREASING, [1] * 10, "ok"),
+    (SMOOTH_DECREASING, [1] * 10, "ok"),
+    (FLAT, [1] * 10, "flat"),
+    (RISING_SLOWLY, [1] * 10, "diverged"),
+    (BLOW_UP, [1] * 10, "diverged"),
     ([6.0, 5.5, float("nan"), 4.5], [1, 1, 1, 1], "nan"),
     ([6.0, 5.5, 5.0, 4.5], [1, 1, float("inf"), 1], "nan"),
-    ([6.0, 7.0, 8.0, 9.0], [1, 1, 1, 1], "diverged"),
-    ([6.0, 13.0, 5.0, 4.0], [1, 1, 1, 1], "diverged"),
-    ([6.0, 6.0, 5.99, 5.98] * 2, [1] * 8, "flat"),
-    ([6.0, 6.0, 5.99, 5.98], [1] * 4, "ok"),  # too short to call flat
+    ([6.0, 5.5, 5.0, 4.5, 4.0, 3.5], [1] * 6, "ok"),  # an exact line: t is finite and says falling
+    ([6.0, 6.0, 6.0, 6.0, 6.0, 6.0], [1] * 6, "flat"),
+    ([6.0, 5.99, 5.98], [1] * 3, "ok"),  # too short to read a trend: only NaN is checked
 ])
 def test_health_verdicts(losses, norms, verdict):
-    assert health(losses, norms)["verdict"] == verdict
+    result = health(losses, norms, warmup=2)
+    assert result["verdict"] == verdict, result
+    json.dumps(result, allow_nan=False)  # the verdict's figures are valid JSON
+
+
+def test_health_evidence_names_its_figures():
+    result = health(FLAT, [1] * 10, warmup=2)
+    assert result["steps_fitted"] == 8 and result["critical_t"] == pytest.approx(3.143, abs=1e-3)
+    assert "over steps 3-10" in result["evidence"] and "6 df" in result["evidence"]
+    assert f"t = {result['t']:.2f}" in result["evidence"] and "not falling beyond noise" in result["evidence"]
+    rising = health(RISING_SLOWLY, [1] * 10, warmup=2)
+    assert rising["slope"] > 0 and "rising beyond noise" in rising["evidence"]
 
 
 def test_srun_layout_and_host_facts(monkeypatch):
@@ -113,4 +187,4 @@ def test_srun_layout_and_host_facts(monkeypatch):
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4(x3),4")
     _env_from_slurm()
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("5", "16", "1")
-    assert host_facts(16) == {"cpus": len(os.sched_getaffinity(0)), "local_ranks": 4}
+    assert host_facts(16) == {"name": platform.node(), "cpus": len(os.sched_getaffinity(0)), "local_ranks": 4}

@@ -23,7 +23,7 @@ from strategies.catalog import parse_cluster, parse_model
 from strategies.costmodel import calibration_for
 from strategies.errors import SpecError
 from strategies.spec import Strategy
-from tuner import calibrations
+from tuner import calibrations, remeasure
 from tuner.executors import make_executor
 from tuner.executors.local import LocalExecutor
 from tuner.executors.model import ModelExecutor
@@ -148,12 +148,18 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(db, req
         assert t.metrics["global_batch"] == req.global_batch == 16  # measured on the same training
     best = max(complete, key=lambda t: t.value)
     assert rec["trial_id"] == best.id and rec["evidence"] == "measured"
+    assert rec["leaders"][0]["trial_id"] == best.id and set(rec["remeasured"]) <= {t.id for t in complete}
+    for t in complete:  # a re-measured leader pooled the timed steps of both its runs
+        runs = 2 if t.id in rec["remeasured"] else 1
+        assert len(remeasure.timed_steps(t.metrics)) == runs * 6 and (t.metrics.get("remeasured") is not None) == (
+            runs == 2)
+    ran = [t for t in trials if (t.metrics or {}).get("status") == "ok"]  # a run the health gate failed still ran
     # the measured runs refit the cluster's calibration: closer than the nominal model it started from
     refit = rec["refit"]
     assert refit["name"] == f"local:2x2-study{rec['study_id']}" and refit["start"] == "nominal"
-    assert refit["runs"] == refit["study_trials"] == len(complete)
+    assert refit["runs"] == refit["study_trials"] == len(ran)
     assert refit["after"]["rows"]["median"] < refit["before"]["rows"]["median"]
-    assert refit["cross_validated"]["rows"]["count"] == len(complete)
+    assert refit["cross_validated"]["rows"]["count"] == len(ran)
     # and the next study on that cluster starts from it: its predictions carry the measured error as their band
     sessions = make_session_factory(make_engine(url))
     with session_scope(sessions) as s:
@@ -167,7 +173,7 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(db, req
     assert predicted and {t.prediction["calibration"] for t in predicted} == {name}
     band = predicted[0].prediction["error_band"]
     assert band["row_median"] == pytest.approx(refit["cross_validated"]["rows"]["median"])
-    assert f"{len(complete)} measured runs on local:2x2" in band["source"]
+    assert f"{len(ran)} measured runs on local:2x2" in band["source"]
     assert answer["decision"]["band"] == band["comparison_median"] and answer["refit"] is None
 
 

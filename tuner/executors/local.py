@@ -82,7 +82,7 @@ class LocalExecutor(Executor):
         local = self.prepare(spec)
         local.write_inputs()
         out = local.workdir / "run.json"
-        for stale in [out, *local.workdir.glob("run.json.rank*.err")]:
+        for stale in [out, *local.workdir.glob("run.json.rank*")]:
             stale.unlink(missing_ok=True)
 
         def on_line(line: str) -> bool:

@@ -1,0 +1,81 @@
+"""Every model a short run can train here learns in the default short run, on 1 rank and on 8.
+
+"Every model": each preset small enough to run here, the proxy every larger preset runs as
+(tuner/executors/local.py), and the smaller proxy a verification runs; one run per distinct shape.
+"Learns": the run's own health gate says the loss falls beyond its noise (strategies/train.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from strategies.catalog import MODELS
+from strategies.data import TokenSource, language
+from strategies.spec import ModelSpec
+from tests.strategies.test_train import zerotune
+from tuner.executors.local import proxy_model_for
+from tuner.recommend import VERIFY_PROXY
+
+
+def _shape(m: ModelSpec) -> tuple:
+    return (m.layers, m.hidden, m.heads, m.vocab, m.seq_len)
+
+
+def _models() -> list[ModelSpec]:
+    runs = [proxy_model_for(m) for m in MODELS.values()]
+    runs += [proxy_model_for(m, hidden=VERIFY_PROXY["proxy_hidden"], vocab=VERIFY_PROXY["proxy_vocab"],
+                             seq_len=VERIFY_PROXY["proxy_seq_len"]) for m in MODELS.values()]
+    shapes: dict[tuple, ModelSpec] = {}
+    for m in runs:
+        shapes.setdefault(_shape(m), m)
+    return list(shapes.values())
+
+
+MODELS_RUN = _models()
+
+
+def test_the_shapes_cover_presets_and_proxies():
+    names = {m.name for m in MODELS_RUN}
+    assert {"gpt-tiny", "gpt-mini"} <= names and len(MODELS_RUN) == 3, names  # + the verification proxy
+
+
+@pytest.mark.parametrize("cluster", ["local:1", "local:2x2x2"])
+@pytest.mark.parametrize("model", MODELS_RUN, ids=lambda m: m.name)
+def test_default_short_run_learns(tmp_path, model, cluster):
+    spec = tmp_path / "model.json"
+    spec.write_text(json.dumps(model.to_dict()))
+    out = tmp_path / "run.json"
+    r = zerotune("train", "--model", str(spec), "--cluster", cluster, "--out", str(out), "--quiet", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = json.loads(out.read_text())
+    verdict = run["health"]
+    assert verdict["verdict"] == "ok", verdict
+    assert verdict["t"] <= -verdict["critical_t"] and verdict["steps_fitted"] == run["steps"] - run["warmup_steps"]
+    assert run["steps"] == 10 and run["global_batch"] == 4 * run["world_size"]  # the study's default run
+    assert run["data"]["source"] == "markov" and run["data"]["loss_floor"] < min(run["loss"]) < math.log(model.vocab)
+
+
+def test_the_language_has_its_documented_floor():
+    """The floor is exact (the conditional entropy); a unigram model and a uniform guess sit above it."""
+    for vocab, floor in ((512, 2.194), (4096, 2.405)):
+        lang = language(vocab)
+        assert lang.loss_floor == pytest.approx(floor, abs=1e-3)
+        assert lang.loss_floor < lang.unigram_entropy < math.log(vocab)
+    # the empirical cross-entropy of the true chain on sampled text matches the computed floor
+    lang, src = language(512), TokenSource(512, 256, seed=3)
+    x, y = src.batch(list(range(64)))
+    prev, nxt = x.reshape(-1).numpy(), y.reshape(-1).numpy()
+    r = 0.2 * lang.unigram
+    q = r[nxt].copy()
+    for k, p in enumerate((0.6, 0.25, 0.1, 0.05)):
+        q += 0.8 * p * (lang.successors[prev, k] == nxt)
+    assert -float(math.fsum(map(math.log, q))) / len(q) == pytest.approx(lang.loss_floor, rel=0.03)
+
+
+def test_sequences_are_the_same_whoever_asks():
+    a, b = TokenSource(4096, 128, seed=0), TokenSource(4096, 128, seed=0)
+    assert a.sequence(17).equal(b.sequence(17)) and not a.sequence(17).equal(a.sequence(18))
+    assert not a.sequence(17).equal(TokenSource(4096, 128, seed=1).sequence(17))
