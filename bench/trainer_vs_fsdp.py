@@ -31,6 +31,11 @@ fragmentation, gloo's buffers, autograd's temporaries and any page the process t
 it misses memory reused from pages already counted in the baseline. For our engine the table also
 gives the exact peak of its memory accountant (``engine.mem.report()["peak"]``), which counts only
 the buffers the engine books (shards, gathered buckets, gradients, optimizer states, activations).
+On CPU, resident memory depends on glibc's allocator as much as on the algorithm: each step frees
+and reallocates the same large buffers, and glibc, which raises its mmap threshold to the largest
+block freed, serves them from its heaps afterwards, where they fragment and stay resident.
+``--mmap-threshold BYTES`` sets ``MALLOC_MMAP_THRESHOLD_`` for every launch alike: lower resident
+memory for every config, paid in page faults (step time).
 
 On one CPU the ranks share cores and "links" are shared memory: times show the cost of the
 algorithms and of their Python overhead, not of a real fabric.
@@ -68,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a Strategy field of our engine's configs (e.g. allgather_bucket_mb=1.6)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before one launch is killed")
+    p.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES",
+                   help="glibc's MALLOC_MMAP_THRESHOLD_ for every launch (CPU): allocations this large are mapped "
+                        "and returned when freed; lower resident memory, more page faults")
     p.add_argument("--json-out", default=None, help="also write every config's result (per-step times, losses) here")
     # internal: what one torchrun launch runs
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)
@@ -114,7 +122,8 @@ def launch(args: argparse.Namespace) -> int:
                 print(f"[{time.perf_counter() - t_all:6.1f}s] {config:<6} on {world} ranks ({cluster}) ...",
                       file=sys.stderr, flush=True)
                 t0, busy0, ours0 = time.perf_counter(), _machine_busy_s(), _children_cpu_s()
-                res = run_torchrun(world, target, module=False, stream=False, timeout_s=args.timeout)
+                env = {"MALLOC_MMAP_THRESHOLD_": str(args.mmap_threshold)} if args.mmap_threshold else None
+                res = run_torchrun(world, target, module=False, stream=False, timeout_s=args.timeout, env=env)
                 if res.ok and out.is_file():
                     results[world][config] = json.loads(out.read_text())
                     r = results[world][config]
@@ -163,7 +172,7 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
     if any_row.get("hsdp_mesh"):
         print(f"HSDP mesh (replicate, shard) = {tuple(any_row['hsdp_mesh'])}")
     head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'ours/FSDP2':>12}{'vs DDP':>8}"
-            f"{'mem MiB':>10}{'acct MiB':>10}{'loss first->last':>20}{'others':>8}")
+            f"{'mem MiB':>10}{'mem ours/FSDP2':>16}{'acct MiB':>10}{'loss first->last':>20}{'others':>8}")
     print(head)
     print("-" * len(head))
     ddp = rows.get("ddp", {}).get("step_ms")
@@ -173,12 +182,14 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
             continue
         pair = PAIRS.get(config)
         ratio = f"{r['step_ms'] / rows[pair]['step_ms']:.2f}" if pair and pair in rows else ""
+        mem_ratio = f"{r['mem_bytes'] / rows[pair]['mem_bytes']:.2f}" if pair and pair in rows and \
+            rows[pair]["mem_bytes"] else ""
         vs_ddp = f"{r['step_ms'] / ddp:.2f}" if ddp else ""
         acct = f"{r['accountant_peak'] / 2**20:.1f}" if r.get("accountant_peak") is not None else ""
         loss = f"{r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
         others = f"{r['others_cpu_pct']:.0f}%" if r.get("others_cpu_pct") is not None else ""
         print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{ratio:>12}{vs_ddp:>8}"
-              f"{r['mem_bytes'] / 2**20:>10.1f}{acct:>10}{loss:>20}{others:>8}")
+              f"{r['mem_bytes'] / 2**20:>10.1f}{mem_ratio:>16}{acct:>10}{loss:>20}{others:>8}")
 
 
 # -- the rank side -----------------------------------------------------------------------------

@@ -1,15 +1,20 @@
 """Hierarchical and flat collectives over level ranges, optionally quantized, with a byte counter.
 
 Layout contract: a buffer partitioned over a level range (lo..hi) of S ranks is padded to a
-multiple of S and split into S equal chunks; the rank with range index j (innermost level fastest,
-``topology.range_index``) owns chunk j. Every function below keeps that contract, so hierarchical
-and flat versions return identical tensors (exactly, unquantized) and tests compare them.
+multiple of S and split into S equal chunks; the rank with *chunk index* j owns chunk j, where the
+chunk index counts the innermost level slowest (``Communicator.chunk_index``: j = i_lo·S_(lo+1..hi)
++ … + i_hi). That is the order the hierarchical collectives produce with no local copy, so a
+gather lands straight in its destination and a reduce-scatter reads its input in place. Every
+function below keeps that contract, so hierarchical and flat versions return identical tensors
+(exactly, unquantized) and tests compare them.
 
-- hierarchical all-gather: outermost level first on the smallest pieces, innermost last, then one
-  local permutation puts chunks in rank order (MiCS §3.3);
-- hierarchical reduce-scatter: the mirror — innermost level first on the whole buffer;
+- hierarchical all-gather: outermost level first on the smallest pieces, innermost last (MiCS
+  §3.3); each level prepends its index as the slowest dimension, which is the chunk order;
+- hierarchical reduce-scatter: the mirror — innermost level first on the whole buffer, whose
+  slowest dimension is that level's index;
 - all-reduce: reduce-scatter then all-gather over the same range;
-- flat: one primitive over the whole range (the reference and the "flat" algorithm).
+- flat: one primitive over the whole range (the reference and the "flat" algorithm); its group
+  orders ranks innermost level fastest, so one local permutation maps between the two orders.
 
 Quantized levels (level ≥ ``quantize_above`` and bits < 16): all-gathers move the block-quantized
 payload of each original shard (quantized once, dequantized once after the quantized levels);
@@ -92,43 +97,65 @@ class Communicator:
                                                                                levels[1] + 1))
 
     # -- partitioning -------------------------------------------------------------------------
+    def chunk_index(self, levels: LevelRange) -> int:
+        """Which chunk of a buffer partitioned over ``levels`` this rank owns (innermost level slowest)."""
+        j = 0
+        for level in range(levels[0], levels[1] + 1):
+            j = j * self.topo.level_size(level) + self.topo.index((level, level))
+        return j
+
     def shard(self, full: torch.Tensor, levels: LevelRange) -> torch.Tensor:
         """This rank's chunk of a 1-D buffer partitioned over ``levels`` (padded with zeros)."""
         s = self.topo.size(levels)
         chunk = pad_to(full.numel(), s) // s
         padded = _padded(full.reshape(-1), chunk * s)
-        j = self.topo.index(levels)
+        j = self.chunk_index(levels)
         return padded[j * chunk:(j + 1) * chunk].clone()
+
+    def _sizes(self, levels: LevelRange) -> list[int]:
+        return [self.topo.level_size(level) for level in range(levels[0], levels[1] + 1)]
 
     # -- all-gather ---------------------------------------------------------------------------
     def all_gather(self, shard: torch.Tensor, levels: LevelRange, *, numel: int | None = None, bits: int = 16,
-                   quantize_above: int = 1, flat: bool = False) -> torch.Tensor:
-        """Gather equal 1-D shards over ``levels`` into the full buffer (trimmed to ``numel``)."""
+                   quantize_above: int = 1, flat: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Gather equal 1-D shards over ``levels`` into the full buffer (trimmed to ``numel``).
+
+        ``out``: a 1-D buffer of the full size to gather into (the last collective writes straight
+        into it, no temporary of the full size); the returned tensor is then ``out``."""
         lo, hi = levels
-        if self.topo.size(levels) == 1:
+        s = self.topo.size(levels)
+        if s == 1:
             full = shard.reshape(-1)
         elif flat:
-            full = self._gather_levels(shard, [levels], bits, quantize_above).reshape(-1)
+            sizes = self._sizes(levels)
+            gathered = self._gather_levels(shard, [levels], bits, quantize_above)  # group order (s_hi, …, s_lo, c)
+            k = len(sizes)
+            full = gathered.view(*reversed(sizes), -1).permute(*reversed(range(k)), k).reshape(-1)
         else:
             # outermost first; levels of one rank move nothing and leave the layout unchanged
             order = [(level, level) for level in range(hi, lo - 1, -1) if self.topo.level_size(level) > 1]
-            gathered = self._gather_levels(shard, order, bits, quantize_above)  # (s_lo, …, s_hi, c)
-            k = gathered.dim() - 1
-            full = gathered.permute(*reversed(range(k)), k).reshape(-1)  # rank order: (s_hi, …, s_lo, c)
+            full = self._gather_levels(shard, order, bits, quantize_above, out=out).reshape(-1)
+        if out is not None and full.data_ptr() != out.data_ptr():
+            out.copy_(full[:out.numel()])
+            full = out
         return full[:numel] if numel is not None else full
 
     def _gather_levels(self, shard: torch.Tensor, order: list[LevelRange], bits: int,
-                       quantize_above: int) -> torch.Tensor:
-        """Gather over each range of ``order`` in turn; each prepends one dim of its size."""
+                       quantize_above: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Gather over each range of ``order`` in turn; each prepends one dim of its size. The last
+        gather writes into ``out`` when it has exactly the full size and nothing follows it."""
         c, dtype = shard.numel(), shard.dtype
         quantized = [r for r in order if self._quantized(r, bits, quantize_above)]
         buf = quant.quantize(shard.reshape(1, c), bits, self.block) if quantized else shard.reshape(1, c)
         for i, levels in enumerate(order):
             if i == len(quantized) and quantized:  # leaving the quantized (outer) levels
                 buf = quant.dequantize(buf, c, bits, dtype, self.block)
-            out = buf.new_empty(self.topo.size(levels) * buf.numel())
-            self._primitive("all_gather", levels, out, buf.contiguous().view(-1))
-            buf = out.view(self.topo.size(levels), *buf.shape)
+            total = self.topo.size(levels) * buf.numel()
+            last = i == len(order) - 1 and len(quantized) < len(order)
+            dest = out if last and out is not None and out.numel() == total and out.dtype == buf.dtype \
+                else buf.new_empty(total)
+            self._primitive("all_gather", levels, dest, buf.contiguous().view(-1))
+            buf = dest.view(self.topo.size(levels), *buf.shape)
         if len(quantized) == len(order):
             buf = quant.dequantize(buf, c, bits, dtype, self.block)
         return buf.reshape(*buf.shape[:-2], c)  # drop the leading 1
@@ -142,12 +169,13 @@ class Communicator:
         if s_all == 1:
             return full.reshape(-1).clone()
         padded = _padded(full.reshape(-1), pad_to(full.numel(), s_all))
-        if flat:
-            return self._reduce_level(padded, levels, bits, quantize_above)
-        sizes = [self.topo.level_size(level) for level in range(lo, hi + 1)]
-        # rank order is (s_hi, …, s_lo, c); the innermost level goes first, so put it outermost
-        k = len(sizes)
-        buf = padded.view(*reversed(sizes), -1).permute(*reversed(range(k)), k).reshape(-1)
+        if flat:  # the group's order (s_hi, …, s_lo, m) from the chunk order (s_lo, …, s_hi, m)
+            sizes = self._sizes(levels)
+            k = len(sizes)
+            grouped = padded.view(*sizes, -1).permute(*reversed(range(k)), k).reshape(-1)
+            return self._reduce_level(grouped, levels, bits, quantize_above)
+        # chunk order is (s_lo, …, s_hi, m): the innermost level, reduced first, is already the slowest dim
+        buf = padded
         for level in range(lo, hi + 1):
             buf = self._reduce_level(buf, (level, level), bits, quantize_above)
         return buf

@@ -123,22 +123,19 @@ class ZeroEngine:
             src, rng, bits = b.secondary, (1, s.secondary_span or 0), 16
         else:
             src, rng, bits = b.param_shard, self.p_range, s.weight_bits
-        self.mem.alloc("comm_buffers", b.plan.padded * self.elem)
+        nbytes = b.plan.padded * self.elem
+        self.mem.alloc("comm_buffers", nbytes)
+        b.flat.data.untyped_storage().resize_(nbytes)  # the gather lands in the bucket's own buffer
         b.pending = self._comm_thread.submit(self.comm.all_gather, src, rng, bits=bits,
-                                             quantize_above=s.quantize_above)
+                                             quantize_above=s.quantize_above, out=b.flat.data)
 
     def _materialize(self, b: FlatBucket, backward: bool) -> None:
         """Wait for the bucket's gather, fill its flat buffer and point the modules at it."""
         if not b.gathered:
             self._submit_gather(b, backward)
             assert b.pending is not None
-            full = b.pending.result()
-            b.pending = None
-            nbytes = b.plan.padded * self.elem
-            b.flat.data.untyped_storage().resize_(nbytes)
-            b.flat.data.copy_(full)  # through .data: autograd's saved views see new values, no version bump
-            self.mem.alloc("comm_buffers", nbytes)
-            self.mem.free("comm_buffers", nbytes)  # the gathered temporary
+            b.pending.result()  # written into b.flat's storage through .data: autograd's saved views of
+            b.pending = None    # the bucket see the new values, with no version bump
             b.gathered = True
             if not backward and self.s.secondary_span is not None and b.secondary is None and not b.plan.is_root:
                 b.secondary = self.comm.shard(b.flat.data, (1, self.s.secondary_span))
@@ -165,7 +162,8 @@ class ZeroEngine:
     def _reduce_group(self, group: list[FlatBucket], grads: list[torch.Tensor]) -> None:
         """Reduce-scatter a group's full gradients to grad shards (levels 1..P, then P+1..G)."""
         s_p, s_pg = self.topo.size(self.p_range), self.topo.size(self.pg_range)
-        staged = torch.cat([g.view(s_p, s_pg, -1) for g in grads], dim=2).reshape(-1)
+        # one bucket is reduced in place; several are interleaved so each rank's part is one range
+        staged = grads[0] if len(grads) == 1 else torch.cat([g.view(s_p, s_pg, -1) for g in grads], dim=2).reshape(-1)
         nbytes = staged.numel() * self.elem
         self.mem.alloc("comm_buffers", nbytes)
         for g in grads:
@@ -293,7 +291,7 @@ class ZeroEngine:
         self.optimizer.step()
         for b in self.buckets:  # nested layout: optimizer shard -> grad-span piece -> param shard
             new = self.comm.all_gather(b.master.detach().to(self.dtype), self.go_range)
-            b.param_shard.copy_(self.comm.all_gather(new, self.pg_range))
+            self.comm.all_gather(new, self.pg_range, out=b.param_shard)
             if b.secondary is not None:
                 self.mem.free("secondary_params", b.secondary.numel() * self.elem)
                 b.secondary = None

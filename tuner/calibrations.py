@@ -56,7 +56,14 @@ def load(session: Session, name: str | None) -> Calibration | None:
 
 
 MEASURED_STATUSES = ("complete", "failed")
-"""A failed trial counts when its run wrote run.json (``metrics.status == "ok"``): the health gate failed it."""
+TIMED_VERDICTS = ("ok", "flat", "diverged")
+"""A failed trial counts when its run wrote run.json and the health gate failed it as flat or diverged: its
+steps ran as a healthy run's do. A NaN run does not count (its later steps computed on NaN)."""
+
+
+def _timed(t: Trial) -> bool:
+    metrics = t.metrics or {}
+    return metrics.get("status") == "ok" and (metrics.get("health") or {}).get("verdict", "ok") in TIMED_VERDICTS
 
 
 def measured_runs(session: Session, cluster_run: str, limit: int = MAX_RUNS) -> list[tuple[int, Measurement]]:
@@ -69,7 +76,7 @@ def measured_runs(session: Session, cluster_run: str, limit: int = MAX_RUNS) -> 
     out = []
     for t in rows:
         metrics = t.metrics or {}
-        if metrics.get("status") != "ok" or (metrics.get("cluster") or {}).get("name") != cluster_run:
+        if not _timed(t) or (metrics.get("cluster") or {}).get("name") != cluster_run:
             continue
         try:
             out.append((t.id, Measurement.from_run(metrics, source=f"trial {t.id}")))
@@ -87,7 +94,7 @@ def refit_study(session: Session, study_id: int) -> dict[str, Any] | None:
     Returns the stored report (with ``name``), or None when the study measured nothing."""
     mine = session.scalars(select(Trial).where(Trial.study_id == study_id,
                                                Trial.status.in_(MEASURED_STATUSES))).all()
-    clusters = [(t.metrics or {}).get("cluster") for t in mine if (t.metrics or {}).get("status") == "ok"]
+    clusters = [(t.metrics or {}).get("cluster") for t in mine if _timed(t)]
     if not clusters or not all(clusters):
         return None
     ran_on = ClusterSpec.from_dict(clusters[-1])
