@@ -80,3 +80,28 @@ def test_a_study_remeasures_overlapping_leaders_before_it_answers(tmp_path):
     lead = by_id[rec["trial_id"]]
     assert lead["remeasured"] and lead["steps"] == 16 and lead["interval"][0] <= lead["value"] <= lead["interval"][1]
     assert rec["metrics"]["remeasured"]["runs"] == 2
+
+
+def test_a_quantized_leader_inside_the_spread_gives_way_to_the_unquantized_one(tmp_path):
+    """Measured, ZeRO++ (8-bit weights, 4-bit gradients) leads by 2% but the intervals overlap even after both
+    ran twice: the answer is ZeRO-3, and says why; a clear lead keeps the quantized strategy."""
+    url = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    upgrade(url)
+    cluster = parse_cluster("local:2x2")
+    noisy = [1.0, 1.3, 0.9, 1.2, 1.0, 1.25, 0.95, 1.1]
+    runs = {"zeropp": [noisy, noisy], "zero3": [[t * 1.02 for t in noisy]] * 2}
+    request = TuneRequest(model=parse_model("gpt-tiny"), cluster=cluster, executor="local", trials=2)
+    candidates = [build_strategy(n, cluster).replace(name=n) for n in ("zeropp", "zero3")]
+    assert candidates[0].quantized and not candidates[1].quantized
+    rec = Tuner(request, db_url=url, executor=RecordedExecutor(cluster, runs), workdir=tmp_path,
+                candidates=candidates).run()
+    lossy = rec["decision"]["lossy"]
+    assert rec["strategy"]["name"] == "zero3" and lossy["kept"] == "unquantized" and lossy["gain"] > 0
+    assert "cannot tell from their noise" in lossy["why"]
+
+    clear = {"zeropp": [[0.5] * 8], "zero3": [[1.0] * 8]}
+    url2 = f"sqlite:///{tmp_path / 'zt2.sqlite'}"
+    upgrade(url2)
+    rec = Tuner(request, db_url=url2, executor=RecordedExecutor(cluster, clear), workdir=tmp_path / "2",
+                candidates=candidates).run()
+    assert rec["strategy"]["name"] == "zeropp" and rec["decision"]["lossy"]["kept"] == "quantized"

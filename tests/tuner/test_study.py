@@ -147,8 +147,11 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(db, req
         assert t.prediction["bytes_per_level"] == t.metrics["bytes_per_level"]  # the model agrees on bytes
         assert t.metrics["global_batch"] == req.global_batch == 16  # measured on the same training
     best = max(complete, key=lambda t: t.value)
-    assert rec["trial_id"] == best.id and rec["evidence"] == "measured"
+    lossy = rec["decision"]["lossy"]  # a quantized leader inside the runs' spread gives way to an unquantized one
+    chosen = lossy["unquantized_trial_id"] if lossy and lossy["kept"] == "unquantized" else best.id
+    assert rec["trial_id"] == chosen and rec["evidence"] == "measured"
     assert rec["leaders"][0]["trial_id"] == best.id and set(rec["remeasured"]) <= {t.id for t in complete}
+    assert chosen in {lead["trial_id"] for lead in rec["leaders"]}
     for t in complete:  # a re-measured leader pooled the timed steps of both its runs
         runs = 2 if t.id in rec["remeasured"] else 1
         assert len(remeasure.timed_steps(t.metrics)) == runs * 6 and (t.metrics.get("remeasured") is not None) == (
