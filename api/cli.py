@@ -84,16 +84,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch torchrun with one rank per cluster rank, report where run.json is."""
     from pathlib import Path
 
+    import torch
+
     from strategies.launch import run_torchrun
-    from strategies.train import available_memory_bytes, check_memory, failure_reason, resolve
+    from strategies.train import available_memory_bytes, failure_reason, resolve
 
-    model, cluster, strategy, accum = resolve(args)  # refuse bad input before any process starts
-    if not args.force:  # every rank runs on this host: together they must fit in its free memory
-        import torch
-
-        elem = 2 if args.dtype == "bf16" or (args.dtype == "auto" and torch.cuda.is_available()) else 4
-        check_memory(model, cluster, strategy, accum, elem, ranks_here=cluster.world_size,
-                     available_bytes=None if torch.cuda.is_available() else available_memory_bytes())
+    # refuse bad input before any process starts; every rank runs on this host, so on CPU they must fit
+    # in its free memory together
+    cuda = torch.cuda.is_available()
+    model, cluster, strategy, accum = resolve(args, accelerated=cuda,
+                                              host_free_bytes=None if cuda else available_memory_bytes())
     out = Path(args.out)
     for stale in [out, *out.parent.glob(out.name + ".rank*")]:
         stale.unlink(missing_ok=True)

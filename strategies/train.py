@@ -22,6 +22,7 @@ import math
 import os
 import platform
 import re
+import resource
 import signal
 import statistics
 import sys
@@ -35,6 +36,8 @@ from strategies.catalog import build_strategy, parse_cluster, parse_model, parse
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
 
+BETAS = (0.9, 0.95)
+"""AdamW's betas in a short run: GPT-3's (Brown et al. 2020, §2.3), which most large-model recipes keep."""
 SEQUENCES_PER_RANK = 4
 """A step's default sequences per rank: a study's default batch (tuner/space.py), and enough that
 one step's loss is not ruled by a single sequence (at 1 sequence the loss jumps by 0.3 nats from
@@ -69,8 +72,14 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="run even when the cost model says the strategy does not fit the device's memory")
 
 
-def resolve(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Strategy, int]:
-    """Validate everything before any process group exists; returns the accumulation steps too."""
+def resolve(args: argparse.Namespace, *, accelerated: bool | None = None,
+            host_free_bytes: int | None = None) -> tuple[ModelSpec, ClusterSpec, Strategy, int]:
+    """Validate everything before any process group exists; returns the accumulation steps too.
+
+    Memory (unless ``--force``): per rank against the cluster's device memory and, given
+    ``host_free_bytes``, every rank together against it (all of them run on this host).
+    ``accelerated``: whether ``--dtype auto`` means bf16 (None: whether the cluster's devices are
+    accelerators)."""
     model, cluster = parse_model(args.model), parse_cluster(args.cluster)
     strategy = build_strategy(args.strategy, cluster, **parse_overrides(args.set))
     if args.steps < 1:
@@ -84,13 +93,16 @@ def resolve(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Strategy,
     _check_out(args.out)
     accum = global_batch // per_step
     if not args.force:
-        check_memory(model, cluster, strategy, accum, _elem_bytes(args.dtype, cluster))
+        accelerated = cluster.device != "cpu" if accelerated is None else accelerated
+        check_memory(model, cluster, strategy, accum, elem_bytes(args.dtype, accelerated),
+                     ranks_here=cluster.world_size if host_free_bytes is not None else None,
+                     available_bytes=host_free_bytes)
     return model, cluster, strategy, accum
 
 
-def _elem_bytes(dtype: str, cluster: ClusterSpec) -> int:
-    """Bytes per element the run will use (``auto``: bf16 on an accelerator cluster, fp32 on CPU)."""
-    return {"fp32": 4, "bf16": 2}.get(dtype, 4 if cluster.device == "cpu" else 2)
+def elem_bytes(dtype: str, accelerated: bool) -> int:
+    """Bytes per element the run will use (``auto``: bf16 on an accelerator, fp32 on CPU)."""
+    return {"fp32": 4, "bf16": 2}.get(dtype, 2 if accelerated else 4)
 
 
 def _check_out(out: str) -> None:
@@ -149,9 +161,9 @@ def default_lr(model: ModelSpec) -> float:
     return 6e-4 * min(1.0, 768 / model.hidden)
 
 
-def lr_schedule(peak: float, warmup_steps: int) -> list[float]:
-    """Linear warm-up to ``peak`` over ``warmup_steps`` (the first step at peak/warmup_steps), then constant."""
-    return [peak * min(1.0, (i + 1) / max(1, warmup_steps)) for i in range(warmup_steps + 1)]
+def lr_at(step: int, peak: float, warmup_steps: int) -> float:
+    """Linear warm-up to ``peak`` over ``warmup_steps`` (step 0 at peak/warmup_steps), then constant."""
+    return peak * min(1.0, (step + 1) / max(1, warmup_steps))
 
 
 MIN_TREND_POINTS = 4
@@ -161,19 +173,20 @@ CONFIDENCE = 0.99
 
 
 def loss_trend(losses: list[float]) -> dict[str, float]:
-    """The least-squares slope of ``losses`` per step, its standard error from the residuals, and t = slope/se.
+    """The least-squares slope of ``losses`` per step (``scipy.stats.linregress``), the noise (the residuals'
+    standard deviation, n − 2 degrees of freedom) and t = slope / its standard error.
 
-    A noise-free line has se = 0; t is then ±``EXACT_T`` (finite, so it stays valid JSON)."""
+    A noise-free line has a standard error of 0; t is then ±``EXACT_T`` (finite, so it stays valid JSON)."""
+    from scipy.stats import linregress
+
     n = len(losses)
-    xs = [float(i) for i in range(n)]
-    mx, my = statistics.fmean(xs), statistics.fmean(losses)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, losses, strict=True)) / sxx
-    resid = [y - (my + slope * (x - mx)) for x, y in zip(xs, losses, strict=True)]
-    noise = math.sqrt(sum(r * r for r in resid) / (n - 2))
-    se = noise / math.sqrt(sxx)
-    t = slope / se if se > 1e-12 * max(1.0, abs(my)) else math.copysign(EXACT_T, slope) if slope else 0.0
-    return {"slope": slope, "noise": noise, "t": t}
+    fit = linregress(range(n), losses)
+    sxx = n * (n * n - 1) / 12  # sum of (x - mean x)^2 over x = 0..n-1
+    noise = fit.stderr * math.sqrt(sxx) if math.isfinite(fit.stderr) else 0.0
+    # a noise-free line: stderr 0, or NaN when the losses are all equal (linregress's correlation is undefined)
+    exact = not fit.stderr > 1e-12 * max(1.0, abs(statistics.fmean(losses)))
+    t = (math.copysign(EXACT_T, fit.slope) if fit.slope else 0.0) if exact else fit.slope / fit.stderr
+    return {"slope": float(fit.slope), "noise": float(noise), "t": float(t)}
 
 
 EXACT_T = 1e9
@@ -208,13 +221,13 @@ def health(losses: list[float], grad_norms: list[float], warmup: int = 0) -> dic
     crit = float(student_t.ppf(CONFIDENCE, len(fitted) - 2))
     figures = (f"loss {fitted[0]:.4f} -> {fitted[-1]:.4f} over steps {start + 1}-{len(losses)}: "
                f"trend {trend['slope']:+.4f}/step, noise {trend['noise']:.4f}, t = {trend['t']:.2f}")
-    verdict = "ok"
     if trend["t"] > crit:
-        verdict, rule = "diverged", f"rising beyond noise (t > {crit:.2f}, 99% one-sided, {len(fitted) - 2} df)"
+        verdict, rule = "diverged", f"rising beyond noise (t > {crit:.2f}"
     elif trend["t"] > -crit:
-        verdict, rule = "flat", f"not falling beyond noise (t > -{crit:.2f}, 99% one-sided, {len(fitted) - 2} df)"
+        verdict, rule = "flat", f"not falling beyond noise (t > -{crit:.2f}"
     else:
-        rule = f"falling beyond noise (t <= -{crit:.2f}, 99% one-sided, {len(fitted) - 2} df)"
+        verdict, rule = "ok", f"falling beyond noise (t <= -{crit:.2f}"
+    rule += f", {CONFIDENCE:.0%} one-sided, {len(fitted) - 2} df)"
     return {"verdict": verdict, "evidence": f"{figures}: {rule}", "slope": trend["slope"], "noise": trend["noise"],
             "t": trend["t"], "critical_t": crit, "steps_fitted": len(fitted)}
 
@@ -270,8 +283,6 @@ class RankStatus:
         self.written: tuple[str | None, int] = (None, 0)
 
     def update(self, phase: str) -> None:
-        import resource
-
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
         last_phase, last_rss = self.written
         if last_phase is None or phase.split()[0] != last_phase.split()[0] or rss > 1.05 * last_rss:
@@ -331,7 +342,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cluster.world_size))
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(args.dtype, torch.bfloat16 if cuda else torch.float32)
+    dtype = torch.bfloat16 if elem_bytes(args.dtype, cuda) == 2 else torch.float32
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     topo = build_topology(cluster, timeout_s=args.timeout)
     device_name = torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.machine()})"
@@ -344,8 +355,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     status.update("while building the model")
     lr = args.lr or default_lr(model_spec)
     lr_warmup = args.steps // 2 if args.lr_warmup is None else args.lr_warmup
-    schedule = lr_schedule(lr, lr_warmup)
-    engine = ZeroEngine(model_spec, strategy, topo, dtype=dtype, device=device, lr=lr, betas=(0.9, 0.95),
+    engine = ZeroEngine(model_spec, strategy, topo, dtype=dtype, device=device, lr=lr, betas=BETAS,
                         grad_clip=args.grad_clip or None, weight_decay=args.weight_decay, seed=args.seed,
                         quant_block=args.quant_block or QUANT_BLOCK)
     data = TokenSource(model_spec.vocab, model_spec.seq_len, seed=args.seed, token_file=args.token_file)
@@ -361,7 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             ids = sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=mbs)
             idx, targets = (t.to(device) for t in data.batch(ids))
             total += engine.forward_backward(idx, targets, loss_scale=1.0 / (world * accum))
-        grad_norm = engine.step(lr=schedule[min(step, len(schedule) - 1)])
+        grad_norm = engine.step(lr=lr_at(step, lr, lr_warmup))
         status.update(f"at step {step + 1}/{args.steps}")
         if cuda:
             torch.cuda.synchronize()
@@ -413,7 +423,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "cluster": cluster.to_dict(),
         "strategy": strategy.to_dict(),
         "data": data.describe(),
-        "config": {"lr": lr, "lr_warmup_steps": lr_warmup, "grad_clip": args.grad_clip or None, "betas": [0.9, 0.95],
+        "config": {"lr": lr, "lr_warmup_steps": lr_warmup, "grad_clip": args.grad_clip or None, "betas": list(BETAS),
                    "weight_decay": args.weight_decay, "seed": args.seed,
                    "token_file": args.token_file, "quant_block": args.quant_block or QUANT_BLOCK},
         "torch_version": torch.__version__,

@@ -105,6 +105,11 @@ def _band(metrics: dict[str, Any] | None, key: str = "comparison_median") -> flo
     return band.get(key)
 
 
+def _first(ranked: list, i: int) -> list:
+    """``ranked`` with its ``i``-th entry moved to the front."""
+    return [ranked[i], *ranked[:i], *ranked[i + 1:]]
+
+
 def _lossy_within_band(ranked: list, band: float | None) -> tuple[list, dict[str, Any] | None]:
     """Put the best unquantized trial first when the quantized leader's gain over it is inside ``band``
     (the 90th percentile of the model's comparison error)."""
@@ -123,7 +128,7 @@ def _lossy_within_band(ranked: list, band: float | None) -> tuple[list, dict[str
                      "for")}
     if gain > band:
         return ranked, lossy
-    return [ranked[plain], *ranked[:plain], *ranked[plain + 1:]], lossy
+    return _first(ranked, plain), lossy
 
 
 def _lossy_within_spread(ranked: list) -> tuple[list, dict[str, Any] | None]:
@@ -152,7 +157,7 @@ def _lossy_within_spread(ranked: list) -> tuple[list, dict[str, Any] | None]:
                      "steps")}
     if not overlap:
         return ranked, lossy
-    return [ranked[plain], *ranked[:plain], *ranked[plain + 1:]], lossy
+    return _first(ranked, plain), lossy
 
 
 def leading_partitions(session: Any, study_id: int, n: int = 3) -> list[Strategy]:
@@ -230,7 +235,7 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
                       key=lambda r: -r[1])
     if measured:  # each leader's TFLOPS at the quartiles of its timed steps (and the answer's); which ran twice
         top = measured[:3] + [r for r in measured[3:] if r[0] == trial_id]
-        extra["leaders"] = remeasure.leaders(top, n=len(top))
+        extra["leaders"] = remeasure.leaders(top)
         extra["remeasured"] = tuner.remeasured
     if "measured_shortlist" in extra:  # does the measurement keep the predicted winner's partition?
         foreseen = Strategy.from_dict(extra["measured_shortlist"]["predicted_strategy"])

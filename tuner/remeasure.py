@@ -63,10 +63,10 @@ def pooled(metrics: dict[str, Any], value: float, again: dict[str, Any]) -> tupl
                        "tflops_per_rank": new_value, "step_time_spread": s}
 
 
-def leaders(ranked: list[tuple[int, float, dict[str, Any]]], n: int = 3) -> list[dict[str, Any]]:
-    """The ``n`` best measured trials with their intervals, for the answer."""
+def leaders(rows: list[tuple[int, float, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Measured trials (trial id, value, metrics) with their intervals, for the answer."""
     out = []
-    for trial_id, value, metrics in ranked[:n]:
+    for trial_id, value, metrics in rows:
         iv = interval(value, metrics)
         out.append({"trial_id": trial_id, "value": value, "interval": list(iv) if iv else None,
                     "steps": len(timed_steps(metrics)), "remeasured": bool(metrics.get("remeasured"))})

@@ -251,7 +251,7 @@ class Tuner:
                 if self.progress_cb:
                     self.progress_cb(progress)
             if self.executor.name != "model" and not self.stop.is_set():
-                self.remeasured = self._remeasure(study_id, progress)
+                self.remeasured = self._remeasure(study_id)
                 self.refit = self._refit(study_id)
             recommendation = self.recommend(study_id)
         except BaseException as exc:
@@ -269,7 +269,13 @@ class Tuner:
             progress.phase, progress.last = name, {}
             self.progress_cb(progress)
 
-    def _remeasure(self, study_id: int, progress: Progress) -> list[int]:
+    def _trial_spec(self, strategy: Strategy, workdir: str) -> TrialSpec:
+        """One short run of ``strategy`` for this request, in ``workdir`` under the study's."""
+        return TrialSpec(model=self.request.model, cluster=self.request.cluster, strategy=strategy,
+                         workdir=self.workdir / workdir, steps=self.steps, warmup=min(2, self.steps - 1),
+                         global_batch=self.request.global_batch, timeout_s=self.trial_timeout_s)
+
+    def _remeasure(self, study_id: int) -> list[int]:
         """Run the measured leaders whose intervals overlap again and pool their timed steps
         (``tuner.remeasure``); returns the trial ids re-measured. A second run that fails is logged and
         leaves the first measurement as it was."""
@@ -283,12 +289,8 @@ class Tuner:
         todo = [i for i in remeasure.overlapping(ranked) if not known[i][1].get("remeasured")]
         for k, trial_id in enumerate(todo):
             self.phase(f"re-measuring {k + 1}/{len(todo)}")
-            spec = TrialSpec(model=self.request.model, cluster=self.request.cluster, strategy=strategies[trial_id],
-                             workdir=self.workdir / f"trial-{trial_id}-again", steps=self.steps,
-                             warmup=min(2, self.steps - 1), global_batch=self.request.global_batch,
-                             timeout_s=self.trial_timeout_s)
             try:
-                result = self.executor.run(spec)
+                result = self.executor.run(self._trial_spec(strategies[trial_id], f"trial-{trial_id}-again"))
             except Exception as exc:
                 log.warning("trial %d: the second run could not start: %s: %s", trial_id, type(exc).__name__, exc)
                 continue
@@ -375,10 +377,7 @@ class Tuner:
                     repo.heartbeat_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
         thread = threading.Thread(target=beat, daemon=True, name=f"zerotune-heartbeat-{trial_id}")
         thread.start()
-        spec = TrialSpec(model=self.request.model, cluster=self.request.cluster, strategy=strategy,
-                         workdir=self.workdir / f"trial-{trial_id}", steps=self.steps,
-                         warmup=min(2, self.steps - 1), global_batch=self.request.global_batch,
-                         timeout_s=self.trial_timeout_s)
+        spec = self._trial_spec(strategy, f"trial-{trial_id}")
         try:
             if self.executor.name == "local":  # a shortlist is measured in full: nothing is pruned
                 pruner = self._pruner() if self.candidates is None else None
