@@ -4,7 +4,9 @@
     python bench/trainer_vs_fsdp.py --worlds 4 --configs zero3,fsdp2 --steps 10
 
 Configs (every one trains the same ``--model`` GPT, ``strategies.model.build_gpt(spec, seed=0)``,
-on the same data, one sequence per rank per step, AdamW lr 3e-3, fp32):
+on the same data, one sequence per rank per step, fp32, with ``zerotune train``'s recipe: AdamW with
+betas (0.9, 0.95), peak learning rate ``strategies.train.default_lr`` and linear warm-up over half
+the steps, no clipping):
 
 - ``zero3``: our :class:`ZeroEngine`, strategy preset ``zero3`` (everything sharded over the world);
 - ``fsdp2``: ``fully_shard`` per transformer block, then on the root, over a 1-D mesh of all ranks,
@@ -28,12 +30,16 @@ column) reports the increase of the process's peak RSS (``getrusage(RUSAGE_SELF)
 just before the model is built (after the process groups / device mesh exist) to the end of the
 run, maximum over ranks. That figure is coarse: it includes the CPU allocator's caching and
 fragmentation, gloo's buffers, autograd's temporaries and any page the process touched once, and
-it misses memory reused from pages already counted in the baseline. For our engine the table also
+it misses memory reused from pages already counted in the baseline. Every config imports the same
+modules (our engine, FSDP2, ``torch._dynamo``, which the first AdamW imports) before the baseline,
+so no config is charged for Python modules another one loaded earlier. For our engine the table also
 gives the exact peak of its memory accountant (``engine.mem.report()["peak"]``), which counts only
 the buffers the engine books (shards, gathered buckets, gradients, optimizer states, activations).
-On CPU, resident memory depends on glibc's allocator as much as on the algorithm: each step frees
-and reallocates the same large buffers, and glibc, which raises its mmap threshold to the largest
-block freed, serves them from its heaps afterwards, where they fragment and stay resident.
+On CPU, resident memory depends on the allocator and on gloo as much as on the algorithm: glibc
+keeps what a step frees in its heaps (one per thread), and gloo's own all_gather_single and
+reduce_scatter_single copy the whole buffer into temporaries (+20-38 MiB peak for a 12 MiB buffer
+on 2-4 ranks). Our engine runs those two collectives in place on gloo from 1 MiB on, as one
+broadcast / reduce per rank (``strategies/comm.py``); FSDP2 calls gloo's own.
 ``--mmap-threshold BYTES`` sets ``MALLOC_MMAP_THRESHOLD_`` for every launch alike: lower resident
 memory for every config, paid in page faults (step time).
 
@@ -60,7 +66,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 CONFIGS = ("zero3", "fsdp2", "mics", "hsdp", "ddp")
 OURS = {"zero3", "mics"}
 PAIRS = {"zero3": "fsdp2", "mics": "hsdp"}  # ours -> its FSDP2 counterpart
-LR = 3e-3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -205,6 +210,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
     from strategies.data import TokenSource, sequence_ids
+    from strategies.train import BETAS, default_lr, lr_at
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available()
@@ -218,6 +224,14 @@ def worker(args: argparse.Namespace) -> None:
     assert world == cluster.world_size, (world, cluster.world_size)
     config = args.config
     info: dict[str, Any] = {}
+
+    # every config imports the same modules before the baseline: module imports are not training memory,
+    # and the first torch.optim optimizer imports torch._dynamo (~68 MiB of Python objects), which FSDP2's
+    # mesh would otherwise pull in partly before the baseline and our engine entirely after it
+    import torch._dynamo  # noqa: F401
+    from torch.distributed.fsdp import fully_shard
+
+    from strategies.engine import ZeroEngine
 
     # communication setup first (process groups / mesh), so the memory baseline excludes it
     if config in OURS:
@@ -240,18 +254,16 @@ def worker(args: argparse.Namespace) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     rss0 = _peak_rss_bytes()
 
-    engine = None
+    engine, peak = None, default_lr(spec)
     if config in OURS:
-        from strategies.engine import ZeroEngine
-
         strategy = build_strategy(config, cluster, **parse_overrides(args.set))
-        engine = ZeroEngine(spec, strategy, topo, dtype=torch.float32, device=device, lr=LR, seed=0)
+        engine = ZeroEngine(spec, strategy, topo, dtype=torch.float32, device=device, lr=peak, seed=0, betas=BETAS)
         info["what"] = f"ours {config} ({len(engine.buckets)} buckets)"
         info["strategy"] = strategy.to_dict()
 
-        def train_step(idx: torch.Tensor, targets: torch.Tensor) -> float:
+        def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
             loss = engine.forward_backward(idx, targets, loss_scale=1.0 / world)
-            engine.step()
+            engine.step(lr=lr)
             return loss
     else:
         from strategies.model import build_gpt
@@ -263,17 +275,17 @@ def worker(args: argparse.Namespace) -> None:
             model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
             info["what"] = "DDP"
         else:
-            from torch.distributed.fsdp import fully_shard
-
             for block in model.blocks:
                 fully_shard(block, mesh=mesh, reshard_after_forward=True)
             fully_shard(model, mesh=mesh, reshard_after_forward=True)
             info["what"] = "FSDP2 full shard" if config == "fsdp2" else f"FSDP2 HSDP {tuple(mesh.shape)}"
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, foreach=False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, foreach=False, betas=BETAS)
 
-        def train_step(idx: torch.Tensor, targets: torch.Tensor) -> float:
+        def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
             loss = model(idx, targets)  # plain mean loss: DDP / FSDP2 average the gradients
             loss.backward()
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             return float(loss.item())
@@ -283,7 +295,7 @@ def worker(args: argparse.Namespace) -> None:
     for step in range(args.steps):
         idx, targets = (t.to(device) for t in data.batch(sequence_ids(step, 0, rank, accum=1, world=world, batch=1)))
         t0 = time.perf_counter()
-        losses.append(train_step(idx, targets))
+        losses.append(train_step(idx, targets, lr_at(step, peak, args.steps // 2)))
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)

@@ -21,6 +21,11 @@ payload of each original shard (quantized once, dequantized once after the quant
 reduce-scatters become an all-to-all of quantized chunks per level, dequantized and summed in fp32
 before the next level (qgZ, ZeRO++ §3.3) — no reduction ever runs on quantized data.
 
+On gloo, an all-gather of 1 MiB or more and an in-place reduce-scatter of 1 MiB or more run as one
+broadcast / reduce per rank of the group, in place: gloo's own primitives copy the whole buffer
+into temporaries, which on the CPU ranks of a short run cost more resident memory than the
+strategy's buffers (``_by_roots``). NCCL runs its own, which are in place already.
+
 Every primitive goes through ``_primitive``, which books the bytes this rank sends on the level the
 group spans (flat: the outermost level crossed) into a :class:`ByteCounter`; ``volume.py`` has the
 closed forms these counts must equal.
@@ -28,7 +33,9 @@ closed forms these counts must equal.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +43,9 @@ import torch.distributed as dist
 from strategies import quant
 from strategies.topology import LevelRange, Topology
 from strategies.volume import QUANT_BLOCK, Volume, pad_to
+
+BY_ROOTS_MIN_BYTES = 1 << 20
+"""From this buffer size on, a gloo all-gather or in-place reduce-scatter runs as s broadcasts / reduces."""
 
 # torch >= 2.13 names them *_single; older releases only have *_tensor / *_into_tensor
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -68,6 +78,8 @@ class Communicator:
         self.topo = topo
         self.counter = counter if counter is not None else ByteCounter()
         self.block = block
+        self._gloo: dict[int, bool] = {}
+        self._global: dict[int, list[int]] = {}
 
     # -- the one place bytes are sent -------------------------------------------------------
     def _primitive(self, kind: str, levels: LevelRange, out: torch.Tensor, inp: torch.Tensor) -> None:
@@ -76,10 +88,16 @@ class Communicator:
         group = self.topo.group(levels)
         nbytes = inp.numel() * inp.element_size()
         if kind == "all_gather":
-            _ALL_GATHER(out, inp, group=group)
+            if self._by_roots(group, out):
+                self._gather_by_broadcasts(out, inp, group, s)
+            else:
+                _ALL_GATHER(out, inp, group=group)
             sent = (s - 1) * nbytes
         elif kind == "reduce_scatter":
-            _REDUCE_SCATTER(out, inp, group=group)
+            if self._by_roots(group, inp) and self._own_chunk(out, inp, group, s):
+                self._reduce_by_reduces(inp, group, s)
+            else:
+                _REDUCE_SCATTER(out, inp, group=group)
             sent = (s - 1) * nbytes // s
         elif kind == "all_to_all":
             dist.all_to_all_single(out, inp, group=group)
@@ -90,6 +108,46 @@ class Communicator:
         else:
             raise AssertionError(kind)
         self.counter.add(self.topo.level_name(levels[1]), kind, sent)
+
+    # -- gloo: the same collectives without gloo's full-size temporaries ----------------------
+    def _by_roots(self, group: Any, full: torch.Tensor) -> bool:
+        """Whether to run a large gloo all-gather / in-place reduce-scatter as one broadcast / reduce
+        per rank. gloo's own all_gather_single and reduce_scatter_single copy the whole buffer into
+        temporaries (measured on 2-4 ranks with a 12 MiB buffer: +20-38 MiB peak RSS each, and slower
+        than s broadcasts / reduces of the chunks, which run in place with none). Below 1 MiB the
+        native call is faster (one call's latency, not s). NCCL keeps its own in-place collectives."""
+        if full.numel() * full.element_size() < BY_ROOTS_MIN_BYTES:
+            return False
+        key = id(group)
+        if key not in self._gloo:
+            self._gloo[key] = dist.get_backend(group) == "gloo"
+        return self._gloo[key]
+
+    def _roots(self, group: Any, s: int) -> list[int]:
+        key = id(group)
+        if key not in self._global:
+            self._global[key] = [dist.get_global_rank(group, k) for k in range(s)]
+        return self._global[key]
+
+    @staticmethod
+    def _own_chunk(out: torch.Tensor, inp: torch.Tensor, group: Any, s: int) -> bool:
+        """Whether ``out`` is this rank's chunk of ``inp`` itself (an in-place reduce-scatter)."""
+        m = inp.numel() // s
+        return out.data_ptr() == inp.data_ptr() + dist.get_rank(group) * m * inp.element_size()
+
+    def _gather_by_broadcasts(self, out: torch.Tensor, inp: torch.Tensor, group: Any, s: int) -> None:
+        m, me = inp.numel(), dist.get_rank(group)
+        if inp.data_ptr() != out[me * m:].data_ptr():
+            out[me * m:(me + 1) * m].copy_(inp)
+        for k, root in enumerate(self._roots(group, s)):
+            dist.broadcast(out[k * m:(k + 1) * m], src=root, group=group)
+
+    def _reduce_by_reduces(self, inp: torch.Tensor, group: Any, s: int) -> None:
+        """Chunk k summed onto rank k; gloo uses the other ranks' chunk k as scratch, which an in-place
+        reduce-scatter allows (its input is consumed)."""
+        m = inp.numel() // s
+        for k, root in enumerate(self._roots(group, s)):
+            dist.reduce(inp[k * m:(k + 1) * m], dst=root, group=group)
 
     def _quantized(self, levels: LevelRange, bits: int, quantize_above: int) -> bool:
         """Whether data crossing ``levels`` is quantized: some level >= quantize_above has 2+ ranks."""
@@ -142,10 +200,14 @@ class Communicator:
 
     def _gather_levels(self, shard: torch.Tensor, order: list[LevelRange], bits: int,
                        quantize_above: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Gather over each range of ``order`` in turn; each prepends one dim of its size. The last
-        gather writes into ``out`` when it has exactly the full size and nothing follows it."""
+        """Gather over each range of ``order`` in turn; each prepends one dim of its size. With ``out``
+        of exactly the full size, unquantized gathers run in place in it (no temporary); a quantized
+        one writes its last gather there."""
         c, dtype = shard.numel(), shard.dtype
         quantized = [r for r in order if self._quantized(r, bits, quantize_above)]
+        total = c * math.prod(self.topo.size(r) for r in order)
+        if out is not None and not quantized and out.numel() == total and out.dtype == dtype and order:
+            return self._gather_in_place(shard, order, out)
         buf = quant.quantize(shard.reshape(1, c), bits, self.block) if quantized else shard.reshape(1, c)
         for i, levels in enumerate(order):
             if i == len(quantized) and quantized:  # leaving the quantized (outer) levels
@@ -160,14 +222,38 @@ class Communicator:
             buf = quant.dequantize(buf, c, bits, dtype, self.block)
         return buf.reshape(*buf.shape[:-2], c)  # drop the leading 1
 
+    def _gather_in_place(self, shard: torch.Tensor, order: list[LevelRange], out: torch.Tensor) -> torch.Tensor:
+        """The unquantized hierarchical gather with every step in place in ``out`` (NCCL's and gloo's
+        in-place all-gather: the input is this rank's slot of the output). In chunk order the block
+        gathered over the outer levels k..hi sits at this rank's index over the inner levels lo..k-1,
+        so each level's input is its own slot of the next level's output."""
+        lo, c = order[-1][0], shard.numel()
+        out = out.view(-1)
+        m = c  # the block gathered so far: levels above the current one
+        start = self.chunk_index((lo, order[0][1])) * c
+        if shard.data_ptr() != out[start:].data_ptr():
+            out[start:start + c].copy_(shard.view(-1))
+        for levels in order:  # outermost first
+            k = levels[0]
+            s = self.topo.size(levels)
+            base = self.chunk_index((lo, k - 1)) * s * m if k > lo else 0
+            i = self.topo.index(levels)
+            self._primitive("all_gather", levels, out[base:base + s * m], out[base + i * m:base + (i + 1) * m])
+            m *= s
+        return out
+
     # -- reduce-scatter -----------------------------------------------------------------------
     def reduce_scatter(self, full: torch.Tensor, levels: LevelRange, *, bits: int = 16, quantize_above: int = 1,
-                       flat: bool = False) -> torch.Tensor:
-        """Sum 1-D buffers over ``levels``; return this rank's chunk (buffer padded to the range size)."""
+                       flat: bool = False, in_place: bool = False) -> torch.Tensor:
+        """Sum 1-D buffers over ``levels``; return this rank's chunk (buffer padded to the range size).
+
+        ``in_place``: unquantized hierarchical levels reduce in place (NCCL's and gloo's in-place
+        reduce-scatter: the output is this rank's slot of the input), so no temporary is made; the
+        input is overwritten and the result is a view of it."""
         lo, hi = levels
         s_all = self.topo.size(levels)
         if s_all == 1:
-            return full.reshape(-1).clone()
+            return full.reshape(-1) if in_place else full.reshape(-1).clone()
         padded = _padded(full.reshape(-1), pad_to(full.numel(), s_all))
         if flat:  # the group's order (s_hi, …, s_lo, m) from the chunk order (s_lo, …, s_hi, m)
             sizes = self._sizes(levels)
@@ -177,17 +263,19 @@ class Communicator:
         # chunk order is (s_lo, …, s_hi, m): the innermost level, reduced first, is already the slowest dim
         buf = padded
         for level in range(lo, hi + 1):
-            buf = self._reduce_level(buf, (level, level), bits, quantize_above)
+            buf = self._reduce_level(buf, (level, level), bits, quantize_above, in_place)
         return buf
 
-    def _reduce_level(self, buf: torch.Tensor, levels: LevelRange, bits: int, quantize_above: int) -> torch.Tensor:
+    def _reduce_level(self, buf: torch.Tensor, levels: LevelRange, bits: int, quantize_above: int,
+                      in_place: bool = False) -> torch.Tensor:
         """Reduce-scatter ``buf`` (this range's index as the slowest dim) over one group."""
         s = self.topo.size(levels)
         if s == 1:
             return buf
         m = buf.numel() // s
         if not self._quantized(levels, bits, quantize_above):
-            out = buf.new_empty(m)
+            i = self.topo.index(levels)
+            out = buf[i * m:(i + 1) * m] if in_place else buf.new_empty(m)
             self._primitive("reduce_scatter", levels, out, buf)
             return out
         payload = quant.quantize(buf.view(s, m), bits, self.block)  # (s, bytes): one payload per peer
@@ -198,12 +286,16 @@ class Communicator:
 
     # -- all-reduce ---------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor, levels: LevelRange, *, bits: int = 16, quantize_above: int = 1,
-                   flat: bool = False) -> torch.Tensor:
+                   flat: bool = False, in_place: bool = False) -> torch.Tensor:
         """Sum a 1-D buffer over ``levels``: reduce-scatter then all-gather (flat + unquantized:
-        one all_reduce primitive)."""
+        one all_reduce primitive). ``in_place``: the sum may be written into ``x`` and returned
+        (always, unquantized, when ``x`` splits evenly over the range)."""
         s = self.topo.size(levels)
         if s == 1:
-            return x.reshape(-1).clone()
+            return x.reshape(-1) if in_place else x.reshape(-1).clone()
+        if in_place and not flat and not self._quantized(levels, bits, quantize_above) and x.numel() % s == 0:
+            part = self.reduce_scatter(x, levels, in_place=True)
+            return self.all_gather(part, levels, out=x.view(-1))
         if flat and not self._quantized(levels, bits, quantize_above):
             out = _padded(x.reshape(-1), pad_to(x.numel(), s)).clone()
             self._primitive("all_reduce", levels, out, out)

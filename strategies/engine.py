@@ -171,8 +171,8 @@ class ZeroEngine:
         bits, qa = self.s.grad_bits, self.s.quantize_above
 
         def run() -> None:
-            part = self.comm.reduce_scatter(staged, self.p_range, bits=bits, quantize_above=qa)
-            part = self.comm.reduce_scatter(part, self.pg_range, bits=bits, quantize_above=qa)
+            part = self.comm.reduce_scatter(staged, self.p_range, bits=bits, quantize_above=qa, in_place=True)
+            part = self.comm.reduce_scatter(part, self.pg_range, bits=bits, quantize_above=qa, in_place=True)
             offset = 0
             for b in group:
                 n = b.grad_shard.numel()
@@ -271,12 +271,11 @@ class ZeroEngine:
         self._wait_inflight()
         bits, qa = self.s.grad_bits, self.s.quantize_above
         sq = torch.zeros((), dtype=torch.float64)
-        for b in self.buckets:
-            g = self.comm.reduce_scatter(b.grad_shard, self.go_range, bits=bits, quantize_above=qa)
-            g = self.comm.all_reduce(g, self.replica_range, bits=bits, quantize_above=qa)
+        for b in self.buckets:  # in place: the optimizer's gradient may be a view of the grad shard
+            g = self.comm.reduce_scatter(b.grad_shard, self.go_range, bits=bits, quantize_above=qa, in_place=True)
+            g = self.comm.all_reduce(g, self.replica_range, bits=bits, quantize_above=qa, in_place=True)
             b.master.grad = g.float()
-            sq += g.double().pow(2).sum()
-            b.grad_shard.zero_()
+            sq += torch.linalg.vector_norm(b.master.grad).double() ** 2
         group = self.topo.group((1, self.s.optim_span))
         if group is not None:  # a logging scalar, not counted in the strategy's bytes
             dist.all_reduce(sq, group=group)
@@ -289,6 +288,9 @@ class ZeroEngine:
             for group_ in self.optimizer.param_groups:
                 group_["lr"] = lr
         self.optimizer.step()
+        for b in self.buckets:
+            b.master.grad = None
+            b.grad_shard.zero_()
         for b in self.buckets:  # nested layout: optimizer shard -> grad-span piece -> param shard
             new = self.comm.all_gather(b.master.detach().to(self.dtype), self.go_range)
             self.comm.all_gather(new, self.pg_range, out=b.param_shard)

@@ -18,12 +18,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from strategies import comm as comm_module
 from strategies import quant
 from strategies.catalog import parse_cluster
 from strategies.comm import Communicator
 from strategies.topology import build_topology, range_ranks
 
 SIZES = (1001, 37)  # not divisible by any world size used
+DEFAULT_BY_ROOTS = comm_module.BY_ROOTS_MIN_BYTES
 BLOCK = 64  # small quantization blocks so tiny buffers hold several
 
 
@@ -107,6 +109,23 @@ def main() -> None:
                         records[-1]["max_err"] = float((got - ref).abs().max())
                         records[-1]["rel_rms"] = float((got - ref).norm() / ref.norm())
                         records[-1]["max_abs_input"] = float(max(inputs[r].abs().max() for r in group_ranks))
+            # in place: the gather lands in the caller's buffer, the reductions overwrite their input;
+            # then the same on gloo's broadcasts / reduces (used from 1 MiB on; here at every size)
+            for by_roots in (False, True):
+                comm_module.BY_ROOTS_MIN_BYTES = 0 if by_roots else DEFAULT_BY_ROOTS
+                meta = {"flat": False, "bits": 16, "qa": 1, "in_place": True, "by_roots": by_roots}
+                out = torch.full((shard.numel() * topo.size(levels),), float("nan"))
+                got = measure("all_gather", levels, shard.numel(), meta, comm.all_gather, shard, levels, out=out)
+                records[-1]["equal"] = bool(torch.equal(got[:n], full) and got.data_ptr() == out.data_ptr())
+                padded_mine = torch.cat([mine, mine.new_zeros(out.numel() - n)])
+                buf = padded_mine.clone()
+                got = measure("reduce_scatter", levels, n, meta, comm.reduce_scatter, buf, levels, in_place=True)
+                records[-1]["equal"] = bool(torch.equal(got, comm.shard(exact_sum, levels)) and (
+                    topo.size(levels) == 1 or buf.data_ptr() <= got.data_ptr() < buf.data_ptr() + 4 * buf.numel()))
+                buf = padded_mine.clone()
+                got = measure("all_reduce", levels, n, meta, comm.all_reduce, buf, levels, in_place=True)
+                records[-1]["equal"] = bool(torch.equal(got[:n], exact_sum) and got.data_ptr() == buf.data_ptr())
+            comm_module.BY_ROOTS_MIN_BYTES = DEFAULT_BY_ROOTS
     (out_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "coords": topo.coords,
                                                           "records": records}))
     dist.barrier()

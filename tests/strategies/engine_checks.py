@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 8 tests/strategies/engine_checks.py local:2x2x2 CASES OUT_DIR
 
-CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr"}. For each,
+CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr", "by_roots"}. For each,
 every rank trains gpt-tiny and rank 0 saves losses, grad norms, counted bytes, the memory report
 and the final full parameters to OUT_DIR/<name>.pt; each rank writes rank<r>.json when done.
 """
@@ -17,11 +17,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from strategies import comm as comm_module
 from strategies.catalog import build_strategy, parse_cluster, parse_model
 from strategies.data import TokenSource, sequence_ids
 from strategies.engine import ZeroEngine
 from strategies.topology import build_topology
 
+DEFAULT_BY_ROOTS = comm_module.BY_ROOTS_MIN_BYTES
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -35,6 +37,8 @@ def main() -> None:
     for case in cases:
         strategy = build_strategy(case["strategy"], cluster, **case.get("set", {}))
         dtype, accum, steps = DTYPES[case.get("dtype", "fp32")], case.get("accum", 1), case["steps"]
+        # gloo's broadcast / reduce collectives serve buffers from 1 MiB on; gpt-tiny's are smaller
+        comm_module.BY_ROOTS_MIN_BYTES = 0 if case.get("by_roots") else DEFAULT_BY_ROOTS
         engine = ZeroEngine(spec, strategy, topo, dtype=dtype, lr=case.get("lr", 3e-3), seed=0,
                             quant_block=case.get("quant_block", 2048))
         data = TokenSource(spec.vocab, spec.seq_len, seed=0)

@@ -34,6 +34,7 @@ def cases_8() -> list[dict]:
     cases = [{"name": n, "strategy": p, "set": {**SMALL, **o}, "steps": STEPS} for n, (p, o) in UNQUANTIZED.items()]
     cases += [
         {"name": "zero3-default-buckets", "strategy": "zero3", "steps": STEPS},
+        {"name": "3level-a-by-roots", "strategy": "3level-a", "set": SMALL, "steps": STEPS, "by_roots": True},
         {"name": "zero3-accum2-mbs2", "strategy": "zero3", "set": {**SMALL, "micro_batch_size": 2}, "accum": 2,
          "steps": STEPS},
         {"name": "3level-a-ckpt-prefetch2", "strategy": "3level-a",
@@ -49,7 +50,8 @@ def cases_8() -> list[dict]:
 
 
 def cases_4() -> list[dict]:
-    return [{"name": n, "strategy": p, "set": {**SMALL, **o}, "steps": STEPS} for n, (p, o) in UNQUANTIZED.items()]
+    return [{"name": n, "strategy": p, "set": {**SMALL, **o}, "steps": STEPS} for n, (p, o) in UNQUANTIZED.items()] + [
+        {"name": "zero3-by-roots", "strategy": "zero3", "set": SMALL, "steps": STEPS, "by_roots": True}]
 
 
 TOPOLOGIES = {"local:2x2x2": cases_8, "local:2x2": cases_4}
