@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,6 +19,8 @@ log = logging.getLogger("zerotune.api")
 
 def _value(value: Any) -> Any:
     """The offending value, kept short and JSON-safe."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # "nan", "inf": JSON has no such numbers
     if isinstance(value, bool | int | float | str) or value is None:
         return value[:200] if isinstance(value, str) else value
     if isinstance(value, bytes):

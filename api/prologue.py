@@ -260,6 +260,8 @@ def fetch(client: Client, body: dict[str, Any], wait_s: float = 0.0) -> dict[str
         left = min(wait_until, time.monotonic() + client.remaining()) - time.monotonic()
         if left <= 0.05:
             progress = f"{payload.get('trials_done', 0)}/{payload.get('trials_total', '?')} trials"
+            if payload.get("phase"):
+                progress += f", {payload['phase']}"
             if wait_s > 0:
                 raise Unanswered("timeout", f"job {job} still {state} ({progress}) after --wait {wait_s:g} s")
             raise Unanswered("timeout", f"no stored recommendation yet: job {job} is {state} ({progress}); "
@@ -328,7 +330,7 @@ def default_recommendation(body: Mapping[str, Any]) -> dict[str, Any]:
 
     try:
         model, cluster = parse_model(body["model"]), parse_cluster(body["cluster"])
-        strategy = build_strategy("zero3", cluster, **DEEPSPEED_DEFAULT_BUCKETS)
+        strategy = build_strategy({"preset": "zero3", **DEEPSPEED_DEFAULT_BUCKETS}, cluster)
         gb = body.get("global_batch")
         return {
             "id": None, "strategy": strategy.to_dict(), "value": None, "evidence": "fallback",

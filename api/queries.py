@@ -51,7 +51,7 @@ def job_public(session: Session, job: Job) -> schemas.JobPublic:
     rec = served_recommendation(session, request.key) if job.state == "done" else None
     return schemas.JobPublic(
         id=job.id, state=job.state,  # type: ignore[arg-type]  # CHECK constraint
-        progress=job.progress, trials_done=job.trials_done,
+        progress=job.progress, trials_done=job.trials_done, phase=job.phase,
         trials_total=int((request.budget or {}).get("trials") or 0), best_value=best.value if best else None,
         error=job.error, request_key=request.key, request_id=request.id, study_id=job.study_id,
         recommendation_id=rec.id if rec else None,

@@ -6,10 +6,11 @@ id inside the database's integer range, so no input can reach a 500.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_ID = 2**31 - 1  # PostgreSQL INTEGER: larger ids cannot exist
 Name = Annotated[str, Field(min_length=1, max_length=64)]
@@ -17,7 +18,26 @@ Positive = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+MAX_DEPTH = 32
+"""How deep an uploaded run.json may nest (lists and objects) before it is refused."""
+
+
+def check_plain_json(value: Any, field: str, depth: int = 0) -> None:
+    """Refuse what a stored trial could not serve back: NaN or infinite numbers, or nesting deeper
+    than ``MAX_DEPTH`` (JSON has neither, and a deep value fails to render later)."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{field.split('.')[0].split('[')[0]}: nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{field}: {value!r} is not a finite number (JSON has no NaN or Infinity)")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_plain_json(item, f"{field}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_plain_json(item, f"{field}[{i}]", depth + 1)
 
 
 class LevelCreate(_In):
@@ -161,6 +181,8 @@ class JobPublic(BaseModel):
     progress: float
     trials_done: int
     trials_total: int
+    phase: str | None = Field(default=None, description="what a running study is doing: screening (cost model), "
+                              "measuring, re-measuring k/n (leaders whose intervals overlap), verifying")
     best_value: float | None = Field(description="best TFLOPS per rank so far")
     error: str | None = Field(description="why a job failed or was cancelled")
     request_key: str
@@ -248,7 +270,7 @@ class TrialCreate(BaseModel):
     trial's metrics. It counts as measured evidence for later studies (warm starts, calibration).
     """
 
-    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, json_schema_extra={"examples": [{
         "status": "ok", "model": "gpt-tiny", "cluster": "local:2x2", "strategy": "zero3",
         "step_time_s": 0.05, "tokens_per_s": 41000, "tflops_per_rank": 0.012}]})
 
@@ -263,6 +285,12 @@ class TrialCreate(BaseModel):
                                description="the device the run ran on (run.json's device); must be the cluster's")
     error: str | None = Field(default=None, max_length=10000)
     logs: str | None = Field(default=None, max_length=1_000_000)
+
+    @model_validator(mode="after")
+    def _plain_extra(self) -> TrialCreate:
+        for key, value in (self.model_extra or {}).items():
+            check_plain_json(value, key)
+        return self
 
 
 class CatalogPublic(BaseModel):

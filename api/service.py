@@ -58,7 +58,7 @@ def model_spec(value: str | schemas.ModelCreate) -> ModelSpec:
     if isinstance(value, str):
         if value not in MODELS:
             raise InputError("body.model", value, f"unknown model preset; known: {sorted(MODELS)}")
-        return parse_model(value)
+        return parse_model(value, files=False)
     try:
         return parse_model(value.model_dump())
     except SpecError as exc:
@@ -72,7 +72,7 @@ def cluster_spec(value: str | schemas.ClusterCreate) -> ClusterSpec:
             if not CLUSTER_PRESET.match(value):
                 raise InputError("body.cluster", value, "must be a preset like 'frontier:48', 'dgx-h100:4' or "
                                  "'local:2x2' (GET /v1/catalog), or an explicit ClusterSpec object")
-            cluster = parse_cluster(value)
+            cluster = parse_cluster(value, files=False)
         else:
             cluster = parse_cluster(value.model_dump())
     except SpecError as exc:
@@ -296,12 +296,12 @@ class Service:
         ids = {job_id: key for key, job_id in active.items()}
         out = []
         with session_scope(self.sessions) as s:
-            rows = s.execute(select(Job.id, Job.state, Job.trials_done, Job.study_id, Job.error)
+            rows = s.execute(select(Job.id, Job.state, Job.trials_done, Job.phase, Job.study_id, Job.error)
                              .where(Job.id.in_(ids))).all()
-            for job_id, state, trials_done, study_id, error in rows:
+            for job_id, state, trials_done, phase, study_id, error in rows:
                 seen = self.jobs.get(job_id)
-                if seen is not None and (seen.state, seen.trials_done, seen.study_id, seen.error) == (
-                        state, trials_done, study_id, error):
+                if seen is not None and (seen.state, seen.trials_done, seen.phase, seen.study_id, seen.error) == (
+                        state, trials_done, phase, study_id, error):
                     continue
                 job = repo.get_job(session=s, job_id=job_id)  # read again: it may have ended since the query
                 assert job is not None

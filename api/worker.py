@@ -33,8 +33,10 @@ class WorkerPool:
         self.monitor = threading.Thread(target=self._monitor, daemon=True, name="zerotune-worker-pool")
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        args = [sys.executable, "-m", "api.cli", "worker", "--db", self.url, "--parent-pid", str(os.getpid())]
-        return subprocess.Popen(args, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # the database URL (it may hold a password) goes through the environment, never argv: any user
+        # of the host can read a process's argv (ps), only its owner its environment
+        args = [sys.executable, "-m", "api.cli", "worker", "--parent-pid", str(os.getpid())]
+        return subprocess.Popen(args, env={**os.environ, "ZEROTUNE_DB": self.url, "PYTHONUNBUFFERED": "1"})
 
     def start(self) -> None:
         self.procs = [self._spawn() for _ in range(self.settings.workers)]

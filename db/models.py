@@ -224,6 +224,8 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16), default="queued")
     progress: Mapped[float] = mapped_column(Float, default=0.0)  # 0..1
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    phase: Mapped[str | None] = mapped_column(String(64))
+    """What the running study is doing: screening, measuring, re-measuring k/n, verifying."""
     error: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(128))
     heartbeat_at: Mapped[datetime | None]

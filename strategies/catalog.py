@@ -16,7 +16,7 @@ from typing import Any
 
 from strategies.costmodel.hardware import PROFILES, profile_cluster
 from strategies.errors import SpecError, UnknownPresetError
-from strategies.spec import ClusterSpec, Level, ModelSpec, Strategy
+from strategies.spec import MAX_LEVEL_SIZE, MAX_LEVELS, ClusterSpec, Level, ModelSpec, Strategy
 
 # Figures from DESIGN.md §7, each level built from its link's profile (costmodel/hardware.py: bandwidth,
 # achievable fraction and per-step latency, with their sources); the outermost size is set by NAME:N.
@@ -51,8 +51,18 @@ def _local_cluster(sizes: list[int]) -> ClusterSpec:
     return ClusterSpec(name=label, levels=levels, device="cpu", device_memory_gib=4.0, peak_tflops=0.1)
 
 
-def parse_cluster(text: str | dict[str, Any] | ClusterSpec) -> ClusterSpec:
-    """A ClusterSpec from a preset string, a JSON file path, a dict or a ClusterSpec."""
+def _is_file(text: str, files: bool) -> bool:
+    """Whether ``text`` names a JSON file to read: only where files are allowed (the CLI, not the service)."""
+    if not files:
+        return False
+    try:
+        return text.endswith(".json") or Path(text).is_file()
+    except (OSError, ValueError):  # a name too long for a path, or with a NUL byte: not a file
+        return False
+
+
+def parse_cluster(text: str | dict[str, Any] | ClusterSpec, *, files: bool = True) -> ClusterSpec:
+    """A ClusterSpec from a preset string, a JSON file path (when ``files``), a dict or a ClusterSpec."""
     if isinstance(text, ClusterSpec):
         return text
     if isinstance(text, dict):
@@ -60,13 +70,17 @@ def parse_cluster(text: str | dict[str, Any] | ClusterSpec) -> ClusterSpec:
     if not isinstance(text, str) or not text.strip():
         raise SpecError("cluster", text, "must be a preset like 'frontier:48', 'local:2x2x2' or a JSON file")
     text = text.strip()
-    if text.endswith(".json") or Path(text).is_file():
+    if _is_file(text, files):
         return ClusterSpec.from_dict(_read_json("cluster", text))
     name, _, count = text.partition(":")
     if name == "local":
         parts = count.split("x") if count else []
         if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
-            raise SpecError("cluster", text, "local clusters are written local:AxBxC with sizes >= 1, innermost first")
+            raise SpecError("cluster", text[:80], "local clusters are written local:AxBxC with sizes >= 1, "
+                                                  "innermost first")
+        if len(parts) > MAX_LEVELS or any(len(p) > 6 or int(p) > MAX_LEVEL_SIZE for p in parts):
+            raise SpecError("cluster", text[:80], f"local clusters have at most {MAX_LEVELS} levels of at most "
+                                                  f"{MAX_LEVEL_SIZE} ranks each")
         return _local_cluster([int(p) for p in parts])
     if name not in CLUSTERS:
         known = sorted(CLUSTERS) + ["local:AxB..."]
@@ -80,13 +94,13 @@ def parse_cluster(text: str | dict[str, Any] | ClusterSpec) -> ClusterSpec:
     return dataclasses.replace(base.with_outer_size(int(count)), name=f"{name}:{int(count)}")
 
 
-def parse_model(text: str | dict[str, Any] | ModelSpec) -> ModelSpec:
-    """A ModelSpec from a preset name, a JSON file path, a dict or a ModelSpec."""
+def parse_model(text: str | dict[str, Any] | ModelSpec, *, files: bool = True) -> ModelSpec:
+    """A ModelSpec from a preset name, a JSON file path (when ``files``), a dict or a ModelSpec."""
     if isinstance(text, ModelSpec):
         return text
     if isinstance(text, dict):
         return ModelSpec.from_dict(text)
-    if isinstance(text, str) and (text.endswith(".json") or Path(text).is_file()):
+    if isinstance(text, str) and _is_file(text, files):
         return ModelSpec.from_dict(_read_json("model", text))
     if text not in MODELS:
         raise UnknownPresetError("model", text, f"unknown model preset; known: {sorted(MODELS)}")
@@ -116,7 +130,8 @@ STRATEGY_PRESETS: dict[str, tuple[str, Callable[[ClusterSpec], dict[str, Any]]]]
 }
 
 
-def build_strategy(spec: str | dict[str, Any] | Strategy, cluster: ClusterSpec, **overrides: Any) -> Strategy:
+def build_strategy(spec: str | dict[str, Any] | Strategy, cluster: ClusterSpec, *, files: bool = True,
+                   **overrides: Any) -> Strategy:
     """Resolve a preset name, JSON file, dict or Strategy against ``cluster`` and validate it.
 
     Args:
@@ -132,7 +147,7 @@ def build_strategy(spec: str | dict[str, Any] | Strategy, cluster: ClusterSpec, 
         preset = fields.pop("preset", None)
         if preset is not None:
             fields = {**_preset_fields(preset, cluster), **fields}
-    elif isinstance(spec, str) and (spec.endswith(".json") or Path(spec).is_file()):
+    elif isinstance(spec, str) and _is_file(spec, files):
         return build_strategy(_read_json("strategy", spec), cluster, **overrides)
     else:
         fields = _preset_fields(spec, cluster)

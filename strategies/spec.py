@@ -72,6 +72,12 @@ class Level:
             raise SpecError(f"level[{self.name}].latency_us", self.latency_us, "must be a number >= 0")
 
 
+MAX_LEVELS = 8
+"""The most levels a cluster has (explicit specs, local:AxB… presets and the API alike)."""
+MAX_LEVEL_SIZE = 65536
+"""The largest fan-out of one level."""
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """The hardware: levels innermost first; the product of their sizes is the world size."""
@@ -90,6 +96,11 @@ class ClusterSpec:
         object.__setattr__(self, "levels", levels)
         if not levels:
             raise SpecError("cluster.levels", [], "needs at least one level")
+        if len(levels) > MAX_LEVELS:
+            raise SpecError("cluster.levels", f"{len(levels)} levels", f"at most {MAX_LEVELS} levels")
+        for lv in levels:
+            if lv.size > MAX_LEVEL_SIZE:
+                raise SpecError(f"level[{lv.name}].size", lv.size, f"must be <= {MAX_LEVEL_SIZE}")
         names = [lv.name for lv in levels]
         if len(set(names)) != len(names):
             raise SpecError("cluster.levels", names, "level names must be unique")

@@ -37,7 +37,7 @@ from db.session import make_engine, make_session_factory, session_scope
 from strategies.spec import ClusterSpec, ModelSpec
 from tuner import calibrations, shortlist
 from tuner.recommend import StudyFailed
-from tuner.study import Tuner, TuneRequest
+from tuner.study import Progress, Tuner, TuneRequest
 
 log = logging.getLogger("zerotune.worker")
 
@@ -243,11 +243,11 @@ class Worker:
     def _finish(self, job_id: int, state: str, error: str | None) -> str:
         values: dict[str, Any] = {"state": state, "error": error}
         if state == "done":
-            values.update(progress=1.0, finished_at=utcnow())
+            values.update(progress=1.0, phase=None, finished_at=utcnow())
         elif state == "failed":
             values.update(finished_at=utcnow(), error=(error or "failed")[:4000])
         else:  # handed back
-            values.update(worker=None, heartbeat_at=None, started_at=None)
+            values.update(worker=None, heartbeat_at=None, started_at=None, phase=None)
         if not self._update(job_id, **values):
             with session_scope(self.sessions) as s:
                 job = repo.get_job(session=s, job_id=job_id)
@@ -272,8 +272,8 @@ class _Heartbeat:
         if self.thread.is_alive():
             self.thread.join(timeout=10)
 
-    def progress(self, _: Any) -> None:
-        self.beat(with_progress=True)
+    def progress(self, progress: Progress) -> None:
+        self.beat(with_progress=True, phase=progress.phase)
 
     def _loop(self) -> None:
         while not self.done.wait(self.worker.settings.heartbeat_s):
@@ -282,7 +282,7 @@ class _Heartbeat:
             except Exception as exc:  # keep beating: the database may come back
                 log.warning("job %d heartbeat: %s: %s", self.job_id, type(exc).__name__, exc)
 
-    def beat(self, with_progress: bool) -> None:
+    def beat(self, with_progress: bool, phase: str | None = None) -> None:
         if self.worker.shutdown.is_set() or self.worker._orphaned():
             self.stop_tuner.set()  # the worker is stopping: the job will be handed back
         values: dict[str, Any] = {}
@@ -292,6 +292,8 @@ class _Heartbeat:
                     Trial.study_id == self.study_id, Trial.status.in_(COUNTED))) or 0
                 total = s.scalar(select(Study.n_trials).where(Study.id == self.study_id)) or 1
             values = {"trials_done": done, "progress": min(1.0, done / total)}
+        if phase:
+            values["phase"] = phase[:64]
         try:
             self.worker.stamp("busy", job_id=self.job_id)
         except Exception as exc:  # only the worker list goes stale; the job's own heartbeat follows

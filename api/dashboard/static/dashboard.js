@@ -375,7 +375,8 @@
       else if (study.error) $("#rec").innerHTML = `<span class="muted">none: ${esc(study.error)}</span>`;
       if (job) {
         $("#progress-bar").style.width = `${Math.round(100 * job.progress)}%`;
-        $("#progress-text").textContent = `${job.trials_done} / ${job.trials_total} trials`;
+        $("#progress-text").textContent = `${job.trials_done} / ${job.trials_total} trials`
+          + (job.phase && job.state === "running" ? ` · ${job.phase}` : "");
       } else if (!ACTIVE_STUDY.has(study.state)) {
         $("#progress-bar").style.width = "100%";
       }
