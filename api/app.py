@@ -7,13 +7,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from api import errors
 from api.cache import FastAnswer
 from api.dashboard import routes as dashboard
+from api.guard import BodyGuard
 from api.metrics import RequestMetrics
 from api.routes import calibrations, catalog, health, jobs, recommendations, studies, trials
-from api.schemas import ValidationErrorPublic
+from api.schemas import Message, ValidationErrorPublic
 from api.service import Service
 from api.settings import Settings
 
@@ -38,7 +40,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             service.stop()
 
     app = FastAPI(title="zerotune", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
-                  responses={422: {"model": ValidationErrorPublic, "description": "Bad input: field, value, rule."}})
+                  responses={422: {"model": ValidationErrorPublic, "description": "Bad input: field, value, rule."},
+                             413: {"model": Message, "description": "Body over ZEROTUNE_MAX_BODY_MB."}})
     app.state.service = service
     errors.install(app)
     for module in (recommendations, jobs, studies, trials, calibrations, catalog, health):
@@ -47,5 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     token = settings.token.get_secret_value() if settings.token else None
     app.add_middleware(FastAnswer, cache=service.cache, token=token, lookup=service.fast_answer)
+    app.add_middleware(BodyGuard, token=token, max_body_bytes=int(settings.max_body_mb * 2**20))
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.hosts())
     app.add_middleware(RequestMetrics, metrics=service.metrics)
     return app

@@ -15,6 +15,7 @@ import hmac
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import parse_qs
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -23,6 +24,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PATH = "/v1/recommendations"
 MAX_BODY = 8192  # only small bodies are remembered; a prologue's body is ~100 bytes
+MAX_BODIES_BYTES = 4 * 2**20
+"""All remembered bodies together (whitespace variants of one request are each a body): oldest dropped first."""
+MAX_WAIT_S = 3600.0  # as the route's ?wait bound
 
 
 class AnswerCache:
@@ -35,6 +39,7 @@ class AnswerCache:
         self.size = size
         self.answers: OrderedDict[str, bytes] = OrderedDict()
         self.bodies: dict[bytes, str] = {}
+        self.bodies_bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -53,9 +58,11 @@ class AnswerCache:
             self.answers.popitem(last=False)
 
     def remember_body(self, body: bytes, key: str) -> None:
-        if len(body) <= MAX_BODY:
+        if len(body) <= MAX_BODY and body not in self.bodies:
             self.bodies[body] = key
-            while len(self.bodies) > 4 * self.size:
+            self.bodies_bytes += len(body)
+            while len(self.bodies) > 4 * self.size or self.bodies_bytes > MAX_BODIES_BYTES:
+                self.bodies_bytes -= len(next(iter(self.bodies)))
                 self.bodies.pop(next(iter(self.bodies)))
 
     def key_for_body(self, body: bytes) -> str | None:
@@ -80,8 +87,24 @@ class FastAnswer:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return hmac.compare_digest(given, self.authorization)
 
+    @staticmethod
+    def _as_the_route_would_accept(scope: Scope) -> bool:
+        """A JSON body and a valid ``?wait`` (or none): anything else goes down the route, which says why."""
+        ctype = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+        if ctype.split(b";")[0].strip().lower() != b"application/json":
+            return False
+        for value in parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).get("wait", []):
+            try:
+                wait = float(value)
+            except ValueError:
+                return False
+            if not 0 <= wait <= MAX_WAIT_S:  # also refuses nan
+                return False
+        return True
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH \
+                or not self._as_the_route_would_accept(scope):
             await self.app(scope, receive, send)
             return
         chunks, more = [], True

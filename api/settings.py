@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 EXECUTORS = ("model", "local", "slurm")
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class Settings(BaseSettings):
@@ -56,6 +57,13 @@ class Settings(BaseSettings):
     verify_quantized: bool = True
     """Check a predicted quantized winner with a short local proxy run before recommending it."""
     slurm_partition: str | None = None
+    allowed_hosts: tuple[str, ...] | None = None
+    """Host headers the service answers (JSON list; ``["*"]`` for any). Unset: any when a token is set or
+    the service listens beyond loopback, else only loopback names, so that a web page on this machine
+    cannot reach an open service through a rebound DNS name."""
+    max_body_mb: float = Field(default=8.0, gt=0, le=1024)
+    """The largest request body, in MiB (an upload's logs are at most 1 MB): larger ones get 413 before
+    anything is parsed."""
 
     @field_validator("token", "db", "slurm_partition", mode="before")
     @classmethod
@@ -71,6 +79,14 @@ class Settings(BaseSettings):
             # a job given back while its trial still holds a lease would leave that trial running forever
             raise ValueError(f"stale_after_s={self.stale_after_s} must be >= lease_s={self.lease_s}")
         return self
+
+    def hosts(self) -> list[str]:
+        """The allowed Host headers in effect (see ``allowed_hosts``)."""
+        if self.allowed_hosts:
+            return list(self.allowed_hosts)
+        if self.token is not None or self.host not in LOOPBACK:
+            return ["*"]
+        return sorted(LOOPBACK)
 
     def url(self) -> str:
         """The database URL in use (the default SQLite file when ``db`` is unset)."""

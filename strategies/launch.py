@@ -4,6 +4,12 @@ Used by the CLI, the benches and the tests: one function that starts ``torchrun`
 launcher, so rank environment variables are exactly what a cluster job sees), streams or captures
 its output, and on timeout kills the whole process group — the launcher and every rank — so a
 hung collective never leaves orphans behind.
+
+Nor does a caller that dies: ``torchrun`` runs in its own session (so a Ctrl-C meant for the caller
+reaches the run through ``kill_group`` only), and on Linux it is started with a parent-death signal
+(SIGTERM, on which torchrun stops its ranks) tied to the thread that launched it; each rank of
+``strategies.train`` sets its own (SIGKILL) towards torchrun. A caller killed with SIGKILL therefore
+takes its run with it. ``stop`` ends a run on request (a worker shutting down).
 """
 
 from __future__ import annotations
@@ -25,10 +31,44 @@ class LaunchResult:
     timed_out: bool
     stopped: bool = False
     """Stopped on purpose by ``on_line`` (not a failure of the run itself)."""
+    interrupted: bool = False
+    """Ended because the caller's ``stop`` was set (not a failure of the run itself)."""
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out and not self.stopped
+        return self.returncode == 0 and not self.timed_out and not self.stopped and not self.interrupted
+
+
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(sys.argv[1]))  # PR_SET_PDEATHSIG
+except (AttributeError, OSError):
+    pass
+if os.getppid() != int(sys.argv[2]):
+    sys.exit(f"launcher: the parent process {sys.argv[2]} exited before the run started")
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
+def die_with_parent(argv: list[str], sig: int = signal.SIGTERM) -> list[str]:
+    """``argv`` started so that it receives ``sig`` when the calling thread's process dies (Linux
+    ``PR_SET_PDEATHSIG``, kept across exec; elsewhere ``argv`` unchanged in effect)."""
+    if sys.platform != "linux":
+        return argv
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(int(sig)), str(os.getpid()), *argv]
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """This process receives ``sig`` when its parent exits (Linux; a no-op elsewhere)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        pass
 
 
 def torchrun_command(nproc: int, target: Sequence[str], *, module: bool = True) -> list[str]:
@@ -40,7 +80,8 @@ def torchrun_command(nproc: int, target: Sequence[str], *, module: bool = True) 
 
 def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0, module: bool = True,
                  stream: bool = False, env: dict[str, str] | None = None,
-                 on_line: Callable[[str], bool | None] | None = None) -> LaunchResult:
+                 on_line: Callable[[str], bool | None] | None = None,
+                 stop: threading.Event | None = None) -> LaunchResult:
     """Run ``torchrun`` and wait; kill its process group on timeout.
 
     Args:
@@ -52,13 +93,14 @@ def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0,
         env: extra environment variables.
         on_line: called with each output line; returning True stops the run (e.g. pruning), which
             then ends with ``stopped=True``.
+        stop: set by the caller to end the run at once (``interrupted=True``).
     """
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    proc = subprocess.Popen(torchrun_command(nproc, target, module=module), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(die_with_parent(torchrun_command(nproc, target, module=module)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True)
     lines: list[str] = []
-    stop = threading.Event()
+    caller_stop, stop = stop, threading.Event()
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -71,11 +113,15 @@ def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0,
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    timed_out = False
+    timed_out = interrupted = False
     deadline = time.monotonic() + timeout_s
     try:
         while proc.poll() is None:
             if stop.wait(timeout=0.2):
+                kill_group(proc)
+                break
+            if caller_stop is not None and caller_stop.is_set():
+                interrupted = True
                 kill_group(proc)
                 break
             if time.monotonic() > deadline:
@@ -87,7 +133,7 @@ def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0,
         raise
     reader.join(timeout=10)
     return LaunchResult(returncode=proc.returncode if proc.returncode is not None else -9,
-                        output="".join(lines), timed_out=timed_out, stopped=stop.is_set())
+                        output="".join(lines), timed_out=timed_out, stopped=stop.is_set(), interrupted=interrupted)
 
 
 def kill_group(proc: subprocess.Popen[str]) -> None:

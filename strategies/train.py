@@ -454,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     add_run_args(parser)
     args = parser.parse_args(argv)
     _env_from_slurm()
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank of torchrun: it dies with its launcher, never orphaned
+        from strategies.launch import set_parent_death_signal
+
+        set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() == 1:  # the launcher died before the signal was armed
+            return 1
     rank = int(os.environ.get("RANK", "0"))
     try:
         result = run(args)

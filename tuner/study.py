@@ -350,6 +350,9 @@ class Tuner:
             return
         trial.set_constraint("memory_gib_over", float(-prediction["headroom_bytes"]) / 2**30)
         result = self._dispatch(trial_id, strategy, prediction)
+        if result.extra.get("interrupted"):  # the runner is stopping: the trial keeps its lease and is retried
+            log.info("trial %d interrupted: the runner is stopping", trial_id)
+            return
         value = self._values(result.metrics) if result.status == "complete" and result.metrics else None
         self._finish(trial_id, result, prediction, value[0] if value else None)
         if value is None:
@@ -381,7 +384,7 @@ class Tuner:
         try:
             if self.executor.name == "local":  # a shortlist is measured in full: nothing is pruned
                 pruner = self._pruner() if self.candidates is None else None
-                return self.executor.run(spec, None, pruner)  # type: ignore[call-arg]
+                return self.executor.run(spec, None, pruner, self.stop)  # type: ignore[call-arg]
             return self.executor.run(spec)
         except Exception as exc:  # an executor bug must fail the trial, not the study
             return TrialResult(status="failed", reason=f"executor error: {type(exc).__name__}: {exc}",

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
@@ -18,6 +18,13 @@ from db.models import utcnow
 from db.session import session_scope
 
 router = APIRouter(tags=["health"])
+
+
+@router.head("/healthz", include_in_schema=False)
+@router.head("/metrics", include_in_schema=False)
+async def head_probe() -> Response:
+    """HEAD for the probes that monitors send it to: the process answers (no body)."""
+    return Response(status_code=200)
 
 
 @router.get("/healthz", response_model=Health)

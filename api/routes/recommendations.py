@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from api import queries
+from api.cache import MAX_WAIT_S
 from api.deps import Id, ServiceDep, SessionDep, WriteAccess
 from api.schemas import JobPublic, Message, RecommendationCreate, RecommendationPublic
 from db.models import Recommendation
@@ -28,7 +29,8 @@ EXPORT_FILES = {"zerotune": "zerotune.json", "deepspeed": "ds_config.json", "fsd
         401: {"model": Message, "description": "ZEROTUNE_TOKEN is set and the bearer token is missing or wrong."}})
 async def create_recommendation(
     body: RecommendationCreate, service: ServiceDep, request: Request,
-    wait: Annotated[float, Query(ge=0, le=3600, description="hold the request up to this many seconds for the answer")]
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S,
+                                 description="hold the request up to this many seconds for the answer")]
     = 0,
 ) -> Response:
     """Recommend a partition strategy for a model on a cluster.

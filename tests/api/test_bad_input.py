@@ -30,7 +30,7 @@ def nested(depth: int) -> dict:
 # (path, raw JSON body, the field the 422 names, a phrase of its rule)
 CASES = [
     ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": 2}}).replace(': 2}', ': NaN}'),
-     "body.budget.trials", "finite"),
+     "body.budget.trials", "valid integer"),
     ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": 2, "time_s": 9}}).replace(': 9}', ': Infinity}'),
      "body.budget.time_s", "finite"),
     ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": 2, "time_s": 9}}).replace(': 9}', ': 1e999}'),
@@ -53,6 +53,10 @@ CASES = [
     ("/v1/trials", json.dumps({**RUN, "extra": nested(300)}), "body", "extra: nested deeper than 32 levels"),
     ("/v1/trials", json.dumps({**RUN, "extra": nested(500)}), "body", "extra: nested deeper than 32 levels"),
     ("/v1/trials", json.dumps({**RUN, "strategy": "Makefile"}), "body.strategy", "unknown strategy preset"),
+    # no coercion: a string or a boolean is not the integer a field asks for
+    ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": True}}), "body.budget.trials", "integer"),
+    ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": "5"}}), "body.budget.trials", "integer"),
+    ("/v1/recommendations", json.dumps({**GOOD, "global_batch": "8"}), "body.global_batch", "integer"),
 ]
 
 
@@ -114,3 +118,93 @@ def test_the_database_password_never_reaches_a_command_line(pg_url, launcher):
     for pid in pids:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         assert secret not in argv, argv
+
+
+def _rss_mib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.timeout(120)
+def test_the_token_and_the_body_size_are_checked_before_the_body_is_read(sqlite_url, launcher):
+    """A write without the token is refused before its body is read (a large body does not grow the server);
+    a body over ZEROTUNE_MAX_BODY_MB gets 413 whether it declares its length or streams it; nothing is stored."""
+    server = launcher.serve(sqlite_url, workers=0, ZEROTUNE_TOKEN="t0k3n", ZEROTUNE_MAX_BODY_MB="1")
+    assert server.proc is not None
+    url, auth = server.url, {"Authorization": "Bearer t0k3n"}
+    before = _rss_mib(server.proc.pid)
+    big = b'{"model": "' + b"x" * (64 * 2**20) + b'"}'
+    try:
+        r = httpx.post(f"{url}/v1/recommendations", content=big, headers={"content-type": "application/json"},
+                       timeout=60)
+        assert r.status_code == 401 and "ZEROTUNE_TOKEN" in r.json()["detail"], r.text[:200]
+    except httpx.TransportError:
+        pass  # the server answered 401 and closed before the client finished sending: as good
+    assert _rss_mib(server.proc.pid) - before < 32, "the server read the unauthenticated body"
+
+    two_mib = json.dumps({**RUN, "logs": "y" * 2 * 2**20}).encode()
+    r = httpx.post(f"{url}/v1/trials", content=two_mib, headers={**auth, "content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 413 and "ZEROTUNE_MAX_BODY_MB" in r.json()["detail"], r.text[:200]
+
+    def streamed():  # no Content-Length: chunked transfer
+        for i in range(0, len(two_mib), 65536):
+            yield two_mib[i:i + 65536]
+
+    r = httpx.post(f"{url}/v1/trials", content=streamed(), headers={**auth, "content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 413, r.text[:200]
+    assert rows(sqlite_url, "SELECT count(*) FROM zt_trials") == [(0,)]
+    ok = httpx.post(f"{url}/v1/trials", json=RUN, headers=auth, timeout=30)
+    assert ok.status_code == 201, ok.text  # within the limit and with the token: stored
+
+
+@pytest.mark.timeout(180)
+def test_the_fast_path_refuses_what_the_route_refuses(sqlite_url, launcher):
+    """A body answered before is served from memory, but only as the route would accept it: a bad ?wait or a
+    body that is not declared JSON gets the route's 422, not the cached 200."""
+    server = launcher.serve(sqlite_url)
+    url = server.url
+    r = httpx.post(f"{url}/v1/recommendations", json=GOOD, params={"wait": 120}, timeout=150)
+    assert r.status_code == 200, r.text
+    raw = json.dumps(GOOD)
+    again = httpx.post(f"{url}/v1/recommendations", content=raw, headers={"content-type": "application/json"})
+    assert again.status_code == 200 and again.content == r.content  # the fast path
+    for params, ctype, field in (({"wait": "abc"}, "application/json", "query.wait"),
+                                 ({"wait": "-5"}, "application/json", "query.wait"),
+                                 ({"wait": "nan"}, "application/json", "query.wait"),
+                                 ({}, "text/plain", "body")):
+        refused = httpx.post(f"{url}/v1/recommendations", content=raw, params=params, headers={"content-type": ctype})
+        assert refused.status_code == 422, (params, ctype, refused.status_code, refused.text[:200])
+        assert any(p["field"].startswith(field) for p in refused.json()["detail"]), refused.json()
+
+
+def test_remembered_bodies_are_bounded_in_bytes():
+    from api.cache import MAX_BODIES_BYTES, AnswerCache
+
+    cache = AnswerCache(size=4096)
+    for i in range(3000):  # whitespace variants of one body, 4-7 KB each: 16 MB unbounded
+        cache.remember_body(b'{"model": "gpt-tiny"' + b" " * (4000 + i) + b"}", "key")
+    assert cache.bodies_bytes == sum(map(len, cache.bodies)) <= MAX_BODIES_BYTES
+    assert cache.key_for_body(b'{"model": "gpt-tiny"' + b" " * 6999 + b"}") == "key"  # the newest are kept
+
+
+@pytest.mark.timeout(120)
+def test_an_open_local_service_answers_only_loopback_names_and_probes_take_head(sqlite_url, launcher):
+    """No token on a loopback address: a request naming another host (a rebound DNS name a web page
+    would use) is refused before it reaches a route; loopback names work; HEAD answers the probes."""
+    server = launcher.serve(sqlite_url, workers=0)
+    url = server.url
+    port = url.rsplit(":", 1)[1]
+    evil = httpx.post(f"{url}/v1/recommendations", json=GOOD, headers={"host": f"attacker.example:{port}"})
+    assert evil.status_code == 400, evil.text
+    assert rows(sqlite_url, "SELECT count(*) FROM zt_requests") == [(0,)]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+        assert httpx.get(f"{url}/healthz", headers={"host": host}).status_code == 200
+    for path in ("/healthz", "/metrics"):
+        head = httpx.head(f"{url}{path}")
+        assert head.status_code == 200 and head.content == b"", path
+    opened = launcher.serve(sqlite_url, workers=0, ZEROTUNE_ALLOWED_HOSTS='["*"]')
+    assert httpx.get(f"{opened.url}/healthz", headers={"host": "zerotune.internal"}).status_code == 200

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import re
+import threading
 from collections.abc import Callable
 
 from strategies.catalog import parse_cluster
@@ -78,7 +79,10 @@ class LocalExecutor(Executor):
             global_batch = cluster.world_size * (global_batch // spec.cluster.world_size) or None
         return dataclasses.replace(spec, cluster=cluster, model=model, global_batch=global_batch)
 
-    def run(self, spec: TrialSpec, heartbeat: Heartbeat | None = None, pruner: Pruner | None = None) -> TrialResult:
+    def run(self, spec: TrialSpec, heartbeat: Heartbeat | None = None, pruner: Pruner | None = None,
+            stop: threading.Event | None = None) -> TrialResult:
+        """One short run; ``stop`` (the runner shutting down) kills it and returns an ``interrupted``
+        result, which the study leaves to be retried by the next runner."""
         local = self.prepare(spec)
         local.write_inputs()
         out = local.workdir / "run.json"
@@ -92,11 +96,15 @@ class LocalExecutor(Executor):
             return bool(m and pruner is not None and pruner(int(m.group(1)), float(m.group(3))))
 
         result = run_torchrun(local.cluster.world_size, ["strategies.train", *local.train_args(out)],
-                              timeout_s=spec.timeout_s, stream=self.stream, on_line=on_line, env=dict(spec.env))
+                              timeout_s=spec.timeout_s, stream=self.stream, on_line=on_line, env=dict(spec.env),
+                              stop=stop)
         (local.workdir / "log.txt").write_text(result.output)
         logs = "\n".join(result.output.splitlines()[-200:])
         extra = {"cluster_run": local.cluster.name, "emulated": local.cluster != spec.cluster}
         proxy = local.model.to_dict() if local.model != spec.model else None
+        if result.interrupted:
+            return TrialResult(status="failed", reason="interrupted: the runner is stopping (the trial is retried)",
+                               extra={**extra, "interrupted": True}, logs=logs, executor=self.name, proxy_model=proxy)
         if result.stopped:
             return TrialResult(status="failed", reason="pruned: step times worse than the study's best",
                                extra={**extra, "pruned": True}, logs=logs, executor=self.name, proxy_model=proxy)

@@ -1,0 +1,89 @@
+"""No trial outlives its runner: a worker stopped by SIGTERM ends its running trial and hands the job back;
+a worker or service killed with SIGKILL takes its trial's torchrun and ranks with it (parent-death signals)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+HANG = {"ZEROTUNE_FAULT": "hang@1:2", "ZEROTUNE_SHUTDOWN_GRACE_S": "10"}
+BODY = {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budget": {"trials": 2}}
+
+
+def trial_processes(under: Path) -> dict[int, str]:
+    """pid -> argv of every process running a short run (torchrun or a rank) whose files are under ``under``."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if "strategies.train" in argv and str(under) in argv and state != "Z":
+            found[int(entry.name)] = argv
+    return found
+
+
+def wait_for_ranks(under: Path, timeout: float = 90.0) -> dict[int, str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs = trial_processes(under)
+        if sum("torch.distributed.run" not in a for a in procs.values()) >= 4:  # the 4 ranks are up
+            return procs
+        time.sleep(0.2)
+    pytest.fail(f"no trial ranks under {under} after {timeout} s")
+
+
+def wait_gone(pids: set[int], timeout: float) -> set[int]:
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while time.monotonic() < deadline:
+        alive = {p for p in pids if Path(f"/proc/{p}").exists() and
+                 (Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")}
+        if not alive:
+            return set()
+        time.sleep(0.2)
+    return alive
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_of_the_service_ends_the_running_trial(sqlite_url, launcher):
+    server = launcher.serve(sqlite_url, **HANG)
+    r = httpx.post(f"{server.url}/v1/recommendations", json=BODY, timeout=30)
+    assert r.status_code == 202, r.text
+    procs = wait_for_ranks(launcher.tmp_path)
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    left = wait_gone(set(procs), timeout=30)
+    assert not left, f"orphaned after SIGTERM: {[procs[p] for p in left]}"
+    server.proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("who", ["worker", "service"])
+def test_sigkill_takes_the_trial_with_it(sqlite_url, launcher, who):
+    server = launcher.serve(sqlite_url, **HANG)
+    r = httpx.post(f"{server.url}/v1/recommendations", json=BODY, timeout=30)
+    assert r.status_code == 202, r.text
+    procs = wait_for_ranks(launcher.tmp_path)
+    assert server.proc is not None
+    if who == "service":
+        victims = [server.proc.pid]
+    else:  # the embedded worker: the service's child that launched the torchrun
+        launchers = {int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                     for p, argv in procs.items() if "torch.distributed.run" in argv}
+        victims = list(launchers)
+        assert victims and all(v != server.proc.pid for v in victims)
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    if who == "service":  # its worker notices its parent is gone, and its trial goes with it
+        server.proc.wait(timeout=10)
+    left = wait_gone(set(procs), timeout=45)
+    assert not left, f"orphaned after SIGKILL of the {who}: {[procs[p] for p in left]}"
