@@ -15,6 +15,7 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "zerotune: installing into $(VENV) (first time: about a minute; torch is the largest part)"
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 		echo "zerotune: using the existing torch $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
 		[ -x $(BIN)/python ] || $(PYTHON) -m venv --system-site-packages $(VENV); \
@@ -22,8 +23,9 @@ $(STAMP): pyproject.toml
 		[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV); \
 		$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"; \
 	fi
-	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e ".[dev,deepspeed]"
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --progress-bar off -e ".[dev,deepspeed]"
 	@touch $(STAMP)
+	@echo "zerotune: installed ($(BIN)/zerotune)"
 
 lint: install
 	$(BIN)/ruff check .
@@ -32,8 +34,9 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest
 
+# ZEROTUNE_HOST / ZEROTUNE_PORT (default 127.0.0.1:8000) and every other ZEROTUNE_* setting apply
 run: install
-	$(BIN)/zerotune serve --host 127.0.0.1 --port 8000
+	$(BIN)/zerotune serve
 
 bench: install
 	$(BIN)/python bench/collectives.py --cluster local:2x2x2 --size-mb 64

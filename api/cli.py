@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import enum
+import errno
 import json
 import os
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,6 +42,7 @@ class ExitStatus(enum.IntEnum):
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     from strategies.catalog import catalog
+    from strategies.spec import count_label
 
     data = catalog()
     if args.json:
@@ -51,7 +54,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
         print(f"  {name:<12} {c['device']}, {c['device_memory_gib']:g} GiB, {c['peak_tflops']:g} TFLOPS; {levels}")
     print("models:")
     for name, m in data["models"].items():
-        print(f"  {name:<14} {m['num_params'] / 1e9:8.3f} B params  layers={m['layers']} hidden={m['hidden']} "
+        print(f"  {name:<14} {count_label(m['num_params']):>8} params  layers={m['layers']} hidden={m['hidden']} "
               f"heads={m['heads']} seq={m['seq_len']}")
     print("strategies:")
     for name, doc in data["strategies"].items():
@@ -66,17 +69,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
     strategy = build_strategy(args.strategy, cluster, **parse_overrides(args.set))
     out: dict[str, Any] = {"cluster": cluster.to_dict(), "world_size": cluster.world_size,
                            "strategy": strategy.to_dict()}
+    fits = ""
     if args.model:
+        from strategies.costmodel import GIB
+        from strategies.train import SEQUENCES_PER_RANK, check_memory
+
         model = parse_model(args.model)
         out["model"] = {**model.to_dict(), "num_params": model.num_params(),
                         "flops_per_token": model.flops_per_token()}
+        # a strategy that does not fit is not valid for this model: the cost model's peak per rank at the
+        # default batch (SEQUENCES_PER_RANK per rank), bf16 on accelerators and fp32 on CPU, as train runs it
+        accum = -(-SEQUENCES_PER_RANK // strategy.micro_batch_size)
+        memory = check_memory(model, cluster, strategy, accum, 4 if cluster.device == "cpu" else 2,
+                              hint=f"; try a wider span, zero3, or --set micro_batch_size=1 (zerotune predict "
+                                   f"--model {model.name} --cluster {cluster.name} shows every preset)")
+        out["memory_bytes"] = memory
+        fits = (f"; {model.name} needs {memory['peak'] / GIB:.1f} GiB of {cluster.device_memory_gib:g} GiB "
+                f"per rank")
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         spans = f"P/G/OS spans {strategy.param_span}/{strategy.grad_span}/{strategy.optim_span}"
         hpz = f", hpZ span {strategy.secondary_span}" if strategy.secondary_span is not None else ""
         bits = f", weights {strategy.weight_bits}-bit, grads {strategy.grad_bits}-bit"
-        print(f"ok: {strategy.name or 'strategy'} on {cluster.name} ({cluster.world_size} ranks): {spans}{hpz}{bits}")
+        print(f"ok: {strategy.name or 'strategy'} on {cluster.name} ({cluster.world_size} ranks): {spans}{hpz}{bits}"
+              f"{fits}")
     return ExitStatus.SUCCESS
 
 
@@ -125,6 +142,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from strategies.calibration import load_calibration
     from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
     from strategies.costmodel import GIB, cross_node_bytes, predict
+    from strategies.spec import count_label
 
     model = parse_model(args.model)
     calib = load_calibration(args.calibration) if args.calibration else None
@@ -144,7 +162,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return ExitStatus.SUCCESS
-    print(f"{model.name} ({model.num_params() / 1e9:.2f} B params), calibration {rows[0]['calibration']}")
+    print(f"{model.name} ({count_label(model.num_params())} params), calibration {rows[0]['calibration']}")
     print(f"{'cluster':<14}{'strategy':<10}{'ranks':>6}{'TFLOPS/rank':>12}{'scaling':>9}{'step s':>9}"
           f"{'tokens/s':>11}{'mem GiB':>9}  {'fits':<5}{'x-node GB':>10}")
     for p in rows:
@@ -389,13 +407,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from api.app import create_app
 
     settings = _settings(db=args.db, host=args.host, port=args.port, workers=args.workers)
+    sock = _listen(settings.host, settings.port)
     _log_to_stderr(args.debug)
     print(f"zerotune: serving on http://{settings.host}:{settings.port} (database {_safe_url(settings.url())}, "
           f"{settings.workers} embedded worker(s){', token required for writes' if settings.token else ''})",
           file=sys.stderr)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
-                access_log=args.access_log, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+                            access_log=args.access_log, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
     return ExitStatus.SUCCESS
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The service's listening socket, bound before anything starts: a busy port or an address this
+    host does not have is one line and exit 2, not "serving on ..." followed by a traceback."""
+    from strategies.errors import SpecError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise SpecError("host", host, f"cannot listen there: {exc.strerror or exc}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise SpecError("port", port, f"{host}:{port} is already in use (another service?); choose another "
+                            "with --port or ZEROTUNE_PORT") from None
+        raise SpecError("host", host, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -622,7 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="resolve a strategy against a cluster and check every rule")
     p.add_argument("--cluster", required=True, help="preset (frontier:48, dgx-h100:4, local:2x2x2) or JSON file")
     p.add_argument("--strategy", required=True, help="preset (zero3, zeropp, 3level-a, ...) or JSON file")
-    p.add_argument("--model", help="model preset or JSON file (prints its size)")
+    p.add_argument("--model", help="model preset or JSON file: its size, and whether the strategy fits it in "
+                                   "device memory (exit 2 when it does not)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a strategy field, e.g. --set weight_bits=16 (repeatable)")
     p.add_argument("--json", action="store_true", help="print the resolved values as JSON")

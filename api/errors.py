@@ -7,9 +7,11 @@ import math
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException
 
 from api.service import InputError
 from db.repository import NotFoundError
@@ -36,7 +38,25 @@ def _field(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def unparsable(cause: BaseException) -> str:
+    """Why a body that is not JSON's syntax error could not be read (FastAPI's bare 400 otherwise)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"is not valid UTF-8: byte {cause.object[cause.start:cause.start + 1]!r} at position {cause.start}"
+    if isinstance(cause, RecursionError):
+        return "is nested too deeply to parse"
+    return f"could not be parsed as JSON ({type(cause).__name__})"
+
+
 def install(app: FastAPI) -> None:
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Any:
+        """A body FastAPI could not read (invalid UTF-8, nesting past the parser's limit) is bad input like
+        any other: 422 on ``body``, not an undocumented 400."""
+        if exc.status_code == 400 and exc.__cause__ is not None and request.method in ("POST", "PUT", "PATCH"):
+            return JSONResponse({"detail": [{"field": "body", "value": None, "rule": unparsable(exc.__cause__)}]},
+                                status_code=422)
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = []

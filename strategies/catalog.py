@@ -16,7 +16,7 @@ from typing import Any
 
 from strategies.costmodel.hardware import PROFILES, profile_cluster
 from strategies.errors import SpecError, UnknownPresetError
-from strategies.spec import MAX_LEVEL_SIZE, MAX_LEVELS, ClusterSpec, Level, ModelSpec, Strategy
+from strategies.spec import MAX_LEVEL_SIZE, MAX_LEVELS, ClusterSpec, Level, ModelSpec, Strategy, check_spans
 
 # Figures from DESIGN.md §7, each level built from its link's profile (costmodel/hardware.py: bandwidth,
 # achievable fraction and per-step latency, with their sources); the outermost size is set by NAME:N.
@@ -152,6 +152,7 @@ def build_strategy(spec: str | dict[str, Any] | Strategy, cluster: ClusterSpec, 
     else:
         fields = _preset_fields(spec, cluster)
     fields.update(overrides)
+    check_spans(fields, cluster)
     return Strategy.from_dict(fields).validate_for(cluster)
 
 

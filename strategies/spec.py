@@ -131,6 +131,12 @@ class ClusterSpec:
             raise SpecError("span", span, f"must be within 0..{self.num_levels} (the cluster's levels)")
         return math.prod(self.sizes[:span])
 
+    def spans_rule(self) -> str:
+        """What each span means on this cluster, for errors: ``"must be within 0..3 on frontier:48
+        (0 = unsharded, 1 = gcd-pair (2 ranks), 2 = node (8 ranks), 3 = inter-node (384 ranks))"``."""
+        levels = ", ".join(f"{k} = {lv.name} ({self.span_size(k)} ranks)" for k, lv in enumerate(self.levels, 1))
+        return f"must be within 0..{self.num_levels} on {self.name} (0 = unsharded, {levels})"
+
     def with_outer_size(self, size: int) -> ClusterSpec:
         """The same cluster with ``size`` groups of the outermost level (e.g. nodes)."""
         _check_int(f"cluster {self.name}: outermost level size", size, 1)
@@ -268,9 +274,7 @@ class Strategy:
     def validate_for(self, cluster: ClusterSpec) -> Strategy:
         """Check the rules that need the cluster (spans and levels exist); return self."""
         levels = cluster.num_levels
-        if self.optim_span > levels:
-            raise SpecError("strategy.optim_span", self.optim_span,
-                            f"must be <= {levels}, the number of levels of cluster {cluster.name!r}")
+        check_spans(self.to_dict(), cluster)
         if self.quantize_above > levels:
             raise SpecError("strategy.quantize_above", self.quantize_above,
                             f"must be <= {levels}, the number of levels of cluster {cluster.name!r}")
@@ -293,4 +297,21 @@ class Strategy:
         return _from_dict(cls, data, "strategy")
 
 
-__all__ = ["BITS", "ClusterSpec", "Level", "ModelSpec", "Strategy"]
+def check_spans(fields: dict[str, Any], cluster: ClusterSpec) -> None:
+    """Every span in ``fields`` names a level of ``cluster`` (checked before the rules between spans,
+    so ``param_span=5`` on a 3-level cluster is told what the levels are, not compared with grad_span)."""
+    for f in ("param_span", "grad_span", "optim_span", "secondary_span"):
+        value = fields.get(f)
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= cluster.num_levels:
+            raise SpecError(f"strategy.{f}", value, cluster.spans_rule())
+
+
+def count_label(n: float) -> str:
+    """A count for people: ``104.5 K``, ``4.2 M``, ``6.66 B`` (never ``0.000 B`` for a small model)."""
+    for scale, unit, digits in ((1e9, "B", 2), (1e6, "M", 1), (1e3, "K", 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{n:g}"
+
+
+__all__ = ["BITS", "check_spans", "count_label", "ClusterSpec", "Level", "ModelSpec", "Strategy"]

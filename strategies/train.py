@@ -92,6 +92,7 @@ def resolve(args: argparse.Namespace, *, accelerated: bool | None = None,
     if global_batch % per_step:
         raise SpecError("global_batch", global_batch, f"must be a multiple of world x micro_batch_size = {per_step}")
     _check_out(args.out)
+    fault()
     accum = global_batch // per_step
     if not args.force:
         accelerated = cluster.device != "cpu" if accelerated is None else accelerated
@@ -119,10 +120,11 @@ def _check_out(out: str) -> None:
 
 
 def check_memory(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, accum: int, elem_bytes: int,
-                 ranks_here: int | None = None, available_bytes: int | None = None) -> dict[str, Any]:
+                 ranks_here: int | None = None, available_bytes: int | None = None,
+                 hint: str = "; --force runs it anyway") -> dict[str, Any]:
     """Refuse (SpecError) a run the cost model says cannot fit: per rank against the cluster's device
     memory, and, with ``ranks_here`` and ``available_bytes``, all ranks on this host against its free
-    memory. Returns the prediction's memory per rank."""
+    memory. Returns the prediction's memory per rank; ``hint`` ends the refusal."""
     from strategies.costmodel import GIB, predict
 
     per_step = cluster.world_size * strategy.micro_batch_size
@@ -132,12 +134,11 @@ def check_memory(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, acc
         over = pred["overflow"]
         raise SpecError("strategy", strategy.name or "custom",
                         f"{model.name} does not fit {cluster.device} memory with it: {over['reason']} "
-                        f"(over by {over['over_by_bytes'] / GIB:.1f} GiB per rank); --force runs it anyway")
+                        f"(over by {over['over_by_bytes'] / GIB:.1f} GiB per rank){hint}")
     if ranks_here and available_bytes is not None and ranks_here * memory["peak"] > available_bytes:
         raise SpecError("cluster", cluster.name,
                         f"its {ranks_here} ranks on this host need {ranks_here * memory['peak'] / GIB:.1f} GiB "
-                        f"({memory['peak'] / GIB:.2f} GiB each) and {available_bytes / GIB:.1f} GiB is available; "
-                        "--force runs it anyway")
+                        f"({memory['peak'] / GIB:.2f} GiB each) and {available_bytes / GIB:.1f} GiB is available{hint}")
     return memory
 
 
@@ -294,24 +295,39 @@ class RankStatus:
         self.path.unlink(missing_ok=True)
 
 
-def _maybe_fault(rank: int, step: int) -> bool:
-    """Fault injection for failure-path tests: ZEROTUNE_FAULT="crash@RANK:STEP", "hang@RANK:STEP", "kill@RANK:STEP"
-    (SIGKILL, as the out-of-memory killer sends) or
-    "nan@RANK:STEP" (that rank's loss is NaN from that step on: the run ends and the health gate fails it).
-    Returns whether this rank's loss is poisoned at this step."""
+FAULT_KINDS = ("crash", "hang", "kill", "nan")
+
+
+def fault() -> tuple[str, int, int] | None:
+    """The fault ``ZEROTUNE_FAULT`` injects, for failure-path tests and for rehearsing a cluster's
+    failure handling: ``KIND@RANK:STEP`` (``:STEP`` defaults to 0) with KIND one of ``crash`` (the
+    rank raises), ``hang`` (the rank sleeps: the run's timeout must end it), ``kill`` (SIGKILL, as the
+    kernel's out-of-memory killer sends) or ``nan`` (the rank's loss is NaN from that step on: the
+    health gate fails the run). Unset: None. ``resolve`` refuses a malformed value before anything
+    starts."""
     spec = os.environ.get("ZEROTUNE_FAULT")
     if not spec:
+        return None
+    m = re.fullmatch(r"(\w+)@(\d+)(?::(\d+))?", spec.strip())
+    if not m or m.group(1) not in FAULT_KINDS:
+        raise SpecError("ZEROTUNE_FAULT", spec, f"must be KIND@RANK:STEP with KIND one of {list(FAULT_KINDS)}")
+    return m.group(1), int(m.group(2)), int(m.group(3) or 0)
+
+
+def _maybe_fault(rank: int, step: int) -> bool:
+    """Inject ``fault()`` on this rank at this step; returns whether this rank's loss is poisoned."""
+    injected = fault()
+    if injected is None:
         return False
-    kind, _, where = spec.partition("@")
-    fault_rank, _, fault_step = where.partition(":")
-    if rank == int(fault_rank) and step == int(fault_step or 0):
+    kind, fault_rank, fault_step = injected
+    if rank == fault_rank and step == fault_step:
         if kind == "crash":
-            raise RuntimeError(f"injected crash on rank {rank} at step {step} (ZEROTUNE_FAULT={spec})")
+            raise RuntimeError(f"injected crash on rank {rank} at step {step} (ZEROTUNE_FAULT={kind}@{rank}:{step})")
         if kind == "hang":
             time.sleep(10**6)
         if kind == "kill":  # as the kernel's out-of-memory killer would
             os.kill(os.getpid(), signal.SIGKILL)
-    return kind == "nan" and rank == int(fault_rank) and step >= int(fault_step or 0)
+    return kind == "nan" and rank == fault_rank and step >= fault_step
 
 
 def _env_from_slurm() -> None:

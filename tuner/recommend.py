@@ -24,6 +24,7 @@ error of its predicted strategy comparisons against published ones, the *band*):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -33,7 +34,7 @@ from db.models import Trial
 from db.session import session_scope
 from strategies.errors import ZerotuneError
 from strategies.spec import Strategy
-from tuner import remeasure
+from tuner import failures, remeasure
 from tuner.executors.base import TrialSpec
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ VERIFY_PROXY: dict[str, Any] = {"max_ranks": 4, "proxy_hidden": 128, "proxy_voca
 """The verification run's executor: a proxy small enough to learn in seconds on this machine."""
 
 
+VERIFY_LOG_LINES = 60
+"""Lines of a verification run's log kept with the answer (its end: the steps and the verdict)."""
+
+
 def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
     """A short run of a proxy with this strategy on this machine (a predicted quantized pick).
 
@@ -85,13 +90,44 @@ def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
     except Exception as exc:  # the executor itself could not start here
         return {"trial_id": trial_id, "outcome": "could not run", "healthy": None,
                 "detail": f"{type(exc).__name__}: {exc}"}
+    run = result.metrics or {}
+    # the run itself, for whoever reads the answer: its loss curve, the proxy it trained and its log's tail
+    shown = {"loss": run.get("loss"), "grad_norm": run.get("grad_norm"), "health": run.get("health"),
+             "data": run.get("data"), "proxy_model": result.proxy_model, "cluster_run": result.extra.get("cluster_run"),
+             "step_time_s": run.get("step_time_s"),
+             "logs": "\n".join((result.logs or "").splitlines()[-VERIFY_LOG_LINES:])}
     if result.status == "complete":
         return {"trial_id": trial_id, "outcome": "healthy", "healthy": True,
-                "detail": (result.metrics or {}).get("health", {}).get("evidence", "healthy")}
-    verdict = ((result.metrics or {}).get("health") or {}).get("verdict")
+                "detail": (run.get("health") or {}).get("evidence", "healthy"), **shown}
+    verdict = (run.get("health") or {}).get("verdict")
     if verdict not in (None, "ok"):
-        return {"trial_id": trial_id, "outcome": "unhealthy", "healthy": False, "detail": result.reason or verdict}
-    return {"trial_id": trial_id, "outcome": "could not run", "healthy": None, "detail": result.reason or "no verdict"}
+        return {"trial_id": trial_id, "outcome": "unhealthy", "healthy": False, "detail": result.reason or verdict,
+                **shown}
+    return {"trial_id": trial_id, "outcome": "could not run", "healthy": None, "detail": result.reason or "no verdict",
+            **shown}
+
+
+def peak_memory_bytes(trial: Trial) -> float | None:
+    """A trial's peak memory per rank: measured where it ran, else the cost model's."""
+    for source in (trial.metrics, trial.prediction):
+        peak = ((source or {}).get("memory_bytes") or {}).get("peak")
+        if isinstance(peak, int | float):
+            return float(peak)
+    return None
+
+
+def pareto_front(trials: Sequence[Trial]) -> list[dict[str, Any]]:
+    """The complete trials no other beats on both TFLOPS per rank (higher) and peak memory per rank
+    (lower), by memory ascending: what ``objective: pareto`` asks for. Ties keep the first trial."""
+    points = [(t, float(t.value), peak_memory_bytes(t)) for t in trials if t.value is not None]
+    points = [(t, v, m) for t, v, m in points if m is not None]
+    front: list[dict[str, Any]] = []
+    best = -float("inf")
+    for t, value, memory in sorted(points, key=lambda p: (p[2], -p[1], p[0].id)):
+        if value > best:  # faster than every point that needs no more memory
+            best = value
+            front.append({"trial_id": t.id, "strategy": t.strategy, "value": value, "peak_memory_bytes": memory})
+    return front
 
 
 def partition(s: Strategy) -> tuple:
@@ -179,11 +215,11 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
         rows = s.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete",
                                              Trial.value.is_not(None)).order_by(Trial.value.desc())).all()
         ranked = [(t.id, Strategy.from_dict(t.strategy), t.value, _evidence(tuner, t), t.metrics) for t in rows]
+        front = pareto_front(rows) if tuner.request.objective == "pareto" else None
         if not ranked:
-            failed = s.scalars(select(Trial).where(Trial.study_id == study_id)).all()
-            reasons = sorted({t.reason for t in failed if t.reason})[:3]
-            raise StudyFailed(f"no trial of study {study_id} completed ({len(failed)} tried); "
-                              f"reasons: {reasons or ['none recorded']}")
+            tried = s.scalars(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)).all()
+            raise StudyFailed(f"no trial of study {study_id} completed ({len(tried)} tried): "
+                              f"{failures.summary((t.status, t.reason) for t in tried)}")
     predicted = ranked[0][3] == "predicted"
     band = _band(ranked[0][4]) if predicted else None
     if predicted:
@@ -231,6 +267,8 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
                 decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(), "value": cand[2]})
     req = tuner.request
     extra = {"decision": decision, "refit": tuner.refit, **(tuner.answer_note or {})}
+    if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
+        extra["front"] = front
     measured = sorted(((r[0], r[2], r[4] or {}) for r in ranked if r[3] != "predicted" and r[2] is not None),
                       key=lambda r: -r[1])
     if measured:  # each leader's TFLOPS at the quartiles of its timed steps (and the answer's); which ran twice

@@ -49,7 +49,7 @@ from strategies.catalog import build_strategy
 from strategies.costmodel import Calibration, predict
 from strategies.errors import SpecError
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
-from tuner import calibrations, remeasure
+from tuner import calibrations, failures, remeasure
 from tuner.executors.base import Executor, TrialResult, TrialSpec
 from tuner.executors.local import runs_as_is
 from tuner.recommend import StudyFailed, recommend
@@ -250,6 +250,7 @@ class Tuner:
                 self._one_trial(study, study_id, progress)
                 if self.progress_cb:
                     self.progress_cb(progress)
+                self._stop_on_repeated_failure(study_id)
             if self.executor.name != "model" and not self.stop.is_set():
                 self.remeasured = self._remeasure(study_id)
                 self.refit = self._refit(study_id)
@@ -313,11 +314,24 @@ class Tuner:
             calibrations.log.warning("study %d: refit failed: %s: %s", study_id, type(exc).__name__, exc)
             return {"error": f"{type(exc).__name__}: {exc}"}
 
+    def _stop_on_repeated_failure(self, study_id: int) -> None:
+        """Fail fast: runs that keep failing for one cause before any completed (an unreachable Slurm
+        controller, a broken environment) stop the study with that cause instead of spending the
+        budget on it (``failures.FAIL_FAST``)."""
+        with session_scope(self.sessions) as s:
+            rows = s.execute(select(Trial.status, Trial.reason).where(Trial.study_id == study_id)
+                             .order_by(Trial.id)).all()
+        reason = failures.repeated_failure((status, why) for status, why in rows)
+        if reason is not None:
+            n = sum(failures.is_run_failure(status, why) for status, why in rows)
+            raise StudyFailed(f"study {study_id} stopped after {n} failed runs and none completed, all with one "
+                              f"cause (fix it and resubmit): {reason}")
+
     def _count_done(self, study_id: int) -> int:
         with session_scope(self.sessions) as s:
             # a trial whose runner died is replaced by its retry: only the retry counts against the budget
             return s.scalar(select(func.count()).select_from(Trial).where(
-                Trial.study_id == study_id, Trial.status.in_(("complete", "failed", "infeasible")),
+                Trial.study_id == study_id, Trial.status.in_(repo.TERMINAL_TRIAL_STATUSES),
                 ~((Trial.status == "failed") & Trial.reason.like(f"%{RETRIED}")))) or 0
 
     def _one_trial(self, study: Any, study_id: int, progress: Progress) -> None:
@@ -355,9 +369,10 @@ class Tuner:
             return
         value = self._values(result.metrics) if result.status == "complete" and result.metrics else None
         self._finish(trial_id, result, prediction, value[0] if value else None)
-        if value is None:
+        if value is None:  # a pruned run is Optuna's PRUNED too (its sampler treats the two differently)
             trial.set_user_attr("reason", result.reason or "failed")
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED if result.status == "pruned"
+                       else optuna.trial.TrialState.FAIL)
         else:
             study.tell(trial, value)
             progress.best_value = max(progress.best_value or -math.inf, value[0])

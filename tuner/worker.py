@@ -55,7 +55,10 @@ class WorkerSettings(Protocol):
     slurm_partition: str | None
 
     def work_root(self) -> Path: ...
-COUNTED = ("complete", "failed", "infeasible")  # the statuses Tuner counts against the budget
+COUNTED = repo.TERMINAL_TRIAL_STATUSES  # the statuses Tuner counts against the budget
+TRIALS_SHARE = 0.95
+"""The share of a job's progress its trials make up: what follows them (re-measuring overlapping leaders,
+verifying a predicted pick, storing the answer) is the rest, so a job reads 1.0 only once it is done."""
 
 
 def tune_request(row: Request) -> TuneRequest:
@@ -185,9 +188,10 @@ class Worker:
             if result and request.measure and not stop.is_set():
                 result = self._measure_shortlist(job_id, request, result, beat, stop)
         except StudyFailed as exc:
+            log.warning("worker %s: %s → failed in %.1f s: %s", self.id, label, time.monotonic() - started, exc)
             return self._finish(job_id, "failed", str(exc))
         except Exception as exc:
-            log.exception("worker %s: %s failed", self.id, label)
+            log.exception("worker %s: %s → failed in %.1f s", self.id, label, time.monotonic() - started)
             return self._finish(job_id, "failed", f"{type(exc).__name__}: {exc}")
         finally:
             beat.stop()
@@ -291,7 +295,7 @@ class _Heartbeat:
                 done = s.scalar(select(func.count()).select_from(Trial).where(
                     Trial.study_id == self.study_id, Trial.status.in_(COUNTED))) or 0
                 total = s.scalar(select(Study.n_trials).where(Study.id == self.study_id)) or 1
-            values = {"trials_done": done, "progress": min(1.0, done / total)}
+            values = {"trials_done": done, "progress": TRIALS_SHARE * min(1.0, done / total)}
         if phase:
             values["phase"] = phase[:64]
         try:

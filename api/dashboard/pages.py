@@ -188,7 +188,9 @@ def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]
             "refit": refit_of(session, row.study_id), "shortlist_note": (rec.metrics or {}).get("measured_shortlist"),
             "leaders": (rec.metrics or {}).get("leaders") or [],
             "remeasured": (rec.metrics or {}).get("remeasured") or [],
-            "strategy_rows": strategy_rows(rec.strategy, cluster_levels(request)), "data": page_data({})}
+            "front": (rec.metrics or {}).get("front") or [],
+            "strategy_rows": strategy_rows(rec.strategy, cluster_levels(request)),
+            "data": page_data({"verification": (rec.metrics or {}).get("verification")})}
 
 
 def compare_trials(session: Session, trial_ids: list[int], study_id: int | None,

@@ -53,6 +53,10 @@ CASES = [
     ("/v1/trials", json.dumps({**RUN, "extra": nested(300)}), "body", "extra: nested deeper than 32 levels"),
     ("/v1/trials", json.dumps({**RUN, "extra": nested(500)}), "body", "extra: nested deeper than 32 levels"),
     ("/v1/trials", json.dumps({**RUN, "strategy": "Makefile"}), "body.strategy", "unknown strategy preset"),
+    # bodies the JSON parser cannot read are bad input too: 422 on body, never FastAPI's bare 400
+    ("/v1/recommendations", b'{"model": "gpt-tiny\xff", "cluster": "local:2"}', "body", "not valid UTF-8"),
+    ("/v1/trials", "[" * 5000 + "]" * 5000, "body", "nested too deeply"),
+    ("/v1/recommendations", '{"model": ' * 3000 + "1" + "}" * 3000, "body", "nested too deeply"),
     # no coercion: a string or a boolean is not the integer a field asks for
     ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": True}}), "body.budget.trials", "integer"),
     ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": "5"}}), "body.budget.trials", "integer"),

@@ -34,6 +34,23 @@ def test_invalid_strategy_is_one_line_on_stderr(capsys):
     assert err == "zerotune: error: strategy.grad_bits=3: must be one of [16, 8, 4]"
 
 
+def test_validate_with_a_model_checks_that_it_fits(capsys):
+    assert main(["validate", "--strategy", "zero1", "--model", "gpt-neox-20b", "--cluster", "frontier:48"]) == \
+        ExitStatus.USAGE_ERROR
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("zerotune: error: strategy='zero1': gpt-neox-20b does not fit AMD MI250X GCD memory with "
+                          "it: needs 94.7 GiB of 64 GiB") and len(err.splitlines()) == 1, err
+    assert main(["validate", "--strategy", "zero3", "--model", "gpt-neox-20b", "--cluster", "frontier:48"]) == 0
+    assert "gpt-neox-20b needs 21.7 GiB of 64 GiB per rank" in capsys.readouterr().out
+
+
+def test_catalog_sizes_read_for_small_models_too(capsys):
+    assert main(["catalog"]) == 0
+    out = capsys.readouterr().out
+    assert "0.000 B" not in out
+    assert "137.0 K params" in out and "4.2 M params" in out and "20.26 B params" in out
+
+
 def test_catalog_json(capsys):
     assert main(["catalog", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -59,6 +76,29 @@ def test_serve_with_a_bad_setting_is_one_line_on_stderr(capsys):
     assert main(["serve", "--port", "70000"]) == ExitStatus.USAGE_ERROR
     err = capsys.readouterr().err.strip()
     assert err == "zerotune: error: ZEROTUNE_PORT=70000: Input should be less than or equal to 65535"
+
+
+def test_serve_on_a_busy_port_is_one_line_and_never_says_serving(capsys):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--workers", "0", "--db", "sqlite://"]) == ExitStatus.USAGE_ERROR
+    err = capsys.readouterr().err.strip()
+    assert err == (f"zerotune: error: port={port}: 127.0.0.1:{port} is already in use (another service?); "
+                   "choose another with --port or ZEROTUNE_PORT"), err
+
+
+def test_make_run_takes_the_port_from_the_environment():
+    """``make run`` passes no --host/--port of its own: ZEROTUNE_HOST / ZEROTUNE_PORT decide, as documented."""
+    from pathlib import Path
+
+    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "run"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1].endswith("zerotune serve"), out.stdout
 
 
 def test_upload_exit_paths(tmp_path, capsys):

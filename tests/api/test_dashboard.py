@@ -74,6 +74,8 @@ class Seeded:
     running: int = 0
     running_job: int = 0
     failed_only: int = 0
+    pareto: int = 0
+    pareto_recommendation: int = 0
     trials: dict[str, int] = field(default_factory=dict)
     refit: dict[str, Any] = field(default_factory=dict)
 
@@ -145,7 +147,58 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
         repo.set_study_state(session=s, study_id=study.id, state="failed",
                              error=f"no trial of study {study.id} completed (3 tried)")
         seeded.failed_only = study.id
+        seed_pareto(s, seeded)
     engine.dispose()
+
+
+def seed_pareto(s: Any, seeded: Seeded) -> None:
+    """A finished pareto study answered with a proxy-verified pick: its front, the verification run's loss
+    curve and log, and one infeasible point needing ~20x the device's memory (it must not squeeze the front)."""
+    from db import repository as repo
+    from strategies.catalog import build_strategy, parse_cluster, parse_model
+    from strategies.costmodel import predict
+    from tuner.recommend import pareto_front
+    from tuner.study import strategy_key
+
+    model, cluster = parse_model("gpt-mini"), parse_cluster("local:2x2")
+    request, _ = repo.get_or_create_request(
+        session=s, key=key("dashboard-pareto"), model=model.to_dict(), cluster=cluster.to_dict(),
+        objective="pareto", budget={"trials": 6, "time_s": None}, executor="local")
+    study = repo.create_study(session=s, request_id=request.id, optuna_study_name="dashboard-pareto",
+                              sampler="nsga2", executor="local", n_trials=6)
+    rows = []
+    for number, (name, slowdown) in enumerate((("zero3", 1.2), ("zeropp", 1.0), ("mics", 0.9), ("ddp", 0.8),
+                                               ("3level-a", 1.1))):
+        strategy = build_strategy(name, cluster)
+        run, prediction = measured(model, cluster, strategy, slowdown)
+        trial = repo.add_trial(session=s, study_id=study.id, strategy=strategy.to_dict(),
+                               strategy_key=strategy_key(strategy), executor="local", number=number)
+        repo.finish_trial(session=s, trial_id=trial.id, status="complete", value=run["tflops_per_rank"], metrics=run,
+                          prediction=prediction)
+        rows.append(trial)
+    huge = build_strategy("ddp", cluster)
+    prediction = predict(parse_model("gpt-1.3b"), cluster, huge)
+    trial = repo.add_trial(session=s, study_id=study.id, strategy=huge.to_dict(), strategy_key="huge", executor="local",
+                           number=5)
+    repo.finish_trial(session=s, trial_id=trial.id, status="infeasible", prediction=prediction,
+                      reason=prediction["overflow"]["reason"])
+    seeded.trials["pareto-huge"] = trial.id
+    s.flush()
+    front = pareto_front(rows)
+    chosen = max(rows, key=lambda t: t.value)
+    loss = [6.31, 6.2, 6.02, 5.81, 5.63, 5.4, 5.22, 5.01, 4.85, 4.7, 4.52, 4.41, 4.3, 4.18, 4.1, 4.01]
+    verification = {"trial_id": chosen.id, "outcome": "healthy", "healthy": True, "loss": loss,
+                    "detail": "loss 6.2000 -> 4.0100 over steps 2-16: trend -0.15/step, t = -40.1",
+                    "health": {"verdict": "ok", "evidence": "loss 6.2000 -> 4.0100 over steps 2-16"},
+                    "data": {"source": "markov", "loss_floor": 2.194}, "proxy_model": {"name": "gpt-mini-proxy"},
+                    "cluster_run": "local:2x2", "step_time_s": 0.05,
+                    "logs": "\n".join(f"step {i + 1}/16 loss {v:.4f}" for i, v in enumerate(loss)) + "\nwrote run.json"}
+    rec = repo.save_recommendation(session=s, study_id=study.id, request_key=request.key, strategy=chosen.strategy,
+                                   metrics={**chosen.metrics, "verification": verification, "front": front},
+                                   evidence="proxy-verified", exports={}, trial_id=chosen.id)
+    repo.set_study_state(session=s, study_id=study.id, state="done")
+    seeded.pareto, seeded.pareto_recommendation = study.id, rec.id
+    seeded.trials["pareto-front"] = len(front)
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +334,7 @@ def test_study_pages_render_every_chart(tab: Tab, seeded: Seeded) -> None:
     tab.open("/")  # redirects
     assert tab.page.url.endswith("/dashboard")
     rows = tab.page.locator("#studies tbody tr")
-    assert rows.count() == 3
+    assert rows.count() == 4
     assert tab.page.locator(f'tr[data-study="{seeded.finished}"] .js-rec a').get_attribute("href") \
         == f"/dashboard/recommendations/{seeded.recommendation}"
     tab.shot("studies")
@@ -338,6 +391,40 @@ def test_study_pages_render_every_chart(tab: Tab, seeded: Seeded) -> None:
     reasons = tab.page.locator("#trials tbody .reason").all_inner_texts()
     assert any("GiB" in r for r in reasons) and any("torchrun exited" in r for r in reasons)
     tab.shot("study-failed-only")
+
+
+@pytest.mark.timeout(120)
+def test_pages_fit_1400_px_and_the_front_is_not_squeezed(tab: Tab, seeded: Seeded) -> None:
+    """At 1400 px no table pushes the page sideways and no reason is cut; a point needing ~20x the device's
+    memory is drawn at the axis' edge (its figure in words), not stretching the axis over the front."""
+    for path in ("/dashboard", f"/dashboard/studies/{seeded.running}", f"/dashboard/studies/{seeded.failed_only}",
+                 f"/dashboard/studies/{seeded.pareto}"):
+        page = tab.open(path)
+        fits = page.evaluate("""() => ({page: document.documentElement.scrollWidth <= window.innerWidth,
+            tables: [...document.querySelectorAll('table.grid')]
+                .every(t => t.getBoundingClientRect().right <= window.innerWidth),
+            cut: [...document.querySelectorAll('table .reason')].filter(r => r.scrollWidth > r.clientWidth + 1
+                  || r.textContent.trim().endsWith('...')).map(r => r.textContent)})""")
+        assert fits == {"page": True, "tables": True, "cut": []}, (path, fits)
+    page = tab.open(f"/dashboard/studies/{seeded.pareto}")
+    xmax, title = page.evaluate(
+        "(a => [a.range[1], a.title.text])(document.getElementById('chart-pareto')._fullLayout.xaxis)")
+    unit = 2**30 if "(GiB)" in title else 2**20
+    points = api(seeded, f"/v1/studies/{seeded.pareto}/points")["data"]
+    front = max(p["peak_memory_bytes"] for p in points if p["status"] == "complete")
+    huge = next(p["peak_memory_bytes"] for p in points if p["id"] == seeded.trials["pareto-huge"])
+    assert huge > 20 * front and xmax * unit < 1.2 * front  # the axis is the front's, not the 20x point's
+    text = tab.charts()["chart-pareto"]["text"]
+    assert "1 infeasible point beyond the axis" in text, text
+    tab.shot("study-pareto")
+
+    page = tab.open(f"/dashboard/recommendations/{seeded.pareto_recommendation}")
+    assert page.locator("#front tbody tr").count() == seeded.trials["pareto-front"] >= 2
+    assert page.locator("#front tbody tr.chosen").count() == 1
+    assert tab.charts()["chart-verification-loss"]["cartesian"] == 2  # the loss and the data's floor
+    assert "step 16/16 loss 4.0100" in page.locator("#verification-logs").inner_text()
+    assert "gpt-mini-proxy on local:2x2" in page.locator("#verification-run h2").inner_text()
+    tab.shot("recommendation-pareto-verified")
 
 
 @pytest.mark.timeout(120)

@@ -136,15 +136,17 @@ def test_measured_studies_through_the_service(sqlite_url, launcher, model, clust
     body = {"model": model, "cluster": cluster, "executor": "local", "budget": {"trials": trials}}
     r = httpx.post(f"{server.url}/v1/recommendations", json=body, timeout=30)
     assert r.status_code == 202, r.text
-    job_id, phases = r.json()["id"], set()
+    job_id, phases, running_progress = r.json()["id"], set(), []
     deadline = time.monotonic() + 360
     while time.monotonic() < deadline:
         job = httpx.get(f"{server.url}/v1/jobs/{job_id}", timeout=10).json()
         if job["state"] != "running" and job["state"] != "queued":
             break
         phases.add(job["phase"])
+        running_progress.append(job["progress"])
         time.sleep(0.3)
-    assert job["state"] == "done", job
+    assert job["state"] == "done" and job["progress"] == 1.0, job
+    assert running_progress and max(running_progress) < 1.0  # 1.0 only once done: never while re-measuring
     assert "measuring" in phases and job["phase"] is None, (phases, job)  # a done job is in no phase
     rec = httpx.get(f"{server.url}/v1/recommendations/{job['recommendation_id']}").json()
     assert rec["evidence"] == evidence and rec["metrics"]["health"]["verdict"] == "ok"
@@ -245,10 +247,13 @@ def test_wait_cancel_and_errors(sqlite_url, launcher):
       "cluster": "local:2"}, "body.model.heads", "must divide hidden=100"),
     ({"model": "gpt-tiny", "cluster": {"name": "c", "levels": [{"name": "a", "size": 2, "bandwidth_gbps": 0}]}},
      "body.cluster.levels[0].bandwidth_gbps", "greater than 0"),
-    ({"model": "gpt-tiny", "cluster": "frontier:9999999"}, "body.cluster", "at most"),
+    ({"model": "gpt-tiny", "cluster": "frontier:9999999"}, "body.cluster.level[inter-node].size", "must be <= 65536"),
+    ({"model": "gpt-tiny", "cluster": "local:4096x4096x4"}, "body.cluster", "ranks; at most 16777216"),
     ({"cluster": "local:2"}, "body.model", "Field required"),
     ({"model": "gpt-7b", "cluster": "dgx-h100:8", "global_batch": 100}, "body.global_batch",
      "no micro-batch in [1, 2, 4] runs it on dgx-h100:8"),
+    ({"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "global_batch": 3}, "body.global_batch",
+     "runs it on local:2x2"),
     ({"model": "gpt-7b", "cluster": "dgx-h100:8", "tokens_per_step": 1000}, "body.tokens_per_step",
      "whole number of sequences of 2048 tokens"),
     ({"model": "gpt-tiny", "cluster": "local:2", "calibration": "nope"}, "body.calibration", "no such calibration"),

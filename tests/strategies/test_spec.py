@@ -139,8 +139,14 @@ def test_each_broken_rule_has_its_own_message(changes, field, fragment):
 
 def test_strategy_that_cannot_fit_the_cluster_is_refused():
     two_levels = parse_cluster("local:2x2")
-    with pytest.raises(SpecError, match=r"optim_span=3: must be <= 2, the number of levels"):
+    with pytest.raises(SpecError, match=r"param_span=3: must be within 0..2 on local:2x2 \(0 = unsharded, "
+                       r"1 = node \(2 ranks\), 2 = inter-node \(4 ranks\)\)"):
         build_strategy({"param_span": 3, "grad_span": 3, "optim_span": 3}, two_levels)
+    # a span past the levels is told what the levels are, before any rule between spans
+    with pytest.raises(SpecError, match=r"param_span=5: must be within 0..3 on frontier:48 .*3 = inter-node"):
+        build_strategy("zero3", parse_cluster("frontier:48"), param_span=5)
+    with pytest.raises(SpecError, match=r"optim_span=4: must be within 0..3"):
+        build_strategy({"param_span": 1, "grad_span": 1, "optim_span": 4}, parse_cluster("frontier:2"))
     with pytest.raises(SpecError, match=r"quantize_above=3: must be <= 2"):
         build_strategy("zero3", two_levels, quantize_above=3)
     with pytest.raises(SpecError, match="needs a cluster with an hpZ level"):

@@ -136,7 +136,9 @@ def test_invalid_input_is_refused_before_any_process_starts(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
     r = zerotune("train", "--cluster", "local:2x2", "--global-batch", "6", "--out", str(out))
     assert r.returncode == 2 and "global_batch=6: must be a multiple of world x micro_batch_size = 4" in r.stderr
-    assert time.monotonic() - t0 < 20
+    r = zerotune("train", "--out", str(out), env={"ZEROTUNE_FAULT": "explode@1:2"})
+    assert r.returncode == 2 and "ZEROTUNE_FAULT='explode@1:2': must be KIND@RANK:STEP" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 30
 
 
 # Loss curves recorded from real runs (10 steps, the first 2 untimed) and shaped ones around them.

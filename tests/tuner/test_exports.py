@@ -305,7 +305,7 @@ def test_bad_arguments() -> None:
         deepspeed_config(MODEL, cluster, s, deepspeed_version="0.9.0")
     with pytest.raises(ValueError, match="deepspeed_version"):
         deepspeed_config(MODEL, cluster, s, deepspeed_version="latest")
-    with pytest.raises(ValueError, match="optim_span"):  # spans of a 3-level cluster on a 2-level one
+    with pytest.raises(ValueError, match="span=3: must be within 0..2"):  # spans of a 3-level cluster on a 2-level one
         deepspeed_config(MODEL, parse_cluster("dgx-h100:4"), s)
     cfg = deepspeed_config(MODEL, cluster, s, dtype="fp32")
     assert "bf16" not in cfg and "fp16" not in cfg

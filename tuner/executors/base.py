@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from strategies.spec import ClusterSpec, ModelSpec, Strategy
 
-TrialStatus = Literal["complete", "failed", "infeasible"]
+TrialStatus = Literal["complete", "failed", "pruned", "infeasible"]
 
 
 @dataclass(frozen=True)

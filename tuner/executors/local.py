@@ -106,7 +106,7 @@ class LocalExecutor(Executor):
             return TrialResult(status="failed", reason="interrupted: the runner is stopping (the trial is retried)",
                                extra={**extra, "interrupted": True}, logs=logs, executor=self.name, proxy_model=proxy)
         if result.stopped:
-            return TrialResult(status="failed", reason="pruned: step times worse than the study's best",
+            return TrialResult(status="pruned", reason="pruned: step times worse than the study's best",
                                extra={**extra, "pruned": True}, logs=logs, executor=self.name, proxy_model=proxy)
         if not result.ok or not out.is_file():
             reason = failure_reason(out, result.output, result.timed_out, spec.timeout_s)

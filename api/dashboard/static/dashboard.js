@@ -230,14 +230,28 @@
     const done = points.filter((p) => p.status === "complete" && isNum(p.value) && withMem(p));
     const over = points.filter((p) => p.status === "infeasible" && isNum(p.predicted_tflops_per_rank) && withMem(p));
     if (!done.length && !over.length) return empty("chart-pareto", "No trial with a throughput and a memory figure yet.");
-    const scale = memoryScale(Math.max(...done.concat(over).map((p) => p.peak_memory_bytes)), limit);
+    // the axis is the complete trials' (and the device limit's when it is near them): a point the model ruled
+    // out far beyond (20x the memory) sits at the axis' edge with its figure in words, instead of squeezing
+    // the front to a sliver
+    const memOf = (ps) => ps.map((p) => p.peak_memory_bytes);
+    const axisTop = Math.max(...memOf(done.length ? done : over));
+    const scale = memoryScale(axisTop, limit);
     const [div, unit] = scale.unit;
-    const point = (ps, y, name, marker) => ({type: "scatter", mode: "markers", name, x: ps.map((p) => p.peak_memory_bytes / div),
-      y: ps.map(y), customdata: ps.map((p) => p.id), text: ps.map((p) => `trial ${p.id}: ${p.label}${p.reason ? "<br>" + esc(p.reason) : ""}`),
-      hovertemplate: `%{text}<br>%{x:.4g} ${unit}, %{y:.4g} TFLOPS/rank<extra></extra>`, marker});
+    const edge = 0.985 * scale.range[1] * div;  // bytes at the axis' right edge
+    const beyond = over.filter((p) => p.peak_memory_bytes > edge);
+    const point = (ps, y, name, marker) => ({type: "scatter", mode: "markers", name, x: ps.map((p) => Math.min(p.peak_memory_bytes, edge) / div),
+      y: ps.map(y), customdata: ps.map((p) => p.id), text: ps.map((p) => `trial ${p.id}: ${p.label}, ${fmt(p.peak_memory_bytes / GiB, 3)} GiB` +
+        `${p.reason ? "<br>" + esc(p.reason) : ""}`),
+      hovertemplate: `%{text}<br>%{y:.4g} TFLOPS/rank<extra></extra>`, marker});
     const traces = [];
     if (done.length) traces.push(point(done, (p) => p.value, "complete", {color: "#1f77b4", size: 7, opacity: 0.7}));
-    if (over.length) traces.push(point(over, (p) => p.predicted_tflops_per_rank, "infeasible (predicted)", {color: "#999", symbol: "x", size: 7}));
+    if (over.length) traces.push(point(over, (p) => p.predicted_tflops_per_rank, "infeasible (predicted)", {color: "#999", size: 7,
+      symbol: over.map((p) => (p.peak_memory_bytes > edge ? "triangle-right" : "x"))}));
+    if (beyond.length) {
+      const most = Math.max(...memOf(beyond)) / GiB;
+      scale.note = (scale.note ? scale.note + "<br>" : "") + `${beyond.length} infeasible point${beyond.length > 1 ? "s" : ""} beyond the axis ` +
+        `(▶, up to ${fmt(most, 3)} GiB)`;
+    }
     const front = [];
     let best = -Infinity;
     [...done].sort((a, b) => a.peak_memory_bytes - b.peak_memory_bytes || b.value - a.value).forEach((p) => {
@@ -298,8 +312,10 @@
     const tickX = [], tickY = [], tickText = [];
     dims.forEach((d, k) => d.ticks.forEach(([y, text]) => { tickX.push(k); tickY.push(y); tickText.push(text); }));
     const traces = [
-      {type: "scatter", mode: "text", name: "axes", x: dims.map((_, k) => k), y: dims.map(() => 1.02), text: dims.map((d) => `<b>${esc(d.label)}</b>`),
-        textposition: "top center", textfont: {size: 11}, hoverinfo: "skip", showlegend: false},
+      // titles on two alternating rows above the highest choice: neighbours and choices never overlap
+      {type: "scatter", mode: "text", name: "axes", x: dims.map((_, k) => k), y: dims.map((_, k) => (k % 2 ? 1.15 : 1.07)),
+        text: dims.map((d) => `<b>${esc(d.label)}</b>`), textposition: "middle center", textfont: {size: 11}, hoverinfo: "skip",
+        showlegend: false},
       {type: "scatter", mode: "text", name: "choices", x: tickX, y: tickY, text: tickText.map(esc), textposition: "middle left",
         textfont: {size: 10, color: "#444"}, hoverinfo: "skip", showlegend: false},
     ];
@@ -315,10 +331,12 @@
       text: dims.map((d) => `${d.label}: ${d.shown[best]}`), hovertemplate: "%{text}<extra>best</extra>"});
     return draw("chart-parcoords", traces, layout({height: 380, margin: {l: 40, r: 20, t: 20, b: 10},
       shapes: dims.map((_, k) => ({type: "line", x0: k, x1: k, y0: 0, y1: 1, line: {color: "#aaa", width: 1}, layer: "below"})),
-      xaxis: {visible: false, range: [-0.7, dims.length - 0.6], fixedrange: true}, yaxis: {visible: false, range: [-0.04, 1.1], fixedrange: true},
+      xaxis: {visible: false, range: [-0.7, dims.length - 0.6], fixedrange: true}, yaxis: {visible: false, range: [-0.04, 1.2], fixedrange: true},
       legend: {orientation: "h", x: 0, y: -0.02, yanchor: "top", title: {text: "TFLOPS per rank "}}})).then(() => linkClicks("chart-parcoords"));
   }
 
+  // a log axis labels its decades only: Plotly's default writes 2..9 between them, which collide
+  const LOG_AXIS = {type: "log", dtick: 1, tickformat: ".2~g", minor: {ticks: "inside", ticklen: 3, showgrid: false}};
   function errorChart(points, executor) {
     const measured = points.filter((p) => p.status === "complete" && isNum(p.measured_step_time_s) && isNum(p.predicted_step_time_s));
     if (!measured.length) {
@@ -337,8 +355,8 @@
         text: measured.map((p) => `trial ${p.id}: ${p.label}, error ${fmt(100 * errorOf(p), 3)}%`),
         hovertemplate: "%{text}<br>predicted %{x:.4g} s, measured %{y:.4g} s<extra></extra>", marker: {color: "#2ca02c", size: 8}},
       {type: "scatter", mode: "lines", name: "prediction = measurement", x: [lo, hi], y: [lo, hi], line: {color: "#999", dash: "dot"}, hoverinfo: "skip"},
-    ], layout({xaxis: axis("predicted step time (s)", {type: log ? "log" : "linear"}),
-      yaxis: axis("measured step time (s)", {type: log ? "log" : "linear"}),
+    ], layout({xaxis: axis("predicted step time (s)", log ? LOG_AXIS : {}),
+      yaxis: axis("measured step time (s)", log ? LOG_AXIS : {}),
       annotations: [{xref: "paper", yref: "paper", x: 0, y: 1, xanchor: "left", yanchor: "top", showarrow: false,
         text: `median |error| ${fmt(100 * median, 3)}% over ${measured.length} measured trials`}]})).then(() => linkClicks("chart-error"));
   }
@@ -577,6 +595,16 @@
       button.textContent = ok ? "Copied" : "Select the text and copy it";
       setTimeout(() => { button.textContent = "Copy"; }, 2000);
     }));
+    const v = DATA.verification;
+    if (v && Array.isArray(v.loss) && v.loss.length) {  // the proxy run that verified (or disqualified) the pick
+      const steps = v.loss.map((_, i) => i + 1);
+      const traces = [{type: "scatter", mode: "lines+markers", name: "loss", x: steps, y: v.loss, marker: {size: 5}}];
+      const floor = v.data && isNum(v.data.loss_floor) ? v.data.loss_floor : null;
+      if (floor !== null) traces.push({type: "scatter", mode: "lines", name: "loss floor of the data", x: [1, steps.length],
+        y: [floor, floor], line: {dash: "dot", color: "#6a737d"}});
+      draw("chart-verification-loss", traces, layout({height: 300, xaxis: axis("step", {dtick: 1}), yaxis: axis("loss (nats)"),
+        legend: {orientation: "h", y: -0.25}}));
+    }
   }
 
   const PAGES = {study: studyPage, studies: studiesPage, trial: trialPage, compare: comparePage, recommendation: recommendationPage};
