@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from api import errors
@@ -39,7 +40,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             service.stop()
 
-    app = FastAPI(title="zerotune", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+    # /docs from assets installed with fastapi-offline: the API page works with no network, as the dashboard
+    # does (FastAPI's own page loads Swagger UI from a CDN). No /redoc: ReDoc's bundle fetches its logo from one.
+    app = FastAPIOffline(title="zerotune", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, redoc_url=None,
                   responses={422: {"model": ValidationErrorPublic, "description": "Bad input: field, value, rule."},
                              413: {"model": Message, "description": "Body over ZEROTUNE_MAX_BODY_MB."}})
     app.state.service = service

@@ -503,10 +503,11 @@ def add_recommend_parser(sub: Any) -> None:
                    "(ZEROTUNE_CLUSTER, else SLURM_CLUSTER_NAME); inside Slurm the node count comes from Slurm")
     p.add_argument("--server", "--url", dest="server", help="the service (ZEROTUNE_URL, default http://127.0.0.1:8000)")
     p.add_argument("--token", help="bearer token for a service that requires one (ZEROTUNE_TOKEN)")
-    p.add_argument("--format", choices=["env", "deepspeed", "fsdp", "json"], default="env",
+    p.add_argument("--format", choices=["env", "deepspeed", "fsdp", "zerotune", "json"], default="env",
                    help="env: write every config into a directory and print export lines (default); deepspeed, "
-                        "fsdp, json (zerotune trainer): one config, to -o or stdout")
-    p.add_argument("-o", "--output", help="the file to write (deepspeed/fsdp/json; default stdout) or, with "
+                        "fsdp, zerotune (the trainer's config; 'json' is its older name): one config, to -o or "
+                        "stdout")
+    p.add_argument("-o", "--output", help="the file to write (deepspeed/fsdp/zerotune; default stdout) or, with "
                    "--format env, the directory (default .zerotune/job-$SLURM_JOB_ID)")
     p.add_argument("--base", help="your DeepSpeed config: the recommended zero_optimization is merged into it, "
                    "every other key stays yours (deepspeed and env formats)")

@@ -43,8 +43,10 @@ DEEPSPEED_DEFAULT_BUCKETS = {"reduce_bucket_mb": 1000.0, "allgather_bucket_mb": 
 """The fallback's buckets: DeepSpeed's defaults (reduce_bucket_size 5e8 and stage3_prefetch_bucket_size
 5e7 16-bit elements, DESIGN.md §7) in the Strategy's MB of 16-bit values."""
 
-FORMATS = ("env", "deepspeed", "fsdp", "json")
-EXPORT_OF = {"deepspeed": "deepspeed", "fsdp": "fsdp", "json": "zerotune"}
+FORMATS = ("env", "deepspeed", "fsdp", "zerotune")
+"""One name per format, as the API's ``?format=`` and ``exports`` keys name them."""
+FORMAT_ALIASES = {"json": "zerotune"}
+"""Older names still accepted (``--format json`` was the zerotune trainer's config)."""
 ENV_FILES = {"zerotune": "zerotune.json", "deepspeed": "ds_config.json", "fsdp": "fsdp.json"}
 
 
@@ -418,11 +420,12 @@ def write_outputs(rec: Mapping[str, Any], fmt: str, output: str | None, base: Ma
     if base is not None:
         ds = merge_deepspeed(base, ds)
     if fmt != "env":
-        content = {"deepspeed": ds, "fsdp": exports.get("fsdp") or {}, "json": zt}[fmt]
+        fmt = FORMAT_ALIASES.get(fmt, fmt)
+        content = {"deepspeed": ds, "fsdp": exports.get("fsdp") or {}, "zerotune": zt}[fmt]
         if output is None:
             return _dumps(content)
         write_atomic(output, _dumps(content))
-        if fmt == "json":
+        if fmt == "zerotune":
             _trainer_files(zt, os.path.dirname(os.path.abspath(output)))
         return ""
     directory = os.path.abspath(output or default_dir)

@@ -216,7 +216,7 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
     s, gb, accum = _prepare(cluster, strategy, global_batch, dtype, DTYPES, "DeepSpeed")
     version = _parse_version(deepspeed_version)
     mics_available = version is not None and version < MICS_REMOVED_IN
-    world, levels = cluster.world_size, cluster.num_levels
+    world = cluster.world_size
     notes: list[str] = []
 
     stage = 3 if s.param_span > 0 else 2 if s.grad_span > 0 else 1 if s.optim_span > 0 else 0
@@ -230,7 +230,7 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
         })
         what = "optimizer states" if stage == 1 else "gradients and optimizer states"
         narrower = [(name, span) for name, span in (("gradients", s.grad_span), ("optimizer states", s.optim_span))
-                    if span and span < levels]
+                    if span and cluster.span_size(span) < world]  # group sizes: on one node span 1 is the world
         if narrower:
             spans = ", ".join(f"{name} over {_span_words(cluster, span)}" for name, span in narrower)
             notes.append(f"DeepSpeed stage {stage} partitions {what} over the whole data-parallel world "
@@ -271,10 +271,13 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
 def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available: bool,
             notes: list[str]) -> dict[str, Any]:
     """The stage-3 keys: partition group (world or MiCS), hpZ, qwZ, qgZ, buckets."""
-    world, levels = cluster.world_size, cluster.num_levels
+    world = cluster.world_size
     per_node = _ranks_per_node(cluster)
     group_span = s.optim_span  # DeepSpeed shards P, G and OS together: take the widest (OS) span
-    use_mics = group_span < levels and mics_available
+    # what DeepSpeed will do depends on group sizes, not span numbers: on one node (dgx-h100:1) span 1
+    # is the whole world already, and plain stage 3 is exactly the strategy
+    below_world = cluster.span_size(group_span) < world
+    use_mics = below_world and mics_available
     out: dict[str, Any] = {}
     if use_mics:
         group = cluster.span_size(group_span)
@@ -300,12 +303,12 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
         quant_weights = quant_grads = False
     else:
         group = world
-        if group_span < levels:
+        if below_world:
             notes.append(f"DeepSpeed stage 3 shards P, G and OS over the whole world ({world} ranks), not over "
                          f"{_span_words(cluster, group_span)} with replication above it: DeepSpeed >= 0.19.7 "
                          f"removed MiCS (pass deepspeed_version <= 0.19.6 to use it). Memory per rank is lower "
                          f"and the parameter all-gather and gradient reduce-scatter cross every level.")
-        elif s.grad_span < levels:
+        elif cluster.span_size(s.grad_span) < world:
             notes.append(f"DeepSpeed stage 3 shards gradients like everything else over the world ({world} "
                          f"ranks); the strategy keeps them over {_span_words(cluster, s.grad_span)}.")
         # hpZ: the strategy's secondary span; else, when P is sharded narrower than the ZeRO group, the

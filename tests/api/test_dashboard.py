@@ -428,6 +428,18 @@ def test_pages_fit_1400_px_and_the_front_is_not_squeezed(tab: Tab, seeded: Seede
 
 
 @pytest.mark.timeout(120)
+def test_api_docs_render_with_no_request_leaving_the_service(tab: Tab, seeded: Seeded) -> None:
+    """The footer's "JSON API" link: Swagger UI from the service's own files (Tab fails any outside request)."""
+    page = tab.open("/docs")
+    page.wait_for_selector(".swagger-ui .opblock", timeout=20000)
+    paths = set(api(seeded, "/openapi.json")["paths"])
+    shown = set(page.locator(".opblock-summary-path").evaluate_all("els => els.map(e => e.dataset.path)"))
+    assert paths and paths <= shown, paths - shown
+    tab.shot("api-docs")
+    assert httpx.get(f"{seeded.url}/redoc").status_code == 404  # ReDoc's bundle would fetch its logo from a CDN
+
+
+@pytest.mark.timeout(120)
 def test_trial_pages(tab: Tab, seeded: Seeded) -> None:
     best = api(seeded, f"/v1/trials/{seeded.trials['best']}")
     tab.open(f"/dashboard/trials/{best['id']}")

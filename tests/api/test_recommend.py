@@ -211,10 +211,11 @@ def test_formats_and_the_deepspeed_base_merge(service, tmp_path):
     assert merged["zero_optimization"] == {"offload_optimizer": {"device": "cpu"}, **recommended_zero}
     assert read(tmp_path / "mine.json") == base, "the --base file itself changed"
 
-    for fmt, key in (("deepspeed", "deepspeed"), ("fsdp", "fsdp"), ("json", "zerotune")):
+    # one name per format, as the API names it; "json" stays accepted as the zerotune config's older name
+    for fmt, key in (("deepspeed", "deepspeed"), ("fsdp", "fsdp"), ("zerotune", "zerotune"), ("json", "zerotune")):
         r = recommend(*STORED_ARGS, "--server", service.url, "--format", fmt, cache=cache)
         assert r.returncode == 0 and json.loads(r.stdout) == rec[key], (fmt, r.stderr)
-    r = recommend(*STORED_ARGS, "--server", service.url, "--format", "json", "-o", str(tmp_path / "zt.json"),
+    r = recommend(*STORED_ARGS, "--server", service.url, "--format", "zerotune", "-o", str(tmp_path / "zt.json"),
                   cache=cache)
     assert r.returncode == 0 and read(tmp_path / "zt.json") == rec["zerotune"]
     assert read(tmp_path / "strategy.json") == rec["zerotune"]["strategy"]

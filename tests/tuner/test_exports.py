@@ -436,3 +436,22 @@ def test_zerotune_command_is_accepted_by_the_trainer(tmp_path: Path, monkeypatch
 def test_import_does_not_pull_in_torch() -> None:
     code = "import sys, tuner.exports; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+@pytest.mark.parametrize("cname", ["dgx-h100:1", "frontier:1"])
+@pytest.mark.parametrize("version", [None, "0.19.6"])
+def test_one_node_notes_compare_group_sizes_not_span_numbers(cname: str, version: str | None) -> None:
+    """On one node a span of 1 (node) is the whole world: plain stage 3 is exactly zero3 and mics there, so
+    neither gets MiCS keys, nor a note claiming DeepSpeed shards wider than the strategy."""
+    cluster = parse_cluster(cname)
+    for preset in ("zero3", "mics", "zero1", "zero2"):
+        s = build_strategy(preset, cluster)
+        cfg = deepspeed_config(MODEL, cluster, s, deepspeed_version=version)
+        notes = deepspeed_notes(MODEL, cluster, s, deepspeed_version=version)
+        assert not any(k.startswith("mics") for k in cfg["zero_optimization"]), (preset, cfg)
+        assert not any("whole world" in n or "whole data-parallel world" in n or "MiCS" in n for n in notes), \
+            (preset, notes)
+    # a real difference is still said: MiCS on two nodes shards inside the node and replicates across
+    two = parse_cluster(cname.replace(":1", ":2"))
+    cfg = deepspeed_config(MODEL, two, build_strategy("mics", two), deepspeed_version="0.19.6")
+    assert cfg["zero_optimization"]["mics_shard_size"] == two.span_size(two.node_span)
