@@ -125,6 +125,20 @@ class TuneRequest:
         return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()
 
 
+CONSTRAINT = "memory_gib_over"
+"""The study's one constraint: GiB per rank over the device memory (<= 0: fits)."""
+LEGACY_CONSTRAINTS_KEY = "constraints"
+"""Where Optuna before 5.0 kept a trial's constraints (a list), and where optuna-dashboard (0.21) still reads
+them; Optuna 5 reads both forms (``_get_constraints_from_system_attrs``)."""
+
+
+def constrain(trial: Any, over_gib: float) -> None:
+    """Record the memory constraint the way Optuna 5 stores it and the way optuna-dashboard reads it, so
+    the dashboard shows each trial's feasibility."""
+    trial.set_constraint(CONSTRAINT, over_gib)
+    trial.storage.set_trial_system_attr(trial._trial_id, LEGACY_CONSTRAINTS_KEY, [over_gib])
+
+
 def strategy_key(s: Strategy) -> str:
     fields = s.to_dict()
     fields.pop("name", None)
@@ -356,13 +370,12 @@ class Tuner:
             # leased in the same transaction: a runner dying after this leaves a lease to expire
             repo.claim_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
         trial.set_user_attr("zt_trial_id", trial_id)
+        constrain(trial, float(-prediction["headroom_bytes"]) / 2**30)
         if not prediction["feasible"]:
-            trial.set_constraint("memory_gib_over", float(-prediction["headroom_bytes"]) / 2**30)
             infeasible = TrialResult(status="infeasible", reason=prediction["overflow"]["reason"], executor="model")
             self._finish(trial_id, infeasible, prediction, None)
-            study.tell(trial, self._values(prediction))
+            self._tell_infeasible(study, trial, prediction)
             return
-        trial.set_constraint("memory_gib_over", float(-prediction["headroom_bytes"]) / 2**30)
         result = self._dispatch(trial_id, strategy, prediction)
         if result.extra.get("interrupted"):  # the runner is stopping: the trial keeps its lease and is retried
             log.info("trial %d interrupted: the runner is stopping", trial_id)
@@ -378,6 +391,24 @@ class Tuner:
             progress.best_value = max(progress.best_value or -math.inf, value[0])
         progress.last = {"number": trial.number, "status": result.status, "reason": result.reason,
                          "strategy": strategy.to_dict(), "value": value[0] if value else None}
+
+    def _tell_infeasible(self, study: Any, trial: Any, prediction: dict[str, Any]) -> None:
+        """Tell Optuna a point that does not fit, so that no reader takes it for a result.
+
+        Throughput: PRUNED with its constraint. TPE files a trial whose constraint is violated as
+        infeasible before it looks at the state (``_tpe.sampler._split_trials``), so it learns exactly
+        what a COMPLETE infeasible trial teaches; but a reader that ranks complete trials by value alone
+        no longer crowns it (optuna-dashboard's best trial is a plain maximum over COMPLETE trials: the
+        predicted TFLOPS of a point 12 GiB over memory were the study's "best", and a study where nothing
+        fits had one). Pareto: NSGA-II ranks only COMPLETE trials, so it stays COMPLETE, at 0 TFLOPS (it
+        does not run) beside its memory, dominated by every point that fits. The predicted TFLOPS stay
+        on the zt_trials row either way."""
+        import optuna
+
+        if self.request.objective == "pareto":
+            study.tell(trial, [0.0, float(prediction["memory_bytes"]["peak"]) / 2**30])
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
     def _values(self, metrics: dict[str, Any]) -> list[float]:
         tflops = float(metrics["tflops_per_rank"])
