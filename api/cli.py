@@ -510,7 +510,13 @@ def add_recommend_parser(sub: Any) -> None:
     p.add_argument("-o", "--output", help="the file to write (deepspeed/fsdp/zerotune; default stdout) or, with "
                    "--format env, the directory (default .zerotune/job-$SLURM_JOB_ID)")
     p.add_argument("--base", help="your DeepSpeed config: the recommended zero_optimization is merged into it, "
-                   "every other key stays yours (deepspeed and env formats)")
+                   "every other key stays yours (deepspeed and env formats); a batch key that differs from the "
+                   "recommended one is refused")
+    p.add_argument("--keep-base-batch", action="store_true",
+                   help="with --base: keep its batch keys (DeepSpeed's batch rule still checked) instead of refusing "
+                        "a batch other than the one every trial measured")
+    p.add_argument("--quiet", action="store_true",
+                   help="no warning lines for the config's notes (they are still written: notes.txt, *.notes.txt)")
     p.add_argument("--executor", choices=["model", "local", "slurm"], default="model", help="how the service tunes")
     p.add_argument("--trials", type=int, default=40, help="the study's trial budget (default 40)")
     p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
@@ -602,10 +608,14 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             what = "the built-in default (ZeRO-3, DeepSpeed's default buckets)"
         pl.warn(f"{exc} ({server}, after {spent:.1f} s); using {what}")
     try:
-        text = pl.write_outputs(rec, args.format, args.output, base, source, default_dir)
+        text, notes = pl.write_outputs(rec, args.format, args.output, base, source, default_dir,
+                                       keep_base_batch=args.keep_base_batch)
     except OSError as exc:
         print(f"zerotune: error: cannot write the {args.format} output: {exc}", file=sys.stderr)
         return ExitStatus.ERROR
+    if not args.quiet:  # one line per real difference between the config and what was measured
+        for note in notes:
+            pl.warn(note)
     sys.stdout.write(text)
     sys.stdout.flush()
     return ExitStatus.FALLBACK_USED if fallback and args.strict else ExitStatus.SUCCESS

@@ -510,6 +510,11 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
                              f"reshard_after_forward=True.")
             else:
                 reshard = g
+                notes.append(f"reshard_after_forward={g} (hpZ: keep P after forward sharded over {g} ranks) makes "
+                             f"each fully_shard call build its own post-forward process group; PyTorch issues "
+                             f"#147179, #149029 and #153302 report out-of-memory at scale from those groups. If "
+                             f"NCCL memory grows with the number of blocks, use reshard_after_forward=True (the "
+                             f"ZeRO-3 form: the backward all-gather then crosses the whole shard dim).")
     else:
         shard_span = s.optim_span
         shard = cluster.span_size(shard_span)
@@ -589,7 +594,9 @@ def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mix
         lines += ["    block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"]
     lines += [
         f"    fully_shard(block, mesh=mesh, reshard_after_forward={reshard!r}, mp_policy=mp_policy)",
-        f"fully_shard(model, mesh=mesh, reshard_after_forward={reshard!r}, mp_policy=mp_policy)",
+        "# the root (embeddings, head): its parameters are needed again as soon as backward starts, so resharding",
+        "# them after forward would only cost a gather",
+        "fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -27,7 +27,7 @@ import pytest
 
 from api.cli import ExitStatus
 from api.client import Client, Retry, ServiceError
-from api.prologue import PRESET_DEVICES_PER_NODE, default_recommendation, merge_deepspeed, request_key
+from api.prologue import PRESET_DEVICES_PER_NODE, UsageError, default_recommendation, merge_deepspeed, request_key
 from tests.api.conftest import ROOT, Launcher, free_port
 
 STORED = {"model": "gpt-125m", "cluster": "frontier:2", "executor": "model", "budget": {"trials": 8}}
@@ -169,8 +169,13 @@ def stubs() -> Iterator[list[Stub]]:
 def test_stored_recommendation_writes_files_env_lines_and_cache(service, tmp_path):
     out = tmp_path / "cfg"
     r = recommend(*STORED_ARGS, "--server", service.url, "-o", str(out), cache=tmp_path / "cache")
-    assert r.returncode == ExitStatus.SUCCESS and r.stderr == "", r.stderr
+    assert r.returncode == ExitStatus.SUCCESS, r.stderr
     e, rec = r.exports, service.rec
+    # the configs' notes: in notes.txt beside them, and one warning line each on stderr
+    notes = (out / "notes.txt").read_text().splitlines()
+    assert e["ZEROTUNE_NOTES"] == str(out / "notes.txt")
+    assert len(notes) == len(rec["exports"]["deepspeed_notes"]) + len(rec["exports"]["fsdp"]["notes"])
+    assert r.stderr.splitlines() == [f"zerotune: warning: {' '.join(n.split())}" for n in notes]
     assert e["ZEROTUNE_SOURCE"] == "service" and e["ZEROTUNE_RECOMMENDATION_ID"] == str(rec["id"])
     assert e["ZEROTUNE_EVIDENCE"] == rec["evidence"] and e["ZEROTUNE_CONFIG_DIR"] == str(out)
     assert read(e["ZEROTUNE_CONFIG"]) == rec["exports"]["zerotune"]
@@ -189,7 +194,7 @@ def test_stored_recommendation_writes_files_env_lines_and_cache(service, tmp_pat
     slurm = recommend("--trials", "8", cache=tmp_path / "cache2", cwd=tmp_path, ZEROTUNE_URL=service.url,
                       ZEROTUNE_MODEL="gpt-125m", SLURM_CLUSTER_NAME="frontier", SLURM_JOB_NUM_NODES="2",
                       SLURM_GPUS_ON_NODE="8", SLURM_JOB_ID="4242")
-    assert slurm.returncode == 0 and slurm.stderr == "", slurm.stderr
+    assert slurm.returncode == 0, slurm.stderr
     assert slurm.exports["ZEROTUNE_RECOMMENDATION_ID"] == str(rec["id"])
     assert slurm.exports["ZEROTUNE_CONFIG_DIR"] == str(tmp_path / ".zerotune" / "job-4242")
 
@@ -201,15 +206,36 @@ def test_formats_and_the_deepspeed_base_merge(service, tmp_path):
             "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}
     (tmp_path / "mine.json").write_text(json.dumps(base))
     out = tmp_path / "ds.json"
-    r = recommend(*STORED_ARGS, "--server", service.url, "--format", "deepspeed", "--base",
-                  str(tmp_path / "mine.json"), "-o", str(out), cache=cache)
-    assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stderr
+    recommended = rec["deepspeed"]
+    # a batch other than the one every trial measured is refused, naming the key and both values
+    args = (*STORED_ARGS, "--server", service.url, "--format", "deepspeed", "--base", str(tmp_path / "mine.json"),
+            "-o", str(out))
+    r = recommend(*args, cache=cache)
+    assert r.returncode == ExitStatus.USAGE_ERROR and not out.exists(), r.stderr
+    assert one_line(r.stderr) == (
+        f"zerotune: error: --base train_micro_batch_size_per_gpu=4: conflicts with the recommended "
+        f"train_micro_batch_size_per_gpu={recommended['train_micro_batch_size_per_gpu']} (every trial trained "
+        f"{recommended['train_batch_size']} sequences per step); remove it from the base, or pass --keep-base-batch "
+        "to train another batch than was measured")
+    r = recommend(*args, "--keep-base-batch", cache=cache)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    warnings = r.stderr.strip().splitlines()
+    assert all(w.startswith("zerotune: warning: ") for w in warnings)
+    assert any("zero_optimization.offload_optimizer (device cpu)" in w for w in warnings)
+    assert any("--base keeps fp16: the recommendation is for bf16" in w for w in warnings)
+    world = recommended["train_batch_size"] // (recommended["train_micro_batch_size_per_gpu"]
+                                                * recommended["gradient_accumulation_steps"])
+    assert any(f"--keep-base-batch: {4 * 2 * world} sequences per step" in w for w in warnings)
     merged = read(out)
-    assert {k: v for k, v in merged.items() if k != "zero_optimization"} == \
+    assert merged["train_batch_size"] == 4 * 2 * world  # DeepSpeed's rule, derived from the base's two keys
+    assert {k: v for k, v in merged.items() if k not in ("zero_optimization", "train_batch_size")} == \
         {k: v for k, v in base.items() if k != "zero_optimization"}, "the user's other keys changed"
-    recommended_zero = rec["deepspeed"]["zero_optimization"]
-    assert merged["zero_optimization"] == {"offload_optimizer": {"device": "cpu"}, **recommended_zero}
+    assert merged["zero_optimization"] == {"offload_optimizer": {"device": "cpu"}, **recommended["zero_optimization"]}
+    notes = (tmp_path / "ds.notes.txt").read_text().splitlines()
+    assert [f"zerotune: warning: {n}" for n in notes] == [" ".join(w.split()) for w in warnings]
     assert read(tmp_path / "mine.json") == base, "the --base file itself changed"
+    quiet = recommend(*args, "--keep-base-batch", "--quiet", cache=cache)
+    assert quiet.returncode == 0 and quiet.stderr == "" and read(out) == merged
 
     # one name per format, as the API names it; "json" stays accepted as the zerotune config's older name
     for fmt, key in (("deepspeed", "deepspeed"), ("fsdp", "fsdp"), ("zerotune", "zerotune"), ("json", "zerotune")):
@@ -268,9 +294,9 @@ def test_an_unwritable_output_is_an_error(service, tmp_path):
 def test_service_down_falls_back_within_the_budget(service, tmp_path):
     down = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "default"
-    r = recommend(*STORED_ARGS, "--server", down, "--timeout", "1", "-o", str(out), cache=tmp_path / "empty")
+    r = recommend(*STORED_ARGS, "--server", down, "--timeout", "1", "-o", str(out), "--quiet", cache=tmp_path / "empty")
     assert r.returncode == ExitStatus.SUCCESS, r.stderr
-    line = one_line(r.stderr)
+    line = one_line(r.stderr)  # --quiet silences the configs' notes, never the fallback's warning
     assert line.startswith("zerotune: warning: service unreachable") and "built-in default" in line
     assert 0.8 <= r.elapsed < 3.5, r.elapsed  # retried until the budget (1 s) was spent
     assert r.exports["ZEROTUNE_SOURCE"] == "default"
@@ -290,7 +316,8 @@ def test_service_down_falls_back_within_the_budget(service, tmp_path):
     # the last answer for the same request, cached on disk, wins over the built-in default
     cache = tmp_path / "cache"
     assert recommend(*STORED_ARGS, "--server", service.url, "--format", "json", cache=cache).returncode == 0
-    cached = recommend(*STORED_ARGS, "--server", down, "--timeout", "0.5", "-o", str(tmp_path / "c"), cache=cache)
+    cached = recommend(*STORED_ARGS, "--server", down, "--timeout", "0.5", "-o", str(tmp_path / "c"), "--quiet",
+                       cache=cache)
     assert cached.returncode == 0 and cached.exports["ZEROTUNE_SOURCE"] == "cache"
     assert cached.exports["ZEROTUNE_RECOMMENDATION_ID"] == str(service.rec["id"])
     assert f"cached recommendation {service.rec['id']}" in one_line(cached.stderr)
@@ -328,7 +355,7 @@ def test_5xx_and_429_are_retried_with_backoff(service, stubs, tmp_path):
     flaky = Stub((503, {"detail": "restarting"}, {"Retry-After": "0"}), (502, {"detail": "bad gateway"}, {}),
                  (429, {"detail": "slow down"}, {"Retry-After": "0.2"}), (200, service.rec, {}))
     stubs.append(flaky)
-    r = recommend(*STORED_ARGS, "--server", flaky.url, "--timeout", "5", cache=tmp_path / "cache",
+    r = recommend(*STORED_ARGS, "--server", flaky.url, "--timeout", "5", "--quiet", cache=tmp_path / "cache",
                   cwd=tmp_path)
     assert r.returncode == ExitStatus.SUCCESS and r.stderr == "", r.stderr
     assert r.exports["ZEROTUNE_SOURCE"] == "service" and flaky.count == 4
@@ -457,12 +484,24 @@ def test_the_fallback_is_a_valid_deepspeed_zero3_config():
 def test_merge_keeps_the_users_keys():
     recommended = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                    "bf16": {"enabled": True}, "zero_optimization": {"stage": 3, "reduce_bucket_size": 10}}
-    assert merge_deepspeed({}, recommended) == recommended
-    mine = {"fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 2,
+    assert merge_deepspeed({}, recommended) == (recommended, [])
+    mine = {"fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
             "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}
-    assert merge_deepspeed(mine, recommended) == {
-        "fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 2,
-        "zero_optimization": {"stage": 3, "reduce_bucket_size": 10, "offload_param": {"device": "cpu"}}}
+    merged, warnings = merge_deepspeed(mine, recommended)
+    assert merged == {"fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+                      "train_batch_size": 64, "gradient_accumulation_steps": 1,
+                      "zero_optimization": {"stage": 3, "reduce_bucket_size": 10, "offload_param": {"device": "cpu"}}}
+    assert len(warnings) == 2 and "offload_param (device cpu)" in warnings[0] and "keeps fp16" in warnings[1]
+    with pytest.raises(UsageError, match=r"--base train_batch_size=1024: conflicts with the recommended "
+                                         r"train_batch_size=64"):
+        merge_deepspeed({"train_batch_size": 1024}, recommended)
+    kept, warnings = merge_deepspeed({"train_batch_size": 1024}, recommended, keep_base_batch=True)
+    assert (kept["train_batch_size"], kept["train_micro_batch_size_per_gpu"], kept["gradient_accumulation_steps"]) \
+        == (1024, 16, 1) and "1024 sequences per step, not the 64" in warnings[-1]
+    with pytest.raises(UsageError, match="DeepSpeed's batch rule"):  # 100 = 3 x 1 x 64 has no solution
+        merge_deepspeed({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 3}, recommended,
+                        keep_base_batch=True)
+    assert merge_deepspeed({"train_batch_size": "auto"}, recommended)[0]["train_batch_size"] == "auto"
 
 
 def test_backoff_is_jittered_bounded_and_stops_at_the_deadline():
@@ -491,3 +530,17 @@ def test_every_exit_status_is_documented_in_the_readme():
     section = readme[readme.index("## Using zerotune in a Slurm job prologue"):]
     for status in ExitStatus:
         assert re.search(rf"^\| {int(status)} \| `{status.name}` \|", section, re.MULTILINE), status.name
+
+
+def test_notes_name_the_precision_the_measurement_ran_in():
+    from api.prologue import notes_of
+
+    rec = {"metrics": {"dtype": "float32", "device": "cpu (x86_64)"},
+           "exports": {"zerotune": {"dtype": "bf16"}, "deepspeed_notes": ["hpZ is off"], "fsdp": {"notes": ["x"]}}}
+    notes = notes_of(rec, "deepspeed")
+    assert notes[0] == "DeepSpeed: hpZ is off"
+    assert "the exports are for bf16 (the target cluster's); the measurement behind this answer ran in float32 on " \
+           "cpu (x86_64)" in notes[1]
+    assert notes_of(rec, "fsdp")[0] == "FSDP2: x" and len(notes_of(rec, "env")) == 3
+    same = {**rec, "metrics": {"dtype": "bfloat16"}}
+    assert notes_of(same, "zerotune") == []
