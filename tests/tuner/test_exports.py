@@ -455,3 +455,20 @@ def test_one_node_notes_compare_group_sizes_not_span_numbers(cname: str, version
     two = parse_cluster(cname.replace(":1", ":2"))
     cfg = deepspeed_config(MODEL, two, build_strategy("mics", two), deepspeed_version="0.19.6")
     assert cfg["zero_optimization"]["mics_shard_size"] == two.span_size(two.node_span)
+
+
+def test_a_base_merged_by_the_prologue_is_accepted_by_deepspeed(ds: Any) -> None:
+    """``zerotune recommend --base``: the merged file passes DeepSpeed's own parser, with the user's batch kept
+    (and completed by DeepSpeed's rule) or the recommended one."""
+    from api.prologue import merge_deepspeed
+
+    cluster = parse_cluster("frontier:4")
+    recommended = deepspeed_config(MODEL, cluster, build_strategy("zeropp", cluster), deepspeed_version=ds.version)
+    base = {"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True},
+            "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}
+    merged, warnings = merge_deepspeed(base, recommended, keep_base_batch=True)
+    parsed = ds.check(merged, cluster.world_size)
+    assert parsed.train_batch_size == 2 * cluster.world_size and parsed.float16_config.enabled
+    assert parsed.zero_config.offload_optimizer is not None and len(warnings) == 3
+    plain, _ = merge_deepspeed({"fp16": {"enabled": True}}, recommended)
+    assert ds.check(plain, cluster.world_size).train_batch_size == recommended["train_batch_size"]
