@@ -7,6 +7,7 @@ everything else runs on the bare install. No test builds a process group.
 from __future__ import annotations
 
 import json
+import math
 import random
 import shlex
 import subprocess
@@ -472,3 +473,21 @@ def test_a_base_merged_by_the_prologue_is_accepted_by_deepspeed(ds: Any) -> None
     assert parsed.zero_config.offload_optimizer is not None and len(warnings) == 3
     plain, _ = merge_deepspeed({"fp16": {"enabled": True}}, recommended)
     assert ds.check(plain, cluster.world_size).train_batch_size == recommended["train_batch_size"]
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
+    """The FSDP2 export's code, as written, shards gpt-tiny on 4 gloo ranks (1-D, 2-D and integer reshard meshes)
+    and trains 2 steps to finite losses."""
+    from strategies.launch import run_torchrun
+
+    result = run_torchrun(4, [str(ROOT / "tests" / "tuner" / "fsdp_snippet_check.py"), "local:2x2", str(tmp_path)],
+                          module=False, timeout_s=240, env={"PYTHONPATH": str(ROOT)})
+    assert result.ok, result.output[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    seen = {preset: run["reshard_after_forward"] for preset, run in ranks[0].items()}
+    assert seen == {"zero3": True, "zeropp": 2, "mics": True, "zero2": False}, seen
+    assert ranks[0]["mics"]["mesh"] == [2, 2]
+    for run in ranks:
+        for preset, r in run.items():
+            assert all(math.isfinite(x) for x in r["losses"]), (preset, r)
