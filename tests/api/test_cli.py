@@ -93,12 +93,15 @@ def test_serve_on_a_busy_port_is_one_line_and_never_says_serving(capsys):
 
 def test_make_run_takes_the_port_from_the_environment():
     """``make run`` passes no --host/--port of its own: ZEROTUNE_HOST / ZEROTUNE_PORT decide, as documented."""
+    import os
     from pathlib import Path
 
-    out = subprocess.run(["make", "-n", "-o", ".venv/.installed", "run"], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}  # also under `make test`
+    out = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "run"], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parents[2], env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1].endswith("zerotune serve"), out.stdout
+    serve = [line.strip() for line in out.stdout.splitlines() if "zerotune serve" in line]
+    assert len(serve) == 1 and serve[0].endswith("zerotune serve"), out.stdout
 
 
 def test_upload_exit_paths(tmp_path, capsys):
