@@ -304,7 +304,8 @@ def fault() -> tuple[str, int, int] | None:
     rank raises), ``hang`` (the rank sleeps: the run's timeout must end it), ``kill`` (SIGKILL, as the
     kernel's out-of-memory killer sends) or ``nan`` (the rank's loss is NaN from that step on: the
     health gate fails the run). Unset: None. ``resolve`` refuses a malformed value before anything
-    starts."""
+    starts. With ``ZEROTUNE_FAULT_ONCE=PATH`` the fault strikes one run only: the run that reaches it
+    first creates PATH, and every run that finds PATH runs clean (a retry after the fault succeeds)."""
     spec = os.environ.get("ZEROTUNE_FAULT")
     if not spec:
         return None
@@ -320,6 +321,8 @@ def _maybe_fault(rank: int, step: int) -> bool:
     if injected is None:
         return False
     kind, fault_rank, fault_step = injected
+    if rank == fault_rank and step == fault_step and not _strikes_once():
+        return False
     if rank == fault_rank and step == fault_step:
         if kind == "crash":
             raise RuntimeError(f"injected crash on rank {rank} at step {step} (ZEROTUNE_FAULT={kind}@{rank}:{step})")
@@ -327,7 +330,25 @@ def _maybe_fault(rank: int, step: int) -> bool:
             time.sleep(10**6)
         if kind == "kill":  # as the kernel's out-of-memory killer would
             os.kill(os.getpid(), signal.SIGKILL)
-    return kind == "nan" and rank == fault_rank and step >= fault_step
+    return kind == "nan" and rank == fault_rank and step >= fault_step and _STRUCK.get("once", True)
+
+
+_STRUCK: dict[str, bool] = {}
+
+
+def _strikes_once() -> bool:
+    """Whether the fault strikes in this run under ``ZEROTUNE_FAULT_ONCE`` (always without it): decided
+    once per process, by creating the marker file exclusively."""
+    marker = os.environ.get("ZEROTUNE_FAULT_ONCE")
+    if not marker:
+        return True
+    if "once" not in _STRUCK:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            _STRUCK["once"] = True
+        except FileExistsError:
+            _STRUCK["once"] = False
+    return _STRUCK["once"]
 
 
 def _env_from_slurm() -> None:

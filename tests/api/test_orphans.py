@@ -20,9 +20,10 @@ BODY = {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budge
 QUICK_RECOVERY = {"ZEROTUNE_STALE_AFTER_S": "5", "ZEROTUNE_LEASE_S": "3", "ZEROTUNE_HEARTBEAT_S": "1"}
 
 
-def completes_after_restart(sqlite_url: str, launcher, job_id: int) -> None:
-    """A fresh service on the same database (no fault) finishes the job with the budget's trials complete."""
-    server = launcher.serve(sqlite_url, **QUICK_RECOVERY)
+def completes_after_restart(sqlite_url: str, launcher, job_id: int, server=None) -> None:
+    """The job finishes with the budget's trials complete: on ``server`` (whose restarted worker takes it
+    over) or on a fresh service on the same database (no fault)."""
+    server = server or launcher.serve(sqlite_url, **QUICK_RECOVERY)
     job = wait_job(server.url, job_id, timeout=300)
     assert job["state"] == "done", job
     trials = rows(sqlite_url, "SELECT id, number, status, reason FROM zt_trials ORDER BY id")
@@ -88,11 +89,17 @@ def test_sigterm_of_the_service_ends_the_running_trial(sqlite_url, launcher):
 
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("who", ["worker", "service"])
-def test_sigkill_takes_the_trial_with_it(sqlite_url, launcher, who):
-    server = launcher.serve(sqlite_url, **HANG, **QUICK_RECOVERY)
+def test_sigkill_takes_the_trial_with_it(sqlite_url, launcher, who, tmp_path):
+    # the hang strikes once: the worker the service restarts retries the trial, and it runs clean
+    struck = tmp_path / "struck"
+    server = launcher.serve(sqlite_url, **HANG, **QUICK_RECOVERY, ZEROTUNE_FAULT_ONCE=str(struck))
     r = httpx.post(f"{server.url}/v1/recommendations", json=BODY, timeout=30)
     assert r.status_code == 202, r.text
     procs = wait_for_ranks(launcher.tmp_path)
+    deadline = time.monotonic() + 90
+    while not struck.exists() and time.monotonic() < deadline:  # kill it mid-trial: a rank hangs in step 2
+        time.sleep(0.2)
+    assert struck.exists(), "the injected hang never struck"
     assert server.proc is not None
     if who == "service":
         victims = [server.proc.pid]
@@ -107,5 +114,4 @@ def test_sigkill_takes_the_trial_with_it(sqlite_url, launcher, who):
         server.proc.wait(timeout=10)
     left = wait_gone(set(procs), timeout=45)
     assert not left, f"orphaned after SIGKILL of the {who}: {[procs[p] for p in left]}"
-    if who == "service":
-        completes_after_restart(sqlite_url, launcher, r.json()["id"])
+    completes_after_restart(sqlite_url, launcher, r.json()["id"], server=server if who == "worker" else None)
