@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api import queries
+from api.prologue import notes_of
 from api.schemas import StudyPublic, TrialDetailPublic
 from db import repository as repo
 from db.models import Recommendation, Request, StoredCalibration, Study, Trial
@@ -180,9 +181,10 @@ def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]
     exports = [{"format": fmt, "filename": filename, "use": use,
                 "text": json.dumps(page_data(rec.exports.get(fmt) or {}), indent=2)}
                for fmt, filename, use in EXPORTS if fmt in rec.exports]
-    notes = rec.exports.get("deepspeed_notes") or []
+    # the same notes `zerotune recommend` prints and writes to notes.txt (DeepSpeed's, FSDP2's, the precision)
+    notes = notes_of({"metrics": rec.metrics or {}, "exports": rec.exports or {}}, "env")
     return {"rec": rec, "request": request_summary(request), "evidence": evidence, "exports": exports,
-            "notes": notes if isinstance(notes, list) else [str(notes)],
+            "notes": notes,
             "verification": (rec.metrics or {}).get("verification"),
             "decision": (rec.metrics or {}).get("decision"), "band": (rec.metrics or {}).get("error_band") or {},
             "refit": refit_of(session, row.study_id), "shortlist_note": (rec.metrics or {}).get("measured_shortlist"),

@@ -491,6 +491,11 @@ def test_recommendation_and_compare(tab: Tab, seeded: Seeded) -> None:
     assert page.locator("#shortlist li").count() == len(decision["shortlist"])
     if decision["lossy"]:
         assert decision["lossy"]["why"] in page.locator("#lossy").inner_text()
+    from api.prologue import notes_of  # the notes `zerotune recommend` prints: DeepSpeed's, FSDP2's, the precision
+
+    notes = notes_of(rec, "env")
+    assert notes and [" ".join(n.split()) for n in page.locator("#notes li").all_inner_texts()] == \
+        [" ".join(n.split()) for n in notes]
     tab.shot("recommendation")
 
     ids = [seeded.trials["best"], seeded.trials["runner-up"], seeded.trials["running-mics"]]
