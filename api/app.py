@@ -52,7 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     dashboard.install(app)  # the HTML pages under /dashboard, their JSON aggregates, static files
 
     token = settings.token.get_secret_value() if settings.token else None
-    app.add_middleware(FastAnswer, cache=service.cache, token=token, lookup=service.fast_answer)
+    # added last = runs first: Host, then the token and body size (BodyGuard), then the cached fast path
+    app.add_middleware(FastAnswer, cache=service.cache, lookup=service.fast_answer)
     app.add_middleware(BodyGuard, token=token, max_body_bytes=int(settings.max_body_mb * 2**20))
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.hosts())
     app.add_middleware(RequestMetrics, metrics=service.metrics)

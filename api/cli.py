@@ -72,15 +72,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     fits = ""
     if args.model:
         from strategies.costmodel import GIB
-        from strategies.train import SEQUENCES_PER_RANK, check_memory
+        from strategies.train import check_memory, default_accumulation, elem_bytes
 
         model = parse_model(args.model)
         out["model"] = {**model.to_dict(), "num_params": model.num_params(),
                         "flops_per_token": model.flops_per_token()}
         # a strategy that does not fit is not valid for this model: the cost model's peak per rank at the
-        # default batch (SEQUENCES_PER_RANK per rank), bf16 on accelerators and fp32 on CPU, as train runs it
-        accum = -(-SEQUENCES_PER_RANK // strategy.micro_batch_size)
-        memory = check_memory(model, cluster, strategy, accum, 4 if cluster.device == "cpu" else 2,
+        # default batch, bf16 on accelerators and fp32 on CPU, as train runs it
+        memory = check_memory(model, cluster, strategy, default_accumulation(strategy),
+                              elem_bytes("auto", cluster.device != "cpu"),
                               hint=f"; try a wider span, zero3, or --set micro_batch_size=1 (zerotune predict "
                                    f"--model {model.name} --cluster {cluster.name} shows every preset)")
         out["memory_bytes"] = memory
@@ -490,6 +490,8 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 def add_recommend_parser(sub: Any) -> None:
     """The ``recommend`` subcommand (the Slurm prologue client): standard library only, see api/prologue.py."""
+    from api import prologue as pl
+
     p = sub.add_parser(
         "recommend", help="the Slurm prologue client: this job's config from the service (or a safe fallback)",
         description="Ask the zerotune service for the config of this job's model on this job's allocation "
@@ -503,7 +505,7 @@ def add_recommend_parser(sub: Any) -> None:
                    "(ZEROTUNE_CLUSTER, else SLURM_CLUSTER_NAME); inside Slurm the node count comes from Slurm")
     p.add_argument("--server", "--url", dest="server", help="the service (ZEROTUNE_URL, default http://127.0.0.1:8000)")
     p.add_argument("--token", help="bearer token for a service that requires one (ZEROTUNE_TOKEN)")
-    p.add_argument("--format", choices=["env", "deepspeed", "fsdp", "zerotune", "json"], default="env",
+    p.add_argument("--format", choices=[*pl.FORMATS, *pl.FORMAT_ALIASES], default="env",
                    help="env: write every config into a directory and print export lines (default); deepspeed, "
                         "fsdp, zerotune (the trainer's config; 'json' is its older name): one config, to -o or "
                         "stdout")

@@ -10,6 +10,7 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from api.guard import UNAUTHORIZED
 from api.schemas import MAX_ID
 from api.service import Service
 from api.settings import Settings
@@ -52,7 +53,7 @@ async def require_token(settings: SettingsDep,
     given = credentials.credentials.encode() if credentials is not None else b""
     if not hmac.compare_digest(given, expected):
         raise HTTPException(status.HTTP_401_UNAUTHORIZED,
-                            detail="this write needs 'Authorization: Bearer <token>' with the service's ZEROTUNE_TOKEN",
+                            detail=UNAUTHORIZED,
                             headers={"WWW-Authenticate": "Bearer"})
 
 

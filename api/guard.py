@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 UNAUTHORIZED = "this write needs 'Authorization: Bearer <token>' with the service's ZEROTUNE_TOKEN"
+"""The 401's detail, here and from ``api.deps.require_token``."""
 
 
 class BodyGuard:

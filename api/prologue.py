@@ -374,7 +374,10 @@ OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
 
 
 def _enabled(section: Any) -> bool:
-    return isinstance(section, dict) and section.get("enabled") not in (False, "false", None) or section is True
+    """A precision section that is on: ``true``, or a dict whose ``enabled`` is set and not false."""
+    if isinstance(section, dict):
+        return section.get("enabled") not in (False, "false", None)
+    return section is True
 
 
 def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], keep_base_batch: bool = False,
@@ -448,6 +451,10 @@ def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], kee
     return out, warnings
 
 
+def _lines(texts: list[str]) -> str:
+    return "".join(t + "\n" for t in texts)
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, indent=2) + "\n"
 
@@ -514,15 +521,15 @@ def write_outputs(rec: Mapping[str, Any], fmt: str, output: str | None, base: Ma
         write_atomic(output, _dumps(content))
         if fmt == "zerotune":
             _trainer_files(zt, os.path.dirname(os.path.abspath(output)))
-        elif notes:
-            write_atomic(os.path.splitext(output)[0] + ".notes.txt", "".join(n + "\n" for n in notes))
+        if notes:
+            write_atomic(os.path.splitext(output)[0] + ".notes.txt", _lines(notes))
         return "", notes
     directory = os.path.abspath(output or default_dir)
     paths = {}
     for key, name in ENV_FILES.items():
         paths[key] = os.path.join(directory, name)
         write_atomic(paths[key], _dumps(ds if key == "deepspeed" else exports.get(key) or {}))
-    write_atomic(os.path.join(directory, "notes.txt"), "".join(n + "\n" for n in notes))
+    write_atomic(os.path.join(directory, "notes.txt"), _lines(notes))
     files = _trainer_files(zt, directory)
     model_name = (zt.get("model") or {}).get("name")
     cluster_name = (zt.get("cluster") or {}).get("name")

@@ -19,7 +19,8 @@ Positive = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
 
 class _In(BaseModel):
     """Every request body: no unknown fields, no NaN or infinity, and no coercion (``"5"`` or ``true``
-    is not the integer a field asks for)."""
+    is not the integer a field asks for). Subclasses that set ``model_config`` (for examples) keep these:
+    pydantic merges a subclass's config into its parent's."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
@@ -55,7 +56,7 @@ class LevelCreate(_In):
 class ClusterCreate(_In):
     """An explicit ClusterSpec (``zerotune validate --json`` prints one to start from)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, json_schema_extra={"examples": [{
+    model_config = ConfigDict(json_schema_extra={"examples": [{
         "name": "my-cluster", "device": "NVIDIA H100 80GB", "device_memory_gib": 80, "peak_tflops": 989,
         "levels": [{"name": "node", "size": 8, "bandwidth_gbps": 450, "latency_us": 3},
                    {"name": "inter-node", "size": 16, "bandwidth_gbps": 50, "latency_us": 8}]}]})
@@ -70,7 +71,7 @@ class ClusterCreate(_In):
 class ModelCreate(_In):
     """An explicit ModelSpec: a decoder-only GPT."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, json_schema_extra={"examples": [{
+    model_config = ConfigDict(json_schema_extra={"examples": [{
         "name": "my-gpt", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 50304, "seq_len": 2048}]})
 
     name: Name = "custom"
@@ -115,7 +116,7 @@ class Budget(_In):
 class RecommendationCreate(_In):
     """What to tune. Equivalent requests (after presets are expanded and defaults filled) share one answer."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "gpt-neox-20b", "cluster": "frontier:48", "executor": "model", "budget": {"trials": 40}},
         {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budget": {"trials": 4}},
     ]})

@@ -17,6 +17,7 @@ error so the launcher can say which rank failed and why.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -88,7 +89,7 @@ def resolve(args: argparse.Namespace, *, accelerated: bool | None = None,
     if not 0 <= args.warmup < args.steps:
         raise SpecError("warmup", args.warmup, f"must be >= 0 and < steps={args.steps}")
     per_step = cluster.world_size * strategy.micro_batch_size
-    global_batch = args.global_batch or per_step * -(-SEQUENCES_PER_RANK // strategy.micro_batch_size)
+    global_batch = args.global_batch or per_step * default_accumulation(strategy)
     if global_batch % per_step:
         raise SpecError("global_batch", global_batch, f"must be a multiple of world x micro_batch_size = {per_step}")
     _check_out(args.out)
@@ -100,6 +101,11 @@ def resolve(args: argparse.Namespace, *, accelerated: bool | None = None,
                      ranks_here=cluster.world_size if host_free_bytes is not None else None,
                      available_bytes=host_free_bytes)
     return model, cluster, strategy, accum
+
+
+def default_accumulation(strategy: Strategy) -> int:
+    """Micro-batches per step of the default short run: SEQUENCES_PER_RANK per rank, rounded up."""
+    return -(-SEQUENCES_PER_RANK // strategy.micro_batch_size)
 
 
 def elem_bytes(dtype: str, accelerated: bool) -> int:
@@ -321,34 +327,30 @@ def _maybe_fault(rank: int, step: int) -> bool:
     if injected is None:
         return False
     kind, fault_rank, fault_step = injected
-    if rank == fault_rank and step == fault_step and not _strikes_once():
+    if rank != fault_rank or step < fault_step or not _strikes():
         return False
-    if rank == fault_rank and step == fault_step:
+    if step == fault_step:
         if kind == "crash":
             raise RuntimeError(f"injected crash on rank {rank} at step {step} (ZEROTUNE_FAULT={kind}@{rank}:{step})")
         if kind == "hang":
             time.sleep(10**6)
         if kind == "kill":  # as the kernel's out-of-memory killer would
             os.kill(os.getpid(), signal.SIGKILL)
-    return kind == "nan" and rank == fault_rank and step >= fault_step and _STRUCK.get("once", True)
+    return kind == "nan"
 
 
-_STRUCK: dict[str, bool] = {}
-
-
-def _strikes_once() -> bool:
-    """Whether the fault strikes in this run under ``ZEROTUNE_FAULT_ONCE`` (always without it): decided
-    once per process, by creating the marker file exclusively."""
+@functools.cache
+def _strikes() -> bool:
+    """Whether the fault strikes in this run: always, or under ``ZEROTUNE_FAULT_ONCE`` only in the run
+    that creates the marker file first (decided once per process, when the fault's step is reached)."""
     marker = os.environ.get("ZEROTUNE_FAULT_ONCE")
     if not marker:
         return True
-    if "once" not in _STRUCK:
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            _STRUCK["once"] = True
-        except FileExistsError:
-            _STRUCK["once"] = False
-    return _STRUCK["once"]
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _env_from_slurm() -> None:

@@ -96,15 +96,14 @@ def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
              "data": run.get("data"), "proxy_model": result.proxy_model, "cluster_run": result.extra.get("cluster_run"),
              "step_time_s": run.get("step_time_s"),
              "logs": "\n".join((result.logs or "").splitlines()[-VERIFY_LOG_LINES:])}
+    health = run.get("health") or {}
     if result.status == "complete":
-        return {"trial_id": trial_id, "outcome": "healthy", "healthy": True,
-                "detail": (run.get("health") or {}).get("evidence", "healthy"), **shown}
-    verdict = (run.get("health") or {}).get("verdict")
-    if verdict not in (None, "ok"):
-        return {"trial_id": trial_id, "outcome": "unhealthy", "healthy": False, "detail": result.reason or verdict,
-                **shown}
-    return {"trial_id": trial_id, "outcome": "could not run", "healthy": None, "detail": result.reason or "no verdict",
-            **shown}
+        outcome, healthy, detail = "healthy", True, health.get("evidence", "healthy")
+    elif health.get("verdict") not in (None, "ok"):
+        outcome, healthy, detail = "unhealthy", False, result.reason or health["verdict"]
+    else:
+        outcome, healthy, detail = "could not run", None, result.reason or "no verdict"
+    return {"trial_id": trial_id, "outcome": outcome, "healthy": healthy, "detail": detail, **shown}
 
 
 def peak_memory_bytes(trial: Trial) -> float | None:

@@ -264,7 +264,8 @@ class Tuner:
                 self._one_trial(study, study_id, progress)
                 if self.progress_cb:
                     self.progress_cb(progress)
-                self._stop_on_repeated_failure(study_id)
+                if progress.best_value is None and self.executor.name != "model":  # only runs fail, until one completes
+                    self._stop_on_repeated_failure(study_id)
             if self.executor.name != "model" and not self.stop.is_set():
                 self.remeasured = self._remeasure(study_id)
                 self.refit = self._refit(study_id)

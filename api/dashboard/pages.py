@@ -181,18 +181,16 @@ def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]
     exports = [{"format": fmt, "filename": filename, "use": use,
                 "text": json.dumps(page_data(rec.exports.get(fmt) or {}), indent=2)}
                for fmt, filename, use in EXPORTS if fmt in rec.exports]
+    metrics = rec.metrics or {}
     # the same notes `zerotune recommend` prints and writes to notes.txt (DeepSpeed's, FSDP2's, the precision)
-    notes = notes_of({"metrics": rec.metrics or {}, "exports": rec.exports or {}}, "env")
+    notes = notes_of({"metrics": metrics, "exports": rec.exports or {}}, "env")
     return {"rec": rec, "request": request_summary(request), "evidence": evidence, "exports": exports,
-            "notes": notes,
-            "verification": (rec.metrics or {}).get("verification"),
-            "decision": (rec.metrics or {}).get("decision"), "band": (rec.metrics or {}).get("error_band") or {},
-            "refit": refit_of(session, row.study_id), "shortlist_note": (rec.metrics or {}).get("measured_shortlist"),
-            "leaders": (rec.metrics or {}).get("leaders") or [],
-            "remeasured": (rec.metrics or {}).get("remeasured") or [],
-            "front": (rec.metrics or {}).get("front") or [],
+            "notes": notes, "verification": metrics.get("verification"), "decision": metrics.get("decision"),
+            "band": metrics.get("error_band") or {}, "refit": refit_of(session, row.study_id),
+            "shortlist_note": metrics.get("measured_shortlist"), "leaders": metrics.get("leaders") or [],
+            "remeasured": metrics.get("remeasured") or [], "front": metrics.get("front") or [],
             "strategy_rows": strategy_rows(rec.strategy, cluster_levels(request)),
-            "data": page_data({"verification": (rec.metrics or {}).get("verification")})}
+            "data": page_data({"verification": metrics.get("verification")})}
 
 
 def compare_trials(session: Session, trial_ids: list[int], study_id: int | None,

@@ -80,6 +80,19 @@ class Seeded:
     refit: dict[str, Any] = field(default_factory=dict)
 
 
+def local_study(s: Any, name: str, model: Any, cluster: Any, trials: int, objective: str = "throughput",
+                sampler: str = "tpe") -> tuple[Any, Any]:
+    """(request, study) rows of a ``local`` study named ``name``, as the service and a worker write them."""
+    from db import repository as repo
+
+    request, _ = repo.get_or_create_request(
+        session=s, key=key(name), model=model.to_dict(), cluster=cluster.to_dict(), objective=objective,
+        budget={"trials": trials, "time_s": None}, executor="local")
+    study = repo.create_study(session=s, request_id=request.id, optuna_study_name=name, sampler=sampler,
+                              executor="local", n_trials=trials)
+    return request, study
+
+
 def seed_running_and_failed(db: str, seeded: Seeded) -> None:
     from db import repository as repo
     from db.session import make_engine, make_session_factory, session_scope
@@ -91,11 +104,7 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
     sessions = make_session_factory(engine)
     model, cluster = parse_model("gpt-tiny"), parse_cluster("local:2x2x2")
     with session_scope(sessions) as s:
-        request, _ = repo.get_or_create_request(
-            session=s, key=key("dashboard-running"), model=model.to_dict(), cluster=cluster.to_dict(),
-            objective="throughput", budget={"trials": 12, "time_s": None}, executor="local")
-        study = repo.create_study(session=s, request_id=request.id, optuna_study_name="dashboard-running",
-                                  sampler="tpe", executor="local", n_trials=12)
+        request, study = local_study(s, "dashboard-running", model, cluster, 12)
         repo.set_study_state(session=s, study_id=study.id, state="running")
         job = repo.create_job(session=s, request_id=request.id, study_id=study.id)
         for number, (name, slowdown, healthy) in enumerate((("zero3", 1.3, True), ("zeropp", 1.1, True),
@@ -127,11 +136,7 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
 
         # a study where nothing completed: two points that do not fit, one run that crashed
         big, small = parse_model("gpt-neox-20b"), parse_cluster("local:2x2")
-        request, _ = repo.get_or_create_request(
-            session=s, key=key("dashboard-failed"), model=big.to_dict(), cluster=small.to_dict(),
-            objective="throughput", budget={"trials": 3, "time_s": None}, executor="local")
-        study = repo.create_study(session=s, request_id=request.id, optuna_study_name="dashboard-failed",
-                                  sampler="tpe", executor="local", n_trials=3)
+        request, study = local_study(s, "dashboard-failed", big, small, 3)
         for number, name in enumerate(("zero3", "zeropp", "mics")):
             strategy = build_strategy(name, small)
             prediction = predict(big, small, strategy)
@@ -161,11 +166,7 @@ def seed_pareto(s: Any, seeded: Seeded) -> None:
     from tuner.study import strategy_key
 
     model, cluster = parse_model("gpt-mini"), parse_cluster("local:2x2")
-    request, _ = repo.get_or_create_request(
-        session=s, key=key("dashboard-pareto"), model=model.to_dict(), cluster=cluster.to_dict(),
-        objective="pareto", budget={"trials": 6, "time_s": None}, executor="local")
-    study = repo.create_study(session=s, request_id=request.id, optuna_study_name="dashboard-pareto",
-                              sampler="nsga2", executor="local", n_trials=6)
+    request, study = local_study(s, "dashboard-pareto", model, cluster, 6, objective="pareto", sampler="nsga2")
     rows = []
     for number, (name, slowdown) in enumerate((("zero3", 1.2), ("zeropp", 1.0), ("mics", 0.9), ("ddp", 0.8),
                                                ("3level-a", 1.1))):
