@@ -31,6 +31,8 @@ COPY strategies ./strategies
 COPY tuner ./tuner
 COPY db ./db
 COPY api ./api
+# zerotune/ links the four folders in: they install as one package, zerotune.*
+COPY zerotune ./zerotune
 RUN pip install --no-cache-dir . \
     && mkdir -p /data \
     && chown 10001:10001 /data

@@ -10,15 +10,15 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from api import errors
-from api.cache import FastAnswer
-from api.dashboard import routes as dashboard
-from api.guard import BodyGuard
-from api.metrics import RequestMetrics
-from api.routes import calibrations, catalog, health, jobs, recommendations, studies, trials
-from api.schemas import Message, ValidationErrorPublic
-from api.service import Service
-from api.settings import Settings
+from zerotune.api import errors
+from zerotune.api.cache import FastAnswer
+from zerotune.api.dashboard import routes as dashboard
+from zerotune.api.guard import BodyGuard
+from zerotune.api.metrics import RequestMetrics
+from zerotune.api.routes import calibrations, catalog, health, jobs, recommendations, studies, trials
+from zerotune.api.schemas import Message, ValidationErrorPublic
+from zerotune.api.service import Service
+from zerotune.api.settings import Settings
 
 DESCRIPTION = """POST a model and a cluster, get a recommended partition strategy (ZeRO-3, ZeRO++,
 hierarchical) with DeepSpeed and FSDP2 exports. Studies run in workers, never in the request path;

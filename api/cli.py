@@ -41,8 +41,8 @@ class ExitStatus(enum.IntEnum):
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from strategies.catalog import catalog
-    from strategies.spec import count_label
+    from zerotune.strategies.catalog import catalog
+    from zerotune.strategies.spec import count_label
 
     data = catalog()
     if args.json:
@@ -63,7 +63,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
 
     cluster = parse_cluster(args.cluster)
     strategy = build_strategy(args.strategy, cluster, **parse_overrides(args.set))
@@ -71,8 +71,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                            "strategy": strategy.to_dict()}
     fits = ""
     if args.model:
-        from strategies.costmodel import GIB
-        from strategies.train import check_memory, default_accumulation, elem_bytes
+        from zerotune.strategies.costmodel import GIB
+        from zerotune.strategies.train import check_memory, default_accumulation, elem_bytes
 
         model = parse_model(args.model)
         out["model"] = {**model.to_dict(), "num_params": model.num_params(),
@@ -103,8 +103,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     import torch
 
-    from strategies.launch import run_torchrun
-    from strategies.train import available_memory_bytes, failure_reason, resolve
+    from zerotune.strategies.launch import run_torchrun
+    from zerotune.strategies.train import available_memory_bytes, failure_reason, resolve
 
     # refuse bad input before any process starts; every rank runs on this host, so on CPU they must fit
     # in its free memory together
@@ -116,7 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         stale.unlink(missing_ok=True)
     print(f"zerotune: training {model.name} with {strategy.name or 'custom strategy'} on {cluster.name} "
           f"({cluster.world_size} ranks, {args.steps} steps, {accum} micro-batch(es) per step)", file=sys.stderr)
-    result = run_torchrun(cluster.world_size, ["strategies.train", *args.argv], timeout_s=args.run_timeout,
+    result = run_torchrun(cluster.world_size, ["zerotune.strategies.train", *args.argv], timeout_s=args.run_timeout,
                           stream=not args.quiet)
     if result.ok and out.is_file():
         run = json.loads(out.read_text())
@@ -139,10 +139,10 @@ def _sweep(text: str) -> list[str]:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from strategies.calibration import load_calibration
-    from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
-    from strategies.costmodel import GIB, cross_node_bytes, predict
-    from strategies.spec import count_label
+    from zerotune.strategies.calibration import load_calibration
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+    from zerotune.strategies.costmodel import GIB, cross_node_bytes, predict
+    from zerotune.strategies.spec import count_label
 
     model = parse_model(args.model)
     calib = load_calibration(args.calibration) if args.calibration else None
@@ -174,7 +174,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from strategies.calibration import Measurement, fit, fit_options, save_calibration
+    from zerotune.strategies.calibration import Measurement, fit, fit_options, save_calibration
 
     fields, start = fit_options(args.fit, args.fix)  # refuse bad options before reading any run
     runs = []
@@ -182,7 +182,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         try:
             runs.append(Measurement.from_run(json.loads(open(path).read()), path))
         except (OSError, json.JSONDecodeError) as exc:
-            from strategies.errors import SpecError
+            from zerotune.strategies.errors import SpecError
 
             raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
     tie = {"auto": None, "shared": True, "per-level": False}[args.bandwidths]
@@ -200,11 +200,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _store_calibration(url: str, calib: Any, runs: list[Any], stats: dict[str, Any]) -> str:
     """Store a ``calibrate`` fit in the database (``zt_calibrations``) with its error before and after."""
-    from db import repository as repo
-    from db.migrate import upgrade
-    from db.session import make_engine, make_session_factory, session_scope
-    from strategies.calibration import before_after
-    from strategies.costmodel import calibration_for
+    from zerotune.db import repository as repo
+    from zerotune.db.migrate import upgrade
+    from zerotune.db.session import make_engine, make_session_factory, session_scope
+    from zerotune.strategies.calibration import before_after
+    from zerotune.strategies.costmodel import calibration_for
 
     start = calibration_for(runs[0].cluster)
     report = {"runs": len(runs), "cluster": runs[0].cluster.name, "start": start.name, "fit": stats,
@@ -214,7 +214,7 @@ def _store_calibration(url: str, calib: Any, runs: list[Any], stats: dict[str, A
     try:
         with session_scope(make_session_factory(engine)) as s:
             if repo.get_calibration(session=s, name=calib.name) is not None:
-                from strategies.errors import SpecError
+                from zerotune.strategies.errors import SpecError
 
                 raise SpecError("name", calib.name, "a calibration of that name is stored in --db already")
             repo.save_calibration(session=s, name=calib.name, cluster=runs[0].cluster.name,
@@ -228,11 +228,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     """A study without a server: progress on stderr, the recommendation on stdout."""
     import dataclasses
 
-    from db.migrate import upgrade
-    from db.session import default_url, make_engine, make_session_factory, session_scope
-    from strategies.catalog import parse_cluster, parse_model
-    from tuner import calibrations
-    from tuner.study import TuneRequest
+    from zerotune.db.migrate import upgrade
+    from zerotune.db.session import default_url, make_engine, make_session_factory, session_scope
+    from zerotune.strategies.catalog import parse_cluster, parse_model
+    from zerotune.tuner import calibrations
+    from zerotune.tuner.study import TuneRequest
 
     request = TuneRequest(model=parse_model(args.model), cluster=parse_cluster(args.cluster), executor=args.executor,
                           trials=args.trials, objective=args.objective, global_batch=args.global_batch,
@@ -255,10 +255,10 @@ def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calib
     """``cmd_tune`` once the request and its calibration are resolved: the study, its shortlist, the summary."""
     from pathlib import Path
 
-    from db.session import session_scope
-    from tuner import shortlist
-    from tuner.executors import make_executor
-    from tuner.study import Tuner, TuneRequest
+    from zerotune.db.session import session_scope
+    from zerotune.tuner import shortlist
+    from zerotune.tuner.executors import make_executor
+    from zerotune.tuner.study import Tuner, TuneRequest
 
     def study(request: TuneRequest, trials: int, **options: Any) -> dict[str, Any]:
         bar = _progress_bar(trials, args.quiet)
@@ -365,8 +365,8 @@ def _progress_bar(total: int, quiet: bool) -> Any:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from db.migrate import current, prepare_optuna_storage, upgrade
-    from db.session import default_url
+    from zerotune.db.migrate import current, prepare_optuna_storage, upgrade
+    from zerotune.db.session import default_url
 
     url = args.db or default_url()
     upgrade(url, args.revision)
@@ -380,8 +380,8 @@ def _settings(**overrides: Any) -> Any:
     """Service settings from ZEROTUNE_* variables, with command-line flags on top."""
     from pydantic import ValidationError
 
-    from api.settings import Settings
-    from strategies.errors import SpecError
+    from zerotune.api.settings import Settings
+    from zerotune.strategies.errors import SpecError
 
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -404,7 +404,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """The HTTP service with its embedded workers, until Ctrl-C or SIGTERM."""
     import uvicorn
 
-    from api.app import create_app
+    from zerotune.api.app import create_app
 
     settings = _settings(db=args.db, host=args.host, port=args.port, workers=args.workers)
     sock = _listen(settings.host, settings.port)
@@ -421,7 +421,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _listen(host: str, port: int) -> socket.socket:
     """The service's listening socket, bound before anything starts: a busy port or an address this
     host does not have is one line and exit 2, not "serving on ..." followed by a traceback."""
-    from strategies.errors import SpecError
+    from zerotune.strategies.errors import SpecError
 
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
@@ -444,7 +444,7 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Claim jobs from the database and run their studies until Ctrl-C or SIGTERM."""
-    from tuner.worker import serve_worker
+    from zerotune.tuner.worker import serve_worker
 
     settings = _settings(db=args.db)
     _log_to_stderr(args.debug)
@@ -454,8 +454,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     """POST run.json files to /v1/trials: trials measured elsewhere become measured evidence."""
-    from api.client import Client, ServiceError
-    from strategies.errors import SpecError
+    from zerotune.api.client import Client, ServiceError
+    from zerotune.strategies.errors import SpecError
 
     client = Client(args.url, token=args.token, timeout=args.timeout)
     for path in args.runs:
@@ -476,7 +476,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 def cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 when the service answers /healthz (or /readyz with --ready): the container health check."""
-    from api.client import Client, ServiceError
+    from zerotune.api.client import Client, ServiceError
 
     url = args.url or f"http://127.0.0.1:{os.environ.get('ZEROTUNE_PORT', '8000')}"
     try:
@@ -490,7 +490,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 def add_recommend_parser(sub: Any) -> None:
     """The ``recommend`` subcommand (the Slurm prologue client): standard library only, see api/prologue.py."""
-    from api import prologue as pl
+    from zerotune.api import prologue as pl
 
     p = sub.add_parser(
         "recommend", help="the Slurm prologue client: this job's config from the service (or a safe fallback)",
@@ -543,8 +543,8 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     import signal
     import time
 
-    from api import prologue as pl
-    from api.client import Client, Retry, ServiceError, describe
+    from zerotune.api import prologue as pl
+    from zerotune.api.client import Client, Retry, ServiceError, describe
 
     start = time.monotonic()
 
@@ -626,7 +626,7 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def _main_recommend(argv: list[str], env: Mapping[str, str]) -> int:
     """``zerotune recommend``: its own small parser and error handling, so that nothing but the standard
     library (and api.client / api.prologue) is imported."""
-    from api.prologue import UsageError
+    from zerotune.api.prologue import UsageError
 
     parser = argparse.ArgumentParser(prog="zerotune", description="Pick the partition strategy for sharded LLM "
                                                                    "training.")
@@ -686,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the resolved values as JSON")
     p.set_defaults(func=cmd_validate)
 
-    from strategies.train import add_run_args
+    from zerotune.strategies.train import add_run_args
 
     p = sub.add_parser("train", help="a short run of the built-in ZeRO trainer under torchrun; writes run.json")
     add_run_args(p)
@@ -810,7 +810,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print("zerotune: interrupted", file=sys.stderr)
         return ExitStatus.INTERRUPTED
     except Exception as exc:
-        from strategies.errors import SpecError
+        from zerotune.strategies.errors import SpecError
 
         if args.debug or os.environ.get("ZEROTUNE_DEBUG"):
             raise

@@ -10,11 +10,11 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from api.guard import UNAUTHORIZED
-from api.schemas import MAX_ID
-from api.service import Service
-from api.settings import Settings
-from db.session import session_scope
+from zerotune.api.guard import UNAUTHORIZED
+from zerotune.api.schemas import MAX_ID
+from zerotune.api.service import Service
+from zerotune.api.settings import Settings
+from zerotune.db.session import session_scope
 
 
 async def get_service(request: Request) -> Service:

@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
-from api.service import InputError
-from db.repository import NotFoundError
+from zerotune.api.service import InputError
+from zerotune.db.repository import NotFoundError
 
 log = logging.getLogger("zerotune.api")
 

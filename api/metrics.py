@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from api.cache import ASGIApp, Receive, Scope, Send
+from zerotune.api.cache import ASGIApp, Receive, Scope, Send
 
 
 class Metrics:

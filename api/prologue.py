@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from api.client import Client, ServiceError
+from zerotune.api.client import Client, ServiceError
 
 PRESET_DEVICES_PER_NODE = {"frontier": 8, "dgx-h100": 8}
 """Ranks per node of the cluster presets (``strategies/catalog.py``; a test keeps the two in step)."""
@@ -326,9 +326,9 @@ def default_recommendation(body: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         UsageError: the model or cluster is not one zerotune knows without the service.
     """
-    from strategies.catalog import build_strategy, parse_cluster, parse_model
-    from strategies.errors import SpecError
-    from tuner import exports
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+    from zerotune.strategies.errors import SpecError
+    from zerotune.tuner import exports
 
     try:
         model, cluster = parse_model(body["model"]), parse_cluster(body["cluster"])

@@ -8,10 +8,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api import schemas
-from api.schemas import ImportancePublic, ParamImportancePublic, TrialPointPublic, TrialPointsPublic
-from db import repository as repo
-from db.models import Job, Recommendation, Request, Study, Trial
+from zerotune.api import schemas
+from zerotune.api.schemas import ImportancePublic, ParamImportancePublic, TrialPointPublic, TrialPointsPublic
+from zerotune.db import repository as repo
+from zerotune.db.models import Job, Recommendation, Request, Study, Trial
 
 finite = repo.json_safe  # response bodies: non-finite floats become None, NUL characters go
 
@@ -95,7 +95,7 @@ def cancel_job(session: Session, job_id: int, reason: str) -> Job:
     """
     from sqlalchemy import update
 
-    from db.models import utcnow
+    from zerotune.db.models import utcnow
 
     done = session.execute(update(Job).where(Job.id == job_id, Job.state.in_(repo.ACTIVE_JOB_STATES))
                            .values(state="cancelled", error=reason, finished_at=utcnow()).returning(Job.id))

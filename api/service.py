@@ -20,18 +20,18 @@ from typing import Any
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from api import queries, schemas
-from api.cache import AnswerCache
-from api.metrics import Metrics
-from api.settings import Settings
-from db import repository as repo
-from db.models import Job
-from db.session import make_engine, make_session_factory, session_scope
-from strategies.catalog import MODELS, parse_cluster, parse_model
-from strategies.errors import SpecError
-from strategies.spec import ClusterSpec, ModelSpec
-from tuner import calibrations
-from tuner.study import TuneRequest
+from zerotune.api import queries, schemas
+from zerotune.api.cache import AnswerCache
+from zerotune.api.metrics import Metrics
+from zerotune.api.settings import Settings
+from zerotune.db import repository as repo
+from zerotune.db.models import Job
+from zerotune.db.session import make_engine, make_session_factory, session_scope
+from zerotune.strategies.catalog import MODELS, parse_cluster, parse_model
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import ClusterSpec, ModelSpec
+from zerotune.tuner import calibrations
+from zerotune.tuner.study import TuneRequest
 
 log = logging.getLogger("zerotune.api")
 
@@ -130,11 +130,11 @@ class Service:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        from db.migrate import upgrade
+        from zerotune.db.migrate import upgrade
 
         upgrade(self.url)
         if self.settings.workers:
-            from api.worker import WorkerPool
+            from zerotune.api.worker import WorkerPool
 
             self.pool = WorkerPool(self.settings, self.url)
             self.pool.start()

@@ -90,11 +90,11 @@ class Settings(BaseSettings):
 
     def url(self) -> str:
         """The database URL in use (the default SQLite file when ``db`` is unset)."""
-        from db.session import default_url, normalize_url
+        from zerotune.db.session import default_url, normalize_url
 
         return normalize_url(self.db) if self.db else default_url()
 
     def work_root(self) -> Path:
-        from db.session import data_dir
+        from zerotune.db.session import data_dir
 
         return self.workdir or data_dir() / "work"

@@ -13,15 +13,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.queries import finite
-from api.schemas import TrialCreate
-from api.service import InputError, cluster_spec, model_spec
-from db import repository as repo
-from db.models import Study, Trial
-from strategies.catalog import STRATEGY_PRESETS, build_strategy, device_matches
-from strategies.errors import SpecError
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
-from tuner.study import TuneRequest, strategy_key
+from zerotune.api.queries import finite
+from zerotune.api.schemas import TrialCreate
+from zerotune.api.service import InputError, cluster_spec, model_spec
+from zerotune.db import repository as repo
+from zerotune.db.models import Study, Trial
+from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, device_matches
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.tuner.study import TuneRequest, strategy_key
 
 EXECUTOR = "external"
 
@@ -74,7 +74,7 @@ def store_run(*, session: Session, run: TrialCreate) -> tuple[Trial, bool]:
 
 
 def _prediction(run: TrialCreate, model: ModelSpec, cluster: ClusterSpec, strategy: Strategy) -> dict[str, Any] | None:
-    from strategies.costmodel import predict
+    from zerotune.strategies.costmodel import predict
 
     try:
         return finite(predict(model, cluster, strategy, global_batch=run.global_batch))

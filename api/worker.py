@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from api.settings import Settings
+from zerotune.api.settings import Settings
 
 log = logging.getLogger("zerotune.worker")
 
@@ -35,7 +35,7 @@ class WorkerPool:
     def _spawn(self) -> subprocess.Popen[bytes]:
         # the database URL (it may hold a password) goes through the environment, never argv: any user
         # of the host can read a process's argv (ps), only its owner its environment
-        args = [sys.executable, "-m", "api.cli", "worker", "--parent-pid", str(os.getpid())]
+        args = [sys.executable, "-m", "zerotune.api.cli", "worker", "--parent-pid", str(os.getpid())]
         return subprocess.Popen(args, env={**os.environ, "ZEROTUNE_DB": self.url, "PYTHONUNBUFFERED": "1"})
 
     def start(self) -> None:

@@ -40,7 +40,7 @@ def zerotune() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("zerotune")
-    return [found] if found else [sys.executable, "-m", "api.cli"]
+    return [found] if found else [sys.executable, "-m", "zerotune.api.cli"]
 
 
 def free_port() -> int:

@@ -16,9 +16,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,8 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def launch(args: argparse.Namespace) -> int:
-    from strategies.catalog import parse_cluster
-    from strategies.launch import run_torchrun
+    from zerotune.strategies.catalog import parse_cluster
+    from zerotune.strategies.launch import run_torchrun
 
     cluster = parse_cluster(args.cluster)
     print(f"launching {cluster.world_size} ranks for {cluster.name} ...", file=sys.stderr)
@@ -49,9 +46,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from strategies.catalog import parse_cluster
-    from strategies.comm import Communicator
-    from strategies.topology import build_topology
+    from zerotune.strategies.catalog import parse_cluster
+    from zerotune.strategies.comm import Communicator
+    from zerotune.strategies.topology import build_topology
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))

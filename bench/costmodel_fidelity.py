@@ -46,13 +46,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from zerotune.strategies.calibration import Measurement, fit, fit_options, predicted_step_time
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import Calibration, clear_caches, predict
+from zerotune.strategies.errors import SpecError
 
-from strategies.calibration import Measurement, fit, fit_options, predicted_step_time  # noqa: E402
-from strategies.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
-from strategies.costmodel import Calibration, clear_caches, predict  # noqa: E402
-from strategies.errors import SpecError  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 VARIANTS = [  # (preset, overrides): presets plus knobs the tuner turns
     ("zero1", {}), ("zero2", {}), ("zero3", {}), ("mics", {}), ("zeropp", {}), ("3level-a", {}), ("3level-b", {}),
@@ -95,7 +94,7 @@ def run_all(args: argparse.Namespace, runs_dir: Path, prefix: str = "run") -> di
         run = _ok_run(path)
         if run is None:
             sets = [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()]
-            cmd = [sys.executable, "-m", "api.cli", "train", "--model", model, "--cluster", args.cluster,
+            cmd = [sys.executable, "-m", "zerotune.api.cli", "train", "--model", model, "--cluster", args.cluster,
                    "--strategy", preset, *sets, "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--quiet", "--out", str(path)]
             t0 = time.perf_counter()

@@ -44,12 +44,11 @@ FCP = "(performance.getEntriesByName('first-contentful-paint')[0] || {}).startTi
 
 def seed(url: str, trials: int) -> int:
     """Run a real model-executor study of ``trials`` trials into ``url``; return its study id."""
-    sys.path.insert(0, str(ROOT))
-    from db.migrate import upgrade
-    from db.session import make_engine, make_session_factory, session_scope
-    from strategies.catalog import parse_cluster, parse_model
-    from tuner.executors.model import ModelExecutor
-    from tuner.study import Tuner, TuneRequest
+    from zerotune.db.migrate import upgrade
+    from zerotune.db.session import make_engine, make_session_factory, session_scope
+    from zerotune.strategies.catalog import parse_cluster, parse_model
+    from zerotune.tuner.executors.model import ModelExecutor
+    from zerotune.tuner.study import Tuner, TuneRequest
 
     upgrade(url)
     request = TuneRequest(model=parse_model("gpt-neox-20b"), cluster=parse_cluster("frontier:48"), executor="model",
@@ -57,7 +56,7 @@ def seed(url: str, trials: int) -> int:
     with tempfile.TemporaryDirectory() as work:
         tuner = Tuner(request, db_url=url, executor=ModelExecutor(), workdir=Path(work), verify_quantized=False)
         rec = tuner.run()
-    from db.models import Trial
+    from zerotune.db.models import Trial
 
     with session_scope(make_session_factory(make_engine(url))) as s:
         n = s.query(Trial).filter(Trial.study_id == rec["study_id"]).count()
@@ -74,7 +73,7 @@ def free_port() -> int:
 def serve(url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--db", url,
+        proc = subprocess.Popen([sys.executable, "-m", "zerotune.api.cli", "serve", "--port", str(port), "--db", url,
                                  "--workers", "0"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     deadline = time.monotonic() + 60

@@ -32,14 +32,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import Calibration, calibration_for, predict
+from zerotune.strategies.costmodel.error import ERROR_FILE
+from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster
+from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
-from strategies.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
-from strategies.costmodel import Calibration, calibration_for, predict  # noqa: E402
-from strategies.costmodel.error import ERROR_FILE  # noqa: E402
-from strategies.costmodel.hardware import profile_calibration, profile_cluster  # noqa: E402
-from strategies.spec import ClusterSpec, ModelSpec  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TABLES = ROOT / "bench" / "published"
 GOAL = 0.15

@@ -22,17 +22,14 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from strategies.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
-from strategies.costmodel import predict  # noqa: E402
-from strategies.errors import SpecError  # noqa: E402
-from strategies.spec import Strategy  # noqa: E402
-from tuner.space import Space  # noqa: E402
-from tuner.study import PRESETS  # noqa: E402
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import predict
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import Strategy
+from zerotune.tuner.space import Space
+from zerotune.tuner.study import PRESETS
 
 
 def evaluate(model: Any, cluster: Any, s: Strategy, batch: int) -> tuple[float, float]:

@@ -61,8 +61,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 CONFIGS = ("zero3", "fsdp2", "mics", "hsdp", "ddp")
 OURS = {"zero3", "mics"}
 PAIRS = {"zero3": "fsdp2", "mics": "hsdp"}  # ours -> its FSDP2 counterpart
@@ -108,7 +106,7 @@ def cluster_for(world: int) -> str:
 
 # -- the launcher side -------------------------------------------------------------------------
 def launch(args: argparse.Namespace) -> int:
-    from strategies.launch import run_torchrun
+    from zerotune.strategies.launch import run_torchrun
 
     worlds = [int(w) for w in _split(args.worlds)]
     configs = [c for c in CONFIGS if c in _split(args.configs)]
@@ -208,9 +206,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
-    from strategies.data import TokenSource, sequence_ids
-    from strategies.train import BETAS, default_lr, lr_at
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+    from zerotune.strategies.data import TokenSource, sequence_ids
+    from zerotune.strategies.train import BETAS, default_lr, lr_at
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available()
@@ -231,11 +229,11 @@ def worker(args: argparse.Namespace) -> None:
     import torch._dynamo  # noqa: F401
     from torch.distributed.fsdp import fully_shard
 
-    from strategies.engine import ZeroEngine
+    from zerotune.strategies.engine import ZeroEngine
 
     # communication setup first (process groups / mesh), so the memory baseline excludes it
     if config in OURS:
-        from strategies.topology import build_topology
+        from zerotune.strategies.topology import build_topology
 
         topo = build_topology(cluster, timeout_s=args.timeout)  # once per process
     elif config in ("fsdp2", "hsdp"):
@@ -266,7 +264,7 @@ def worker(args: argparse.Namespace) -> None:
             engine.step(lr=lr)
             return loss
     else:
-        from strategies.model import build_gpt
+        from zerotune.strategies.model import build_gpt
 
         model = build_gpt(spec, seed=0).to(device)
         if config == "ddp":

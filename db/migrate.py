@@ -4,11 +4,11 @@ Alembic is configured here in code (no ``alembic.ini``); the revisions live in
 ``db/migrations/versions`` and are recorded in the ``zt_alembic_version`` table, apart from
 Optuna's own ``alembic_version``. Usage::
 
-    from db.migrate import upgrade, current
+    from zerotune.db.migrate import upgrade, current
     upgrade(url)            # to the newest revision; a no-op when already there
     current(url)            # "0002", or None for a database never migrated
 
-Developers: ``python -m db.migrate upgrade|downgrade|current|heads [revision] [--url URL]``.
+Developers: ``python -m zerotune.db.migrate upgrade|downgrade|current|heads [revision] [--url URL]``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.pool import NullPool
 
-from db.migrations import VERSION_TABLE
-from db.session import make_engine, normalize_url
+from zerotune.db.migrations import VERSION_TABLE
+from zerotune.db.session import make_engine, normalize_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Alembic's ``context``/``op`` proxies are process-wide globals: one migration per process at a time.
@@ -136,8 +136,8 @@ def is_current(url: str | None = None) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m db.migrate``: a small developer entry point."""
-    parser = argparse.ArgumentParser(prog="python -m db.migrate", description=__doc__.splitlines()[0])
+    """``python -m zerotune.db.migrate``: a small developer entry point."""
+    parser = argparse.ArgumentParser(prog="python -m zerotune.db.migrate", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["upgrade", "downgrade", "current", "heads"])
     parser.add_argument("revision", nargs="?", default=None, help='target revision (upgrade: default "head")')
     parser.add_argument("--url", default=None, help="database URL (default: the SQLite file in the data dir)")

@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Select
 
-from db.models import (
+from zerotune.db.models import (
     EVIDENCE_KINDS,
     JOB_STATES,
     STUDY_STATES,

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.costmodel import Calibration, MeasuredError, predict, state_memory
-from strategies.errors import SpecError
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.costmodel import Calibration, MeasuredError, predict, state_memory
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 
 @dataclass(frozen=True)

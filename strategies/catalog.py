@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from strategies.costmodel.hardware import PROFILES, profile_cluster
-from strategies.errors import SpecError, UnknownPresetError
-from strategies.spec import MAX_LEVEL_SIZE, MAX_LEVELS, ClusterSpec, Level, ModelSpec, Strategy, check_spans
+from zerotune.strategies.costmodel.hardware import PROFILES, profile_cluster
+from zerotune.strategies.errors import SpecError, UnknownPresetError
+from zerotune.strategies.spec import MAX_LEVEL_SIZE, MAX_LEVELS, ClusterSpec, Level, ModelSpec, Strategy, check_spans
 
 # Figures from DESIGN.md §7, each level built from its link's profile (costmodel/hardware.py: bandwidth,
 # achievable fraction and per-step latency, with their sources); the outermost size is set by NAME:N.

@@ -40,9 +40,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from strategies import quant
-from strategies.topology import LevelRange, Topology
-from strategies.volume import QUANT_BLOCK, Volume, pad_to
+from zerotune.strategies import quant
+from zerotune.strategies.topology import LevelRange, Topology
+from zerotune.strategies.volume import QUANT_BLOCK, Volume, pad_to
 
 BY_ROOTS_MIN_BYTES = 1 << 20
 """From this buffer size on, a gloo all-gather or in-place reduce-scatter runs as s broadcasts / reduces."""

@@ -32,13 +32,13 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 from torch import nn
 
-from strategies.comm import ByteCounter, Communicator
-from strategies.memory import MemoryAccountant
-from strategies.model import build_gpt, unit_params
-from strategies.plan import Bucket, plan_buckets
-from strategies.spec import ModelSpec, Strategy
-from strategies.topology import Topology
-from strategies.volume import QUANT_BLOCK
+from zerotune.strategies.comm import ByteCounter, Communicator
+from zerotune.strategies.memory import MemoryAccountant
+from zerotune.strategies.model import build_gpt, unit_params
+from zerotune.strategies.plan import Bucket, plan_buckets
+from zerotune.strategies.spec import ModelSpec, Strategy
+from zerotune.strategies.topology import Topology
+from zerotune.strategies.volume import QUANT_BLOCK
 
 
 @dataclass

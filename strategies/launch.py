@@ -86,7 +86,7 @@ def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0,
 
     Args:
         nproc: processes (ranks) to start on this machine.
-        target: module and its arguments (``["strategies.train", "--steps", "8"]``) or a script.
+        target: module and its arguments (``["zerotune.strategies.train", "--steps", "8"]``) or a script.
         timeout_s: wall-clock limit for the whole run.
         module: whether ``target[0]`` is a module name (``-m``) or a script path.
         stream: echo output lines to stderr while running (progress for a user).

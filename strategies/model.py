@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strategies.spec import ModelSpec
+from zerotune.strategies.spec import ModelSpec
 
 
 class Block(nn.Module):

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.spec import ModelSpec
-from strategies.volume import pad_to
+from zerotune.strategies.spec import ModelSpec
+from zerotune.strategies.volume import pad_to
 
 BYTES_PER_16BIT = 2
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from strategies.volume import QUANT_BLOCK, SCALE_BYTES, quantized_nbytes
+from zerotune.strategies.volume import QUANT_BLOCK, SCALE_BYTES, quantized_nbytes
 
 QMAX = {8: 127, 4: 7}
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from strategies.data import TokenSource, sequence_ids
-from strategies.model import build_gpt
-from strategies.spec import ModelSpec
+from zerotune.strategies.data import TokenSource, sequence_ids
+from zerotune.strategies.model import build_gpt
+from zerotune.strategies.spec import ModelSpec
 
 
 def train_reference(spec: ModelSpec, *, steps: int, world: int, micro_batch_size: int, accum: int = 1,

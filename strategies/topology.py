@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from strategies.spec import ClusterSpec
+from zerotune.strategies.spec import ClusterSpec
 
 LevelRange = tuple[int, int]  # (lo, hi), 1-based inclusive; lo > hi is empty
 

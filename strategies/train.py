@@ -6,9 +6,9 @@ On this machine (launches torchrun with W = the cluster's world size):
 
 Under an existing launcher (every rank runs this module):
 
-    torchrun --nproc-per-node 8 -m strategies.train --model gpt-tiny --cluster local:2x2x2 \
+    torchrun --nproc-per-node 8 -m zerotune.strategies.train --model gpt-tiny --cluster local:2x2x2 \
         --strategy zeropp --steps 8 --out run.json
-    srun python -m strategies.train ...      # RANK/WORLD_SIZE from SLURM_*; set MASTER_ADDR/PORT
+    srun python -m zerotune.strategies.train ...      # RANK/WORLD_SIZE from SLURM_*; set MASTER_ADDR/PORT
 
 Rank 0 writes run.json (fields in the README); a failing rank writes ``<out>.rank<r>.err`` with its
 error so the launcher can say which rank failed and why.
@@ -33,9 +33,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
-from strategies.errors import SpecError
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 BETAS = (0.9, 0.95)
 """AdamW's betas in a short run: GPT-3's (Brown et al. 2020, §2.3), which most large-model recipes keep."""
@@ -47,7 +47,7 @@ short run learns in several steps."""
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    """The arguments shared by ``zerotune train`` and ``python -m strategies.train``."""
+    """The arguments shared by ``zerotune train`` and ``python -m zerotune.strategies.train``."""
     p.add_argument("--model", default="gpt-tiny", help="model preset or JSON file")
     p.add_argument("--cluster", default="local:2x2", help="cluster preset (local:AxBxC here) or JSON file")
     p.add_argument("--strategy", default="zero3", help="strategy preset or JSON file")
@@ -131,7 +131,7 @@ def check_memory(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, acc
     """Refuse (SpecError) a run the cost model says cannot fit: per rank against the cluster's device
     memory, and, with ``ranks_here`` and ``available_bytes``, all ranks on this host against its free
     memory. Returns the prediction's memory per rank; ``hint`` ends the refusal."""
-    from strategies.costmodel import GIB, predict
+    from zerotune.strategies.costmodel import GIB, predict
 
     per_step = cluster.world_size * strategy.micro_batch_size
     pred = predict(model, cluster, strategy, elem_bytes=elem_bytes, global_batch=per_step * accum)
@@ -369,11 +369,11 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
 
-    from strategies.catalog import device_matches
-    from strategies.data import TokenSource, sequence_ids
-    from strategies.engine import ZeroEngine
-    from strategies.topology import build_topology
-    from strategies.volume import QUANT_BLOCK
+    from zerotune.strategies.catalog import device_matches
+    from zerotune.strategies.data import TokenSource, sequence_ids
+    from zerotune.strategies.engine import ZeroEngine
+    from zerotune.strategies.topology import build_topology
+    from zerotune.strategies.volume import QUANT_BLOCK
 
     model_spec, cluster, strategy, accum = resolve(args)
     cuda = torch.cuda.is_available()
@@ -489,12 +489,12 @@ def host_facts(world: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m strategies.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m zerotune.strategies.train", description=__doc__.splitlines()[0])
     add_run_args(parser)
     args = parser.parse_args(argv)
     _env_from_slurm()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank of torchrun: it dies with its launcher, never orphaned
-        from strategies.launch import set_parent_death_signal
+        from zerotune.strategies.launch import set_parent_death_signal
 
         set_parent_death_signal(signal.SIGKILL)
         if os.getppid() == 1:  # the launcher died before the signal was armed

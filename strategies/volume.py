@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from strategies.spec import ClusterSpec
+from zerotune.strategies.spec import ClusterSpec
 
 QUANT_BLOCK = 2048
 """Elements per quantization block (one fp32 scale each); DeepSpeed's qwZ uses blocks of this order."""

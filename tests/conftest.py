@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from strategies.launch import run_torchrun
+from zerotune.strategies.launch import run_torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,12 +19,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from db import repository as repo
-from db.models import Trial
-from strategies.calibration import Measurement, load_calibration, refit
-from strategies.costmodel import Calibration, calibration_for
-from strategies.errors import SpecError
-from strategies.spec import ClusterSpec
+from zerotune.db import repository as repo
+from zerotune.db.models import Trial
+from zerotune.strategies.calibration import Measurement, load_calibration, refit
+from zerotune.strategies.costmodel import Calibration, calibration_for
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import ClusterSpec
 
 log = logging.getLogger("zerotune.calibrations")
 MAX_RUNS = 60

@@ -73,10 +73,10 @@ import re
 import shlex
 from typing import Any
 
-from strategies.catalog import MODELS, parse_cluster
-from strategies.costmodel import accumulation_steps
-from strategies.errors import SpecError
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.catalog import MODELS, parse_cluster
+from zerotune.strategies.costmodel import accumulation_steps
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 DTYPES = ("bf16", "fp16", "fp32")
 """Run dtypes the exports accept (compute and unquantized communication)."""
@@ -176,8 +176,9 @@ def zerotune_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, 
     parts = ["torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(per_node)]
     if nnodes > 1:
         parts += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "$MASTER_ADDR:29500", "--rdzv-id", "$SLURM_JOB_ID"]
-    parts += ["-m", "strategies.train", "--model", shlex.quote(model_arg), "--cluster", shlex.quote(cluster_arg),
-              "--strategy", "strategy.json", "--global-batch", str(gb), "--dtype", dtype, "--out", "run.json"]
+    parts += ["-m", "zerotune.strategies.train", "--model", shlex.quote(model_arg),
+              "--cluster", shlex.quote(cluster_arg), "--strategy", "strategy.json", "--global-batch", str(gb),
+              "--dtype", dtype, "--out", "run.json"]
     return {
         "model": _plain(model.to_dict()),
         "cluster": _plain(cluster.to_dict()),

@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from db import repository as repo
-from db.models import Trial
-from db.session import session_scope
-from strategies.errors import ZerotuneError
-from strategies.spec import Strategy
-from tuner import failures, remeasure
-from tuner.executors.base import TrialSpec
+from zerotune.db import repository as repo
+from zerotune.db.models import Trial
+from zerotune.db.session import session_scope
+from zerotune.strategies.errors import ZerotuneError
+from zerotune.strategies.spec import Strategy
+from zerotune.tuner import failures, remeasure
+from zerotune.tuner.executors.base import TrialSpec
 
 if TYPE_CHECKING:
-    from tuner.study import Tuner
+    from zerotune.tuner.study import Tuner
 
 
 class StudyFailed(ZerotuneError):
@@ -47,7 +47,7 @@ class StudyFailed(ZerotuneError):
 
 def exports(tuner: Tuner, strategy: Strategy) -> dict[str, Any]:
     """The recommendation in every format: zerotune trainer JSON, DeepSpeed config, FSDP2 settings."""
-    from tuner import exports as ex
+    from zerotune.tuner import exports as ex
 
     r = tuner.request
     gb = r.global_batch
@@ -81,7 +81,7 @@ def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
     gate failed it (NaN, diverging or flat loss): the strategy loses its place. ``could not run``:
     no verdict (no torch here, the run crashed or timed out before a verdict): the pick keeps its
     place as a prediction, and the answer says why nothing verified it."""
-    from tuner.executors.local import LocalExecutor
+    from zerotune.tuner.executors.local import LocalExecutor
 
     spec = TrialSpec(model=tuner.request.model, cluster=tuner.request.cluster, strategy=strategy,
                      workdir=tuner.workdir / f"verify-{trial_id}", steps=16, warmup=1, timeout_s=tuner.trial_timeout_s)

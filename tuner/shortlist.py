@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from strategies.spec import Strategy
-from tuner.recommend import leading_partitions
-from tuner.study import TuneRequest
+from zerotune.strategies.spec import Strategy
+from zerotune.tuner.recommend import leading_partitions
+from zerotune.tuner.study import TuneRequest
 
 LEADERS = 3
 """Partitions measured when the model's error on a cluster is unknown (its fastest predicted ones)."""

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from strategies.errors import SpecError
-from strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
 
 NONE = "none"
 MICRO_BATCH_SIZES = (1, 2, 4)

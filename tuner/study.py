@@ -42,18 +42,18 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from db import repository as repo
-from db.models import Recommendation, Request, Study, Trial
-from db.session import make_engine, make_session_factory, session_scope
-from strategies.catalog import build_strategy
-from strategies.costmodel import Calibration, predict
-from strategies.errors import SpecError
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
-from tuner import calibrations, failures, remeasure
-from tuner.executors.base import Executor, TrialResult, TrialSpec
-from tuner.executors.local import runs_as_is
-from tuner.recommend import StudyFailed, recommend
-from tuner.space import Space, resolve_global_batch
+from zerotune.db import repository as repo
+from zerotune.db.models import Recommendation, Request, Study, Trial
+from zerotune.db.session import make_engine, make_session_factory, session_scope
+from zerotune.strategies.catalog import build_strategy
+from zerotune.strategies.costmodel import Calibration, predict
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.tuner import calibrations, failures, remeasure
+from zerotune.tuner.executors.base import Executor, TrialResult, TrialSpec
+from zerotune.tuner.executors.local import runs_as_is
+from zerotune.tuner.recommend import StudyFailed, recommend
+from zerotune.tuner.space import Space, resolve_global_batch
 
 log = logging.getLogger("zerotune.tuner")
 

@@ -31,13 +31,13 @@ from typing import Any, Protocol
 
 from sqlalchemy import func, select, update
 
-from db import repository as repo
-from db.models import Job, Request, Study, Trial, utcnow
-from db.session import make_engine, make_session_factory, session_scope
-from strategies.spec import ClusterSpec, ModelSpec
-from tuner import calibrations, shortlist
-from tuner.recommend import StudyFailed
-from tuner.study import Progress, Tuner, TuneRequest
+from zerotune.db import repository as repo
+from zerotune.db.models import Job, Request, Study, Trial, utcnow
+from zerotune.db.session import make_engine, make_session_factory, session_scope
+from zerotune.strategies.spec import ClusterSpec, ModelSpec
+from zerotune.tuner import calibrations, shortlist
+from zerotune.tuner.recommend import StudyFailed
+from zerotune.tuner.study import Progress, Tuner, TuneRequest
 
 log = logging.getLogger("zerotune.worker")
 
@@ -206,7 +206,7 @@ class Worker:
 
     def _tuner(self, request: TuneRequest, beat: _Heartbeat, stop: threading.Event, **options: Any) -> Tuner:
         """The Tuner of one study of a job, predicting with the calibration the request names."""
-        from tuner.executors import make_executor
+        from zerotune.tuner.executors import make_executor
 
         with session_scope(self.sessions) as s:
             calibration = calibrations.load(s, request.calibration)
@@ -317,7 +317,7 @@ def _safe(url: str) -> str:
 
 def serve_worker(settings: WorkerSettings, url: str, parent_pid: int | None = None, max_jobs: int | None = None) -> int:
     """Run a worker in this process until SIGTERM/SIGINT; return the number of jobs run."""
-    from db.migrate import prepare_optuna_storage, upgrade
+    from zerotune.db.migrate import prepare_optuna_storage, upgrade
 
     upgrade(url)
     prepare_optuna_storage(url)

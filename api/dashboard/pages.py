@@ -15,12 +15,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api import queries
-from api.prologue import notes_of
-from api.schemas import StudyPublic, TrialDetailPublic
-from db import repository as repo
-from db.models import Recommendation, Request, StoredCalibration, Study, Trial
-from tuner.study import PRESETS  # the known-good strategies every study runs first (already loaded by the service)
+from zerotune.api import queries
+from zerotune.api.prologue import notes_of
+from zerotune.api.schemas import StudyPublic, TrialDetailPublic
+from zerotune.db import repository as repo
+from zerotune.db.models import Recommendation, Request, StoredCalibration, Study, Trial
+from zerotune.tuner.study import (
+    PRESETS,  # the known-good strategies every study runs first (already loaded by the service)
+)
 
 EXPORTS = (("zerotune", "zerotune.json", "zerotune's trainer: write its strategy to strategy.json, run its command "
              "on every node"),

@@ -18,13 +18,13 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import Engine, inspect
 
-from api import queries
-from api.dashboard import pages
-from api.deps import Id, SessionDep
-from api.schemas import MAX_ID, Message, ParamImportancePublic, TrialPointsPublic
-from db import repository as repo
-from db.models import Recommendation, Study
-from db.repository import NotFoundError
+from zerotune.api import queries
+from zerotune.api.dashboard import pages
+from zerotune.api.deps import Id, SessionDep
+from zerotune.api.schemas import MAX_ID, Message, ParamImportancePublic, TrialPointsPublic
+from zerotune.db import repository as repo
+from zerotune.db.models import Recommendation, Study
+from zerotune.db.repository import NotFoundError
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=HERE / "templates")

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from api.deps import SessionDep
-from api.schemas import MAX_ID, CalibrationPublic, CalibrationsPublic, Message
-from db import repository as repo
-from db.repository import NotFoundError
+from zerotune.api.deps import SessionDep
+from zerotune.api.schemas import MAX_ID, CalibrationPublic, CalibrationsPublic, Message
+from zerotune.db import repository as repo
+from zerotune.db.repository import NotFoundError
 
 router = APIRouter(prefix="/v1/calibrations", tags=["calibrations"])
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import SettingsDep
-from api.schemas import CatalogPublic
-from strategies.catalog import catalog
+from zerotune.api.deps import SettingsDep
+from zerotune.api.schemas import CatalogPublic
+from zerotune.strategies.catalog import catalog
 
 router = APIRouter(prefix="/v1/catalog", tags=["catalog"])
 

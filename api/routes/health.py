@@ -10,12 +10,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from api import queries
-from api.deps import ServiceDep
-from api.schemas import Health, WorkerPublic, WorkersPublic
-from db import repository as repo
-from db.models import utcnow
-from db.session import session_scope
+from zerotune.api import queries
+from zerotune.api.deps import ServiceDep
+from zerotune.api.schemas import Health, WorkerPublic, WorkersPublic
+from zerotune.db import repository as repo
+from zerotune.db.models import utcnow
+from zerotune.db.session import session_scope
 
 router = APIRouter(tags=["health"])
 
@@ -40,7 +40,7 @@ async def readyz(service: ServiceDep) -> JSONResponse:
     ``checks.workers.live`` counts every worker heard from within ``stale_after_s`` — embedded ones
     and ``zerotune worker`` processes on other machines alike (informational: a service with no
     live worker still accepts requests; their jobs wait in the queue)."""
-    from db.migrate import head
+    from zerotune.db.migrate import head
 
     checks: dict[str, object] = {}
     ok = True
@@ -48,7 +48,7 @@ async def readyz(service: ServiceDep) -> JSONResponse:
     def revision() -> str | None:
         from alembic.runtime.migration import MigrationContext
 
-        from db.migrations import VERSION_TABLE
+        from zerotune.db.migrations import VERSION_TABLE
 
         with service.engine.connect() as connection:
             connection.execute(text("SELECT 1"))

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 from starlette.concurrency import run_in_threadpool
 
-from api import queries
-from api.deps import Id, ServiceDep, WriteAccess
-from api.schemas import JobPublic, Message
-from db import repository as repo
-from db.repository import NotFoundError
-from db.session import session_scope
+from zerotune.api import queries
+from zerotune.api.deps import Id, ServiceDep, WriteAccess
+from zerotune.api.schemas import JobPublic, Message
+from zerotune.db import repository as repo
+from zerotune.db.repository import NotFoundError
+from zerotune.db.session import session_scope
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

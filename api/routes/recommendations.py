@@ -7,12 +7,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from api import queries
-from api.cache import MAX_WAIT_S
-from api.deps import Id, ServiceDep, SessionDep, WriteAccess
-from api.schemas import JobPublic, Message, RecommendationCreate, RecommendationPublic
-from db.models import Recommendation
-from db.repository import NotFoundError
+from zerotune.api import queries
+from zerotune.api.cache import MAX_WAIT_S
+from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
+from zerotune.api.schemas import JobPublic, Message, RecommendationCreate, RecommendationPublic
+from zerotune.db.models import Recommendation
+from zerotune.db.repository import NotFoundError
 
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
 

@@ -6,11 +6,19 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from api import queries
-from api.deps import Id, SessionDep
-from api.schemas import MAX_ID, Message, StudiesPublic, StudyDetailPublic, StudyPublic, TrialPublic, TrialsPublic
-from db import repository as repo
-from db.repository import NotFoundError
+from zerotune.api import queries
+from zerotune.api.deps import Id, SessionDep
+from zerotune.api.schemas import (
+    MAX_ID,
+    Message,
+    StudiesPublic,
+    StudyDetailPublic,
+    StudyPublic,
+    TrialPublic,
+    TrialsPublic,
+)
+from zerotune.db import repository as repo
+from zerotune.db.repository import NotFoundError
 
 router = APIRouter(prefix="/v1/studies", tags=["studies"])
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import Id, ServiceDep, SessionDep, WriteAccess
-from api.schemas import Message, TrialCreate, TrialDetailPublic
-from api.uploads import store_run
-from db import repository as repo
-from db.repository import NotFoundError
-from db.session import session_scope
+from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
+from zerotune.api.schemas import Message, TrialCreate, TrialDetailPublic
+from zerotune.api.uploads import store_run
+from zerotune.db import repository as repo
+from zerotune.db.repository import NotFoundError
+from zerotune.db.session import session_scope
 
 router = APIRouter(prefix="/v1/trials", tags=["trials"])
 

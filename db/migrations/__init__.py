@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from db.models import TABLE_PREFIX
+from zerotune.db.models import TABLE_PREFIX
 
 VERSION_TABLE = "zt_alembic_version"
 

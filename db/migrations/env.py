@@ -12,9 +12,9 @@ from typing import Any
 from alembic import context
 from sqlalchemy import Connection, text
 
-from db.migrations import VERSION_TABLE, include_name, include_object
-from db.models import Base
-from db.session import make_engine
+from zerotune.db.migrations import VERSION_TABLE, include_name, include_object
+from zerotune.db.models import Base
+from zerotune.db.session import make_engine
 
 # Key of the PostgreSQL advisory lock that serializes concurrent upgrades (a server and its
 # workers may all start at once); any fixed 64-bit number unlikely to be used by others.

@@ -16,11 +16,11 @@ Every formula is written in its module's docstring.
 import math
 from typing import Any
 
-from strategies.costmodel.hardware import Calibration, MeasuredError, calibration_for
-from strategies.costmodel.memory import GIB, activation_memory, state_memory
-from strategies.costmodel.predict import accumulation_steps, predict, step_volume
-from strategies.costmodel.schedule import Schedule, build_schedule
-from strategies.spec import ClusterSpec
+from zerotune.strategies.costmodel.hardware import Calibration, MeasuredError, calibration_for
+from zerotune.strategies.costmodel.memory import GIB, activation_memory, state_memory
+from zerotune.strategies.costmodel.predict import accumulation_steps, predict, step_volume
+from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
+from zerotune.strategies.spec import ClusterSpec
 
 __all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_steps", "activation_memory",
            "build_schedule", "calibration_for", "clear_caches", "cross_node_bytes", "predict", "scaling_efficiency",
@@ -30,8 +30,8 @@ __all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_step
 def clear_caches() -> None:
     """Forget every memoized plan, schedule, per-collective cost and step volume (what ``predict``
     learns as it runs): the next call starts cold, e.g. to time it."""
-    from strategies.costmodel import schedule, timing
-    from strategies.costmodel.predict import _runs_of
+    from zerotune.strategies.costmodel import schedule, timing
+    from zerotune.strategies.costmodel.predict import _runs_of
 
     schedule.clear()
     timing.clear()

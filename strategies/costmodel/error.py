@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from strategies.costmodel.hardware import PRESET_CALIBRATIONS, Calibration
+from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, Calibration
 
 ERROR_FILE = Path(__file__).with_name("model_error.json")
 

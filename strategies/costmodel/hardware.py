@@ -43,7 +43,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from strategies.spec import ClusterSpec, Level
+from zerotune.strategies.spec import ClusterSpec, Level
 
 NCCL_RING_BASE_US = 8.4
 """Fixed cost of one ring collective, Simple protocol [nccl-tuning]."""

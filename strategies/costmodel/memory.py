@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 
-from strategies.costmodel.schedule import Schedule, build_schedule
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 GIB = 2**30
 CATEGORIES = ("params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations")

@@ -24,8 +24,8 @@ import math
 from collections import Counter
 from typing import NamedTuple
 
-from strategies.plan import plan_buckets
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.plan import plan_buckets
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 Coll = tuple[str, tuple[int, int], int, int]
 """One collective: (op, (first level, last level), numel, bits). ``numel`` is the shard for

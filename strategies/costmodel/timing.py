@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import math
 
-from strategies.costmodel.hardware import Calibration
-from strategies.costmodel.schedule import Coll
-from strategies.spec import ClusterSpec
-from strategies.volume import Volume, all_gather_volume, all_reduce_volume, reduce_scatter_volume
+from zerotune.strategies.costmodel.hardware import Calibration
+from zerotune.strategies.costmodel.schedule import Coll
+from zerotune.strategies.spec import ClusterSpec
+from zerotune.strategies.volume import Volume, all_gather_volume, all_reduce_volume, reduce_scatter_volume
 
 _VOLUME = {"all_gather": all_gather_volume, "reduce_scatter": reduce_scatter_volume, "all_reduce": all_reduce_volume}
 _STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}

@@ -52,7 +52,7 @@ class Proc:
     def start(self) -> Proc:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "api.cli", *self.args], cwd=ROOT, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "zerotune.api.cli", *self.args], cwd=ROOT, env=self.env,
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         out.close()
@@ -180,7 +180,7 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 def rows(url: str, sql: str, **params: object) -> list[tuple]:
     """Read the database directly (what the service stored, not what it says)."""
-    from db.session import make_engine
+    from zerotune.db.session import make_engine
 
     engine = make_engine(url)
     try:

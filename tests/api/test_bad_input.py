@@ -186,7 +186,7 @@ def test_the_fast_path_refuses_what_the_route_refuses(sqlite_url, launcher):
 
 
 def test_remembered_bodies_are_bounded_in_bytes():
-    from api.cache import MAX_BODIES_BYTES, AnswerCache
+    from zerotune.api.cache import MAX_BODIES_BYTES, AnswerCache
 
     cache = AnswerCache(size=4096)
     for i in range(3000):  # whitespace variants of one body, 4-7 KB each: 16 MB unbounded

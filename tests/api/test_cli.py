@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from api.cli import ExitStatus, main
+from zerotune.api.cli import ExitStatus, main
 
 
 def test_help_lists_subcommands(capsys):
@@ -62,8 +62,8 @@ def test_console_script_runs_without_torch():
             "'--strategy', '3level-a']); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    result = subprocess.run(["zerotune", "--help"] if _has_script() else [sys.executable, "-m", "api.cli", "--help"],
-                            capture_output=True, text=True)
+    command = ["zerotune"] if _has_script() else [sys.executable, "-m", "zerotune.api.cli"]
+    result = subprocess.run([*command, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "validate" in result.stdout
 
 

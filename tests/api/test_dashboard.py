@@ -42,7 +42,7 @@ def key(text: str) -> str:
 
 def measured(model: Any, cluster: Any, strategy: Any, slowdown: float, healthy: bool = True) -> tuple[dict, dict]:
     """(run.json, prediction) of a short run of ``strategy``: the trainer's fields, ``slowdown`` x the prediction."""
-    from strategies.costmodel import predict
+    from zerotune.strategies.costmodel import predict
 
     prediction = predict(model, cluster, strategy)
     steps = 8
@@ -83,7 +83,7 @@ class Seeded:
 def local_study(s: Any, name: str, model: Any, cluster: Any, trials: int, objective: str = "throughput",
                 sampler: str = "tpe") -> tuple[Any, Any]:
     """(request, study) rows of a ``local`` study named ``name``, as the service and a worker write them."""
-    from db import repository as repo
+    from zerotune.db import repository as repo
 
     request, _ = repo.get_or_create_request(
         session=s, key=key(name), model=model.to_dict(), cluster=cluster.to_dict(), objective=objective,
@@ -94,11 +94,11 @@ def local_study(s: Any, name: str, model: Any, cluster: Any, trials: int, object
 
 
 def seed_running_and_failed(db: str, seeded: Seeded) -> None:
-    from db import repository as repo
-    from db.session import make_engine, make_session_factory, session_scope
-    from strategies.catalog import build_strategy, parse_cluster, parse_model
-    from strategies.costmodel import predict
-    from tuner.study import strategy_key
+    from zerotune.db import repository as repo
+    from zerotune.db.session import make_engine, make_session_factory, session_scope
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+    from zerotune.strategies.costmodel import predict
+    from zerotune.tuner.study import strategy_key
 
     engine = make_engine(db)
     sessions = make_session_factory(engine)
@@ -130,7 +130,7 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
         repo.update_job(session=s, job_id=job.id, state="running", progress=4 / 12, trials_done=4, study_id=study.id)
         seeded.running, seeded.running_job = study.id, job.id
         s.flush()
-        from tuner.calibrations import refit_study  # its three healthy runs refit local:2x2x2's calibration
+        from zerotune.tuner.calibrations import refit_study  # its three healthy runs refit local:2x2x2's calibration
 
         seeded.refit = refit_study(s, study.id) or {}
 
@@ -159,11 +159,11 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
 def seed_pareto(s: Any, seeded: Seeded) -> None:
     """A finished pareto study answered with a proxy-verified pick: its front, the verification run's loss
     curve and log, and one infeasible point needing ~20x the device's memory (it must not squeeze the front)."""
-    from db import repository as repo
-    from strategies.catalog import build_strategy, parse_cluster, parse_model
-    from strategies.costmodel import predict
-    from tuner.recommend import pareto_front
-    from tuner.study import strategy_key
+    from zerotune.db import repository as repo
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+    from zerotune.strategies.costmodel import predict
+    from zerotune.tuner.recommend import pareto_front
+    from zerotune.tuner.study import strategy_key
 
     model, cluster = parse_model("gpt-mini"), parse_cluster("local:2x2")
     request, study = local_study(s, "dashboard-pareto", model, cluster, 6, objective="pareto", sampler="nsga2")
@@ -492,7 +492,9 @@ def test_recommendation_and_compare(tab: Tab, seeded: Seeded) -> None:
     assert page.locator("#shortlist li").count() == len(decision["shortlist"])
     if decision["lossy"]:
         assert decision["lossy"]["why"] in page.locator("#lossy").inner_text()
-    from api.prologue import notes_of  # the notes `zerotune recommend` prints: DeepSpeed's, FSDP2's, the precision
+    from zerotune.api.prologue import (
+        notes_of,  # the notes `zerotune recommend` prints: DeepSpeed's, FSDP2's, the precision
+    )
 
     notes = notes_of(rec, "env")
     assert notes and [" ".join(n.split()) for n in page.locator("#notes li").all_inner_texts()] == \
@@ -570,10 +572,10 @@ def test_trials_table_sorts_and_filters(tab: Tab, seeded: Seeded) -> None:
 
 @pytest.mark.timeout(120)
 def test_live_study_shows_new_trials_without_reload(browser: Any, seeded: Seeded) -> None:
-    from db import repository as repo
-    from db.session import make_engine, make_session_factory, session_scope
-    from strategies.catalog import build_strategy, parse_cluster, parse_model
-    from tuner.study import strategy_key
+    from zerotune.db import repository as repo
+    from zerotune.db.session import make_engine, make_session_factory, session_scope
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+    from zerotune.tuner.study import strategy_key
 
     study_tab, list_tab = Tab(browser, seeded.url), Tab(browser, seeded.url)
     page = study_tab.open(f"/dashboard/studies/{seeded.running}")

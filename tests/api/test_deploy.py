@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from api.cli import build_parser
-from api.settings import Settings
 from tests.api.conftest import ROOT
+from zerotune.api.cli import build_parser
+from zerotune.api.settings import Settings
 
 BIN = Path(sys.executable).parent
 
@@ -65,15 +65,15 @@ def test_dockerfile_runs_real_commands_as_a_non_root_user():
             assert (ROOT / source).exists(), source
             assert f"!{source.rstrip('/')}" in (ROOT / ".dockerignore").read_text().replace("/\n", "\n"), source
     script = (ROOT / "pyproject.toml").read_text()
-    assert 'zerotune = "api.cli:main"' in script  # the console script the image's commands call
+    assert 'zerotune = "zerotune.api.cli:main"' in script  # the console script the image's commands call
 
 
 def test_health_command_against_a_live_service(api_server):
-    ok = subprocess.run([sys.executable, "-m", "api.cli", "health", "--url", api_server.url], cwd=ROOT,
+    ok = subprocess.run([sys.executable, "-m", "zerotune.api.cli", "health", "--url", api_server.url], cwd=ROOT,
                         capture_output=True, text=True, timeout=30)
     assert ok.returncode == 0 and json.loads(ok.stdout)["status"] == "ok", ok.stderr
-    down = subprocess.run([sys.executable, "-m", "api.cli", "health", "--url", "http://127.0.0.1:9", "--timeout",
-                           "2"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    down = subprocess.run([sys.executable, "-m", "zerotune.api.cli", "health", "--url", "http://127.0.0.1:9",
+                           "--timeout", "2"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert down.returncode == 1 and "unreachable" in down.stderr
 
 

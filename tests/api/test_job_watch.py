@@ -6,13 +6,13 @@ import asyncio
 
 from sqlalchemy import event
 
-from api import queries, schemas
-from api.cache import AnswerCache
-from api.service import Service, normalize
-from api.settings import Settings
-from db import repository as repo
-from db.migrate import upgrade
-from db.session import make_engine, make_session_factory, session_scope
+from zerotune.api import queries, schemas
+from zerotune.api.cache import AnswerCache
+from zerotune.api.service import Service, normalize
+from zerotune.api.settings import Settings
+from zerotune.db import repository as repo
+from zerotune.db.migrate import upgrade
+from zerotune.db.session import make_engine, make_session_factory, session_scope
 
 
 def test_a_job_that_ends_while_the_watcher_reads_it_comes_back_with_its_answer(db_url):

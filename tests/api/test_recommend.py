@@ -25,15 +25,21 @@ from typing import Any
 import httpx
 import pytest
 
-from api.cli import ExitStatus
-from api.client import Client, Retry, ServiceError
-from api.prologue import PRESET_DEVICES_PER_NODE, UsageError, default_recommendation, merge_deepspeed, request_key
 from tests.api.conftest import ROOT, Launcher, free_port
+from zerotune.api.cli import ExitStatus
+from zerotune.api.client import Client, Retry, ServiceError
+from zerotune.api.prologue import (
+    PRESET_DEVICES_PER_NODE,
+    UsageError,
+    default_recommendation,
+    merge_deepspeed,
+    request_key,
+)
 
 STORED = {"model": "gpt-125m", "cluster": "frontier:2", "executor": "model", "budget": {"trials": 8}}
 STORED_ARGS = ["--model", "gpt-125m", "--cluster", "frontier:2", "--trials", "8"]
 _SCRIPT = Path(sys.executable).parent / "zerotune"
-ZEROTUNE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "api.cli"]
+ZEROTUNE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "zerotune.api.cli"]
 
 
 @dataclass
@@ -445,8 +451,8 @@ FORBIDDEN = {"torch", "optuna", "sqlalchemy", "fastapi", "uvicorn", "pydantic", 
 
 
 def _imported(*args: str, expect: int) -> set[str]:
-    """Top-level names of every module ``python -X importtime -m api.cli recommend ...`` imports (no site)."""
-    proc = subprocess.run([sys.executable, "-S", "-X", "importtime", "-m", "api.cli", "recommend", *args],
+    """Top-level names of every module ``python -X importtime -m zerotune.api.cli recommend ...`` imports (no site)."""
+    proc = subprocess.run([sys.executable, "-S", "-X", "importtime", "-m", "zerotune.api.cli", "recommend", *args],
                           cwd=ROOT, capture_output=True, text=True, env=clean_env(), timeout=60)
     assert proc.returncode == expect, proc.stderr[-2000:]
     names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)", proc.stderr, re.MULTILINE)
@@ -465,8 +471,8 @@ def test_the_recommend_path_imports_only_the_standard_library(tmp_path):
 
 
 def test_the_fallback_is_a_valid_deepspeed_zero3_config():
-    from strategies.catalog import parse_cluster
-    from tuner.exports import validate_deepspeed_config
+    from zerotune.strategies.catalog import parse_cluster
+    from zerotune.tuner.exports import validate_deepspeed_config
 
     for cluster in ("frontier:48", "dgx-h100:4", "local:2x2"):
         rec = default_recommendation({"model": "gpt-neox-20b", "cluster": cluster})
@@ -533,7 +539,7 @@ def test_every_exit_status_is_documented_in_the_readme():
 
 
 def test_notes_name_the_precision_the_measurement_ran_in():
-    from api.prologue import notes_of
+    from zerotune.api.prologue import notes_of
 
     rec = {"metrics": {"dtype": "float32", "device": "cpu (x86_64)"},
            "exports": {"zerotune": {"dtype": "bf16"}, "deepspeed_notes": ["hpZ is off"], "fsdp": {"notes": ["x"]}}}

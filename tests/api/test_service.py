@@ -107,7 +107,7 @@ def test_local_executor_end_to_end_and_upload(sqlite_url, launcher, tmp_path):
     # the measured run.json goes back in as an external trial: zerotune upload
     run = tmp_path / "run.json"
     run.write_text(json.dumps(trial["metrics"]))
-    upload = [sys.executable, "-m", "api.cli", "upload", str(run), "--url", url]
+    upload = [sys.executable, "-m", "zerotune.api.cli", "upload", str(run), "--url", url]
     first = subprocess.run(upload, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0 and "stored trial" in first.stderr, first.stderr
     second = subprocess.run(upload, cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -17,9 +17,9 @@ from sqlalchemy import Engine, create_engine, delete, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.migrate import upgrade
-from db.models import Base
-from db.session import make_engine, make_session_factory
+from zerotune.db.migrate import upgrade
+from zerotune.db.models import Base
+from zerotune.db.session import make_engine, make_session_factory
 
 PG_ADMIN_URL = os.environ.get("ZEROTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]

@@ -9,10 +9,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from db.migrate import current, downgrade, head, upgrade
-from db.migrations import VERSION_TABLE, include_name, include_object
-from db.models import Base
-from db.session import make_engine
+from zerotune.db.migrate import current, downgrade, head, upgrade
+from zerotune.db.migrations import VERSION_TABLE, include_name, include_object
+from zerotune.db.models import Base
+from zerotune.db.session import make_engine
 
 OUR_TABLES = {"zt_requests", "zt_studies", "zt_trials", "zt_recommendations", "zt_jobs", "zt_workers",
               "zt_calibrations"}
@@ -179,7 +179,7 @@ def test_optuna_tables_are_created_once_by_racing_processes(empty_url: str) -> N
     """Workers starting together on a fresh database all prepare Optuna's storage; none fails."""
     import optuna
 
-    from db.migrate import prepare_optuna_storage
+    from zerotune.db.migrate import prepare_optuna_storage
 
     upgrade(empty_url)
     processes = [multiprocessing.get_context("fork").Process(target=prepare_optuna_storage, args=(empty_url,))

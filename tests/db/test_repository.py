@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import repository as repo
-from db.session import session_scope
+from zerotune.db import repository as repo
+from zerotune.db.session import session_scope
 
 Factory = sessionmaker[Session]
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)

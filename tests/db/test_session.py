@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from db.session import default_url, make_engine, make_session_factory, normalize_url, session_scope
+from zerotune.db.session import default_url, make_engine, make_session_factory, normalize_url, session_scope
 
 ROOT = Path(__file__).resolve().parents[2]
 

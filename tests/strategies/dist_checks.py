@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from strategies import comm as comm_module
-from strategies import quant
-from strategies.catalog import parse_cluster
-from strategies.comm import Communicator
-from strategies.topology import build_topology, range_ranks
+from zerotune.strategies import comm as comm_module
+from zerotune.strategies import quant
+from zerotune.strategies.catalog import parse_cluster
+from zerotune.strategies.comm import Communicator
+from zerotune.strategies.topology import build_topology, range_ranks
 
 SIZES = (1001, 37)  # not divisible by any world size used
 DEFAULT_BY_ROOTS = comm_module.BY_ROOTS_MIN_BYTES

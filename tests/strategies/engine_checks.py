@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from strategies import comm as comm_module
-from strategies.catalog import build_strategy, parse_cluster, parse_model
-from strategies.data import TokenSource, sequence_ids
-from strategies.engine import ZeroEngine
-from strategies.topology import build_topology
+from zerotune.strategies import comm as comm_module
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.data import TokenSource, sequence_ids
+from zerotune.strategies.engine import ZeroEngine
+from zerotune.strategies.topology import build_topology
 
 DEFAULT_BY_ROOTS = comm_module.BY_ROOTS_MIN_BYTES
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from strategies import volume
-from strategies.catalog import parse_cluster
-from strategies.quant import QMAX
+from zerotune.strategies import volume
+from zerotune.strategies.catalog import parse_cluster
+from zerotune.strategies.quant import QMAX
 
 CHECKS = Path(__file__).with_name("dist_checks.py")
 BLOCK = 64  # as dist_checks.BLOCK
@@ -101,8 +101,8 @@ def test_quantized_reduce_scatter_within_documented_bound(measured):
 
 def test_cost_model_charges_the_quantization_the_collectives_run(measured):
     """The elements ``comm.py`` quantizes and dequantizes equal what the cost model charges for."""
-    from strategies.costmodel import Calibration
-    from strategies.costmodel.timing import costs_for
+    from zerotune.strategies.costmodel import Calibration
+    from zerotune.strategies.costmodel.timing import costs_for
 
     cluster, ranks = measured
     checked = 0

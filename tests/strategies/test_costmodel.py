@@ -12,12 +12,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from api.cli import main
-from strategies.calibration import FITTABLE, Measurement, fit, identifiable_fields, load_calibration, save_calibration
-from strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
-from strategies.costmodel import Calibration, activation_memory, cross_node_bytes, predict, state_memory, step_volume
-from strategies.errors import SpecError
-from strategies.spec import Strategy
+from zerotune.api.cli import main
+from zerotune.strategies.calibration import (
+    FITTABLE,
+    Measurement,
+    fit,
+    identifiable_fields,
+    load_calibration,
+    save_calibration,
+)
+from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import (
+    Calibration,
+    activation_memory,
+    cross_node_bytes,
+    predict,
+    state_memory,
+    step_volume,
+)
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import Strategy
 
 CHECKS = Path(__file__).with_name("engine_checks.py")
 TOPOLOGIES = ["local:2x2", "local:2x4", "local:2x2x2"]
@@ -229,9 +243,9 @@ def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeyp
     assert main(["calibrate", *runs, "--name", "stored", "--db", db]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stored"] == "stored for local:2x2x2"
-    from db import repository as repo
-    from db.session import make_engine, make_session_factory, session_scope
-    from tuner import calibrations
+    from zerotune.db import repository as repo
+    from zerotune.db.session import make_engine, make_session_factory, session_scope
+    from zerotune.tuner import calibrations
 
     engine = make_engine(db)
     with session_scope(make_session_factory(engine)) as s:
@@ -323,7 +337,7 @@ def _naive_pipeline(t, comm, gathers, computes, reductions, p, slowdown=0.0):
 def test_the_pipeline_skip_is_exact_against_the_plain_schedule(seed):
     """Runs of identical buckets (with odd ones between), comm- or compute-bound, any prefetch, with or without
     compute slow-down beside running collectives: the skipped simulation ends where the plain one does."""
-    from strategies.costmodel.timing import pipeline
+    from zerotune.strategies.costmodel.timing import pipeline
 
     rng = random.Random(seed)
     nb = rng.randint(1, 60)
@@ -364,7 +378,7 @@ def test_refit_states_its_error_before_after_and_on_runs_it_never_saw():
     """A refit of the nominal model to real measured runs: far closer than the start in-sample, its
     cross-validated error becomes the band its predictions carry, and it never fits more unknowns than
     half the runs (one left out of every fold)."""
-    from strategies.calibration import assess, refit
+    from zerotune.strategies.calibration import assess, refit
 
     runs = [Measurement.from_run(json.loads(p.read_text())) for p in sorted(FIDELITY_RUNS.glob("round10*.json"))]
     assert len(runs) >= 12

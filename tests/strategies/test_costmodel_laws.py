@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from strategies.catalog import build_strategy, parse_cluster, parse_model
-from strategies.costmodel import Calibration, calibration_for, predict
-from strategies.costmodel.hardware import (
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import Calibration, calibration_for, predict
+from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     LINKS,
     NCCL_RING_BASE_US,
@@ -21,8 +21,8 @@ from strategies.costmodel.hardware import (
     profile_calibration,
     profile_cluster,
 )
-from strategies.costmodel.timing import costs_for
-from strategies.spec import ModelSpec
+from zerotune.strategies.costmodel.timing import costs_for
+from zerotune.strategies.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT_18B = ModelSpec("gpt-18b", layers=40, hidden=6144, heads=32, vocab=50257, seq_len=512)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from strategies.catalog import build_strategy, parse_cluster, parse_model
-from strategies.costmodel import state_memory, step_volume
-from strategies.reference import train_reference
-from strategies.spec import Strategy
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import state_memory, step_volume
+from zerotune.strategies.reference import train_reference
+from zerotune.strategies.spec import Strategy
 
 CHECKS = Path(__file__).with_name("engine_checks.py")
 SMALL = {"allgather_bucket_mb": 0.1, "reduce_bucket_mb": 0.2}  # one block per bucket, two per reduce group
@@ -153,7 +153,7 @@ def test_zeropp_cross_node_bytes_are_a_quarter_of_zero3(runs8):
     ratio = cross("zeropp-bf16") / cross("zero3-bf16")
     # 3M vs 0.75M per block; the root unit (embeddings, 27% of gpt-tiny, 1.5% of a 20B model) stays
     # gathered through backward, so it costs 2M (gather + reduce) under ZeRO-3 and 0.75M under ZeRO++
-    from strategies.plan import block_numel, root_numel
+    from zerotune.strategies.plan import block_numel, root_numel
     model = parse_model("gpt-tiny")
     root, blocks = root_numel(model), model.layers * block_numel(model)
     expected = 0.75 * (root + blocks) / (2 * root + 3 * blocks)
@@ -180,7 +180,7 @@ def test_zero3_state_memory_is_16_psi_over_n():
     model = parse_model("gpt-neox-20b")
     s = build_strategy("zero3", cluster)
     mem = state_memory(model, cluster, s, elem_bytes=2)
-    from strategies.plan import plan_buckets
+    from zerotune.strategies.plan import plan_buckets
     psi = sum(b.padded for b in plan_buckets(model, cluster.world_size, 25, 25).buckets)
     n = cluster.world_size
     assert mem["params"] + mem["grads"] + mem["optim_states"] == 16 * psi // n

@@ -12,12 +12,12 @@ import math
 
 import pytest
 
-from strategies.catalog import MODELS
-from strategies.data import TokenSource, language
-from strategies.spec import ModelSpec
 from tests.strategies.test_train import zerotune
-from tuner.executors.local import proxy_model_for
-from tuner.recommend import VERIFY_PROXY
+from zerotune.strategies.catalog import MODELS
+from zerotune.strategies.data import TokenSource, language
+from zerotune.strategies.spec import ModelSpec
+from zerotune.tuner.executors.local import proxy_model_for
+from zerotune.tuner.recommend import VERIFY_PROXY
 
 
 def _shape(m: ModelSpec) -> tuple:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strategies import quant
-from strategies.volume import quantized_nbytes
+from zerotune.strategies import quant
+from zerotune.strategies.volume import quantized_nbytes
 
 
 @pytest.mark.parametrize("bits", [8, 4])

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from strategies.catalog import MODELS, STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
-from strategies.errors import SpecError, UnknownPresetError
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.catalog import MODELS, STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from zerotune.strategies.errors import SpecError, UnknownPresetError
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 
 def test_frontier_preset_matches_design_figures():

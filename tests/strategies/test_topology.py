@@ -6,9 +6,9 @@ import subprocess
 import sys
 import time
 
-from strategies.catalog import parse_cluster
-from strategies.launch import run_torchrun
-from strategies.topology import coords_rank, range_index, range_ranks, range_size, rank_coords, replica, span
+from zerotune.strategies.catalog import parse_cluster
+from zerotune.strategies.launch import run_torchrun
+from zerotune.strategies.topology import coords_rank, range_index, range_ranks, range_size, rank_coords, replica, span
 
 
 def test_innermost_level_varies_fastest():

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from strategies.catalog import build_strategy, parse_cluster, parse_model
-from strategies.costmodel import state_memory, step_volume
-from strategies.train import health
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import state_memory, step_volume
+from zerotune.strategies.train import health
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_FIELDS = {"status", "world_size", "steps", "step_time_s", "tokens_per_s", "tflops_per_rank", "bytes_per_level",
@@ -23,7 +23,7 @@ MEMORY_FIELDS = {"params", "secondary_params", "grads", "optim_states", "comm_bu
 
 
 def zerotune(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "zerotune.api.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
@@ -117,8 +117,8 @@ def test_early_refusals(tmp_path):
 
 
 def test_host_memory_check_counts_every_rank_on_the_host():
-    from strategies.errors import SpecError
-    from strategies.train import check_memory
+    from zerotune.strategies.errors import SpecError
+    from zerotune.strategies.train import check_memory
 
     model, cluster = parse_model("gpt-mini"), parse_cluster("local:2x2")
     s = build_strategy("zero3", cluster)
@@ -178,7 +178,7 @@ def test_health_evidence_names_its_figures():
 
 def test_srun_layout_and_host_facts(monkeypatch):
     """Under srun without torchrun, rank, world and ranks per host come from Slurm's variables."""
-    from strategies.train import _env_from_slurm, host_facts
+    from zerotune.strategies.train import _env_from_slurm, host_facts
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.setenv(var, "")  # recorded, so what _env_from_slurm sets is undone after the test

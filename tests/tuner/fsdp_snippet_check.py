@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from strategies.catalog import build_strategy, parse_cluster, parse_model
-from strategies.model import build_gpt
-from tuner.exports import fsdp_config
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.model import build_gpt
+from zerotune.tuner.exports import fsdp_config
 
 PRESETS = ("zero3", "zeropp", "mics", "zero2")
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
-from strategies.errors import SpecError
-from strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
-from tuner.exports import (
+from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
+from zerotune.tuner.exports import (
     deepspeed_config,
     deepspeed_notes,
     fsdp_config,
@@ -397,12 +397,12 @@ def test_zerotune_config_command() -> None:
     assert (z["global_batch"], z["grad_accum_steps"], z["dtype"]) == (768, 2, "bf16")
     cmd = z["command"]
     assert cmd.startswith("torchrun --nnodes 48 --nproc-per-node 8 ")
-    assert "-m strategies.train --model gpt-neox-20b --cluster frontier:48 --strategy strategy.json" in cmd
+    assert "-m zerotune.strategies.train --model gpt-neox-20b --cluster frontier:48 --strategy strategy.json" in cmd
     assert "--global-batch 768 --dtype bf16" in cmd
     assert z["files"] == {"strategy.json": "strategy"}
     one_level = parse_cluster("local:4")
     z1 = zerotune_config(MODEL, one_level, build_strategy("zero3", one_level))
-    assert z1["command"].startswith("torchrun --nnodes 1 --nproc-per-node 4 -m strategies.train")
+    assert z1["command"].startswith("torchrun --nnodes 1 --nproc-per-node 4 -m zerotune.strategies.train")
     with pytest.raises(ValueError, match="dtype"):
         zerotune_config(MODEL, cluster, s, dtype="fp16")
 
@@ -411,7 +411,7 @@ def test_zerotune_config_command() -> None:
 def test_zerotune_command_is_accepted_by_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      cname: str) -> None:
     """Write the files the config names, then parse the command with strategies.train's own parser."""
-    from strategies import train
+    from zerotune.strategies import train
 
     if cname == "custom":
         cluster = ClusterSpec.from_dict({**parse_cluster("dgx-h100:2").to_dict(), "name": "my-cluster"})
@@ -428,7 +428,7 @@ def test_zerotune_command_is_accepted_by_the_trainer(tmp_path: Path, monkeypatch
     argv = shlex.split(z["command"])
     parser = train.argparse.ArgumentParser()
     train.add_run_args(parser)
-    args = parser.parse_args(argv[argv.index("strategies.train") + 1:])
+    args = parser.parse_args(argv[argv.index("zerotune.strategies.train") + 1:])
     args.force = True  # the parse is checked here; gpt-neox-20b with this strategy does not fit (refused otherwise)
     got_model, got_cluster, got_strategy, accum = train.resolve(args)
     assert (got_model, got_cluster, got_strategy, accum) == (model, cluster, s, 2)
@@ -461,7 +461,7 @@ def test_one_node_notes_compare_group_sizes_not_span_numbers(cname: str, version
 def test_a_base_merged_by_the_prologue_is_accepted_by_deepspeed(ds: Any) -> None:
     """``zerotune recommend --base``: the merged file passes DeepSpeed's own parser, with the user's batch kept
     (and completed by DeepSpeed's rule) or the recommended one."""
-    from api.prologue import merge_deepspeed
+    from zerotune.api.prologue import merge_deepspeed
 
     cluster = parse_cluster("frontier:4")
     recommended = deepspeed_config(MODEL, cluster, build_strategy("zeropp", cluster), deepspeed_version=ds.version)
@@ -479,7 +479,7 @@ def test_a_base_merged_by_the_prologue_is_accepted_by_deepspeed(ds: Any) -> None
 def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
     """The FSDP2 export's code, as written, shards gpt-tiny on 4 gloo ranks (1-D, 2-D and integer reshard meshes)
     and trains 2 steps to finite losses."""
-    from strategies.launch import run_torchrun
+    from zerotune.strategies.launch import run_torchrun
 
     result = run_torchrun(4, [str(ROOT / "tests" / "tuner" / "fsdp_snippet_check.py"), "local:2x2", str(tmp_path)],
                           module=False, timeout_s=240, env={"PYTHONPATH": str(ROOT)})

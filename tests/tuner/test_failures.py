@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from db.migrate import upgrade
-from strategies.catalog import parse_cluster, parse_model
 from tests.tuner.test_study import trials_of
-from tuner import failures
-from tuner.executors.base import Executor, TrialResult
-from tuner.recommend import StudyFailed
-from tuner.study import Tuner, TuneRequest
+from zerotune.db.migrate import upgrade
+from zerotune.strategies.catalog import parse_cluster, parse_model
+from zerotune.tuner import failures
+from zerotune.tuner.executors.base import Executor, TrialResult
+from zerotune.tuner.recommend import StudyFailed
+from zerotune.tuner.study import Tuner, TuneRequest
 
 SBATCH = ("sbatch failed (exit 1): sbatch: error: Batch job submission failed: Unable to contact slurm controller "
           "(connect failure) [job {n}]")

@@ -14,13 +14,13 @@ import optuna
 import pytest
 from sqlalchemy import select
 
-from db.migrate import upgrade
-from db.models import Trial
-from db.session import make_engine, make_session_factory
-from strategies.catalog import parse_cluster, parse_model
-from tuner.executors.model import ModelExecutor
-from tuner.recommend import StudyFailed
-from tuner.study import Tuner, TuneRequest
+from zerotune.db.migrate import upgrade
+from zerotune.db.models import Trial
+from zerotune.db.session import make_engine, make_session_factory
+from zerotune.strategies.catalog import parse_cluster, parse_model
+from zerotune.tuner.executors.model import ModelExecutor
+from zerotune.tuner.recommend import StudyFailed
+from zerotune.tuner.study import Tuner, TuneRequest
 
 
 class _Quiet(WSGIRequestHandler):

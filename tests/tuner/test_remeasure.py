@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from db.migrate import upgrade
-from strategies.catalog import build_strategy, parse_cluster, parse_model
-from tuner import remeasure
-from tuner.executors.base import Executor, TrialResult
-from tuner.study import Tuner, TuneRequest
+from zerotune.db.migrate import upgrade
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.tuner import remeasure
+from zerotune.tuner.executors.base import Executor, TrialResult
+from zerotune.tuner.study import Tuner, TuneRequest
 
 
 def run_json(times: list[float], tflops_at_median: float, warmup: int = 2) -> dict:

@@ -16,19 +16,19 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from db.migrate import upgrade
-from db.models import Recommendation, Study, Trial
-from db.session import make_engine, make_session_factory, session_scope
-from strategies.catalog import parse_cluster, parse_model
-from strategies.costmodel import calibration_for
-from strategies.errors import SpecError
-from strategies.spec import Strategy
-from tuner import calibrations, remeasure
-from tuner.executors import make_executor
-from tuner.executors.local import LocalExecutor
-from tuner.executors.model import ModelExecutor
-from tuner.recommend import _lossy_within_band, partition
-from tuner.study import PRESETS, Tuner, TuneRequest
+from zerotune.db.migrate import upgrade
+from zerotune.db.models import Recommendation, Study, Trial
+from zerotune.db.session import make_engine, make_session_factory, session_scope
+from zerotune.strategies.catalog import parse_cluster, parse_model
+from zerotune.strategies.costmodel import calibration_for
+from zerotune.strategies.errors import SpecError
+from zerotune.strategies.spec import Strategy
+from zerotune.tuner import calibrations, remeasure
+from zerotune.tuner.executors import make_executor
+from zerotune.tuner.executors.local import LocalExecutor
+from zerotune.tuner.executors.model import ModelExecutor
+from zerotune.tuner.recommend import _lossy_within_band, partition
+from zerotune.tuner.study import PRESETS, Tuner, TuneRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -213,7 +213,7 @@ def test_a_bad_trial_fails_alone_with_its_reason(env, extra, timeout, reason, sq
 
 def test_killed_runner_is_recovered_and_its_trial_retried(sqlite_url, tmp_path):
     """Kill -9 a `zerotune tune` mid-trial; a restarted runner fails the dead trial and retries it."""
-    args = [sys.executable, "-m", "api.cli", "tune", "--model", "gpt-tiny", "--cluster", "local:2",
+    args = [sys.executable, "-m", "zerotune.api.cli", "tune", "--model", "gpt-tiny", "--cluster", "local:2",
             "--executor", "local", "--trials", "3", "--steps", "30", "--db", sqlite_url, "--workdir", str(tmp_path),
             "--quiet", "--seed", "0"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -297,8 +297,8 @@ def test_warm_start_enqueues_the_best_strategies_of_a_similar_request(sqlite_url
 
 
 def test_local_executor_prunes_a_slow_run(tmp_path):
-    from strategies.catalog import build_strategy
-    from tuner.executors.base import TrialSpec
+    from zerotune.strategies.catalog import build_strategy
+    from zerotune.tuner.executors.base import TrialSpec
 
     cluster = parse_cluster("local:2")
     spec = TrialSpec(model=parse_model("gpt-tiny"), cluster=cluster, strategy=build_strategy("zero3", cluster),
@@ -348,8 +348,8 @@ def test_resume_fails_unfinished_trials_and_retries_them_once(sqlite_url, tmp_pa
     holding the job) may fail a running trial whose lease is still valid."""
     import threading
 
-    from db import repository as repo
-    from db.session import session_scope
+    from zerotune.db import repository as repo
+    from zerotune.db.session import session_scope
 
     request = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=10, seed=0)
     stop = threading.Event()

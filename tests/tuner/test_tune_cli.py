@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def zerotune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "zerotune.api.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -16,15 +16,15 @@ def make_executor(name: str, *, calibration: Any = None, partition: str | None =
         partition: the Slurm partition (``slurm``).
     """
     if name == "model":
-        from tuner.executors.model import ModelExecutor
+        from zerotune.tuner.executors.model import ModelExecutor
 
         return ModelExecutor(calibration)
     if name == "local":
-        from tuner.executors.local import LocalExecutor
+        from zerotune.tuner.executors.local import LocalExecutor
 
         return LocalExecutor()
     if name == "slurm":
-        from tuner.executors.slurm import SlurmExecutor
+        from zerotune.tuner.executors.slurm import SlurmExecutor
 
         return SlurmExecutor(partition=partition)
     raise ValueError(f"executor={name!r}: must be one of model, local, slurm")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 TrialStatus = Literal["complete", "failed", "pruned", "infeasible"]
 
@@ -39,7 +39,7 @@ class TrialSpec:
     """Extra environment variables for the run."""
 
     def train_args(self, out: Path) -> list[str]:
-        """The ``python -m strategies.train`` arguments for this trial (inputs from ``write_inputs``)."""
+        """The ``python -m zerotune.strategies.train`` arguments for this trial (inputs from ``write_inputs``)."""
         args = ["--model", str(self.workdir / "model.json"), "--cluster", str(self.workdir / "cluster.json"),
                 "--strategy", str(self.workdir / "strategy.json"),
                 "--steps", str(self.steps), "--warmup", str(self.warmup), "--dtype", self.dtype, "--out", str(out)]

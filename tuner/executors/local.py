@@ -18,11 +18,11 @@ import re
 import threading
 from collections.abc import Callable
 
-from strategies.catalog import parse_cluster
-from strategies.launch import run_torchrun
-from strategies.spec import ClusterSpec, ModelSpec
-from strategies.train import failure_reason
-from tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
+from zerotune.strategies.catalog import parse_cluster
+from zerotune.strategies.launch import run_torchrun
+from zerotune.strategies.spec import ClusterSpec, ModelSpec
+from zerotune.strategies.train import failure_reason
+from zerotune.tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) .* ([0-9.]+) s\s*$")
 Pruner = Callable[[int, float], bool]
@@ -95,7 +95,7 @@ class LocalExecutor(Executor):
             m = STEP_LINE.match(line.strip())
             return bool(m and pruner is not None and pruner(int(m.group(1)), float(m.group(3))))
 
-        result = run_torchrun(local.cluster.world_size, ["strategies.train", *local.train_args(out)],
+        result = run_torchrun(local.cluster.world_size, ["zerotune.strategies.train", *local.train_args(out)],
                               timeout_s=spec.timeout_s, stream=self.stream, on_line=on_line, env=dict(spec.env),
                               stop=stop)
         (local.workdir / "log.txt").write_text(result.output)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from strategies.costmodel import Calibration, predict
-from tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
+from zerotune.strategies.costmodel import Calibration, predict
+from zerotune.tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
 
 
 class ModelExecutor(Executor):

@@ -4,7 +4,7 @@ One trial is one batch job. ``run`` writes the trial's inputs and a ``job.sbatch
 workdir (which compute nodes must see: a shared filesystem, or ``workdir_root`` pointing at one),
 submits it with ``sbatch --parsable``, and polls ``squeue`` until the job leaves the queue, calling
 ``heartbeat`` on every poll. The batch script exports ``MASTER_ADDR`` (the job's first node) and a
-``MASTER_PORT`` derived from the job id, then ``srun``s one ``python -m strategies.train`` per rank;
+``MASTER_PORT`` derived from the job id, then ``srun``s one ``python -m zerotune.strategies.train`` per rank;
 the trainer maps ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID`` to ``RANK``/``WORLD_SIZE``/
 ``LOCAL_RANK`` itself.
 
@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
+from zerotune.tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ class JobInfo:
 
 
 class SlurmExecutor(Executor):
-    """Runs a trial as one Slurm batch job (``sbatch`` + ``srun python -m strategies.train``)."""
+    """Runs a trial as one Slurm batch job (``sbatch`` + ``srun python -m zerotune.strategies.train``)."""
 
     name = "slurm"
 
@@ -210,7 +210,7 @@ class SlurmExecutor(Executor):
             opts.append(f"--gpus-per-node={self.gpus_per_node}")
         opts += self.sbatch_options
         q = shlex.quote
-        srun = ["srun", "--kill-on-bad-exit=1", *self.srun_options, self.python, "-m", "strategies.train",
+        srun = ["srun", "--kill-on-bad-exit=1", *self.srun_options, self.python, "-m", "zerotune.strategies.train",
                 *spec.train_args(wd / "run.json")]
         lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in opts),
                  f"# zerotune trial: {spec.model.name} on {spec.cluster.name} ({world} ranks), "

@@ -1,0 +1,46 @@
+"""One import name: an install puts ``zerotune`` (and nothing called ``api``, ``db``, ``tuner`` or ``strategies``)
+into a user's environment, with its data files and the ``zerotune`` console script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                            "--wheel-dir", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("zerotune-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"zerotune", wheel.name.split("-py")[0] + ".dist-info"}
+    for part in ("strategies", "tuner", "api", "db"):  # the folders are all in, under the one name
+        assert f"zerotune/{part}/__init__.py" in names, part
+    for data in ("zerotune/strategies/costmodel/model_error.json", "zerotune/api/dashboard/static/dashboard.js",
+                 "zerotune/api/dashboard/templates/base.html", "zerotune/db/migrations/versions/0001_initial.py"):
+        assert data in names, data
+    entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "zerotune = zerotune.api.cli:main" in entry
+
+
+def test_only_zerotune_is_importable_outside_the_checkout(tmp_path: Path) -> None:
+    """The installed environment, seen from a directory that is not the repository."""
+    def imports(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=120)
+    for name in ("api", "db", "tuner", "strategies"):
+        result = imports(name)
+        assert result.returncode != 0 and "ModuleNotFoundError" in result.stderr, name
+    for name in ("zerotune.strategies", "zerotune.api.prologue", "zerotune.db.models"):
+        result = imports(name)
+        assert result.returncode == 0, result.stderr
+    script = shutil.which("zerotune", path=str(Path(sys.executable).parent))
+    assert script is not None, "the zerotune console script is installed beside this interpreter"
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0 and "usage: zerotune" in result.stdout, result.stderr
