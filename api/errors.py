@@ -13,8 +13,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
-from zerotune.api.service import InputError
-from zerotune.db.repository import NotFoundError
+from zerotune.errors import FieldError, InputError, NotFoundError, ZerotuneError
 
 log = logging.getLogger("zerotune.api")
 
@@ -66,13 +65,19 @@ def install(app: FastAPI) -> None:
             problems.append({"field": _field(loc), "value": _value(error.get("input")), "rule": error.get("msg", "")})
         return JSONResponse({"detail": problems}, status_code=422)
 
-    @app.exception_handler(InputError)
-    async def bad_input(_: Request, exc: InputError) -> JSONResponse:
-        return JSONResponse({"detail": [{**p, "value": _value(p["value"])} for p in exc.problems]}, status_code=422)
-
-    @app.exception_handler(NotFoundError)
-    async def not_found(_: Request, exc: NotFoundError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+    @app.exception_handler(ZerotuneError)
+    async def zerotune_error(_: Request, exc: ZerotuneError) -> JSONResponse:
+        """The one mapping of zerotune's error family to HTTP: a missing row or name 404, bad input 422 with
+        each problem's field, value and rule."""
+        if isinstance(exc, NotFoundError):
+            return JSONResponse({"detail": str(exc)}, status_code=404)
+        if isinstance(exc, InputError):
+            problems = exc.problems
+        elif isinstance(exc, FieldError):
+            problems = [exc.as_detail()]
+        else:  # a study that could not answer, raised while serving: the request cannot be met as it is
+            problems = [{"field": "body", "value": None, "rule": str(exc)}]
+        return JSONResponse({"detail": [{**p, "value": _value(p["value"])} for p in problems]}, status_code=422)
 
     @app.exception_handler(OperationalError)
     async def database_down(_: Request, exc: OperationalError) -> JSONResponse:

@@ -1,6 +1,6 @@
 """The Slurm prologue client behind ``zerotune recommend``: this job's config, fast, and never the reason it fails.
 
-Standard library only on the way to a stored answer (``api/cli.py`` imports this module for
+Standard library only on the way to a stored answer (``api/cli/recommend.py`` imports this module for
 ``recommend`` and nothing else); the built-in fallback imports the pure-Python ``tuner.exports`` and
 ``strategies.catalog`` when it is needed, never torch, optuna, sqlalchemy, fastapi or uvicorn.
 
@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerotune.api.client import Client, ServiceError
+from zerotune.errors import UsageError
 
 PRESET_DEVICES_PER_NODE = {"frontier": 8, "dgx-h100": 8}
 """Ranks per node of the cluster presets (``strategies/catalog.py``; a test keeps the two in step)."""
@@ -48,14 +49,6 @@ FORMATS = ("env", "deepspeed", "fsdp", "zerotune")
 FORMAT_ALIASES = {"json": "zerotune"}
 """Older names still accepted (``--format json`` was the zerotune trainer's config)."""
 ENV_FILES = {"zerotune": "zerotune.json", "deepspeed": "ds_config.json", "fsdp": "fsdp.json"}
-
-
-class UsageError(Exception):
-    """Bad input (a flag, a ``SLURM_*`` or ``ZEROTUNE_*`` value, a file): one line naming field, value and rule."""
-
-    def __init__(self, field: str, value: Any, rule: str) -> None:
-        self.field, self.value, self.rule = field, value, rule
-        super().__init__(f"{field}={value!r}: {rule}")
 
 
 class Unanswered(Exception):
@@ -326,8 +319,8 @@ def default_recommendation(body: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         UsageError: the model or cluster is not one zerotune knows without the service.
     """
+    from zerotune.errors import SpecError
     from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-    from zerotune.strategies.errors import SpecError
     from zerotune.tuner import exports
 
     try:

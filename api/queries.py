@@ -1,11 +1,10 @@
-"""The few reads the service needs beyond ``db.repository``, and rows turned into response bodies."""
+"""Rows turned into response bodies: every read goes through ``db.repository``; this module only shapes."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from zerotune.api import schemas
@@ -14,11 +13,6 @@ from zerotune.db import repository as repo
 from zerotune.db.models import Job, Recommendation, Request, Study, Trial
 
 finite = repo.json_safe  # response bodies: non-finite floats become None, NUL characters go
-
-
-def served_recommendation(session: Session, key: str) -> Recommendation | None:
-    """The newest recommendation for ``key`` whose study finished (see ``db.repository.served_recommendation``)."""
-    return repo.served_recommendation(session=session, request_key=key)
 
 
 def recommendation_public(row: Recommendation) -> schemas.RecommendationPublic:
@@ -39,16 +33,16 @@ def answer_bytes(row: Recommendation) -> bytes:
 
 def served_answer(session: Session, key: str) -> bytes | None:
     """The served recommendation for ``key`` as answer bytes, or None while there is none."""
-    row = served_recommendation(session, key)
+    row = repo.served_recommendation(session=session, request_key=key)
     return answer_bytes(row) if row is not None else None
 
 
 def job_public(session: Session, job: Job) -> schemas.JobPublic:
     """A job with what a client polls for: progress, best so far, the recommendation once done."""
-    request = session.get(Request, job.request_id)
+    request = repo.get_request(session=session, request_id=job.request_id)
     assert request is not None, f"job {job.id} without its request"
     best = repo.best_trial(session=session, study_id=job.study_id) if job.study_id else None
-    rec = served_recommendation(session, request.key) if job.state == "done" else None
+    rec = repo.served_recommendation(session=session, request_key=request.key) if job.state == "done" else None
     return schemas.JobPublic(
         id=job.id, state=job.state,  # type: ignore[arg-type]  # CHECK constraint
         progress=job.progress, trials_done=job.trials_done, phase=job.phase,
@@ -60,66 +54,19 @@ def job_public(session: Session, job: Job) -> schemas.JobPublic:
 
 
 def study_detail(session: Session, study: Study) -> schemas.StudyDetailPublic:
-    counts = dict(session.execute(select(Trial.status, func.count()).where(Trial.study_id == study.id)
-                                  .group_by(Trial.status)).all())
+    counts = repo.trial_counts(session=session, study_id=study.id)
     best = repo.best_trial(session=session, study_id=study.id)
-    request = session.get(Request, study.request_id)
+    request = repo.get_request(session=session, request_id=study.request_id)
     assert request is not None
-    rec = session.scalars(select(Recommendation).where(Recommendation.study_id == study.id)
-                          .order_by(Recommendation.id.desc()).limit(1)).first()
+    rec = repo.latest_recommendation(session=session, study_id=study.id)
     return schemas.StudyDetailPublic(
         **schemas.StudyPublic.model_validate(study, from_attributes=True).model_dump(),
         request=schemas.RequestPublic.model_validate(request, from_attributes=True),
-        trial_counts={str(k): int(v) for k, v in counts.items()}, best_trial_id=best.id if best else None,
+        trial_counts=counts, best_trial_id=best.id if best else None,
         best_value=best.value if best else None, recommendation_id=rec.id if rec else None)
 
 
-def counts_by(session: Session, column: Any) -> dict[str, int]:
-    """Rows per value of ``column`` (jobs by state, trials by status) for /metrics."""
-    return {str(k): int(v) for k, v in session.execute(select(column, func.count()).group_by(column)).all()}
-
-
-def jobs_by_state(session: Session) -> dict[str, int]:
-    return counts_by(session, Job.state)
-
-
-def trials_by_status(session: Session) -> dict[str, int]:
-    return counts_by(session, Trial.status)
-
-
-def cancel_job(session: Session, job_id: int, reason: str) -> Job:
-    """Cancel a queued or running job (its worker stops after the current trial).
-
-    Raises:
-        NotFoundError: no such job. ValueError: the job has already ended (its state says how).
-    """
-    from sqlalchemy import update
-
-    from zerotune.db.models import utcnow
-
-    done = session.execute(update(Job).where(Job.id == job_id, Job.state.in_(repo.ACTIVE_JOB_STATES))
-                           .values(state="cancelled", error=reason, finished_at=utcnow()).returning(Job.id))
-    job = session.get(Job, job_id, populate_existing=True)
-    if job is None:
-        raise repo.NotFoundError(f"no job with id {job_id}")
-    if done.scalar_one_or_none() is None:
-        raise ValueError(f"job {job_id} has already ended ({job.state}); nothing to cancel")
-    return job
-
-
 # --- the dashboard's reads (api/dashboard): the same rows, shaped for its pages ---------------------
-
-
-def study_job(session: Session, study_id: int) -> Job | None:
-    """The newest job that ran (or runs) ``study_id``, or None for a study made by ``zerotune tune``."""
-    return session.scalars(select(Job).where(Job.study_id == study_id).order_by(Job.id.desc()).limit(1)).first()
-
-
-def waiting_jobs(session: Session, limit: int = 50) -> list[Job]:
-    """Queued or running jobs whose study does not exist yet (no worker has started them)."""
-    query = (select(Job).where(Job.state.in_(repo.ACTIVE_JOB_STATES), Job.study_id.is_(None))
-             .order_by(Job.id).limit(limit))
-    return list(session.scalars(query))
 
 
 def strategy_label(strategy: dict[str, Any]) -> str:
@@ -179,7 +126,7 @@ def outer_level(request: Request) -> str | None:
 
 def trial_points(session: Session, study: Study, offset: int = 0, limit: int = 100_000) -> TrialPointsPublic:
     """A study's trials in the order they were added, as points (see :func:`trial_point`)."""
-    request = session.get(Request, study.request_id)
+    request = repo.get_request(session=session, request_id=study.request_id)
     assert request is not None, f"study {study.id} without its request"
     rows, count = repo.list_trials(session=session, study_id=study.id, offset=offset, limit=limit)
     level = outer_level(request)

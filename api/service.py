@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from zerotune.api import queries, schemas
@@ -25,32 +24,18 @@ from zerotune.api.cache import AnswerCache
 from zerotune.api.metrics import Metrics
 from zerotune.api.settings import Settings
 from zerotune.db import repository as repo
-from zerotune.db.models import Job
 from zerotune.db.session import make_engine, make_session_factory, session_scope
+from zerotune.errors import InputError, SpecError
 from zerotune.strategies.catalog import MODELS, parse_cluster, parse_model
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 from zerotune.tuner import calibrations
-from zerotune.tuner.study import TuneRequest
+from zerotune.tuner.request import TuneRequest
 
 log = logging.getLogger("zerotune.api")
 
 MAX_WORLD_SIZE = 2**24
 CLUSTER_PRESET = re.compile(r"^[A-Za-z0-9_-]+(:[0-9]{1,7}(x[0-9]{1,7})*)?$")
 ACTIVE = ("queued", "running")
-
-
-class InputError(ValueError):
-    """Bad input, as a 422: each problem names the field, the value and the rule."""
-
-    def __init__(self, field: str, value: Any, rule: str) -> None:
-        super().__init__(f"{field}={value!r}: {rule}")
-        self.problems = [{"field": field, "value": value, "rule": rule}]
-
-    @classmethod
-    def from_spec(cls, where: str, exc: SpecError) -> InputError:
-        field = exc.field if exc.field.split(".")[0].split("[")[0] == where else f"{where}.{exc.field}"
-        return cls(f"body.{field}", exc.as_detail()["value"], exc.rule)
 
 
 def model_spec(value: str | schemas.ModelCreate) -> ModelSpec:
@@ -162,7 +147,7 @@ class Service:
             except SpecError as exc:
                 raise InputError("body.calibration", name, exc.rule) from None
 
-    async def recommend(self, request: TuneRequest, wait_s: float) -> Outcome:
+    async def answer(self, request: TuneRequest, wait_s: float) -> Outcome:
         key = request.key()
         answer = self.cache.get(key)
         if answer is not None:
@@ -243,7 +228,7 @@ class Service:
         """In a worker thread: the stored answer, else the request's job (created if none is active)."""
         key = request.key()
         with session_scope(self.sessions) as s:
-            row = queries.served_recommendation(s, key)
+            row = repo.served_recommendation(session=s, request_key=key)
             if row is not None:
                 return Outcome(answer=queries.answer_bytes(row)), False
             req, _ = repo.get_or_create_request(
@@ -296,8 +281,7 @@ class Service:
         ids = {job_id: key for key, job_id in active.items()}
         out = []
         with session_scope(self.sessions) as s:
-            rows = s.execute(select(Job.id, Job.state, Job.trials_done, Job.phase, Job.study_id, Job.error)
-                             .where(Job.id.in_(ids))).all()
+            rows = repo.job_summaries(session=s, job_ids=ids)
             for job_id, state, trials_done, phase, study_id, error in rows:
                 seen = self.jobs.get(job_id)
                 if seen is not None and (seen.state, seen.trials_done, seen.phase, seen.study_id, seen.error) == (

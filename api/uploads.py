@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from zerotune.api.queries import finite
 from zerotune.api.schemas import TrialCreate
-from zerotune.api.service import InputError, cluster_spec, model_spec
+from zerotune.api.service import cluster_spec, model_spec
 from zerotune.db import repository as repo
-from zerotune.db.models import Study, Trial
+from zerotune.db.models import Trial
+from zerotune.errors import InputError, SpecError
 from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, device_matches
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
-from zerotune.tuner.study import TuneRequest, strategy_key
+from zerotune.tuner.request import TuneRequest, strategy_key
 
 EXECUTOR = "external"
 
@@ -53,13 +52,14 @@ def store_run(*, session: Session, run: TrialCreate) -> tuple[Trial, bool]:
     req, _ = repo.get_or_create_request(session=session, key=key, model=model.to_dict(), cluster=cluster.to_dict(),
                                         objective="throughput", budget={"trials": 1, "time_s": None},
                                         executor=EXECUTOR)
-    study = session.scalars(select(Study).where(Study.request_id == req.id).order_by(Study.id)).first()
+    study = next(iter(repo.studies_of_request(session=session, request_id=req.id)), None)
     if study is None:  # the request row insert above serializes racing first uploads
         study = repo.create_study(session=session, request_id=req.id, optuna_study_name=f"zerotune-external-{key[:24]}",
                                   sampler="none", executor=EXECUTOR, n_trials=1)
         repo.set_study_state(session=session, study_id=study.id, state="done")
     skey = strategy_key(strategy)
-    for same in session.scalars(select(Trial).where(Trial.study_id == study.id, Trial.strategy_key == skey)):
+    for same in repo.trials_with_strategy_key(session=session, study_id=study.id, strategy_key=skey,
+                                               status=None):
         if same.metrics == metrics:
             return same, False
     trial = repo.add_trial(session=session, study_id=study.id, strategy=strategy.to_dict(), strategy_key=skey,

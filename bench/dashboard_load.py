@@ -48,7 +48,8 @@ def seed(url: str, trials: int) -> int:
     from zerotune.db.session import make_engine, make_session_factory, session_scope
     from zerotune.strategies.catalog import parse_cluster, parse_model
     from zerotune.tuner.executors.model import ModelExecutor
-    from zerotune.tuner.study import Tuner, TuneRequest
+    from zerotune.tuner.request import TuneRequest
+    from zerotune.tuner.study import Tuner
 
     upgrade(url)
     request = TuneRequest(model=parse_model("gpt-neox-20b"), cluster=parse_cluster("frontier:48"), executor="model",

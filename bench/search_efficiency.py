@@ -24,9 +24,9 @@ import sys
 import time
 from typing import Any
 
+from zerotune.errors import SpecError
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import predict
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import Strategy
 from zerotune.tuner.space import Space
 from zerotune.tuner.study import PRESETS

@@ -22,6 +22,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, inspect
 from sqlalchemy.pool import NullPool
 
 from zerotune.db.migrations import VERSION_TABLE
@@ -116,11 +117,21 @@ def current(url: str | None = None) -> str | None:
     """The revision the database at ``url`` is at, or ``None`` if it was never migrated."""
     engine = make_engine(url, poolclass=NullPool)
     try:
-        with engine.connect() as connection:
-            context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-            return context.get_current_revision()
+        return revision_of(engine)
     finally:
         engine.dispose()
+
+
+def revision_of(engine: Engine) -> str | None:
+    """The revision of the database behind ``engine`` (a round trip: it raises when the database is down)."""
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+
+
+def has_optuna_tables(engine: Engine) -> bool:
+    """Whether Optuna's RDB storage tables exist (a study has been run on this database)."""
+    return inspect(engine).has_table("studies")
 
 
 def head() -> str:

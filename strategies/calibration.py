@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zerotune.errors import SpecError
 from zerotune.strategies.costmodel import Calibration, MeasuredError, predict, state_memory
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 

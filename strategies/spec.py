@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from zerotune.strategies.errors import SpecError
+from zerotune.errors import SpecError
 
 BITS = (16, 8, 4)  # communication widths: 16 = the run's dtype, unquantized
 

@@ -33,8 +33,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from zerotune.errors import SpecError
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 BETAS = (0.9, 0.95)

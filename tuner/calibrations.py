@@ -16,14 +16,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from zerotune.db import repository as repo
 from zerotune.db.models import Trial
+from zerotune.errors import SpecError
 from zerotune.strategies.calibration import Measurement, load_calibration, refit
 from zerotune.strategies.costmodel import Calibration, calibration_for
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec
 
 log = logging.getLogger("zerotune.calibrations")
@@ -56,6 +55,8 @@ def load(session: Session, name: str | None) -> Calibration | None:
 
 
 MEASURED_STATUSES = ("complete", "failed")
+MEASURING_EXECUTORS = ("local", "slurm", "external")
+"""The executors whose trials ran: short runs here or through Slurm, and uploaded runs."""
 TIMED_VERDICTS = ("ok", "flat", "diverged")
 """A failed trial counts when its run wrote run.json and the health gate failed it as flat or diverged: its
 steps ran as a healthy run's do. A NaN run does not count (its later steps computed on NaN)."""
@@ -70,9 +71,7 @@ def measured_runs(session: Session, cluster_run: str, limit: int = MAX_RUNS) -> 
     """The newest measured trials (local, slurm, uploaded) whose runs ran on ``cluster_run``, as (trial id,
     measurement). A run the health gate failed (flat, diverged, NaN loss) still ran to its end: its
     step times, bytes and memory are a measurement of the strategy and count here."""
-    measured = Trial.executor.in_(("local", "slurm", "external"))
-    rows = session.scalars(select(Trial).where(Trial.status.in_(MEASURED_STATUSES), measured)
-                           .order_by(Trial.id.desc()))
+    rows = repo.measured_trials(session=session, statuses=MEASURED_STATUSES, executors=MEASURING_EXECUTORS)
     out = []
     for t in rows:
         metrics = t.metrics or {}
@@ -92,8 +91,7 @@ def refit_study(session: Session, study_id: int) -> dict[str, Any] | None:
     """Refit and store the calibration of the cluster the study's measured runs ran on.
 
     Returns the stored report (with ``name``), or None when the study measured nothing."""
-    mine = session.scalars(select(Trial).where(Trial.study_id == study_id,
-                                               Trial.status.in_(MEASURED_STATUSES))).all()
+    mine = list(repo.measured_trials(session=session, statuses=MEASURED_STATUSES, study_id=study_id))[::-1]
     clusters = [(t.metrics or {}).get("cluster") for t in mine if _timed(t)]
     if not clusters or not all(clusters):
         return None

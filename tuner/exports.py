@@ -73,9 +73,9 @@ import re
 import shlex
 from typing import Any
 
+from zerotune.errors import SpecError
 from zerotune.strategies.catalog import MODELS, parse_cluster
 from zerotune.strategies.costmodel import accumulation_steps
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 DTYPES = ("bf16", "fp16", "fp32")

@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from zerotune.strategies.spec import Strategy
-from zerotune.tuner.recommend import leading_partitions
-from zerotune.tuner.study import TuneRequest
+from zerotune.tuner.choice import leading_partitions
+from zerotune.tuner.request import TuneRequest
 
 LEADERS = 3
 """Partitions measured when the model's error on a cluster is unknown (its fastest predicted ones)."""

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from zerotune.strategies.errors import SpecError
+from zerotune.errors import SpecError
 from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
 
 NONE = "none"

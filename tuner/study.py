@@ -25,7 +25,6 @@ the data-parallel world.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -40,20 +39,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-
 from zerotune.db import repository as repo
-from zerotune.db.models import Recommendation, Request, Study, Trial
 from zerotune.db.session import make_engine, make_session_factory, session_scope
+from zerotune.errors import SpecError, StudyFailed
 from zerotune.strategies.catalog import build_strategy
 from zerotune.strategies.costmodel import Calibration, predict
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.tuner import calibrations, failures, remeasure
+from zerotune.tuner.choice import Chooser, choose
 from zerotune.tuner.executors.base import Executor, TrialResult, TrialSpec
-from zerotune.tuner.executors.local import runs_as_is
-from zerotune.tuner.recommend import StudyFailed, recommend
-from zerotune.tuner.space import Space, resolve_global_batch
+from zerotune.tuner.request import TuneRequest, strategy_key
+from zerotune.tuner.space import Space
 
 log = logging.getLogger("zerotune.tuner")
 
@@ -63,68 +59,6 @@ REPLICATING = ("zero2", "zero1", "ddp")
 """Known-good strategies that replicate what ZeRO-3 shards: tried first only where the cost model says they fit."""
 PRESETS = ("zero3", "zeropp", "3level-b", "3level-a", "mics", *REPLICATING)
 """Known-good strategies every study tries first, in this order."""
-SAMPLERS = ("tpe", "nsga2", "random")
-
-
-@dataclass(frozen=True)
-class TuneRequest:
-    """What a user asks for; ``key()`` identifies equivalent requests."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    executor: str = "model"
-    trials: int = 40
-    objective: str = "throughput"
-    """``throughput`` (max TFLOPS per rank) or ``pareto`` (TFLOPS vs peak memory, NSGA-II)."""
-    global_batch: int | None = None
-    """Sequences per optimizer step, held fixed for every trial; None = ``space.default_global_batch``."""
-    sampler: str = "tpe"
-    seed: int | None = None
-    time_budget_s: float | None = None
-    tokens_per_step: int | None = None
-    """The same batch in tokens (a whole number of sequences); filled in from ``global_batch``."""
-    calibration: str | None = None
-    """The stored calibration every prediction uses (``tuner.calibrations``); None = the cluster's profile."""
-    measure: str | None = None
-    """``local`` or ``slurm``: after a model study, measure the shortlist its decision names with that executor."""
-    shortlist_of: str | None = None
-    """Set on the measured study of another request's shortlist: that request's key."""
-
-    def __post_init__(self) -> None:
-        if self.objective not in ("throughput", "pareto"):
-            raise SpecError("objective", self.objective, "must be 'throughput' or 'pareto'")
-        if self.sampler not in SAMPLERS:
-            raise SpecError("sampler", self.sampler, f"must be one of {list(SAMPLERS)}")
-        if not isinstance(self.trials, int) or self.trials < 1:
-            raise SpecError("budget.trials", self.trials, "must be an integer >= 1")
-        if self.measure is not None:
-            if self.measure not in ("local", "slurm"):
-                raise SpecError("measure_shortlist", self.measure, "must be 'local' or 'slurm'")
-            if self.executor != "model":
-                raise SpecError("measure_shortlist", self.measure, f"only a model study has a shortlist to measure; "
-                                f"executor {self.executor!r} measures every trial already")
-            if self.measure == "local" and not runs_as_is(self.cluster):
-                raise SpecError("measure_shortlist", self.measure, f"this machine can only emulate {self.cluster.name} "
-                                "(fewer ranks, a proxy model), which cannot settle a choice the model's error leaves "
-                                "open there; measure it with 'slurm', or ask about a local: cluster")
-        batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
-        object.__setattr__(self, "global_batch", batch)  # frozen: the resolved batch is what the request means
-        object.__setattr__(self, "tokens_per_step", batch * self.model.seq_len)
-
-    def normalized(self) -> dict[str, Any]:
-        """What makes two requests equivalent (the optional fields only where set, so older keys hold)."""
-        fields = {"model": self.model.to_dict(), "cluster": self.cluster.to_dict(), "executor": self.executor,
-                  "objective": self.objective, "global_batch": self.global_batch, "trials": self.trials,
-                  "sampler": self.sampler}
-        for name in ("calibration", "measure", "shortlist_of"):
-            if getattr(self, name) is not None:
-                fields[name] = getattr(self, name)
-        return fields
-
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()
-
-
 CONSTRAINT = "memory_gib_over"
 """The study's one constraint: GiB per rank over the device memory (<= 0: fits)."""
 LEGACY_CONSTRAINTS_KEY = "constraints"
@@ -137,12 +71,6 @@ def constrain(trial: Any, over_gib: float) -> None:
     the dashboard shows each trial's feasibility."""
     trial.set_constraint(CONSTRAINT, over_gib)
     trial.storage.set_trial_system_attr(trial._trial_id, LEGACY_CONSTRAINTS_KEY, [over_gib])
-
-
-def strategy_key(s: Strategy) -> str:
-    fields = s.to_dict()
-    fields.pop("name", None)
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass
@@ -167,7 +95,7 @@ class Tuner:
                  answer_note: dict[str, Any] | None = None) -> None:
         """``calibration``: what every prediction uses (None: the one ``request.calibration`` names, else
         the cluster's profile). ``verify_quantized``: proxy-verify a predicted quantized pick before
-        recommending it (:func:`tuner.recommend.recommend`). ``exclusive``: the caller guarantees no
+        recommending it (:func:`tuner.choice.choose`). ``exclusive``: the caller guarantees no
         other runner works on this study (a worker holding its job), so unfinished trials found at
         resume are dead whatever their lease says. ``candidates``: try exactly these strategies (a
         shortlist to measure) instead of the presets, the warm start and the sampler. ``answer_key``:
@@ -226,7 +154,7 @@ class Tuner:
                                              budget={"trials": r.trials, "time_s": r.time_budget_s},
                                              executor=r.executor, global_batch=r.global_batch,
                                              calibration=r.calibration, measure=r.measure)
-            existing = s.scalars(select(Study).where(Study.request_id == req.id).order_by(Study.id.desc())).first()
+            existing = next(reversed(repo.studies_of_request(session=s, request_id=req.id)), None)
             if existing is not None and existing.state != "failed":
                 return existing.id
             study = repo.create_study(session=s, request_id=req.id, optuna_study_name=f"zerotune-{r.key()[:16]}-"
@@ -251,7 +179,7 @@ class Tuner:
         if fresh:
             self._enqueue_known_good(study, study_id)
         progress = Progress(total=self.request.trials,
-                            phase="screening" if self.executor.name == "model" else "measuring")
+                            phase="measuring" if self.executor.measures else "screening")
         self.progress = progress
         deadline = time.monotonic() + self.request.time_budget_s if self.request.time_budget_s else math.inf
         asked = 0
@@ -264,12 +192,12 @@ class Tuner:
                 self._one_trial(study, study_id, progress)
                 if self.progress_cb:
                     self.progress_cb(progress)
-                if progress.best_value is None and self.executor.name != "model":  # only runs fail, until one completes
+                if progress.best_value is None and self.executor.measures:  # only runs fail, until one completes
                     self._stop_on_repeated_failure(study_id)
-            if self.executor.name != "model" and not self.stop.is_set():
+            if self.executor.measures and not self.stop.is_set():
                 self.remeasured = self._remeasure(study_id)
                 self.refit = self._refit(study_id)
-            recommendation = self.recommend(study_id)
+            recommendation = self.answer(study_id)
         except BaseException as exc:
             with session_scope(self.sessions) as s:
                 repo.set_study_state(session=s, study_id=study_id, state="failed", error=str(exc)[:2000])
@@ -296,8 +224,7 @@ class Tuner:
         (``tuner.remeasure``); returns the trial ids re-measured. A second run that fails is logged and
         leaves the first measurement as it was."""
         with session_scope(self.sessions) as s:
-            rows = s.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete",
-                                                 Trial.value.is_not(None)).order_by(Trial.value.desc())).all()
+            rows = repo.ranked_trials(session=s, study_id=study_id)
             ranked = [(t.id, float(t.value), dict(t.metrics)) for t in rows
                       if t.value is not None and t.metrics and t.metrics.get("step_times_s")]
             strategies = {t.id: Strategy.from_dict(t.strategy) for t in rows}
@@ -306,7 +233,8 @@ class Tuner:
         for k, trial_id in enumerate(todo):
             self.phase(f"re-measuring {k + 1}/{len(todo)}")
             try:
-                result = self.executor.run(self._trial_spec(strategies[trial_id], f"trial-{trial_id}-again"))
+                result = self.executor.run(self._trial_spec(strategies[trial_id], f"trial-{trial_id}-again"),
+                                            stop=self.stop)
             except Exception as exc:
                 log.warning("trial %d: the second run could not start: %s: %s", trial_id, type(exc).__name__, exc)
                 continue
@@ -334,8 +262,7 @@ class Tuner:
         controller, a broken environment) stop the study with that cause instead of spending the
         budget on it (``failures.FAIL_FAST``)."""
         with session_scope(self.sessions) as s:
-            rows = s.execute(select(Trial.status, Trial.reason).where(Trial.study_id == study_id)
-                             .order_by(Trial.id)).all()
+            rows = repo.trial_outcomes(session=s, study_id=study_id)
         reason = failures.repeated_failure((status, why) for status, why in rows)
         if reason is not None:
             n = sum(failures.is_run_failure(status, why) for status, why in rows)
@@ -345,9 +272,7 @@ class Tuner:
     def _count_done(self, study_id: int) -> int:
         with session_scope(self.sessions) as s:
             # a trial whose runner died is replaced by its retry: only the retry counts against the budget
-            return s.scalar(select(func.count()).select_from(Trial).where(
-                Trial.study_id == study_id, Trial.status.in_(repo.TERMINAL_TRIAL_STATUSES),
-                ~((Trial.status == "failed") & Trial.reason.like(f"%{RETRIED}")))) or 0
+            return repo.count_spent_trials(session=s, study_id=study_id, replaced_suffix=RETRIED)
 
     def _one_trial(self, study: Any, study_id: int, progress: Progress) -> None:
         import optuna
@@ -378,8 +303,8 @@ class Tuner:
             self._tell_infeasible(study, trial, prediction)
             return
         result = self._dispatch(trial_id, strategy, prediction)
-        if result.extra.get("interrupted"):  # the runner is stopping: the trial keeps its lease and is retried
-            log.info("trial %d interrupted: the runner is stopping", trial_id)
+        if result.extra.get("interrupted"):  # stopped: the trial is left to be run again
+            log.info("trial %d %s", trial_id, result.reason)
             return
         value = self._values(result.metrics) if result.status == "complete" and result.metrics else None
         self._finish(trial_id, result, prediction, value[0] if value else None)
@@ -418,21 +343,38 @@ class Tuner:
         return [tflops]
 
     def _dispatch(self, trial_id: int, strategy: Strategy, prediction: dict[str, Any]) -> TrialResult:
-        """Run one trial (leased when it was added) with a heartbeat thread keeping the lease alive."""
-        done = threading.Event()
+        """Run one trial (leased when it was added) while a heartbeat keeps its lease alive.
+
+        The run is stopped when the runner stops or when a heartbeat finds the lease gone (the trial
+        expired and was claimed again, or was finished elsewhere); either way it is ``interrupted`` and
+        its result is not stored by this runner."""
+        halt, done = threading.Event(), threading.Event()
 
         def beat() -> None:
-            while not done.wait(self.lease_s / 3):
-                with session_scope(self.sessions) as s:
-                    repo.heartbeat_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
+            interval, last = self.lease_s / 3, time.monotonic()
+            while not done.wait(min(0.5, interval)):
+                if self.stop.is_set():
+                    halt.set()
+                if time.monotonic() - last < interval:
+                    continue
+                last = time.monotonic()
+                try:
+                    with session_scope(self.sessions) as s:
+                        held = repo.heartbeat_trial(session=s, trial_id=trial_id, owner=self.worker_id,
+                                                    lease_s=self.lease_s)
+                except Exception as exc:  # the database is away for a moment: the lease has time left
+                    log.warning("trial %d: heartbeat failed: %s: %s", trial_id, type(exc).__name__, exc)
+                    continue
+                if not held:
+                    log.warning("trial %d: the lease was lost (another runner holds the trial); stopping its run",
+                                trial_id)
+                    halt.set()
         thread = threading.Thread(target=beat, daemon=True, name=f"zerotune-heartbeat-{trial_id}")
         thread.start()
         spec = self._trial_spec(strategy, f"trial-{trial_id}")
+        on_step = self._pruner() if self.candidates is None else None  # a shortlist is measured in full
         try:
-            if self.executor.name == "local":  # a shortlist is measured in full: nothing is pruned
-                pruner = self._pruner() if self.candidates is None else None
-                return self.executor.run(spec, None, pruner, self.stop)  # type: ignore[call-arg]
-            return self.executor.run(spec)
+            return self.executor.run(spec, stop=halt, on_step=on_step)
         except Exception as exc:  # an executor bug must fail the trial, not the study
             return TrialResult(status="failed", reason=f"executor error: {type(exc).__name__}: {exc}",
                                executor=self.executor.name)
@@ -450,7 +392,7 @@ class Tuner:
 
     def _best_step_time(self) -> float | None:
         with session_scope(self.sessions) as s:
-            rows = s.scalars(select(Trial).where(Trial.study_id == self.study_id, Trial.status == "complete")).all()
+            rows = repo.ranked_trials(session=s, study_id=self.study_id)
             times = [t.metrics["step_time_s"] for t in rows if t.metrics and t.metrics.get("step_time_s")]
             return min(times) if times else None
 
@@ -473,14 +415,8 @@ class Tuner:
         now = datetime.now(UTC)
         retries = {t.number for t in study.get_trials(deepcopy=False) if "retry_of" in t.user_attrs}
         with session_scope(self.sessions) as s:
-            query = select(Trial).where(Trial.study_id == study_id)
-            if self.exclusive:
-                query = query.where(Trial.status.in_(("queued", "running")))
-            else:
-                query = query.where((Trial.status == "queued") |
-                                    ((Trial.status == "running") & (Trial.lease_expires_at < now)))
             dead = []
-            for t in s.scalars(query.order_by(Trial.id)).all():
+            for t in repo.dead_trials(session=s, study_id=study_id, now=now, all_running=self.exclusive):
                 why = ("runner died before starting it" if t.status == "queued" else
                        "runner died: the study was resumed by another runner" if self.exclusive
                        and (t.lease_expires_at is None or t.lease_expires_at >= now)
@@ -536,7 +472,7 @@ class Tuner:
         family = r.cluster.name.split(":")[0]
         with session_scope(self.sessions) as s:
             best: tuple[float, int] | None = None
-            for req in s.scalars(select(Request)).all():
+            for req in repo.list_requests(session=s):
                 cluster = ClusterSpec.from_dict(req.cluster)
                 if req.key == r.key() or cluster.name.split(":")[0] != family or \
                         cluster.num_levels != r.cluster.num_levels:
@@ -548,10 +484,8 @@ class Tuner:
                     best = (distance, req.id)
             if best is None:
                 return []
-            answer = s.scalars(select(Recommendation).join(Study, Study.id == Recommendation.study_id).where(
-                Study.request_id == best[1]).order_by(Recommendation.id.desc())).first()
-            rows = s.scalars(select(Trial).join(Study, Study.id == Trial.study_id).where(
-                Study.request_id == best[1], Trial.status == "complete").order_by(Trial.value.desc()).limit(top)).all()
+            answer = repo.latest_recommendation(session=s, request_id=best[1])
+            rows = repo.best_trials_of_request(session=s, request_id=best[1], limit=top)
             out: list[Strategy] = []
             for fields in ([answer.strategy] if answer else []) + [row.strategy for row in rows]:
                 try:
@@ -562,9 +496,13 @@ class Tuner:
                     out.append(s_)
             return out[:top]
 
-    def recommend(self, study_id: int) -> dict[str, Any]:
+    def answer(self, study_id: int) -> dict[str, Any]:
         """The study's recommendation, stored; ``{}`` when the tuner was stopped (a partial study)."""
         if self.stop.is_set():
             return {}
-        return recommend(self, study_id, verify_quantized=self.verify_quantized)
+        chooser = Chooser(request=self.request, sessions=self.sessions, workdir=self.workdir,
+                          trial_timeout_s=self.trial_timeout_s, stop=self.stop, phase=self.phase,
+                          answer_key=self.answer_key, refit=self.refit, remeasured=self.remeasured,
+                          note=self.answer_note or {})
+        return choose(chooser, study_id, verify_quantized=self.verify_quantized)
 

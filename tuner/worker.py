@@ -29,15 +29,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from sqlalchemy import func, select, update
-
 from zerotune.db import repository as repo
-from zerotune.db.models import Job, Request, Study, Trial, utcnow
+from zerotune.db.models import Request, utcnow
 from zerotune.db.session import make_engine, make_session_factory, session_scope
+from zerotune.errors import StudyFailed
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 from zerotune.tuner import calibrations, shortlist
-from zerotune.tuner.recommend import StudyFailed
-from zerotune.tuner.study import Progress, Tuner, TuneRequest
+from zerotune.tuner.request import TuneRequest
+from zerotune.tuner.study import RETRIED, Progress, Tuner
 
 log = logging.getLogger("zerotune.worker")
 
@@ -55,7 +54,6 @@ class WorkerSettings(Protocol):
     slurm_partition: str | None
 
     def work_root(self) -> Path: ...
-COUNTED = repo.TERMINAL_TRIAL_STATUSES  # the statuses Tuner counts against the budget
 TRIALS_SHARE = 0.95
 """The share of a job's progress its trials make up: what follows them (re-measuring overlapping leaders,
 verifying a predicted pick, storing the answer) is the rest, so a job reads 1.0 only once it is done."""
@@ -140,15 +138,8 @@ class Worker:
         """Give back running jobs whose worker stopped heartbeating (it died or hung)."""
         before = utcnow() - timedelta(seconds=self.settings.stale_after_s)
         with session_scope(self.sessions) as s:
-            ids = [j.id for j in repo.stale_jobs(session=s, before=before)]
-            requeued = []
-            for job_id in ids:
-                done = s.execute(update(Job).where(Job.id == job_id, Job.state == "running",
-                                                   (Job.heartbeat_at.is_(None)) | (Job.heartbeat_at < before))
-                                 .values(state="queued", worker=None, heartbeat_at=None,
-                                         error="re-queued: its worker stopped heartbeating").returning(Job.id))
-                if done.scalar_one_or_none() is not None:
-                    requeued.append(job_id)
+            requeued = repo.requeue_stale_jobs(session=s, before=before,
+                                               reason="re-queued: its worker stopped heartbeating")
         for job_id in requeued:
             log.warning("worker %s: job %d re-queued (its worker stopped heartbeating)", self.id, job_id)
         return requeued
@@ -165,7 +156,7 @@ class Worker:
         with session_scope(self.sessions) as s:
             job = repo.get_job(session=s, job_id=job_id)
             assert job is not None
-            row = s.get(Request, job.request_id)
+            row = repo.get_request(session=s, request_id=job.request_id)
             assert row is not None
             try:
                 request = tune_request(row)
@@ -240,23 +231,12 @@ class Worker:
     def _update(self, job_id: int, **values: Any) -> bool:
         """Stamp our running job (a heartbeat); False when it is no longer ours to run."""
         with session_scope(self.sessions) as s:
-            done = s.execute(update(Job).where(Job.id == job_id, Job.worker == self.id, Job.state == "running")
-                             .values(**{"heartbeat_at": utcnow(), **values}).returning(Job.id))
-            return done.scalar_one_or_none() is not None
+            return repo.stamp_job(session=s, job_id=job_id, owner=self.id, **values)
 
     def _finish(self, job_id: int, state: str, error: str | None) -> str:
-        values: dict[str, Any] = {"state": state, "error": error}
-        if state == "done":
-            values.update(progress=1.0, phase=None, finished_at=utcnow())
-        elif state == "failed":
-            values.update(finished_at=utcnow(), error=(error or "failed")[:4000])
-        else:  # handed back
-            values.update(worker=None, heartbeat_at=None, started_at=None, phase=None)
-        if not self._update(job_id, **values):
-            with session_scope(self.sessions) as s:
-                job = repo.get_job(session=s, job_id=job_id)
-                return job.state if job is not None else "gone"
-        return state
+        """End our job (``queued``: handed back); the state it has afterwards."""
+        with session_scope(self.sessions) as s:
+            return repo.end_job(session=s, job_id=job_id, owner=self.id, state=state, error=error)
 
 
 class _Heartbeat:
@@ -292,9 +272,9 @@ class _Heartbeat:
         values: dict[str, Any] = {}
         if with_progress and self.study_id is not None:
             with session_scope(self.worker.sessions) as s:
-                done = s.scalar(select(func.count()).select_from(Trial).where(
-                    Trial.study_id == self.study_id, Trial.status.in_(COUNTED))) or 0
-                total = s.scalar(select(Study.n_trials).where(Study.id == self.study_id)) or 1
+                done = repo.count_spent_trials(session=s, study_id=self.study_id, replaced_suffix=RETRIED)
+                study = repo.get_study(session=s, study_id=self.study_id)
+                total = study.n_trials if study is not None else 1
             values = {"trials_done": done, "progress": TRIALS_SHARE * min(1.0, done / total)}
         if phase:
             values["phase"] = phase[:64]

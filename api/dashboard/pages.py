@@ -12,14 +12,13 @@ import json
 import math
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from zerotune.api import queries
 from zerotune.api.prologue import notes_of
 from zerotune.api.schemas import StudyPublic, TrialDetailPublic
 from zerotune.db import repository as repo
-from zerotune.db.models import Recommendation, Request, StoredCalibration, Study, Trial
+from zerotune.db.models import Recommendation, Request, Study, Trial
 from zerotune.tuner.study import (
     PRESETS,  # the known-good strategies every study runs first (already loaded by the service)
 )
@@ -94,8 +93,7 @@ def request_summary(request: Request) -> dict[str, Any]:
 
 def refit_of(session: Session, study_id: int) -> dict[str, Any] | None:
     """The calibration a study's measured runs refitted (its report, with ``name`` and ``cluster``), or None."""
-    row = session.scalars(select(StoredCalibration).where(StoredCalibration.study_id == study_id)
-                          .order_by(StoredCalibration.id.desc()).limit(1)).first()
+    row = repo.calibration_of_study(session=session, study_id=study_id)
     return {**row.report, "name": row.name, "cluster": row.cluster} if row is not None else None
 
 
@@ -105,8 +103,8 @@ def studies_page(session: Session, page: int) -> dict[str, Any]:
     live: list[dict[str, int | None]] = []
     for study in rows:
         detail = queries.study_detail(session, study)
-        job = queries.study_job(session, study.id)
-        request = session.get(Request, study.request_id)
+        job = repo.latest_job_of_study(session=session, study_id=study.id)
+        request = repo.get_request(session=session, request_id=study.request_id)
         assert request is not None
         done = sum(n for status, n in detail.trial_counts.items() if status in repo.TERMINAL_TRIAL_STATUSES)
         studies.append({"study": detail, "request": request_summary(request), "done": done,
@@ -114,8 +112,8 @@ def studies_page(session: Session, page: int) -> dict[str, Any]:
         if detail.state in ("pending", "running"):
             live.append({"study_id": detail.id, "job_id": job.id if job is not None else None})
     waiting: list[dict[str, Any]] = []
-    for waiting_job in queries.waiting_jobs(session):
-        request = session.get(Request, waiting_job.request_id)
+    for waiting_job in repo.waiting_jobs(session=session):
+        request = repo.get_request(session=session, request_id=waiting_job.request_id)
         assert request is not None
         waiting.append({"job": queries.job_public(session, waiting_job), "request": request_summary(request)})
     pages = max(1, math.ceil(count / PER_PAGE))
@@ -125,11 +123,11 @@ def studies_page(session: Session, page: int) -> dict[str, Any]:
 
 def study_page(session: Session, study: Study) -> dict[str, Any]:
     detail = queries.study_detail(session, study)
-    request = session.get(Request, study.request_id)
+    request = repo.get_request(session=session, request_id=study.request_id)
     assert request is not None
     summary = request_summary(request)
     points = queries.trial_points(session, study)
-    job = queries.study_job(session, study.id)
+    job = repo.latest_job_of_study(session=session, study_id=study.id)
     job_view = queries.job_public(session, job) if job is not None else None
     present = {p.strategy.get("name") for p in points.data if p.status == "complete"}
     presets = [name for name in PRESETS if name in present]
@@ -147,9 +145,9 @@ def study_page(session: Session, study: Study) -> dict[str, Any]:
 
 def trial_view(session: Session, trial: Trial) -> dict[str, Any]:
     """A trial with its study's request, as the trial and compare pages draw it."""
-    study = session.get(Study, trial.study_id)
+    study = repo.get_study(session=session, study_id=trial.study_id)
     assert study is not None
-    request = session.get(Request, study.request_id)
+    request = repo.get_request(session=session, request_id=study.request_id)
     assert request is not None
     detail = TrialDetailPublic.model_validate(trial, from_attributes=True)
     return {"trial": detail, "study": StudyPublic.model_validate(study, from_attributes=True),
@@ -170,14 +168,14 @@ def trial_page(session: Session, trial: Trial) -> dict[str, Any]:
 
 def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]:
     rec = queries.recommendation_public(row)
-    study = session.get(Study, row.study_id)
+    study = repo.get_study(session=session, study_id=row.study_id)
     assert study is not None
-    request = session.get(Request, study.request_id)
+    request = repo.get_request(session=session, request_id=study.request_id)
     assert request is not None
     level = queries.outer_level(request)
     evidence = {}
     for role, trial_id in (("chosen", row.trial_id), ("runner-up", row.runner_up_trial_id)):
-        trial = session.get(Trial, trial_id) if trial_id is not None else None
+        trial = repo.get_trial(session=session, trial_id=trial_id) if trial_id is not None else None
         if trial is not None:
             evidence[role] = queries.trial_point(trial, level)
     exports = [{"format": fmt, "filename": filename, "use": use,
@@ -201,7 +199,7 @@ def compare_trials(session: Session, trial_ids: list[int], study_id: int | None,
     trials: list[Trial] = []
     missing: list[str] = []
     for trial_id in trial_ids:
-        trial = session.get(Trial, trial_id)
+        trial = repo.get_trial(session=session, trial_id=trial_id)
         if trial is None:
             missing.append(f"trial {trial_id}")
         elif trial not in trials:

@@ -16,15 +16,16 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine
 
 from zerotune.api import queries
 from zerotune.api.dashboard import pages
 from zerotune.api.deps import Id, SessionDep
 from zerotune.api.schemas import MAX_ID, Message, ParamImportancePublic, TrialPointsPublic
 from zerotune.db import repository as repo
-from zerotune.db.models import Recommendation, Study
-from zerotune.db.repository import NotFoundError
+from zerotune.db.migrate import has_optuna_tables
+from zerotune.db.models import Study
+from zerotune.errors import NotFoundError
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -54,7 +55,7 @@ class Importances:
     def storage(self) -> Any:
         """Optuna's RDBStorage on our database, or None while Optuna's tables do not exist (no study ran)."""
         if self._storage is None:
-            if not inspect(self.engine).has_table("studies"):
+            if not has_optuna_tables(self.engine):
                 return None
             import optuna
 
@@ -95,7 +96,7 @@ def install(app: FastAPI) -> None:
 def _study(session: Any, study_id: int) -> Study:
     study = repo.get_study(session=session, study_id=study_id)
     if study is None:
-        raise NotFoundError(f"no study with id {study_id}")
+        raise NotFoundError("study", study_id)
     return study
 
 
@@ -176,7 +177,7 @@ def trial_page(request: Request, trial_id: str, session: SessionDep) -> HTMLResp
             response_class=HTMLResponse)
 def recommendation_page(request: Request, recommendation_id: str, session: SessionDep) -> HTMLResponse:
     number = _id(recommendation_id)
-    row = session.get(Recommendation, number) if number else None
+    row = repo.get_recommendation(session=session, recommendation_id=number) if number else None
     if row is None:
         return _not_found(request, f"recommendation {recommendation_id}",
                           "A study links its recommendation once it is done.")

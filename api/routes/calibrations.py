@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query
 from zerotune.api.deps import SessionDep
 from zerotune.api.schemas import MAX_ID, CalibrationPublic, CalibrationsPublic, Message
 from zerotune.db import repository as repo
-from zerotune.db.repository import NotFoundError
+from zerotune.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/calibrations", tags=["calibrations"])
 
@@ -29,5 +29,5 @@ def read_calibration(name: Annotated[str, Path(min_length=1, max_length=128)],
     """One stored calibration by name (``"calibration"`` in a request body names it)."""
     row = repo.get_calibration(session=session, name=name)
     if row is None:
-        raise NotFoundError(f"no calibration named {name!r}")
+        raise NotFoundError("calibration", name, f"no calibration named {name!r}")
     return CalibrationPublic.model_validate(row, from_attributes=True)

@@ -7,10 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
-from zerotune.api import queries
 from zerotune.api.deps import ServiceDep
 from zerotune.api.schemas import Health, WorkerPublic, WorkersPublic
 from zerotune.db import repository as repo
@@ -46,13 +44,9 @@ async def readyz(service: ServiceDep) -> JSONResponse:
     ok = True
 
     def revision() -> str | None:
-        from alembic.runtime.migration import MigrationContext
+        from zerotune.db.migrate import revision_of
 
-        from zerotune.db.migrations import VERSION_TABLE
-
-        with service.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-            return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        return revision_of(service.engine)
 
     live: int | None = None
     try:
@@ -92,7 +86,7 @@ async def metrics(service: ServiceDep) -> PlainTextResponse:
     """Requests, recommendation outcomes, cache hits, jobs by state and trials by status."""
     def counts() -> tuple[dict[str, int], dict[str, int], int]:
         with session_scope(service.sessions) as s:
-            return queries.jobs_by_state(s), queries.trials_by_status(s), len(_live_workers(service))
+            return repo.job_counts(session=s), repo.trial_counts(session=s), len(_live_workers(service))
 
     live: int | None
     try:

@@ -9,8 +9,8 @@ from zerotune.api import queries
 from zerotune.api.deps import Id, ServiceDep, WriteAccess
 from zerotune.api.schemas import JobPublic, Message
 from zerotune.db import repository as repo
-from zerotune.db.repository import NotFoundError
 from zerotune.db.session import session_scope
+from zerotune.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -22,7 +22,7 @@ async def read_job(job_id: Id, service: ServiceDep) -> JobPublic:
         with session_scope(service.sessions) as s:
             job = repo.get_job(session=s, job_id=job_id)
             if job is None:
-                raise NotFoundError(f"no job with id {job_id}")
+                raise NotFoundError("job", job_id)
             view = queries.job_public(s, job)
             answer = queries.served_answer(s, view.request_key) if job.state == "done" else None
             return view, view.request_key, answer
@@ -40,7 +40,7 @@ async def cancel_job(job_id: Id, service: ServiceDep) -> JobPublic:
     """Cancel a queued or running job; its worker stops after the trial in progress."""
     def cancel() -> JobPublic:
         with session_scope(service.sessions) as s:
-            job = queries.cancel_job(s, job_id, f"cancelled by a client (DELETE /v1/jobs/{job_id})")
+            job = repo.cancel_job(session=s, job_id=job_id, reason=f"cancelled by a client (DELETE /v1/jobs/{job_id})")
             return queries.job_public(s, job)
 
     try:

@@ -11,8 +11,8 @@ from zerotune.api import queries
 from zerotune.api.cache import MAX_WAIT_S
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
 from zerotune.api.schemas import JobPublic, Message, RecommendationCreate, RecommendationPublic
-from zerotune.db.models import Recommendation
-from zerotune.db.repository import NotFoundError
+from zerotune.db import repository as repo
+from zerotune.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
 
@@ -40,7 +40,7 @@ async def create_recommendation(
     (202, ``Location: /v1/jobs/{id}``), however many identical requests arrive at once.
     """
     tune = await service.normalize(body)
-    outcome = await service.recommend(tune, wait)
+    outcome = await service.answer(tune, wait)
     request.state.request_key = tune.key()  # a valid body: the fast path may answer it next time
     if outcome.answer is not None:
         return Response(outcome.answer, media_type="application/json")
@@ -60,9 +60,9 @@ def read_recommendation(
                       Query(description="download one export: zerotune trainer JSON, DeepSpeed config, FSDP2")] = None,
 ) -> Any:
     """A stored recommendation, or one of its exports."""
-    row = session.get(Recommendation, recommendation_id)
+    row = repo.get_recommendation(session=session, recommendation_id=recommendation_id)
     if row is None:
-        raise NotFoundError(f"no recommendation with id {recommendation_id}")
+        raise NotFoundError("recommendation", recommendation_id)
     if format is None:
         return queries.recommendation_public(row)
     return JSONResponse(row.exports.get(format) or {}, headers={

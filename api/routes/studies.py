@@ -18,7 +18,7 @@ from zerotune.api.schemas import (
     TrialsPublic,
 )
 from zerotune.db import repository as repo
-from zerotune.db.repository import NotFoundError
+from zerotune.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/studies", tags=["studies"])
 
@@ -40,7 +40,7 @@ def read_study(study_id: Id, session: SessionDep) -> StudyDetailPublic:
     """A study with its request, trial counts by status, best trial and recommendation."""
     study = repo.get_study(session=session, study_id=study_id)
     if study is None:
-        raise NotFoundError(f"no study with id {study_id}")
+        raise NotFoundError("study", study_id)
     return queries.study_detail(session, study)
 
 
@@ -50,6 +50,6 @@ def read_study_trials(study_id: Id, session: SessionDep, offset: Offset = 0, lim
                       ) -> TrialsPublic:
     """A study's trials in the order they were added (metrics and logs: GET /v1/trials/{id})."""
     if repo.get_study(session=session, study_id=study_id) is None:
-        raise NotFoundError(f"no study with id {study_id}")
+        raise NotFoundError("study", study_id)
     rows, count = repo.list_trials(session=session, study_id=study_id, status=status, offset=offset, limit=limit)
     return TrialsPublic(data=[TrialPublic.model_validate(r, from_attributes=True) for r in rows], count=count)

@@ -9,8 +9,8 @@ from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
 from zerotune.api.schemas import Message, TrialCreate, TrialDetailPublic
 from zerotune.api.uploads import store_run
 from zerotune.db import repository as repo
-from zerotune.db.repository import NotFoundError
 from zerotune.db.session import session_scope
+from zerotune.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/trials", tags=["trials"])
 
@@ -20,7 +20,7 @@ def read_trial(trial_id: Id, session: SessionDep) -> TrialDetailPublic:
     """A trial with its metrics (run.json or prediction), the cost model's prediction and its logs."""
     trial = repo.get_trial(session=session, trial_id=trial_id)
     if trial is None:
-        raise NotFoundError(f"no trial with id {trial_id}")
+        raise NotFoundError("trial", trial_id)
     return TrialDetailPublic.model_validate(trial, from_attributes=True)
 
 

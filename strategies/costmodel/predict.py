@@ -18,12 +18,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from zerotune.errors import SpecError
 from zerotune.strategies.costmodel.error import error_band
 from zerotune.strategies.costmodel.hardware import Calibration, calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
 from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
 from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.plan import block_numel, root_numel
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.strategies.volume import QUANT_BLOCK, Volume

@@ -58,7 +58,7 @@ def test_catalog_json(capsys):
 
 
 def test_console_script_runs_without_torch():
-    code = ("import sys; from api.cli import main; rc = main(['validate', '--cluster', 'frontier:48', "
+    code = ("import sys; from zerotune.api.cli import main; rc = main(['validate', '--cluster', 'frontier:48', "
             "'--strategy', '3level-a']); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -114,7 +114,8 @@ def test_upload_exit_paths(tmp_path, capsys):
 
 
 def test_new_commands_are_listed_and_stay_light():
-    code = ("import sys; from api.cli import build_parser; build_parser().parse_args(['worker', '--max-jobs', '1']); "
+    code = ("import sys; from zerotune.api.cli import build_parser; "
+            "build_parser().parse_args(['worker', '--max-jobs', '1']); "
             "build_parser().parse_args(['serve', '--workers', '0']); "
             "assert not {'torch', 'fastapi', 'optuna', 'sqlalchemy'} & set(sys.modules), sorted(sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -98,7 +98,7 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
     from zerotune.db.session import make_engine, make_session_factory, session_scope
     from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.strategies.costmodel import predict
-    from zerotune.tuner.study import strategy_key
+    from zerotune.tuner.request import strategy_key
 
     engine = make_engine(db)
     sessions = make_session_factory(engine)
@@ -162,8 +162,8 @@ def seed_pareto(s: Any, seeded: Seeded) -> None:
     from zerotune.db import repository as repo
     from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.strategies.costmodel import predict
-    from zerotune.tuner.recommend import pareto_front
-    from zerotune.tuner.study import strategy_key
+    from zerotune.tuner.choice import pareto_front
+    from zerotune.tuner.request import strategy_key
 
     model, cluster = parse_model("gpt-mini"), parse_cluster("local:2x2")
     request, study = local_study(s, "dashboard-pareto", model, cluster, 6, objective="pareto", sampler="nsga2")
@@ -575,7 +575,7 @@ def test_live_study_shows_new_trials_without_reload(browser: Any, seeded: Seeded
     from zerotune.db import repository as repo
     from zerotune.db.session import make_engine, make_session_factory, session_scope
     from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-    from zerotune.tuner.study import strategy_key
+    from zerotune.tuner.request import strategy_key
 
     study_tab, list_tab = Tab(browser, seeded.url), Tab(browser, seeded.url)
     page = study_tab.open(f"/dashboard/studies/{seeded.running}")

@@ -68,7 +68,7 @@ def test_a_job_that_ends_while_the_watcher_reads_it_comes_back_with_its_answer(d
     async def post() -> bytes | None:
         loop = asyncio.get_running_loop()
         loop.call_later(0.05, service.ended, key, public, None)
-        outcome = await service.recommend(request, wait_s=5)
+        outcome = await service.answer(request, wait_s=5)
         return outcome.answer
 
     assert asyncio.run(post()) == answer

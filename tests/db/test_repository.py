@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from zerotune.db import repository as repo
 from zerotune.db.session import session_scope
+from zerotune.errors import NotFoundError
 
 Factory = sessionmaker[Session]
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -96,14 +97,15 @@ def test_identical_concurrent_requests_share_one_request_and_one_job(factory: Fa
         repo.update_job(session=session, job_id=jobs[0][0], state="done")
         job, created = repo.get_or_create_job(session=session, request_id=requests[0][0])
         assert created and job.id != jobs[0][0]
-        with pytest.raises(repo.NotFoundError, match="zt_requests"):
+        with pytest.raises(NotFoundError, match="no request with id"):
             repo.get_or_create_job(session=session, request_id=10**6)
 
 
 def test_studies(factory: Factory) -> None:
     with session_scope(factory) as session:
         studies = [new_study(session, name=f"zt-study-{i}") for i in range(3)]
-        assert repo.get_study_by_name(session=session, optuna_study_name="zt-study-1").id == studies[1].id
+        assert repo.get_study(session=session, study_id=studies[1].id).optuna_study_name == "zt-study-1"
+        assert repo.studies_of_request(session=session, request_id=studies[0].request_id)[0].id == studies[0].id
         with pytest.raises(ValueError, match="n_trials=0"):
             repo.create_study(session=session, request_id=studies[0].request_id, optuna_study_name="x",
                               sampler="tpe", executor="model", n_trials=0)
@@ -116,7 +118,7 @@ def test_studies(factory: Factory) -> None:
                                      now=T0 + timedelta(minutes=5))
         with pytest.raises(ValueError, match="state='sleeping'"):
             repo.set_study_state(session=session, study_id=studies[0].id, state="sleeping")
-        with pytest.raises(repo.NotFoundError, match="zt_studies"):
+        with pytest.raises(NotFoundError, match="no study with id"):
             repo.set_study_state(session=session, study_id=10**6, state="done")
     with session_scope(factory) as session:
         study = repo.get_study(session=session, study_id=studies[0].id)
@@ -143,8 +145,10 @@ def test_trial_lifecycle_with_lease_expiry(factory: Factory) -> None:
 
     later = T0 + timedelta(seconds=91)  # A went silent after its heartbeat at T0+30
     with session_scope(factory) as session:
-        assert repo.expired_trials(session=session, now=T0 + timedelta(seconds=89)) == []
-        assert [t.id for t in repo.expired_trials(session=session, now=later)] == [trial.id]
+        assert repo.dead_trials(session=session, study_id=trial.study_id, now=T0 + timedelta(seconds=89)) == []
+        assert [t.id for t in repo.dead_trials(session=session, study_id=trial.study_id, now=later)] == [trial.id]
+        assert [t.id for t in repo.dead_trials(session=session, study_id=trial.study_id, all_running=True)] == [
+            trial.id]  # a runner holding the study alone takes every running trial for dead
         reclaimed = repo.claim_trial(session=session, trial_id=trial.id, owner="B", lease_s=60, now=later)
         assert reclaimed is not None and (reclaimed.lease_owner, reclaimed.attempts) == ("B", 2)
 
@@ -162,7 +166,7 @@ def test_trial_lifecycle_with_lease_expiry(factory: Factory) -> None:
             "complete", 42.5, {"tflops": 42.5}, {"tflops": 40.0})
         assert stored.proxy_model == {"layers": 2} and stored.reason is None and stored.logs == "step 1 ..."
         assert stored.finished_at == later and stored.lease_expires_at is None
-        assert repo.expired_trials(session=session, now=later + timedelta(days=1)) == []
+        assert repo.dead_trials(session=session, study_id=trial.study_id, now=later + timedelta(days=1)) == []
         assert repo.claim_trial(session=session, trial_id=trial.id, owner="C", lease_s=60) is None
         with pytest.raises(ValueError, match="status='running'"):
             repo.finish_trial(session=session, trial_id=trial.id, status="running")
@@ -222,10 +226,10 @@ def test_recommendation_by_key(factory: Factory) -> None:
             repo.save_recommendation(session=session, study_id=study.id, request_key="r" * 64, strategy={},
                                      metrics={}, evidence="guessed", exports={})
     with session_scope(factory) as session:
-        found = repo.get_recommendation_by_key(session=session, request_key="r" * 64)
+        found = repo.latest_recommendation(session=session, study_id=study.id)
         assert found is not None and found.id == newer.id
         assert (found.evidence, found.margin, found.trial_id, found.exports) == ("measured", 0.12, trial.id, exports)
-        assert repo.get_recommendation_by_key(session=session, request_key="x" * 64) is None
+        assert repo.served_recommendation(session=session, request_key="x" * 64) is None
 
 
 def test_job_queue(factory: Factory) -> None:

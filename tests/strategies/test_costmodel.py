@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from zerotune.api.cli import main
+from zerotune.errors import SpecError
 from zerotune.strategies.calibration import (
     FITTABLE,
     Measurement,
@@ -30,7 +31,6 @@ from zerotune.strategies.costmodel import (
     state_memory,
     step_volume,
 )
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import Strategy
 
 CHECKS = Path(__file__).with_name("engine_checks.py")

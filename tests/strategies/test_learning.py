@@ -16,8 +16,8 @@ from tests.strategies.test_train import zerotune
 from zerotune.strategies.catalog import MODELS
 from zerotune.strategies.data import TokenSource, language
 from zerotune.strategies.spec import ModelSpec
+from zerotune.tuner.choice import VERIFY_PROXY
 from zerotune.tuner.executors.local import proxy_model_for
-from zerotune.tuner.recommend import VERIFY_PROXY
 
 
 def _shape(m: ModelSpec) -> tuple:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from zerotune.errors import SpecError, UnknownPresetError
 from zerotune.strategies.catalog import MODELS, STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
-from zerotune.strategies.errors import SpecError, UnknownPresetError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 

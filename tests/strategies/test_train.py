@@ -117,7 +117,7 @@ def test_early_refusals(tmp_path):
 
 
 def test_host_memory_check_counts_every_rank_on_the_host():
-    from zerotune.strategies.errors import SpecError
+    from zerotune.errors import SpecError
     from zerotune.strategies.train import check_memory
 
     model, cluster = parse_model("gpt-mini"), parse_cluster("local:2x2")

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from zerotune.errors import SpecError
 from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
 from zerotune.tuner.exports import (
     deepspeed_config,
@@ -435,7 +435,7 @@ def test_zerotune_command_is_accepted_by_the_trainer(tmp_path: Path, monkeypatch
 
 
 def test_import_does_not_pull_in_torch() -> None:
-    code = "import sys, tuner.exports; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, zerotune.tuner.exports; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
 
 

@@ -6,11 +6,12 @@ import pytest
 
 from tests.tuner.test_study import trials_of
 from zerotune.db.migrate import upgrade
+from zerotune.errors import StudyFailed
 from zerotune.strategies.catalog import parse_cluster, parse_model
 from zerotune.tuner import failures
 from zerotune.tuner.executors.base import Executor, TrialResult
-from zerotune.tuner.recommend import StudyFailed
-from zerotune.tuner.study import Tuner, TuneRequest
+from zerotune.tuner.request import TuneRequest
+from zerotune.tuner.study import Tuner
 
 SBATCH = ("sbatch failed (exit 1): sbatch: error: Batch job submission failed: Unable to contact slurm controller "
           "(connect failure) [job {n}]")
@@ -46,7 +47,7 @@ class UnreachableSlurm(Executor):
     def __init__(self) -> None:
         self.calls = 0
 
-    def run(self, spec, heartbeat=None):
+    def run(self, spec, *, stop, on_step=None):
         self.calls += 1
         return TrialResult(status="failed", reason=SBATCH.format(n=self.calls), executor=self.name)
 

@@ -8,7 +8,8 @@ from zerotune.db.migrate import upgrade
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.tuner import remeasure
 from zerotune.tuner.executors.base import Executor, TrialResult
-from zerotune.tuner.study import Tuner, TuneRequest
+from zerotune.tuner.request import TuneRequest
+from zerotune.tuner.study import Tuner
 
 
 def run_json(times: list[float], tflops_at_median: float, warmup: int = 2) -> dict:
@@ -52,7 +53,7 @@ class RecordedExecutor(Executor):
         self.cluster, self.runs = cluster, runs
         self.calls: list[str] = []
 
-    def run(self, spec, heartbeat=None):
+    def run(self, spec, *, stop, on_step=None):
         name = spec.strategy.name
         self.calls.append(name)
         times = self.runs[name][self.calls.count(name) - 1]

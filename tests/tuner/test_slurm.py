@@ -159,9 +159,8 @@ def test_bad_options_are_refused():
 def test_completed_job_reads_run_json(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY, "slurm-12.err": "step 1/3\nstep 3/3\n"})],
                      squeue=[(0, "PENDING\n", ""), (0, "RUNNING\n", ""), (0, "COMPLETING\n", ""), (0, "", "")])
-    beats = []
     spec = make_spec(tmp_path / "trial", timeout_s=120)
-    r = fake_executor(fake).run(spec, heartbeat=lambda: beats.append(1))
+    r = fake_executor(fake).run(spec, stop=threading.Event())
     assert r.status == "complete", r.reason
     assert r.metrics == HEALTHY and r.executor == "slurm" and r.reason is None
     assert r.extra["slurm_job_id"] == "12" and r.extra["slurm_state"] == "COMPLETED"
@@ -170,7 +169,6 @@ def test_completed_job_reads_run_json(tmp_path):
     assert fake.calls[0] == ["sbatch", "--parsable", str(script)]
     assert fake.calls[1:5] == [SQUEUE] * 4 and fake.calls[5] == SACCT
     assert fake.tools() == ["sbatch", "squeue", "squeue", "squeue", "squeue", "sacct"]
-    assert len(beats) == 4
     for name in ("model.json", "cluster.json", "strategy.json", "job.sbatch"):
         assert (spec.workdir / name).is_file()
 
@@ -181,7 +179,7 @@ def test_stale_results_are_removed_before_submitting(tmp_path):
     (spec.workdir / "run.json").write_text(json.dumps(HEALTHY))
     (spec.workdir / "run.json.rank3.err").write_text("{}")
     fake = FakeSlurm(sacct=[(0, "12|FAILED|2:0|NonZeroExitCode\n", "")])
-    r = fake_executor(fake).run(spec)
+    r = fake_executor(fake).run(spec, stop=threading.Event())
     assert r.status == "failed" and r.reason == "Slurm job 12 FAILED (exit 2:0)"
     assert not (spec.workdir / "run.json.rank3.err").exists()
 
@@ -195,7 +193,7 @@ def test_failed_job_names_the_first_rank_error_via_scontrol(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes(errs)], squeue=[(0, "RUNNING\n", ""), (0, "", "")],
                      sacct=[(1, "", "Slurm accounting storage is disabled\n")], scontrol=[(0, scontrol, "")])
     ex = fake_executor(fake)
-    r = ex.run(make_spec(tmp_path / "t"))
+    r = ex.run(make_spec(tmp_path / "t"), stop=threading.Event())
     assert r.status == "failed"
     assert r.reason == "Slurm job 12 FAILED (exit 1:0): rank 1 failed: RuntimeError: injected crash"
     assert r.extra == {"slurm_job_id": "12", "slurm_state": "FAILED", "slurm_exit_code": "1:0",
@@ -203,7 +201,7 @@ def test_failed_job_names_the_first_rank_error_via_scontrol(tmp_path):
     assert fake.calls[-1] == ["scontrol", "show", "job", "12"]
     # without slurmdbd, sacct is not asked again
     fake.calls.clear()
-    ex.run(make_spec(tmp_path / "t2"))
+    ex.run(make_spec(tmp_path / "t2"), stop=threading.Event())
     assert "sacct" not in fake.tools()
 
 
@@ -217,7 +215,7 @@ def test_failed_job_names_the_first_rank_error_via_scontrol(tmp_path):
 def test_other_final_states_fail_with_slurms_words(tmp_path, state, reason, expect):
     fake = FakeSlurm(sbatch=[job_writes({"slurm-12.err": "step 1/3\nslurmstepd: error: *** JOB 12 ON n1 ***\n"})],
                      sacct=[(0, f"12|{state}|0:15|{reason}\n12.batch|CANCELLED|0:15|\n", "")])
-    r = fake_executor(fake).run(make_spec(tmp_path))
+    r = fake_executor(fake).run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "failed" and r.reason == f"{expect}: slurmstepd: error: *** JOB 12 ON n1 ***"
     assert r.extra["slurm_state"] == state.split()[0] and "slurm-12.err" in r.logs
 
@@ -225,34 +223,34 @@ def test_other_final_states_fail_with_slurms_words(tmp_path, state, reason, expe
 def test_accounting_lag_waits_for_a_final_state(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY})],
                      sacct=[(0, "12|RUNNING|0:0|None\n", ""), (0, "12|COMPLETED|0:0|None\n", "")])
-    r = fake_executor(fake).run(make_spec(tmp_path))
+    r = fake_executor(fake).run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "complete" and fake.tools().count("sacct") == 2
 
 
 def test_unhealthy_run_fails_with_the_evidence(tmp_path):
     flat = {**HEALTHY, "health": {"verdict": "flat", "evidence": "loss 6.0000 -> 5.9990: less than 1% lower"}}
     fake = FakeSlurm(sbatch=[job_writes({"run.json": flat})])
-    r = fake_executor(fake).run(make_spec(tmp_path))
+    r = fake_executor(fake).run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "failed" and r.reason == "unhealthy run (flat): loss 6.0000 -> 5.9990: less than 1% lower"
     assert r.metrics == flat
 
 
 def test_completed_without_run_json(tmp_path):
-    r = fake_executor(FakeSlurm()).run(make_spec(tmp_path))
+    r = fake_executor(FakeSlurm()).run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "failed" and "COMPLETED but rank 0 wrote no readable run.json" in r.reason
 
 
 def test_sbatch_error_is_the_reason(tmp_path):
     fake = FakeSlurm(sbatch=[(1, "", "sbatch: error: invalid partition specified: nope\n"
                                      "sbatch: error: Batch job submission failed: Invalid partition name specified\n")])
-    r = fake_executor(fake, partition="nope").run(make_spec(tmp_path))
+    r = fake_executor(fake, partition="nope").run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "failed" and r.reason.startswith("sbatch failed (exit 1): sbatch: error: invalid partition")
     assert "Invalid partition name specified" in r.reason and fake.tools() == ["sbatch"]
 
 
 def test_missing_sbatch_command_is_a_failed_trial(tmp_path):
     ex = SlurmExecutor(commands=SlurmCommands(sbatch="/nonexistent/sbatch"))
-    r = ex.run(make_spec(tmp_path))
+    r = ex.run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "failed" and r.reason == "sbatch failed (exit 127): /nonexistent/sbatch: command not found"
 
 
@@ -264,7 +262,7 @@ def test_timeout_cancels_the_job(tmp_path):
         return 0, "", ""
     fake.answers["scancel"] = [scancel]
     t0 = time.monotonic()
-    r = fake_executor(fake).run(make_spec(tmp_path, timeout_s=0.2))
+    r = fake_executor(fake).run(make_spec(tmp_path, timeout_s=0.2), stop=threading.Event())
     assert 0.2 <= time.monotonic() - t0 < 10
     assert r.status == "failed" and r.reason == "timed out after 0.2 s; Slurm job 12 cancelled"
     assert ["scancel", "12"] in fake.calls and r.extra["timed_out"] is True
@@ -275,13 +273,13 @@ def test_timeout_counts_from_the_start_not_from_the_queue(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY})],
                      squeue=[*[(0, "PENDING\n", "")] * 30, (0, "RUNNING\n", ""), (0, "", "")])
     ex = SlurmExecutor(commands=SlurmCommands(runner=fake), poll_interval_s=0.01)
-    r = ex.run(make_spec(tmp_path, timeout_s=0.1))
+    r = ex.run(make_spec(tmp_path, timeout_s=0.1), stop=threading.Event())
     assert r.status == "complete", r.reason
 
 
 def test_queue_timeout(tmp_path):
     fake = FakeSlurm(squeue=[(0, "PENDING\n", "")], sacct=[(0, "12|CANCELLED|0:0|None\n", "")])
-    r = fake_executor(fake, queue_timeout_s=0.05, cancel_wait_s=0.05).run(make_spec(tmp_path))
+    r = fake_executor(fake, queue_timeout_s=0.05, cancel_wait_s=0.05).run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "failed" and r.reason == "still PENDING after 0.05 s in the queue; Slurm job 12 cancelled"
 
 
@@ -289,24 +287,33 @@ def test_squeue_hiccups_do_not_end_the_trial(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY})],
                      squeue=[(1, "", "slurm_load_jobs error: Socket timed out on send/recv operation"),
                              (0, "RUNNING\n", ""), (0, "", "")])
-    r = fake_executor(fake).run(make_spec(tmp_path))
+    r = fake_executor(fake).run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "complete" and fake.tools().count("squeue") == 3
 
 
 def test_squeue_invalid_job_id_means_gone(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY})],
                      squeue=[(1, "", "slurm_load_jobs error: Invalid job id specified\n")])
-    assert fake_executor(fake).run(make_spec(tmp_path)).status == "complete"
+    assert fake_executor(fake).run(make_spec(tmp_path), stop=threading.Event()).status == "complete"
 
 
-def test_a_raising_heartbeat_cancels_the_job(tmp_path):
+def test_stop_cancels_the_job_and_interrupts_the_trial(tmp_path):
     fake = FakeSlurm(squeue=[(0, "RUNNING\n", "")])
+    stop = threading.Event()
+    timer = threading.Timer(0.2, stop.set)
+    timer.start()
+    r = fake_executor(fake).run(make_spec(tmp_path), stop=stop)
+    timer.join()
+    assert r.status == "failed" and r.extra["interrupted"] and r.extra["slurm_job_id"] == "12"
+    assert r.reason == "interrupted: the runner is stopping; Slurm job 12 cancelled"
+    assert ["scancel", "12"] in fake.calls
 
-    def beat() -> None:
-        if len(fake.calls) > 3:
-            raise RuntimeError("lease lost")
-    with pytest.raises(RuntimeError, match="lease lost"):
-        fake_executor(fake).run(make_spec(tmp_path), heartbeat=beat)
+
+def test_an_error_while_following_cancels_the_job(tmp_path):
+    """Ctrl-C or a bug while the job is followed: scancel before the error goes on."""
+    fake = FakeSlurm(squeue=[(0, "RUNNING\n", ""), (0, "RUNNING\n", ""), lambda argv: 1 / 0])
+    with pytest.raises(ZeroDivisionError):
+        fake_executor(fake).run(make_spec(tmp_path), stop=threading.Event())
     assert fake.calls[-1] == ["scancel", "12"]
 
 
@@ -314,7 +321,7 @@ def test_commands_can_be_argv_prefixes_and_workdir_root(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY}, (0, "12;cluster2\n", ""))])
     cmds = SlurmCommands(sbatch=("ssh", "login1", "sbatch"), squeue=("ssh", "login1", "squeue"), runner=fake)
     ex = SlurmExecutor(commands=cmds, poll_interval_s=0.001, workdir_root=tmp_path / "shared")
-    r = ex.run(make_spec(tmp_path / "local" / "trial-7"))
+    r = ex.run(make_spec(tmp_path / "local" / "trial-7"), stop=threading.Event())
     assert r.status == "complete"
     script = (tmp_path / "shared" / "trial-7" / "job.sbatch").resolve()
     assert fake.calls[0] == ["ssh", "login1", "sbatch", "--parsable", str(script)]
@@ -370,14 +377,12 @@ def assert_nothing_left(slurm: LocalSlurm, spec: TrialSpec) -> None:
 @pytest.mark.timeout(240)
 def test_slurm_healthy_trial(slurm, tmp_path):
     spec = make_spec(tmp_path / "healthy", "local:2x2", "zeropp", steps=3, warmup=1, timeout_s=200)
-    beats = []
-    r = real_executor(slurm).run(spec, heartbeat=lambda: beats.append(time.monotonic()))
+    r = real_executor(slurm).run(spec, stop=threading.Event())
     assert r.status == "complete", f"{r.reason}\n{r.logs}"
     assert r.metrics["status"] == "ok" and r.metrics["health"]["verdict"] == "ok"
     assert r.metrics["world_size"] == 4 and len(r.metrics["loss"]) == 3
     assert r.extra["slurm_state"] == "COMPLETED" and r.extra["slurm_job_id"].isdigit()
     assert "step 3/3" in r.logs and "master " in r.logs
-    assert len(beats) >= 2 and max(b - a for a, b in zip(beats, beats[1:], strict=False)) < 30
     script = (spec.workdir / "job.sbatch").read_text()
     assert "#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=4\n" in script
     assert_nothing_left(slurm, spec)
@@ -387,7 +392,7 @@ def test_slurm_healthy_trial(slurm, tmp_path):
 def test_slurm_crashing_rank(slurm, tmp_path):
     spec = make_spec(tmp_path / "crash", "local:2", steps=3, warmup=1, timeout_s=200,
                      env=(("ZEROTUNE_FAULT", "crash@1:1"),))
-    r = real_executor(slurm).run(spec)
+    r = real_executor(slurm).run(spec, stop=threading.Event())
     assert r.status == "failed", r.logs
     assert r.reason.startswith(f"Slurm job {r.extra['slurm_job_id']} FAILED (exit ")
     assert "rank 1 failed: RuntimeError: injected crash on rank 1 at step 1" in r.reason
@@ -410,7 +415,7 @@ def test_slurm_cancelled_job(slurm, tmp_path):
     spec = make_spec(tmp_path / "cancel", "local:2", steps=3, warmup=1, timeout_s=200,
                      env=(("ZEROTUNE_FAULT", "hang@0:1"),))
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(real_executor(slurm).run, spec)
+        future = pool.submit(real_executor(slurm).run, spec, stop=threading.Event())
         job_id = _running_job(slurm, SlurmExecutor.job_name(spec))
         time.sleep(1)
         assert slurm.command("scancel", job_id).returncode == 0
@@ -418,6 +423,26 @@ def test_slurm_cancelled_job(slurm, tmp_path):
     assert r.status == "failed" and r.reason.startswith(f"Slurm job {job_id} CANCELLED (exit "), r.reason
     assert r.extra["slurm_state"] == "CANCELLED" and "timed_out" not in r.extra
     assert "CANCELLED" in r.logs
+    assert_nothing_left(slurm, spec)
+
+
+@pytest.mark.timeout(240)
+def test_slurm_stop_cancels_a_running_job(slurm, tmp_path):
+    """The runner stopping (service shutdown, lost lease) ends the batch job, not just the wait for it."""
+    spec = make_spec(tmp_path / "stop", "local:2", steps=3, warmup=1, timeout_s=200,
+                     env=(("ZEROTUNE_FAULT", "hang@0:1"),))
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(real_executor(slurm).run, spec, stop=stop)
+        job_id = _running_job(slurm, SlurmExecutor.job_name(spec))
+        time.sleep(1)
+        stop.set()
+        r = future.result(timeout=60)
+    assert r.status == "failed" and r.extra["interrupted"], r.reason
+    assert r.reason == f"interrupted: the runner is stopping; Slurm job {job_id} cancelled"
+    end = time.monotonic() + 60
+    while slurm.command("squeue", "-h", "-j", job_id, "-o", "%i").stdout.strip() and time.monotonic() < end:
+        time.sleep(0.3)
     assert_nothing_left(slurm, spec)
 
 
@@ -436,7 +461,7 @@ def test_slurm_executor_timeout_cancels(slurm, tmp_path):
     t.start()
     t0 = time.monotonic()
     try:
-        r = real_executor(slurm).run(spec)
+        r = real_executor(slurm).run(spec, stop=threading.Event())
     finally:
         stop.set()
         t.join(5)

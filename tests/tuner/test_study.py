@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -19,16 +20,17 @@ from sqlalchemy import create_engine, select, text
 from zerotune.db.migrate import upgrade
 from zerotune.db.models import Recommendation, Study, Trial
 from zerotune.db.session import make_engine, make_session_factory, session_scope
+from zerotune.errors import SpecError
 from zerotune.strategies.catalog import parse_cluster, parse_model
 from zerotune.strategies.costmodel import calibration_for
-from zerotune.strategies.errors import SpecError
 from zerotune.strategies.spec import Strategy
 from zerotune.tuner import calibrations, remeasure
+from zerotune.tuner.choice import _lossy_within_band, partition
 from zerotune.tuner.executors import make_executor
 from zerotune.tuner.executors.local import LocalExecutor
 from zerotune.tuner.executors.model import ModelExecutor
-from zerotune.tuner.recommend import _lossy_within_band, partition
-from zerotune.tuner.study import PRESETS, Tuner, TuneRequest
+from zerotune.tuner.request import TuneRequest
+from zerotune.tuner.study import PRESETS, Tuner
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -189,9 +191,9 @@ class FaultyExecutor(LocalExecutor):
         super().__init__()
         self.env, self.extra = env, extra
 
-    def run(self, spec, heartbeat=None, pruner=None, stop=None):
+    def run(self, spec, *, stop, on_step=None):
         spec = dataclasses.replace(spec, env=tuple(self.env.items()), extra_args=self.extra)
-        return super().run(spec, heartbeat, pruner, stop)
+        return super().run(spec, stop=stop, on_step=on_step)
 
 
 @pytest.mark.parametrize("env, extra, timeout, reason", [
@@ -309,14 +311,12 @@ def test_local_executor_prunes_a_slow_run(tmp_path):
         seen.append(step)
         return step >= 3  # as the study does when step times exceed 3x the best trial's
     t0 = time.monotonic()
-    result = LocalExecutor().run(spec, pruner=pruner)
+    result = LocalExecutor().run(spec, stop=threading.Event(), on_step=pruner)
     assert result.status == "pruned" and result.reason.startswith("pruned") and result.extra["pruned"]
     assert seen[:3] == [1, 2, 3] and max(seen) < 50 and time.monotonic() - t0 < 100
 
 
 def test_a_stopped_tuner_stores_no_recommendation_and_resumes(sqlite_url, tmp_path):
-    import threading
-
     request = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=12, seed=0)
     stop = threading.Event()
     seen = []

@@ -9,6 +9,7 @@ comes back as a ``TrialResult`` with ``status="failed"`` and the reason, so only
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,14 +75,34 @@ class TrialResult:
     """Executor-specific facts (e.g. the Slurm job id and state)."""
 
 
-Heartbeat = Callable[[], None]
+StepHook = Callable[[int, float], bool]
+"""Called with each timed step a run reports (step number, seconds); returning True stops the run (pruned)."""
 
 
 class Executor(abc.ABC):
-    """Runs trials. Subclasses set ``name`` and implement ``run``."""
+    """Runs trials. Subclasses set ``name`` and implement ``run``.
+
+    The caller owns everything around a run: the trial's lease and its heartbeats, pruning decisions,
+    the database. An executor only runs the trial and says how it went.
+    """
 
     name: str = "base"
+    measures: bool = True
+    """Whether a trial runs on hardware (and can fail, time out, be stopped); False for the cost model."""
 
     @abc.abstractmethod
-    def run(self, spec: TrialSpec, heartbeat: Heartbeat | None = None) -> TrialResult:
-        """Run one trial to the end; call ``heartbeat`` at least every few seconds while waiting."""
+    def run(self, spec: TrialSpec, *, stop: threading.Event, on_step: StepHook | None = None) -> TrialResult:
+        """Run one trial to the end.
+
+        Args:
+            spec: what to run.
+            stop: set by the caller when the run must end now (the runner is stopping, or its lease on
+                the trial was lost): end the run, leave nothing running, and return :meth:`interrupted`.
+            on_step: called for every timed step when the executor sees steps as they happen; an
+                executor that does not (the cost model, a batch job) never calls it.
+        """
+
+    def interrupted(self, why: str, **extra: Any) -> TrialResult:
+        """The result of a run ended by ``stop``: the caller keeps the trial to be run again."""
+        return TrialResult(status="failed", reason=f"interrupted: {why}", executor=self.name,
+                           extra={**extra, "interrupted": True})

@@ -16,16 +16,14 @@ import json
 import math
 import re
 import threading
-from collections.abc import Callable
 
 from zerotune.strategies.catalog import parse_cluster
 from zerotune.strategies.launch import run_torchrun
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 from zerotune.strategies.train import failure_reason
-from zerotune.tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
+from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) .* ([0-9.]+) s\s*$")
-Pruner = Callable[[int, float], bool]
 """Called with (step, step seconds) as the run goes; True stops it (the trial is pruned)."""
 
 
@@ -79,10 +77,9 @@ class LocalExecutor(Executor):
             global_batch = cluster.world_size * (global_batch // spec.cluster.world_size) or None
         return dataclasses.replace(spec, cluster=cluster, model=model, global_batch=global_batch)
 
-    def run(self, spec: TrialSpec, heartbeat: Heartbeat | None = None, pruner: Pruner | None = None,
-            stop: threading.Event | None = None) -> TrialResult:
-        """One short run; ``stop`` (the runner shutting down) kills it and returns an ``interrupted``
-        result, which the study leaves to be retried by the next runner."""
+    def run(self, spec: TrialSpec, *, stop: threading.Event, on_step: StepHook | None = None) -> TrialResult:
+        """One short run under torchrun. ``stop`` kills it (an ``interrupted`` result); ``on_step`` sees
+        every step line the ranks print and prunes the run by returning True."""
         local = self.prepare(spec)
         local.write_inputs()
         out = local.workdir / "run.json"
@@ -90,10 +87,8 @@ class LocalExecutor(Executor):
             stale.unlink(missing_ok=True)
 
         def on_line(line: str) -> bool:
-            if heartbeat is not None:
-                heartbeat()
             m = STEP_LINE.match(line.strip())
-            return bool(m and pruner is not None and pruner(int(m.group(1)), float(m.group(3))))
+            return bool(m and on_step is not None and on_step(int(m.group(1)), float(m.group(3))))
 
         result = run_torchrun(local.cluster.world_size, ["zerotune.strategies.train", *local.train_args(out)],
                               timeout_s=spec.timeout_s, stream=self.stream, on_line=on_line, env=dict(spec.env),
@@ -103,8 +98,8 @@ class LocalExecutor(Executor):
         extra = {"cluster_run": local.cluster.name, "emulated": local.cluster != spec.cluster}
         proxy = local.model.to_dict() if local.model != spec.model else None
         if result.interrupted:
-            return TrialResult(status="failed", reason="interrupted: the runner is stopping (the trial is retried)",
-                               extra={**extra, "interrupted": True}, logs=logs, executor=self.name, proxy_model=proxy)
+            return dataclasses.replace(self.interrupted("the run was stopped (the trial is retried)", **extra),
+                                       logs=logs, proxy_model=proxy)
         if result.stopped:
             return TrialResult(status="pruned", reason="pruned: step times worse than the study's best",
                                extra={**extra, "pruned": True}, logs=logs, executor=self.name, proxy_model=proxy)

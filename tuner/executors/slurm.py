@@ -2,11 +2,11 @@
 
 One trial is one batch job. ``run`` writes the trial's inputs and a ``job.sbatch`` into the trial's
 workdir (which compute nodes must see: a shared filesystem, or ``workdir_root`` pointing at one),
-submits it with ``sbatch --parsable``, and polls ``squeue`` until the job leaves the queue, calling
-``heartbeat`` on every poll. The batch script exports ``MASTER_ADDR`` (the job's first node) and a
-``MASTER_PORT`` derived from the job id, then ``srun``s one ``python -m zerotune.strategies.train`` per rank;
-the trainer maps ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID`` to ``RANK``/``WORLD_SIZE``/
-``LOCAL_RANK`` itself.
+submits it with ``sbatch --parsable``, and polls ``squeue`` until the job leaves the queue; the caller's
+``stop`` cancels the job (``scancel``) and returns at once. The batch script exports ``MASTER_ADDR``
+(the job's first node) and a ``MASTER_PORT`` derived from the job id, then ``srun``s one
+``python -m zerotune.strategies.train`` per rank; the trainer maps ``SLURM_PROCID``/``SLURM_NTASKS``/
+``SLURM_LOCALID`` to ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` itself.
 
 The job's final state comes from ``sacct`` when the cluster keeps accounting, else from
 ``scontrol show job`` (slurmctld remembers finished jobs for ``MinJobAge``, 300 s by default).
@@ -38,12 +38,13 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from zerotune.tuner.executors.base import Executor, Heartbeat, TrialResult, TrialSpec
+from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -229,8 +230,9 @@ class SlurmExecutor(Executor):
 
     # -- run -------------------------------------------------------------------------------------------------
 
-    def run(self, spec: TrialSpec, heartbeat: Heartbeat | None = None) -> TrialResult:
-        beat = heartbeat or (lambda: None)
+    def run(self, spec: TrialSpec, *, stop: threading.Event, on_step: StepHook | None = None) -> TrialResult:
+        """One batch job, followed until it leaves the queue (``on_step`` is not called: steps are not seen
+        until the job ends)."""
         spec = self.trial_spec(spec)
         try:
             for key, _ in spec.env:
@@ -253,18 +255,23 @@ class SlurmExecutor(Executor):
             return self._failed(f"sbatch failed (exit {sub.returncode}): {' '.join(m.strip() for m in msg)}",
                                 extra={"slurm_script": str(script)})
         try:
-            return self._follow(spec, job_id, beat)
+            return self._follow(spec, job_id, stop)
         except BaseException:
-            # A heartbeat that raises (lease lost), Ctrl-C, a bug: leave nothing running behind.
+            # Ctrl-C, a bug: leave nothing running behind.
             self.commands("scancel", job_id)
             raise
 
-    def _follow(self, spec: TrialSpec, job_id: str, beat: Heartbeat) -> TrialResult:
+    def _follow(self, spec: TrialSpec, job_id: str, stop: threading.Event) -> TrialResult:
         submitted = time.monotonic()
         started: float | None = None
         gone_polls = 0
         while True:
-            beat()
+            if stop.is_set():
+                r = self.commands("scancel", job_id)
+                done = "cancelled" if r.returncode == 0 else f"scancel failed: {(r.stderr or r.stdout).strip()}"
+                return dataclasses.replace(self.interrupted(f"the runner is stopping; Slurm job {job_id} {done}",
+                                                            **self._extra(spec, job_id, JobInfo("CANCELLED"))),
+                                           logs=self._logs(spec, job_id))
             state = self.queue_state(job_id)
             now = time.monotonic()
             if state is not None and state not in TERMINAL_STATES:
@@ -272,9 +279,9 @@ class SlurmExecutor(Executor):
                 if state != "?" and state not in QUEUED_STATES and started is None:
                     started = now
                 if started is not None and now - started > spec.timeout_s:
-                    return self._cancel(spec, job_id, beat, f"timed out after {spec.timeout_s:g} s")
+                    return self._cancel(spec, job_id, f"timed out after {spec.timeout_s:g} s")
                 if started is None and self.queue_timeout_s is not None and now - submitted > self.queue_timeout_s:
-                    return self._cancel(spec, job_id, beat,
+                    return self._cancel(spec, job_id,
                                         f"still {state} after {self.queue_timeout_s:g} s in the queue")
             else:
                 info = self.final_state(job_id)
@@ -282,9 +289,9 @@ class SlurmExecutor(Executor):
                 # Accounting can lag the queue by a moment: wait a few polls for a final state.
                 if info.state in TERMINAL_STATES or gone_polls >= 5:
                     return self._result(spec, job_id, info)
-            time.sleep(self.poll_interval_s)
+            stop.wait(self.poll_interval_s)
 
-    def _cancel(self, spec: TrialSpec, job_id: str, beat: Heartbeat, why: str) -> TrialResult:
+    def _cancel(self, spec: TrialSpec, job_id: str, why: str) -> TrialResult:
         r = self.commands("scancel", job_id)
         if r.returncode != 0:
             why += f"; scancel of Slurm job {job_id} failed: {(r.stderr or r.stdout).strip()}"
@@ -293,7 +300,6 @@ class SlurmExecutor(Executor):
         end = time.monotonic() + self.cancel_wait_s
         info = JobInfo("CANCELLED")
         while time.monotonic() < end:
-            beat()
             state = self.queue_state(job_id)
             if state is None or state in TERMINAL_STATES:
                 info = self.final_state(job_id)

@@ -1,4 +1,7 @@
-"""Turn a finished study into a Recommendation: the best feasible trial, its evidence and exports.
+"""Choose a finished study's answer: the Recommendation (the best feasible trial, its evidence and exports).
+
+:func:`choose` needs only what :class:`Chooser` holds (the request, the database, where and how long a
+verification run may run), not the study that ran: a study hands it over when its trials are done.
 
 Evidence says what backs the choice:
 - ``measured``: the trial ran the requested model on the requested cluster (``slurm``, or
@@ -24,32 +27,52 @@ error of its predicted strategy comparisons against published ones, the *band*):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
 from zerotune.db import repository as repo
 from zerotune.db.models import Trial
 from zerotune.db.session import session_scope
-from zerotune.strategies.errors import ZerotuneError
+from zerotune.errors import StudyFailed
 from zerotune.strategies.spec import Strategy
 from zerotune.tuner import failures, remeasure
 from zerotune.tuner.executors.base import TrialSpec
-
-if TYPE_CHECKING:
-    from zerotune.tuner.study import Tuner
+from zerotune.tuner.request import TuneRequest
 
 
-class StudyFailed(ZerotuneError):
-    """A study could not produce a recommendation."""
+@dataclass
+class Chooser:
+    """What choosing a study's answer needs from the study that ran it."""
+
+    request: TuneRequest
+    sessions: sessionmaker[Session]
+    workdir: Path
+    """Where a verification run writes its files."""
+    trial_timeout_s: float
+    stop: threading.Event
+    """Set when the runner stops: a verification run in progress ends."""
+    phase: Callable[[str], None] = lambda _: None
+    """Told ``verifying`` while a verification run is under way."""
+    answer_key: str | None = None
+    """The request key the answer is stored under (another request's, for a measured shortlist)."""
+    refit: dict[str, Any] | None = None
+    """The calibration the measured runs refitted, reported with the answer."""
+    remeasured: list[int] = field(default_factory=list)
+    """Trials run twice to tell overlapping leaders apart."""
+    note: dict[str, Any] = field(default_factory=dict)
+    """More facts the answer carries (e.g. ``measured_shortlist``)."""
 
 
-def exports(tuner: Tuner, strategy: Strategy) -> dict[str, Any]:
+def exports(request: TuneRequest, strategy: Strategy) -> dict[str, Any]:
     """The recommendation in every format: zerotune trainer JSON, DeepSpeed config, FSDP2 settings."""
     from zerotune.tuner import exports as ex
 
-    r = tuner.request
+    r = request
     gb = r.global_batch
     return {"zerotune": ex.zerotune_config(r.model, r.cluster, strategy, global_batch=gb),
             "deepspeed": ex.deepspeed_config(r.model, r.cluster, strategy, global_batch=gb),
@@ -57,10 +80,10 @@ def exports(tuner: Tuner, strategy: Strategy) -> dict[str, Any]:
             "fsdp": ex.fsdp_config(r.model, r.cluster, strategy, global_batch=gb)}
 
 
-def _evidence(tuner: Tuner, row: Trial) -> str:
+def _evidence(request: TuneRequest, row: Trial) -> str:
     if row.executor == "model":
         return "predicted"
-    if row.proxy_model or (row.metrics or {}).get("cluster", {}).get("name") != tuner.request.cluster.name:
+    if row.proxy_model or (row.metrics or {}).get("cluster", {}).get("name") != request.cluster.name:
         return "proxy-verified"
     return "measured"
 
@@ -74,7 +97,7 @@ VERIFY_LOG_LINES = 60
 """Lines of a verification run's log kept with the answer (its end: the steps and the verdict)."""
 
 
-def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
+def _verify(chooser: Chooser, strategy: Strategy, trial_id: int) -> dict[str, Any]:
     """A short run of a proxy with this strategy on this machine (a predicted quantized pick).
 
     ``healthy``: it trained and its loss fell beyond noise. ``unhealthy``: it trained and the health
@@ -83,10 +106,11 @@ def _verify(tuner: Tuner, strategy: Strategy, trial_id: int) -> dict[str, Any]:
     place as a prediction, and the answer says why nothing verified it."""
     from zerotune.tuner.executors.local import LocalExecutor
 
-    spec = TrialSpec(model=tuner.request.model, cluster=tuner.request.cluster, strategy=strategy,
-                     workdir=tuner.workdir / f"verify-{trial_id}", steps=16, warmup=1, timeout_s=tuner.trial_timeout_s)
+    spec = TrialSpec(model=chooser.request.model, cluster=chooser.request.cluster, strategy=strategy,
+                     workdir=chooser.workdir / f"verify-{trial_id}", steps=16, warmup=1,
+                     timeout_s=chooser.trial_timeout_s)
     try:  # a health check, not a speed test: a small proxy that learns the synthetic stream within 16 steps
-        result = LocalExecutor(**VERIFY_PROXY).run(spec)
+        result = LocalExecutor(**VERIFY_PROXY).run(spec, stop=chooser.stop)
     except Exception as exc:  # the executor itself could not start here
         return {"trial_id": trial_id, "outcome": "could not run", "healthy": None,
                 "detail": f"{type(exc).__name__}: {exc}"}
@@ -197,8 +221,7 @@ def _lossy_within_spread(ranked: list) -> tuple[list, dict[str, Any] | None]:
 
 def leading_partitions(session: Any, study_id: int, n: int = 3) -> list[Strategy]:
     """The best completed trial of each of the study's ``n`` fastest partitions (its strategy)."""
-    rows = session.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete",
-                                               Trial.value.is_not(None)).order_by(Trial.value.desc())).all()
+    rows = repo.ranked_trials(session=session, study_id=study_id)
     out: dict[tuple, Strategy] = {}
     for row in rows:
         s = Strategy.from_dict(row.strategy)
@@ -208,15 +231,15 @@ def leading_partitions(session: Any, study_id: int, n: int = 3) -> list[Strategy
     return list(out.values())
 
 
-def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candidates: int = 3) -> dict[str, Any]:
+def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candidates: int = 3) -> dict[str, Any]:
     """Pick, verify, export and store the recommendation of a study."""
-    with session_scope(tuner.sessions) as s:
-        rows = s.scalars(select(Trial).where(Trial.study_id == study_id, Trial.status == "complete",
-                                             Trial.value.is_not(None)).order_by(Trial.value.desc())).all()
-        ranked = [(t.id, Strategy.from_dict(t.strategy), t.value, _evidence(tuner, t), t.metrics) for t in rows]
-        front = pareto_front(rows) if tuner.request.objective == "pareto" else None
+    request = chooser.request
+    with session_scope(chooser.sessions) as s:
+        rows = repo.ranked_trials(session=s, study_id=study_id)
+        ranked = [(t.id, Strategy.from_dict(t.strategy), t.value, _evidence(request, t), t.metrics) for t in rows]
+        front = pareto_front(rows) if request.objective == "pareto" else None
         if not ranked:
-            tried = s.scalars(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)).all()
+            tried = repo.trials_of(session=s, study_id=study_id)
             raise StudyFailed(f"no trial of study {study_id} completed ({len(tried)} tried): "
                               f"{failures.summary((t.status, t.reason) for t in tried)}")
     predicted = ranked[0][3] == "predicted"
@@ -230,8 +253,8 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
     unhealthy: list[int] = []
     for i, (trial_id, strategy, _, evidence, _) in enumerate(ranked[:candidates]):
         if evidence == "predicted" and strategy.quantized and verify_quantized:
-            tuner.phase("verifying")
-            verification = _verify(tuner, strategy, trial_id)
+            chooser.phase("verifying")
+            verification = _verify(chooser, strategy, trial_id)
             if verification["outcome"] == "unhealthy":  # only a verdict against it disqualifies a pick
                 unhealthy.append(trial_id)
                 continue
@@ -264,8 +287,7 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
             if part not in seen and cand[2] is not None and cand[2] >= floor and len(seen) < 5:
                 seen.add(part)
                 decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(), "value": cand[2]})
-    req = tuner.request
-    extra = {"decision": decision, "refit": tuner.refit, **(tuner.answer_note or {})}
+    extra = {"decision": decision, "refit": chooser.refit, **chooser.note}
     if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
         extra["front"] = front
     measured = sorted(((r[0], r[2], r[4] or {}) for r in ranked if r[3] != "predicted" and r[2] is not None),
@@ -273,16 +295,17 @@ def recommend(tuner: Tuner, study_id: int, verify_quantized: bool = True, candid
     if measured:  # each leader's TFLOPS at the quartiles of its timed steps (and the answer's); which ran twice
         top = measured[:3] + [r for r in measured[3:] if r[0] == trial_id]
         extra["leaders"] = remeasure.leaders(top)
-        extra["remeasured"] = tuner.remeasured
+        extra["remeasured"] = chooser.remeasured
     if "measured_shortlist" in extra:  # does the measurement keep the predicted winner's partition?
         foreseen = Strategy.from_dict(extra["measured_shortlist"]["predicted_strategy"])
         extra["measured_shortlist"] = {**extra["measured_shortlist"], "agrees": partition(foreseen) == mine}
-    body: dict[str, Any] = {"study_id": study_id, "request_key": tuner.answer_key or req.key(), "trial_id": trial_id,
+    body: dict[str, Any] = {
+            "study_id": study_id, "request_key": chooser.answer_key or request.key(), "trial_id": trial_id,
             "strategy": strategy.to_dict(), "value": value, "evidence": evidence, "margin": margin,
             "runner_up_trial_id": runner[0] if runner else None, "verification": verification,
-            **extra, "global_batch": req.global_batch, "tokens_per_step": req.tokens_per_step,
-            "metrics": metrics, "exports": exports(tuner, strategy)}
-    with session_scope(tuner.sessions) as s:
+            **extra, "global_batch": request.global_batch, "tokens_per_step": request.tokens_per_step,
+            "metrics": metrics, "exports": exports(request, strategy)}
+    with session_scope(chooser.sessions) as s:
         saved = repo.save_recommendation(
             session=s, study_id=study_id, request_key=body["request_key"], strategy=body["strategy"],
             metrics={**(metrics or {}), "verification": verification, **extra}, evidence=evidence,

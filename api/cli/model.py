@@ -1,0 +1,203 @@
+"""``zerotune catalog | validate | predict | calibrate``: the presets and the cost model, no database."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from zerotune.api.cli import ExitStatus
+
+
+def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
+    """Add this group's commands to ``sub``."""
+    p = sub.add_parser("catalog", help="list the cluster, model and strategy presets")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_catalog)
+
+    p = sub.add_parser("validate", help="resolve a strategy against a cluster and check every rule")
+    p.add_argument("--cluster", required=True, help="preset (frontier:48, dgx-h100:4, local:2x2x2) or JSON file")
+    p.add_argument("--strategy", required=True, help="preset (zero3, zeropp, 3level-a, ...) or JSON file")
+    p.add_argument("--model", help="model preset or JSON file: its size, and whether the strategy fits it in "
+                                   "device memory (exit 2 when it does not)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a strategy field, e.g. --set weight_bits=16 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the resolved values as JSON")
+    p.set_defaults(func=cmd_validate)
+
+
+    p = sub.add_parser("predict", help="predict step time, TFLOPS, memory and bytes with the cost model")
+    p.add_argument("--model", required=True, help="model preset or JSON file")
+    p.add_argument("--cluster", required=True, help="cluster preset; frontier:1,2,4,8 sweeps sizes")
+    p.add_argument("--strategy", action="append", help="strategy preset or JSON file (repeatable; default zero3)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a strategy field")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="sequences per step, a multiple of world x micro-batch (default: one micro-batch per rank)")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="run dtype (auto: fp32 on CPU clusters, bf16 otherwise)")
+    p.add_argument("--calibration", help="a stored calibration name (zerotune calibrate) or its JSON file")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON (run.json field names)")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("calibrate", help="fit the cost model to measured run.json files and store it by name")
+    p.add_argument("runs", nargs="+", help="run.json files from zerotune train (one cluster layout)")
+    p.add_argument("--name", required=True, help="name to store the calibration under")
+    p.add_argument("--fit", default=None, metavar="FIELD,...",
+                   help="the scalar efficiencies to fit (default: those the runs can tell apart; a wrong name "
+                        "lists them); per-level bandwidths are always fitted")
+    p.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
+                   help="hold a field left out of --fit at VALUE (else nominal), e.g. overlap=0 where ranks "
+                        "outnumber cores")
+    p.add_argument("--db", help="also store it in this database (SQLAlchemy URL), where studies on the cluster find "
+                                "it (the newest stored for a cluster is what its next study predicts with)")
+    p.add_argument("--bandwidths", choices=["auto", "shared", "per-level"], default="auto",
+                   help="fit one effective bandwidth shared by all levels or one per level (auto: shared where "
+                        "every run had all its ranks on one host, whose levels cross the same transport)")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def cmd_catalog(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from zerotune.strategies.catalog import catalog
+    from zerotune.strategies.spec import count_label
+
+    data = catalog()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return ExitStatus.SUCCESS
+    print("clusters (NAME:N sets the outermost level size; local:AxBxC for this machine):")
+    for name, c in data["clusters"].items():
+        levels = ", ".join(f"{lv['name']} x{lv['size']} @{lv['bandwidth_gbps']:g} GB/s" for lv in c["levels"])
+        print(f"  {name:<12} {c['device']}, {c['device_memory_gib']:g} GiB, {c['peak_tflops']:g} TFLOPS; {levels}")
+    print("models:")
+    for name, m in data["models"].items():
+        print(f"  {name:<14} {count_label(m['num_params']):>8} params  layers={m['layers']} hidden={m['hidden']} "
+              f"heads={m['heads']} seq={m['seq_len']}")
+    print("strategies:")
+    for name, doc in data["strategies"].items():
+        print(f"  {name:<10} {doc}")
+    return ExitStatus.SUCCESS
+
+def cmd_validate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+
+    cluster = parse_cluster(args.cluster)
+    strategy = build_strategy(args.strategy, cluster, **parse_overrides(args.set))
+    out: dict[str, Any] = {"cluster": cluster.to_dict(), "world_size": cluster.world_size,
+                           "strategy": strategy.to_dict()}
+    fits = ""
+    if args.model:
+        from zerotune.strategies.costmodel import GIB
+        from zerotune.strategies.train import check_memory, default_accumulation, elem_bytes
+
+        model = parse_model(args.model)
+        out["model"] = {**model.to_dict(), "num_params": model.num_params(),
+                        "flops_per_token": model.flops_per_token()}
+        # a strategy that does not fit is not valid for this model: the cost model's peak per rank at the
+        # default batch, bf16 on accelerators and fp32 on CPU, as train runs it
+        memory = check_memory(model, cluster, strategy, default_accumulation(strategy),
+                              elem_bytes("auto", cluster.device != "cpu"),
+                              hint=f"; try a wider span, zero3, or --set micro_batch_size=1 (zerotune predict "
+                                   f"--model {model.name} --cluster {cluster.name} shows every preset)")
+        out["memory_bytes"] = memory
+        fits = (f"; {model.name} needs {memory['peak'] / GIB:.1f} GiB of {cluster.device_memory_gib:g} GiB "
+                f"per rank")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        spans = f"P/G/OS spans {strategy.param_span}/{strategy.grad_span}/{strategy.optim_span}"
+        hpz = f", hpZ span {strategy.secondary_span}" if strategy.secondary_span is not None else ""
+        bits = f", weights {strategy.weight_bits}-bit, grads {strategy.grad_bits}-bit"
+        print(f"ok: {strategy.name or 'strategy'} on {cluster.name} ({cluster.world_size} ranks): {spans}{hpz}{bits}"
+              f"{fits}")
+    return ExitStatus.SUCCESS
+
+def _sweep(text: str) -> list[str]:
+    """``frontier:1,2,4`` → ``["frontier:1", "frontier:2", "frontier:4"]``."""
+    name, sep, counts = text.partition(":")
+    if sep and "," in counts:
+        return [f"{name}:{c.strip()}" for c in counts.split(",") if c.strip()]
+    return [text]
+
+def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from zerotune.strategies.calibration import load_calibration
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+    from zerotune.strategies.costmodel import GIB, cross_node_bytes, predict
+    from zerotune.strategies.spec import count_label
+
+    model = parse_model(args.model)
+    calib = load_calibration(args.calibration) if args.calibration else None
+    elem = {"bf16": 2, "fp32": 4}.get(args.dtype)
+    rows = []
+    for strategy_name in args.strategy or ["zero3"]:
+        base = None
+        for text in _sweep(args.cluster):
+            cluster = parse_cluster(text)
+            s = build_strategy(strategy_name, cluster, **parse_overrides(args.set))
+            p = predict(model, cluster, s, elem_bytes=elem, global_batch=args.global_batch, calibration=calib)
+            base = base or p
+            p.update(cluster=cluster.name, strategy=s.name or strategy_name,
+                     scaling_efficiency=p["tflops_per_rank"] / base["tflops_per_rank"],
+                     cross_node_bytes=cross_node_bytes(p, cluster))
+            rows.append(p)
+    if args.json:
+        print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
+        return ExitStatus.SUCCESS
+    print(f"{model.name} ({count_label(model.num_params())} params), calibration {rows[0]['calibration']}")
+    print(f"{'cluster':<14}{'strategy':<10}{'ranks':>6}{'TFLOPS/rank':>12}{'scaling':>9}{'step s':>9}"
+          f"{'tokens/s':>11}{'mem GiB':>9}  {'fits':<5}{'x-node GB':>10}")
+    for p in rows:
+        fits = "yes" if p["feasible"] else f"no ({p['overflow']['category']})"
+        print(f"{p['cluster']:<14}{p['strategy']:<10}{p['world_size']:>6}{p['tflops_per_rank']:>12.1f}"
+              f"{p['scaling_efficiency']:>9.2f}{p['step_time_s']:>9.3f}{p['tokens_per_s']:>11.0f}"
+              f"{p['memory_bytes']['peak'] / GIB:>9.1f}  {fits:<5}{p['cross_node_bytes'] / 1e9:>10.2f}")
+    return ExitStatus.SUCCESS
+
+def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from zerotune.strategies.calibration import Measurement, fit, fit_options, save_calibration
+
+    fields, start = fit_options(args.fit, args.fix)  # refuse bad options before reading any run
+    runs = []
+    for path in args.runs:
+        try:
+            runs.append(Measurement.from_run(json.loads(open(path).read()), path))
+        except (OSError, json.JSONDecodeError) as exc:
+            from zerotune.errors import SpecError
+
+            raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
+    tie = {"auto": None, "shared": True, "per-level": False}[args.bandwidths]
+    calib, stats = fit(runs, name=args.name, fields=fields, start=start, tie_levels=tie)
+    # --db first (it refuses a name stored there already): where studies look for it, the newest stored
+    # for a cluster being what its next study predicts with
+    stored = _store_calibration(args.db, calib, runs, stats) if args.db else None
+    path = save_calibration(calib, runs[0].cluster.name, stats)
+    out: dict[str, Any] = {"calibration": calib.to_dict(), "fit": stats, "saved": str(path)}
+    if stored:
+        out["stored"] = stored
+    print(json.dumps(out, indent=2))
+    return ExitStatus.SUCCESS
+
+def _store_calibration(url: str, calib: Any, runs: list[Any], stats: dict[str, Any]) -> str:
+    """Store a ``calibrate`` fit in the database (``zt_calibrations``) with its error before and after."""
+    from zerotune.db import repository as repo
+    from zerotune.db.migrate import upgrade
+    from zerotune.db.session import make_engine, make_session_factory, session_scope
+    from zerotune.strategies.calibration import before_after
+    from zerotune.strategies.costmodel import calibration_for
+
+    start = calibration_for(runs[0].cluster)
+    report = {"runs": len(runs), "cluster": runs[0].cluster.name, "start": start.name, "fit": stats,
+              **before_after(runs, start, calib), "cross_validated": None, "source": "zerotune calibrate"}
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with session_scope(make_session_factory(engine)) as s:
+            if repo.get_calibration(session=s, name=calib.name) is not None:
+                from zerotune.errors import SpecError
+
+                raise SpecError("name", calib.name, "a calibration of that name is stored in --db already")
+            repo.save_calibration(session=s, name=calib.name, cluster=runs[0].cluster.name,
+                                  num_levels=runs[0].cluster.num_levels, calibration=calib.to_dict(), report=report)
+    finally:
+        engine.dispose()
+    return f"{calib.name} for {runs[0].cluster.name}"

@@ -1,0 +1,98 @@
+"""``zerotune train | upload``: a short run of the built-in trainer, and run.json files sent to the service."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from zerotune.api.cli import ExitStatus
+
+
+def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
+    """Add this group's commands to ``sub``."""
+    from zerotune.strategies.train import add_run_args
+
+    p = sub.add_parser("train", help="a short run of the built-in ZeRO trainer under torchrun; writes run.json")
+    add_run_args(p)
+    p.add_argument("--run-timeout", type=float, default=1800.0, help="wall-clock limit for the whole run, seconds")
+    p.add_argument("--quiet", action="store_true", help="do not stream the ranks' progress")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("upload", help="send run.json files measured elsewhere to the service as trials")
+    p.add_argument("runs", nargs="+", help="run.json files (zerotune train --out)")
+    p.add_argument("--url", default=env.get("ZEROTUNE_URL", "http://127.0.0.1:8000"),
+                   help="the service (ZEROTUNE_URL, default http://127.0.0.1:8000)")
+    p.add_argument("--token", default=env.get("ZEROTUNE_TOKEN"), help="bearer token (ZEROTUNE_TOKEN)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    p.set_defaults(func=cmd_upload)
+
+
+def cmd_train(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Validate, launch torchrun with one rank per cluster rank, report where run.json is."""
+    from pathlib import Path
+
+    import torch
+
+    from zerotune.strategies.launch import run_torchrun
+    from zerotune.strategies.train import available_memory_bytes, failure_reason, resolve
+
+    # refuse bad input before any process starts; every rank runs on this host, so on CPU they must fit
+    # in its free memory together
+    cuda = torch.cuda.is_available()
+    model, cluster, strategy, accum = resolve(args, accelerated=cuda,
+                                              host_free_bytes=None if cuda else available_memory_bytes())
+    out = Path(args.out)
+    for stale in [out, *out.parent.glob(out.name + ".rank*")]:
+        stale.unlink(missing_ok=True)
+    print(f"zerotune: training {model.name} with {strategy.name or 'custom strategy'} on {cluster.name} "
+          f"({cluster.world_size} ranks, {args.steps} steps, {accum} micro-batch(es) per step)", file=sys.stderr)
+    ranks = _strip(args.argv, ("--run-timeout",), ("--quiet",))  # the ranks get the arguments, minus the launcher's
+    result = run_torchrun(cluster.world_size, ["zerotune.strategies.train", *ranks], timeout_s=args.run_timeout,
+                          stream=not args.quiet)
+    if result.ok and out.is_file():
+        run = json.loads(out.read_text())
+        print(json.dumps({k: run[k] for k in ("status", "step_time_s", "tokens_per_s", "tflops_per_rank",
+                                              "health")}, indent=2))
+        return ExitStatus.SUCCESS
+    reason = failure_reason(out, result.output, result.timed_out, args.run_timeout)
+    out.write_text(json.dumps({"status": "failed", "error": reason, "world_size": cluster.world_size,
+                               "log_tail": result.output.splitlines()[-40:]}, indent=2))
+    print(f"zerotune: error: training failed: {reason}", file=sys.stderr)
+    return ExitStatus.ERROR
+
+def _strip(argv: list[str], with_value: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in with_value:
+            skip = True
+        elif a in flags or a.split("=", 1)[0] in with_value:
+            continue
+        else:
+            out.append(a)
+    return out
+
+def cmd_upload(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """POST run.json files to /v1/trials: trials measured elsewhere become measured evidence."""
+    from zerotune.api.client import Client, ServiceError
+    from zerotune.errors import SpecError
+
+    client = Client(args.url, token=args.token, timeout=args.timeout)
+    for path in args.runs:
+        try:
+            run = json.loads(open(path).read())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
+        try:
+            status, _, trial = client.request("POST", "/v1/trials", run)
+        except ServiceError as exc:
+            print(f"zerotune: error: {path}: {exc}", file=sys.stderr)
+            return ExitStatus.USAGE_ERROR if exc.status == 422 else ExitStatus.ERROR
+        verb = "stored" if status == 201 else "already stored as"
+        print(f"zerotune: {path}: {verb} trial {trial['id']} ({trial['status']}, study {trial['study_id']})",
+              file=sys.stderr)
+    return ExitStatus.SUCCESS

@@ -1,0 +1,128 @@
+"""Keyword-only functions over the ``zt_`` tables, used by the tuner and the API.
+
+Each function works inside the caller's session and transaction: it adds, flushes and returns
+rows but never commits (wrap calls in :func:`db.session.session_scope`, and commit soon after a
+claim). The functions that many callers race on (:func:`get_or_create_request`,
+:func:`get_or_create_job`, :func:`claim_trial`, :func:`finish_trial` with ``owner``,
+:func:`claim_next_job`) are race-free on PostgreSQL and on SQLite, the two supported backends.
+Times are timezone-aware UTC; every ``now`` argument defaults to the current time.
+"""
+
+from zerotune.db.repository._common import (
+    ACTIVE_JOB_STATES,
+    TERMINAL_JOB_STATES,
+    TERMINAL_STUDY_STATES,
+    TERMINAL_TRIAL_STATUSES,
+    JsonDict,
+    json_safe,
+)
+from zerotune.db.repository.calibrations import (
+    calibration_for_cluster,
+    calibration_of_study,
+    get_calibration,
+    list_calibrations,
+    save_calibration,
+)
+from zerotune.db.repository.jobs import (
+    cancel_job,
+    claim_next_job,
+    create_job,
+    end_job,
+    get_job,
+    get_or_create_job,
+    job_counts,
+    job_summaries,
+    latest_job_of_study,
+    requeue_stale_jobs,
+    stale_jobs,
+    stamp_job,
+    update_job,
+    waiting_jobs,
+)
+from zerotune.db.repository.recommendations import (
+    get_recommendation,
+    latest_recommendation,
+    save_recommendation,
+    served_recommendation,
+)
+from zerotune.db.repository.requests import get_or_create_request, get_request, get_request_by_key, list_requests
+from zerotune.db.repository.studies import create_study, get_study, list_studies, set_study_state, studies_of_request
+from zerotune.db.repository.trials import (
+    add_trial,
+    best_trial,
+    best_trials_of_request,
+    claim_trial,
+    count_spent_trials,
+    dead_trials,
+    finish_trial,
+    get_trial,
+    heartbeat_trial,
+    list_trials,
+    measured_trials,
+    ranked_trials,
+    trial_counts,
+    trial_outcomes,
+    trials_of,
+    trials_with_strategy_key,
+)
+from zerotune.db.repository.workers import forget_workers, live_workers, stamp_worker
+
+__all__ = [
+    "ACTIVE_JOB_STATES",
+    "TERMINAL_JOB_STATES",
+    "TERMINAL_STUDY_STATES",
+    "TERMINAL_TRIAL_STATUSES",
+    "JsonDict",
+    "json_safe",
+    "get_or_create_request",
+    "get_request",
+    "get_request_by_key",
+    "list_requests",
+    "create_study",
+    "get_study",
+    "list_studies",
+    "set_study_state",
+    "studies_of_request",
+    "add_trial",
+    "claim_trial",
+    "heartbeat_trial",
+    "finish_trial",
+    "get_trial",
+    "list_trials",
+    "best_trial",
+    "trials_with_strategy_key",
+    "ranked_trials",
+    "trials_of",
+    "trial_outcomes",
+    "trial_counts",
+    "count_spent_trials",
+    "dead_trials",
+    "measured_trials",
+    "best_trials_of_request",
+    "save_recommendation",
+    "served_recommendation",
+    "get_recommendation",
+    "latest_recommendation",
+    "save_calibration",
+    "get_calibration",
+    "calibration_for_cluster",
+    "list_calibrations",
+    "calibration_of_study",
+    "create_job",
+    "get_or_create_job",
+    "claim_next_job",
+    "update_job",
+    "get_job",
+    "stamp_job",
+    "end_job",
+    "requeue_stale_jobs",
+    "cancel_job",
+    "job_summaries",
+    "latest_job_of_study",
+    "waiting_jobs",
+    "job_counts",
+    "stale_jobs",
+    "stamp_worker",
+    "live_workers",
+    "forget_workers",
+]

@@ -1,0 +1,81 @@
+"""What a user asks for: a model, a cluster and how to search (``TuneRequest``), and what makes two
+requests the same (``key``) or two strategies the same (``strategy_key``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from zerotune.errors import SpecError
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.tuner.executors.local import runs_as_is
+from zerotune.tuner.space import resolve_global_batch
+
+SAMPLERS = ("tpe", "nsga2", "random")
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What a user asks for; ``key()`` identifies equivalent requests."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    executor: str = "model"
+    trials: int = 40
+    objective: str = "throughput"
+    """``throughput`` (max TFLOPS per rank) or ``pareto`` (TFLOPS vs peak memory, NSGA-II)."""
+    global_batch: int | None = None
+    """Sequences per optimizer step, held fixed for every trial; None = ``space.default_global_batch``."""
+    sampler: str = "tpe"
+    seed: int | None = None
+    time_budget_s: float | None = None
+    tokens_per_step: int | None = None
+    """The same batch in tokens (a whole number of sequences); filled in from ``global_batch``."""
+    calibration: str | None = None
+    """The stored calibration every prediction uses (``tuner.calibrations``); None = the cluster's profile."""
+    measure: str | None = None
+    """``local`` or ``slurm``: after a model study, measure the shortlist its decision names with that executor."""
+    shortlist_of: str | None = None
+    """Set on the measured study of another request's shortlist: that request's key."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("throughput", "pareto"):
+            raise SpecError("objective", self.objective, "must be 'throughput' or 'pareto'")
+        if self.sampler not in SAMPLERS:
+            raise SpecError("sampler", self.sampler, f"must be one of {list(SAMPLERS)}")
+        if not isinstance(self.trials, int) or self.trials < 1:
+            raise SpecError("budget.trials", self.trials, "must be an integer >= 1")
+        if self.measure is not None:
+            if self.measure not in ("local", "slurm"):
+                raise SpecError("measure_shortlist", self.measure, "must be 'local' or 'slurm'")
+            if self.executor != "model":
+                raise SpecError("measure_shortlist", self.measure, f"only a model study has a shortlist to measure; "
+                                f"executor {self.executor!r} measures every trial already")
+            if self.measure == "local" and not runs_as_is(self.cluster):
+                raise SpecError("measure_shortlist", self.measure, f"this machine can only emulate {self.cluster.name} "
+                                "(fewer ranks, a proxy model), which cannot settle a choice the model's error leaves "
+                                "open there; measure it with 'slurm', or ask about a local: cluster")
+        batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
+        object.__setattr__(self, "global_batch", batch)  # frozen: the resolved batch is what the request means
+        object.__setattr__(self, "tokens_per_step", batch * self.model.seq_len)
+
+    def normalized(self) -> dict[str, Any]:
+        """What makes two requests equivalent (the optional fields only where set, so older keys hold)."""
+        fields = {"model": self.model.to_dict(), "cluster": self.cluster.to_dict(), "executor": self.executor,
+                  "objective": self.objective, "global_batch": self.global_batch, "trials": self.trials,
+                  "sampler": self.sampler}
+        for name in ("calibration", "measure", "shortlist_of"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        return fields
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()
+
+
+def strategy_key(s: Strategy) -> str:
+    fields = s.to_dict()
+    fields.pop("name", None)
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
