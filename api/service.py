@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from zerotune.api.settings import Settings
 from zerotune.db import repository as repo
 from zerotune.db.session import make_engine, make_session_factory, session_scope
 from zerotune.errors import InputError, SpecError
-from zerotune.strategies.catalog import MODELS, parse_cluster, parse_model
+from zerotune.strategies.catalog import parse_cluster, parse_model
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 from zerotune.tuner import calibrations
 from zerotune.tuner.request import TuneRequest
@@ -34,18 +33,13 @@ from zerotune.tuner.request import TuneRequest
 log = logging.getLogger("zerotune.api")
 
 MAX_WORLD_SIZE = 2**24
-CLUSTER_PRESET = re.compile(r"^[A-Za-z0-9_-]+(:[0-9]{1,7}(x[0-9]{1,7})*)?$")
 ACTIVE = ("queued", "running")
 
 
 def model_spec(value: str | schemas.ModelCreate) -> ModelSpec:
-    """A preset name (never a file path: this is a server) or an explicit ModelSpec."""
-    if isinstance(value, str):
-        if value not in MODELS:
-            raise InputError("body.model", value, f"unknown model preset; known: {sorted(MODELS)}")
-        return parse_model(value, files=False)
+    """A preset name or an explicit ModelSpec (the catalog never reads a file)."""
     try:
-        return parse_model(value.model_dump())
+        return parse_model(value if isinstance(value, str) else value.model_dump())
     except SpecError as exc:
         raise InputError.from_spec("model", exc) from None
 
@@ -53,13 +47,7 @@ def model_spec(value: str | schemas.ModelCreate) -> ModelSpec:
 def cluster_spec(value: str | schemas.ClusterCreate) -> ClusterSpec:
     """A preset string (``frontier:48``, ``local:2x2``) or an explicit ClusterSpec, at most 2**24 ranks."""
     try:
-        if isinstance(value, str):
-            if not CLUSTER_PRESET.match(value):
-                raise InputError("body.cluster", value, "must be a preset like 'frontier:48', 'dgx-h100:4' or "
-                                 "'local:2x2' (GET /v1/catalog), or an explicit ClusterSpec object")
-            cluster = parse_cluster(value, files=False)
-        else:
-            cluster = parse_cluster(value.model_dump())
+        cluster = parse_cluster(value if isinstance(value, str) else value.model_dump())
     except SpecError as exc:
         raise InputError.from_spec("cluster", exc) from None
     if cluster.world_size > MAX_WORLD_SIZE:

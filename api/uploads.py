@@ -36,7 +36,7 @@ def store_run(*, session: Session, run: TrialCreate) -> tuple[Trial, bool]:
         raise InputError("body.strategy", run.strategy, f"unknown strategy preset; known: {sorted(STRATEGY_PRESETS)}")
     try:
         spec = run.strategy if isinstance(run.strategy, str) else run.strategy.model_dump()
-        strategy = build_strategy(spec, cluster, files=False)
+        strategy = build_strategy(spec, cluster)
     except SpecError as exc:
         raise InputError.from_spec("strategy", exc) from None
     if run.device is not None and not device_matches(cluster.device, run.device):

@@ -206,8 +206,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.strategies.data import TokenSource, sequence_ids
+    from zerotune.strategies.files import parse_overrides
     from zerotune.strategies.train import BETAS, default_lr, lr_at
 
     torch.set_num_threads(1)

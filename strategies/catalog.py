@@ -9,9 +9,7 @@ Strategy presets are resolved *against* a cluster, because spans count that clus
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from zerotune.errors import SpecError, UnknownPresetError
@@ -51,27 +49,16 @@ def _local_cluster(sizes: list[int]) -> ClusterSpec:
     return ClusterSpec(name=label, levels=levels, device="cpu", device_memory_gib=4.0, peak_tflops=0.1)
 
 
-def _is_file(text: str, files: bool) -> bool:
-    """Whether ``text`` names a JSON file to read: only where files are allowed (the CLI, not the service)."""
-    if not files:
-        return False
-    try:
-        return text.endswith(".json") or Path(text).is_file()
-    except (OSError, ValueError):  # a name too long for a path, or with a NUL byte: not a file
-        return False
-
-
-def parse_cluster(text: str | dict[str, Any] | ClusterSpec, *, files: bool = True) -> ClusterSpec:
-    """A ClusterSpec from a preset string, a JSON file path (when ``files``), a dict or a ClusterSpec."""
+def parse_cluster(text: str | dict[str, Any] | ClusterSpec) -> ClusterSpec:
+    """A ClusterSpec from a preset string (``frontier:48``, ``local:2x2``), a dict or a ClusterSpec; never a
+    file (``strategies.files`` reads those, for the command lines)."""
     if isinstance(text, ClusterSpec):
         return text
     if isinstance(text, dict):
         return ClusterSpec.from_dict(text)
     if not isinstance(text, str) or not text.strip():
-        raise SpecError("cluster", text, "must be a preset like 'frontier:48', 'local:2x2x2' or a JSON file")
+        raise SpecError("cluster", text, "must be a preset like 'frontier:48' or 'local:2x2x2'")
     text = text.strip()
-    if _is_file(text, files):
-        return ClusterSpec.from_dict(_read_json("cluster", text))
     name, _, count = text.partition(":")
     if name == "local":
         parts = count.split("x") if count else []
@@ -94,14 +81,12 @@ def parse_cluster(text: str | dict[str, Any] | ClusterSpec, *, files: bool = Tru
     return dataclasses.replace(base.with_outer_size(int(count)), name=f"{name}:{int(count)}")
 
 
-def parse_model(text: str | dict[str, Any] | ModelSpec, *, files: bool = True) -> ModelSpec:
-    """A ModelSpec from a preset name, a JSON file path (when ``files``), a dict or a ModelSpec."""
+def parse_model(text: str | dict[str, Any] | ModelSpec) -> ModelSpec:
+    """A ModelSpec from a preset name, a dict or a ModelSpec; never a file."""
     if isinstance(text, ModelSpec):
         return text
     if isinstance(text, dict):
         return ModelSpec.from_dict(text)
-    if isinstance(text, str) and _is_file(text, files):
-        return ModelSpec.from_dict(_read_json("model", text))
     if text not in MODELS:
         raise UnknownPresetError("model", text, f"unknown model preset; known: {sorted(MODELS)}")
     return MODELS[text]
@@ -130,13 +115,12 @@ STRATEGY_PRESETS: dict[str, tuple[str, Callable[[ClusterSpec], dict[str, Any]]]]
 }
 
 
-def build_strategy(spec: str | dict[str, Any] | Strategy, cluster: ClusterSpec, *, files: bool = True,
-                   **overrides: Any) -> Strategy:
-    """Resolve a preset name, JSON file, dict or Strategy against ``cluster`` and validate it.
+def build_strategy(spec: str | dict[str, Any] | Strategy, cluster: ClusterSpec, **overrides: Any) -> Strategy:
+    """Resolve a preset name, dict or Strategy against ``cluster`` and validate it.
 
     Args:
-        spec: ``"zeropp"``, a path to a JSON file, a dict of Strategy fields (a dict may name a
-            ``"preset"`` to start from), or a Strategy.
+        spec: ``"zeropp"``, a dict of Strategy fields (a dict may name a ``"preset"`` to start from), or a
+            Strategy.
         cluster: the cluster the spans refer to.
         overrides: Strategy fields to change after the preset is expanded (``weight_bits=16``).
     """
@@ -147,8 +131,6 @@ def build_strategy(spec: str | dict[str, Any] | Strategy, cluster: ClusterSpec, 
         preset = fields.pop("preset", None)
         if preset is not None:
             fields = {**_preset_fields(preset, cluster), **fields}
-    elif isinstance(spec, str) and _is_file(spec, files):
-        return build_strategy(_read_json("strategy", spec), cluster, **overrides)
     else:
         fields = _preset_fields(spec, cluster)
     fields.update(overrides)
@@ -166,27 +148,6 @@ def _preset_fields(name: Any, cluster: ClusterSpec) -> dict[str, Any]:
     return {**fields, "name": name}
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """``["weight_bits=16", "secondary_span=null"]`` → ``{"weight_bits": 16, "secondary_span": None}``."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise SpecError("--set", pair, "must look like FIELD=VALUE (e.g. weight_bits=16)")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
-def _read_json(what: str, path: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpecError(what, path, "file not found") from None
-    except json.JSONDecodeError as exc:
-        raise SpecError(what, path, f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
 
 
 def catalog() -> dict[str, Any]:

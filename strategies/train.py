@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from zerotune.errors import SpecError
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 BETAS = (0.9, 0.95)
@@ -82,8 +82,8 @@ def resolve(args: argparse.Namespace, *, accelerated: bool | None = None,
     ``host_free_bytes``, every rank together against it (all of them run on this host).
     ``accelerated``: whether ``--dtype auto`` means bf16 (None: whether the cluster's devices are
     accelerators)."""
-    model, cluster = parse_model(args.model), parse_cluster(args.cluster)
-    strategy = build_strategy(args.strategy, cluster, **parse_overrides(args.set))
+    model, cluster = load_model(args.model), load_cluster(args.cluster)
+    strategy = load_strategy(args.strategy, cluster, **parse_overrides(args.set))
     if args.steps < 1:
         raise SpecError("steps", args.steps, "must be >= 1")
     if not 0 <= args.warmup < args.steps:

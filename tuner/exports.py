@@ -169,7 +169,7 @@ def zerotune_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, 
         files["model.json"] = "model"
     try:
         cluster_arg = cluster.name if parse_cluster(cluster.name) == cluster else "cluster.json"
-    except (SpecError, OSError):
+    except SpecError:  # a cluster of its own: the config carries its cluster.json
         cluster_arg = "cluster.json"
     if cluster_arg == "cluster.json":
         files["cluster.json"] = "cluster"

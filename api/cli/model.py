@@ -79,10 +79,10 @@ def cmd_catalog(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return ExitStatus.SUCCESS
 
 def cmd_validate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
+    from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
 
-    cluster = parse_cluster(args.cluster)
-    strategy = build_strategy(args.strategy, cluster, **parse_overrides(args.set))
+    cluster = load_cluster(args.cluster)
+    strategy = load_strategy(args.strategy, cluster, **parse_overrides(args.set))
     out: dict[str, Any] = {"cluster": cluster.to_dict(), "world_size": cluster.world_size,
                            "strategy": strategy.to_dict()}
     fits = ""
@@ -90,7 +90,7 @@ def cmd_validate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         from zerotune.strategies.costmodel import GIB
         from zerotune.strategies.train import check_memory, default_accumulation, elem_bytes
 
-        model = parse_model(args.model)
+        model = load_model(args.model)
         out["model"] = {**model.to_dict(), "num_params": model.num_params(),
                         "flops_per_token": model.flops_per_token()}
         # a strategy that does not fit is not valid for this model: the cost model's peak per rank at the
@@ -121,19 +121,19 @@ def _sweep(text: str) -> list[str]:
 
 def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.strategies.calibration import load_calibration
-    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model, parse_overrides
     from zerotune.strategies.costmodel import GIB, cross_node_bytes, predict
+    from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
     from zerotune.strategies.spec import count_label
 
-    model = parse_model(args.model)
+    model = load_model(args.model)
     calib = load_calibration(args.calibration) if args.calibration else None
     elem = {"bf16": 2, "fp32": 4}.get(args.dtype)
     rows = []
     for strategy_name in args.strategy or ["zero3"]:
         base = None
         for text in _sweep(args.cluster):
-            cluster = parse_cluster(text)
-            s = build_strategy(strategy_name, cluster, **parse_overrides(args.set))
+            cluster = load_cluster(text)
+            s = load_strategy(strategy_name, cluster, **parse_overrides(args.set))
             p = predict(model, cluster, s, elem_bytes=elem, global_batch=args.global_batch, calibration=calib)
             base = base or p
             p.update(cluster=cluster.name, strategy=s.name or strategy_name,

@@ -46,11 +46,11 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     from zerotune.db.migrate import upgrade
     from zerotune.db.session import default_url, make_engine, make_session_factory, session_scope
-    from zerotune.strategies.catalog import parse_cluster, parse_model
+    from zerotune.strategies.files import load_cluster, load_model
     from zerotune.tuner import calibrations
     from zerotune.tuner.request import TuneRequest
 
-    request = TuneRequest(model=parse_model(args.model), cluster=parse_cluster(args.cluster), executor=args.executor,
+    request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), executor=args.executor,
                           trials=args.trials, objective=args.objective, global_batch=args.global_batch,
                           tokens_per_step=args.tokens_per_step, measure=args.measure_shortlist,
                           sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget)

@@ -236,7 +236,7 @@ def test_wait_cancel_and_errors(sqlite_url, launcher):
 @pytest.mark.parametrize("body, field, rule", [
     ({"model": "gpt-99b", "cluster": "frontier:4"}, "body.model", "unknown model preset"),
     ({"model": "/etc/passwd", "cluster": "frontier:4"}, "body.model", "unknown model preset"),
-    ({"model": "gpt-tiny", "cluster": "/etc/hosts.json"}, "body.cluster", "must be a preset"),
+    ({"model": "gpt-tiny", "cluster": "/etc/hosts.json"}, "body.cluster", "unknown cluster preset"),
     ({"model": "gpt-tiny", "cluster": "frontier:0"}, "body.cluster", ">= 1"),
     ({"model": "gpt-tiny", "cluster": "mars:4"}, "body.cluster", "unknown cluster preset"),
     ({"model": "gpt-tiny", "cluster": "local:2", "budget": {"trials": 0}}, "body.budget.trials", "greater than"),

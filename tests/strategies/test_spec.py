@@ -8,6 +8,7 @@ import pytest
 
 from zerotune.errors import SpecError, UnknownPresetError
 from zerotune.strategies.catalog import MODELS, STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from zerotune.strategies.files import load_cluster, load_model, load_strategy
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 
@@ -46,8 +47,20 @@ def test_cluster_json_file_round_trip(tmp_path):
     c = parse_cluster("frontier:2")
     path = tmp_path / "c.json"
     path.write_text(json.dumps(c.to_dict()))
-    assert parse_cluster(str(path)) == c
+    assert load_cluster(str(path)) == c  # the command lines read files ...
+    with pytest.raises(UnknownPresetError, match="unknown cluster preset"):
+        parse_cluster(str(path))  # ... the catalog (what the service uses) never does
     assert ClusterSpec.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    (tmp_path / "m.json").write_text(json.dumps({**MODELS["gpt-tiny"].to_dict(), "layers": 3}))
+    assert load_model(str(tmp_path / "m.json")).layers == 3
+    (tmp_path / "s.json").write_text(json.dumps({"preset": "zeropp", "grad_bits": 8}))
+    s = load_strategy(str(tmp_path / "s.json"), c, prefetch_buckets=2)
+    assert (s.name, s.grad_bits, s.weight_bits, s.prefetch_buckets) == ("zeropp", 8, 8, 2)
+    with pytest.raises(SpecError, match="file not found"):
+        load_cluster(str(tmp_path / "missing.json"))
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(SpecError, match="is not valid JSON"):
+        load_model(str(tmp_path / "broken.json"))
 
 
 def test_num_params_gpt2_small_shape():
