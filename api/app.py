@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from sqlalchemy import Engine
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from zerotune.api import errors
@@ -26,9 +27,10 @@ identical requests share one job. Writes need `Authorization: Bearer <token>` wh
 `ZEROTUNE_TOKEN` set. Every bad input is a 422 naming the field, the value and the rule."""
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """The service's ASGI app. ``engine``: a database of the caller's instead of ``settings``' URL."""
     settings = settings or Settings()
-    service = Service(settings)
+    service = Service(settings, engine)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from zerotune.api import queries, schemas
@@ -87,10 +88,11 @@ class Outcome:
 class Service:
     """Per-process state of the API (one per app)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
+        """``engine``: the database to use instead of ``settings``' URL (the in-process tests' in-memory one)."""
         self.settings = settings
-        self.url = settings.url()
-        self.engine = make_engine(self.url)
+        self.url = settings.url() if engine is None else engine.url.render_as_string(hide_password=False)
+        self.engine = make_engine(self.url) if engine is None else engine
         self.sessions = make_session_factory(self.engine)
         self.cache = AnswerCache(settings.cache_size)
         self.metrics = Metrics()
@@ -105,7 +107,7 @@ class Service:
     def start(self) -> None:
         from zerotune.db.migrate import upgrade
 
-        upgrade(self.url)
+        upgrade(engine=self.engine)
         if self.settings.workers:
             from zerotune.api.worker import WorkerPool
 

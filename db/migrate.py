@@ -48,25 +48,28 @@ def alembic_config(url: str | None = None) -> Config:
     return config
 
 
-def _run(url: str | None, action: Callable[[Config], None]) -> None:
-    """Run an Alembic command on one connection of a throw-away engine."""
-    config = alembic_config(url)
-    engine = make_engine(url, poolclass=NullPool)
+def _run(url: str | None, action: Callable[[Config], None], engine: Engine | None = None) -> None:
+    """Run an Alembic command on one connection of ``engine``, else of a throw-away engine on ``url``."""
+    config = alembic_config(str(engine.url) if engine is not None else url)
+    own = engine is None
+    engine = make_engine(url, poolclass=NullPool) if engine is None else engine
     try:
         with _ALEMBIC_LOCK, engine.connect() as connection:
             config.attributes["connection"] = connection
             action(config)
     finally:
-        engine.dispose()
+        if own:
+            engine.dispose()
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> None:
-    """Migrate the database at ``url`` up to ``revision`` (creating our tables in an empty one).
+def upgrade(url: str | None = None, revision: str = "head", *, engine: Engine | None = None) -> None:
+    """Migrate the database at ``url`` (or behind ``engine``: an in-memory one, say) up to ``revision``,
+    creating our tables in an empty one.
 
     Safe to call from several processes at once: the second waits for the first and then finds
     nothing to do. Optuna's tables in the same database are never touched.
     """
-    _run(url, lambda config: command.upgrade(config, revision))
+    _run(url, lambda config: command.upgrade(config, revision), engine)
 
 
 def prepare_optuna_storage(url: str | None = None, attempts: int = 10) -> None:

@@ -13,18 +13,16 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import text
 
-ROOT = Path(__file__).resolve().parents[2]
-PG_ADMIN_URL = os.environ.get("ZEROTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+from tests.support import ROOT
+from tests.support.postgres import fresh_database
 
 # Fast heartbeats and short leases, so that the restart and dead-worker tests wait seconds, not minutes.
 FAST = {"ZEROTUNE_VERIFY_QUANTIZED": "false", "ZEROTUNE_HEARTBEAT_S": "0.5", "ZEROTUNE_LEASE_S": "3",
@@ -157,20 +155,8 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for one test, dropped afterwards."""
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-    name = f"zt_api_{uuid.uuid4().hex[:10]}"
-    try:
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # only "no server here" gets us here
-        admin.dispose()
-        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL} ({type(exc).__name__}); set ZEROTUNE_TEST_PG_URL")
-    try:
-        yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_database("zt_api") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

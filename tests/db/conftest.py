@@ -8,45 +8,30 @@ reason, only when the server cannot be reached.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import Engine, create_engine, delete, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from tests.support.postgres import fresh_database
 from zerotune.db.migrate import upgrade
 from zerotune.db.models import Base
 from zerotune.db.session import make_engine, make_session_factory
 
-PG_ADMIN_URL = os.environ.get("ZEROTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgresql"]
 
 
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[Engine]:
     """A fresh ``zt_test_<random>`` database for this test run (autocommit engine on it), or skip."""
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-    try:
-        with admin.connect() as connection:
-            connection.execute(text("SELECT 1"))
-    except Exception as error:  # any failure to connect means "no server here"
-        admin.dispose()
-        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL} ({type(error).__name__}: {error}); "
-                    "start it or set ZEROTUNE_TEST_PG_URL")
-    name = f"zt_test_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    engine = create_engine(make_url(PG_ADMIN_URL).set(database=name), isolation_level="AUTOCOMMIT")
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_database("zt_test") as url:
+        engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        try:
+            yield engine
+        finally:
+            engine.dispose()
 
 
 def _fresh_pg_schema(database: Engine) -> Iterator[str]:

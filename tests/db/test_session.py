@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from tests.support import ROOT
 from zerotune.db.session import default_url, make_engine, make_session_factory, normalize_url, session_scope
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_default_url_is_a_sqlite_file_in_the_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,10 +7,10 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.hardware import (
@@ -24,7 +24,6 @@ from zerotune.strategies.costmodel.hardware import (
 from zerotune.strategies.costmodel.timing import costs_for
 from zerotune.strategies.spec import ModelSpec
 
-ROOT = Path(__file__).resolve().parents[2]
 GPT_18B = ModelSpec("gpt-18b", layers=40, hidden=6144, heads=32, vocab=50257, seq_len=512)
 
 

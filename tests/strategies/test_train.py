@@ -8,15 +8,14 @@ import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import state_memory, step_volume
 from zerotune.strategies.train import health
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN_FIELDS = {"status", "world_size", "steps", "step_time_s", "tokens_per_s", "tflops_per_rank", "bytes_per_level",
               "memory_bytes", "loss", "grad_norm", "health"}
 MEMORY_FIELDS = {"params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations", "peak"}

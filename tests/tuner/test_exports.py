@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import ROOT
 from zerotune.errors import SpecError
 from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
 from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
@@ -28,7 +29,6 @@ from zerotune.tuner.exports import (
     zerotune_config,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ("frontier:48", "dgx-h100:4", "local:2x2x2")
 MODEL = parse_model("gpt-neox-20b")
 

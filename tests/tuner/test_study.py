@@ -10,13 +10,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select
 
+from tests.support import ROOT
+from tests.support.postgres import fresh_database
 from zerotune.db.migrate import upgrade
 from zerotune.db.models import Recommendation, Study, Trial
 from zerotune.db.session import make_engine, make_session_factory, session_scope
@@ -32,9 +32,6 @@ from zerotune.tuner.executors.model import ModelExecutor
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.study import PRESETS, Tuner
 
-ROOT = Path(__file__).resolve().parents[2]
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
 
 @pytest.fixture
 def sqlite_url(tmp_path):
@@ -45,20 +42,10 @@ def sqlite_url(tmp_path):
 
 @pytest.fixture
 def pg_url():
-    name = f"zt_study_{uuid.uuid4().hex[:8]}"
-    try:
-        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f"CREATE DATABASE {name}"))
-    except Exception as exc:  # pragma: no cover - the CI machine runs PostgreSQL
-        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 is not reachable: {exc}")
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    upgrade(url)
-    yield url
-    make_engine(url).dispose()
-    with admin.connect() as c:
-        c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-    admin.dispose()
+    with fresh_database("zt_study") as url:
+        upgrade(url)
+        yield url
+        make_engine(url).dispose()
 
 
 def trials_of(url: str, study_id: int) -> list[Trial]:
