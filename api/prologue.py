@@ -314,7 +314,7 @@ def cache_load(body: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any
 def default_recommendation(body: Mapping[str, Any]) -> dict[str, Any]:
     """The built-in fallback: plain ZeRO-3 (P, G, OS over the world) with DeepSpeed's default buckets.
 
-    Built by the same exporters as the service's answers (``tuner/exports.py``, pure Python).
+    Built by the same exporters as the service's answers (``tuner/exports/``, pure Python).
 
     Raises:
         UsageError: the model or cluster is not one zerotune knows without the service.
