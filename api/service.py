@@ -100,7 +100,7 @@ class Service:
         self.jobs: dict[int, schemas.JobPublic] = {}  # job id → latest view, for jobs in ``active``
         self.done: dict[int, asyncio.Future[schemas.JobPublic]] = {}  # job id → its final view, when it ends
         self.inflight: dict[str, asyncio.Future[Outcome]] = {}
-        self.pool: Any = None  # api.worker.WorkerPool when workers are embedded
+        self.pool: Any = None  # api.pool.WorkerPool when workers are embedded
         self._watcher: asyncio.Task[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -109,7 +109,7 @@ class Service:
 
         upgrade(engine=self.engine)
         if self.settings.workers:
-            from zerotune.api.worker import WorkerPool
+            from zerotune.api.pool import WorkerPool
 
             self.pool = WorkerPool(self.settings, self.url)
             self.pool.start()

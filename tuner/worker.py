@@ -1,7 +1,7 @@
 """Workers: claim queued jobs from the database, run their studies with the tuner, report back.
 
 The loop of one worker (``zerotune worker --db URL``, or an embedded one that ``zerotune serve``
-starts as a child process, see ``api/worker.py``)::
+starts as a child process, see ``api/pool.py``)::
 
     give stale jobs back   running jobs whose heartbeat is older than stale_after_s → queued
     claim_next_job         FOR UPDATE SKIP LOCKED on PostgreSQL: each job goes to one worker

@@ -70,7 +70,7 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     import time
 
     from zerotune.api import prologue as pl
-    from zerotune.api.client import Client, Retry, ServiceError, describe
+    from zerotune.api.prologue.client import Client, Retry, ServiceError, describe
 
     start = time.monotonic()
 
@@ -117,7 +117,7 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     fallback = False
     try:
         rec, source = pl.fetch(client, body, args.wait), "service"
-        pl.cache_store(body, rec, env, server)
+        pl.save_answer(body, rec, env, server)
     except ServiceError as exc:  # 4xx: the request itself is wrong; a fallback would hide it
         print(f"zerotune: error: the service refused the request: {describe(exc.status, exc.detail)}",
               file=sys.stderr)
@@ -127,7 +127,7 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             print(f"zerotune: error: {exc} ({server})", file=sys.stderr)
             return ExitStatus.TIMEOUT if exc.cause == "timeout" else ExitStatus.SERVER_ERROR
         fallback, spent = True, time.monotonic() - start
-        cached = pl.cache_load(body, env)
+        cached = pl.saved_answer(body, env)
         if cached is not None:
             rec, source = cached, "cache"
             what = f"the cached recommendation {cached.get('id')} of {cached.get('saved_at')}"

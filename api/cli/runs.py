@@ -78,7 +78,7 @@ def _strip(argv: list[str], with_value: tuple[str, ...], flags: tuple[str, ...])
 
 def cmd_upload(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """POST run.json files to /v1/trials: trials measured elsewhere become measured evidence."""
-    from zerotune.api.client import Client, ServiceError
+    from zerotune.api.prologue.client import Client, ServiceError
     from zerotune.errors import SpecError
 
     client = Client(args.url, token=args.token, timeout=args.timeout)

@@ -95,7 +95,7 @@ def cmd_worker(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def cmd_health(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Exit 0 when the service answers /healthz (or /readyz with --ready): the container health check."""
-    from zerotune.api.client import Client, ServiceError
+    from zerotune.api.prologue.client import Client, ServiceError
 
     url = args.url or f"http://127.0.0.1:{env.get('ZEROTUNE_PORT', '8000')}"
     try:

@@ -27,14 +27,14 @@ import pytest
 
 from tests.api.conftest import ROOT, Launcher, free_port
 from zerotune.api.cli import ExitStatus
-from zerotune.api.client import Client, Retry, ServiceError
 from zerotune.api.prologue import (
     PRESET_DEVICES_PER_NODE,
-    UsageError,
     default_recommendation,
     merge_deepspeed,
     request_key,
 )
+from zerotune.api.prologue.client import Client, Retry, ServiceError
+from zerotune.errors import UsageError
 
 STORED = {"model": "gpt-125m", "cluster": "frontier:2", "executor": "model", "budget": {"trials": 8}}
 STORED_ARGS = ["--model", "gpt-125m", "--cluster", "frontier:2", "--trials", "8"]

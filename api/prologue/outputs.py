@@ -1,0 +1,241 @@
+"""The files a job reads: the chosen format written atomically, a user's DeepSpeed config merged, the notes
+of what differs from what was measured, and the ``export`` lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from zerotune.errors import UsageError
+
+FORMATS = ("env", "deepspeed", "fsdp", "zerotune")
+"""One name per format, as the API's ``?format=`` and ``exports`` keys name them."""
+FORMAT_ALIASES = {"json": "zerotune"}
+"""Older names still accepted (``--format json`` was the zerotune trainer's config)."""
+ENV_FILES = {"zerotune": "zerotune.json", "deepspeed": "ds_config.json", "fsdp": "fsdp.json"}
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers (and the other tasks of the
+    node writing the same file) see the old file or the new one, never half of one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+PRECISION_KEYS = ("bf16", "fp16", "amp")
+OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
+"""ZeRO keys of a user's config that change what was measured: kept, with a warning naming them."""
+
+
+def _enabled(section: Any) -> bool:
+    """A precision section that is on: ``true``, or a dict whose ``enabled`` is set and not false."""
+    if isinstance(section, dict):
+        return section.get("enabled") not in (False, "false", None)
+    return section is True
+
+
+def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], keep_base_batch: bool = False,
+                    ) -> tuple[dict[str, Any], list[str]]:
+    """The user's DeepSpeed config with the recommendation merged in, and a warning per real mismatch.
+
+    - ``zero_optimization``: every key the recommendation sets replaces the user's; the user's other ZeRO
+      keys stay. An enabled ``offload_optimizer`` / ``offload_param`` stays too, with a warning: the
+      recommendation was measured without offload.
+    - Batch: DeepSpeed requires train_batch_size = micro-batch x accumulation x data-parallel ranks. A
+      batch key of the base that differs from the recommended one is refused (UsageError naming the key,
+      its value and the recommended one): every trial trained the recommended batch. With
+      ``keep_base_batch`` the base's keys stay (a warning says the batch differs from the measured one),
+      the missing ones are derived by DeepSpeed's rule, and a base that breaks the rule is refused.
+      ``"auto"`` (Hugging Face's placeholder, which its Trainer fills) is left to its owner.
+    - Precision: the base's ``bf16`` / ``fp16`` / ``amp`` stays; one that differs from the recommended
+      precision is warned about. ``activation_checkpointing`` is added only where the base has none.
+    """
+    out = json.loads(json.dumps(base))
+    warnings: list[str] = []
+    zero = out.get("zero_optimization") if isinstance(out.get("zero_optimization"), dict) else {}
+    for key in OFFLOAD_KEYS:
+        device = (zero.get(key) or {}).get("device") if isinstance(zero.get(key), dict) else None
+        if device not in (None, "none"):
+            warnings.append(f"--base keeps zero_optimization.{key} (device {device}): the recommendation was "
+                            f"measured without offload, so memory per rank and step time will differ")
+    out["zero_optimization"] = {**zero, **recommended.get("zero_optimization", {})}
+
+    rec_batch = {k: recommended[k] for k in BATCH_KEYS if isinstance(recommended.get(k), int)}
+    mine = {k: base[k] for k in BATCH_KEYS if k in base and base[k] != "auto"}
+    world = None
+    if len(rec_batch) == 3:  # data-parallel ranks, by DeepSpeed's rule on the recommended batch
+        world = rec_batch["train_batch_size"] // (rec_batch["train_micro_batch_size_per_gpu"]
+                                                  * rec_batch["gradient_accumulation_steps"])
+    conflicts = [k for k in BATCH_KEYS if k in mine and k in rec_batch and mine[k] != rec_batch[k]]
+    if conflicts and not keep_base_batch:
+        key = conflicts[0]
+        raise UsageError(f"--base {key}", mine[key], f"conflicts with the recommended {key}={rec_batch[key]} "
+                         f"(every trial trained {rec_batch.get('train_batch_size')} sequences per step); remove "
+                         "it from the base, or pass --keep-base-batch to train another batch than was measured")
+    if keep_base_batch and mine and world:
+        tb, mb, ga = (mine.get(k) for k in BATCH_KEYS)
+        if not all(v is None or (isinstance(v, int) and v > 0) for v in (tb, mb, ga)):
+            raise UsageError("--base batch", mine, "batch keys must be positive integers (or \"auto\")")
+        if tb is None and mb is not None:
+            tb = mb * (ga or 1) * world
+        elif mb is None and tb is not None:
+            mb = tb // ((ga or 1) * world)
+        if ga is None:
+            ga = tb // (mb * world) if tb and mb else 1
+        if not (tb and mb and ga) or tb != mb * ga * world:
+            raise UsageError("--base train_batch_size", tb, f"must equal train_micro_batch_size_per_gpu ({mb}) x "
+                             f"gradient_accumulation_steps ({ga}) x {world} ranks, DeepSpeed's batch rule")
+        out.update(dict(zip(BATCH_KEYS, (tb, mb, ga), strict=True)))
+        if tb != rec_batch.get("train_batch_size"):
+            warnings.append(f"--keep-base-batch: {tb} sequences per step, not the {rec_batch['train_batch_size']} "
+                            "every trial measured; the ranking of strategies may differ at another batch")
+    else:
+        out.update({k: v for k, v in rec_batch.items() if k not in base})  # "auto" stays its owner's
+
+    mine_precision = [k for k in PRECISION_KEYS if _enabled(base.get(k))]
+    rec_precision = [k for k in PRECISION_KEYS if _enabled(recommended.get(k))] or ["fp32"]
+    if any(k in base for k in PRECISION_KEYS):
+        if (mine_precision or ["fp32"]) != rec_precision:
+            warnings.append(f"--base keeps {(mine_precision or ['fp32'])[0]}: the recommendation is for "
+                            f"{rec_precision[0]}, and memory per rank differs with the precision")
+    else:
+        out.update({k: recommended[k] for k in PRECISION_KEYS if k in recommended})
+    if "activation_checkpointing" not in out and "activation_checkpointing" in recommended:
+        out["activation_checkpointing"] = recommended["activation_checkpointing"]
+    return out, warnings
+
+
+def _lines(texts: list[str]) -> str:
+    return "".join(t + "\n" for t in texts)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=2) + "\n"
+
+
+_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]*$")
+
+
+def _env_value(value: Any) -> str:
+    """A value for ``export NAME=value``: as is when the shell needs no quotes (TaskProlog takes the rest of
+    the line literally), else single-quoted."""
+    text = str(value)
+    return text if _SAFE.match(text) else "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def env_lines(values: Mapping[str, Any]) -> list[str]:
+    return [f"export {name}={_env_value(value)}" for name, value in values.items() if value is not None]
+
+
+def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
+    """What the ``fmt`` config does differently from the measured strategy (the exports' own notes), and
+    in which precision the measurement ran when that is not the export's."""
+    exports = rec.get("exports") or {}
+    fsdp = exports.get("fsdp") or {}
+    deepspeed = [f"DeepSpeed: {n}" for n in exports.get("deepspeed_notes") or []]
+    fsdp_notes = [f"FSDP2: {n}" for n in (fsdp.get("notes") or [] if isinstance(fsdp, dict) else [])]
+    measured = (rec.get("metrics") or {}).get("dtype")
+    target = (exports.get("zerotune") or {}).get("dtype")
+    dtype = []
+    if measured and target and _precision(measured) != _precision(target):
+        dtype = [f"the exports are for {target} (the target cluster's); the measurement behind this answer ran in "
+                 f"{measured} on {(rec.get('metrics') or {}).get('device', 'another device')}: its memory and time "
+                 "figures are for that precision"]
+    picked = {"deepspeed": deepspeed, "fsdp": fsdp_notes, "env": deepspeed + fsdp_notes}.get(fmt, [])
+    return picked + dtype
+
+
+def _precision(name: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(name), str(name))
+
+
+def write_outputs(rec: Mapping[str, Any], fmt: str, output: str | None, base: Mapping[str, Any] | None,
+                  source: str, default_dir: str, keep_base_batch: bool = False) -> tuple[str, list[str]]:
+    """Write ``rec`` as ``fmt``; return what goes to stdout (the config itself, or ``export`` lines) and
+    the warnings to print: the format's notes (``notes_of``) and the ``--base`` merge's.
+
+    ``env`` writes every export into the directory ``output`` (default ``default_dir``): zerotune.json,
+    the trainer's input files (strategy.json, and model.json / cluster.json when not presets),
+    ds_config.json (merged into ``base`` when given), fsdp.json and notes.txt. ``zerotune`` with
+    ``output`` writes the trainer's input files beside it; ``deepspeed`` / ``fsdp`` with ``output`` write
+    their notes beside it (``ds_config.notes.txt`` for ``ds_config.json``).
+    """
+    exports = rec.get("exports") or {}
+    zt = exports.get("zerotune") or {}
+    ds = exports.get("deepspeed") or {}
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
+    warnings: list[str] = []
+    if base is not None:
+        ds, warnings = merge_deepspeed(base, ds, keep_base_batch)
+    notes = notes_of(rec, fmt) + warnings
+    if fmt != "env":
+        content = {"deepspeed": ds, "fsdp": exports.get("fsdp") or {}, "zerotune": zt}[fmt]
+        if output is None:
+            return _dumps(content), notes
+        write_atomic(output, _dumps(content))
+        if fmt == "zerotune":
+            _trainer_files(zt, os.path.dirname(os.path.abspath(output)))
+        if notes:
+            write_atomic(os.path.splitext(output)[0] + ".notes.txt", _lines(notes))
+        return "", notes
+    directory = os.path.abspath(output or default_dir)
+    paths = {}
+    for key, name in ENV_FILES.items():
+        paths[key] = os.path.join(directory, name)
+        write_atomic(paths[key], _dumps(ds if key == "deepspeed" else exports.get(key) or {}))
+    write_atomic(os.path.join(directory, "notes.txt"), _lines(notes))
+    files = _trainer_files(zt, directory)
+    model_name = (zt.get("model") or {}).get("name")
+    cluster_name = (zt.get("cluster") or {}).get("name")
+    values = {
+        "ZEROTUNE_SOURCE": source,
+        "ZEROTUNE_RECOMMENDATION_ID": rec.get("id"),
+        "ZEROTUNE_EVIDENCE": rec.get("evidence"),
+        "ZEROTUNE_CONFIG_DIR": directory,
+        "ZEROTUNE_CONFIG": paths["zerotune"],
+        "ZEROTUNE_DEEPSPEED_CONFIG": paths["deepspeed"],
+        "ZEROTUNE_FSDP_CONFIG": paths["fsdp"],
+        "ZEROTUNE_NOTES": os.path.join(directory, "notes.txt"),
+        "ZEROTUNE_STRATEGY_FILE": files.get("strategy.json"),
+        "ZEROTUNE_TRAIN_MODEL": files.get("model.json", model_name),
+        "ZEROTUNE_TRAIN_CLUSTER": files.get("cluster.json", cluster_name),
+        "ZEROTUNE_NNODES": zt.get("nnodes"),
+        "ZEROTUNE_NPROC_PER_NODE": zt.get("nproc_per_node"),
+        "ZEROTUNE_GLOBAL_BATCH": zt.get("global_batch"),
+        "ZEROTUNE_GRAD_ACCUM_STEPS": zt.get("grad_accum_steps"),
+        "ZEROTUNE_MICRO_BATCH_SIZE": (zt.get("strategy") or {}).get("micro_batch_size"),
+        "ZEROTUNE_DTYPE": zt.get("dtype"),
+    }
+    return "".join(line + "\n" for line in env_lines(values)), notes
+
+
+def _trainer_files(zt: Mapping[str, Any], directory: str) -> dict[str, str]:
+    """The files the zerotune export's command reads (``files``: name → key), written into ``directory``."""
+    out = {}
+    for name, key in (zt.get("files") or {}).items():
+        if key in zt and re.match(r"^[A-Za-z0-9_.-]+$", name):
+            out[name] = os.path.join(directory, name)
+            write_atomic(out[name], _dumps(zt[key]))
+    return out
+
+
+def warn(message: str) -> None:
+    """One line on stderr."""
+    print(f"zerotune: warning: {' '.join(message.split())}", file=sys.stderr)
