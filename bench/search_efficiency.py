@@ -28,8 +28,8 @@ from zerotune.errors import SpecError
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import predict
 from zerotune.strategies.spec import Strategy
+from zerotune.tuner.seeding import PRESETS
 from zerotune.tuner.space import Space
-from zerotune.tuner.study import PRESETS
 
 
 def evaluate(model: Any, cluster: Any, s: Strategy, batch: int) -> tuple[float, float]:

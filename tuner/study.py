@@ -32,7 +32,6 @@ import socket
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,10 +41,9 @@ from typing import Any
 from zerotune.db import repository as repo
 from zerotune.db.session import make_engine, make_session_factory, session_scope
 from zerotune.errors import SpecError, StudyFailed
-from zerotune.strategies.catalog import build_strategy
 from zerotune.strategies.costmodel import Calibration, predict
-from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
-from zerotune.tuner import calibrations, failures, remeasure
+from zerotune.strategies.spec import Strategy
+from zerotune.tuner import calibrations, failures, optuna_study, remeasure, seeding
 from zerotune.tuner.choice import Chooser, choose
 from zerotune.tuner.executors.base import Executor, TrialResult, TrialSpec
 from zerotune.tuner.request import TuneRequest, strategy_key
@@ -55,24 +53,6 @@ log = logging.getLogger("zerotune.tuner")
 
 RETRIED = "retried once"
 """How a dead runner's trial ends its reason when a retry replaces it (the retry is what counts)."""
-REPLICATING = ("zero2", "zero1", "ddp")
-"""Known-good strategies that replicate what ZeRO-3 shards: tried first only where the cost model says they fit."""
-PRESETS = ("zero3", "zeropp", "3level-b", "3level-a", "mics", *REPLICATING)
-"""Known-good strategies every study tries first, in this order."""
-CONSTRAINT = "memory_gib_over"
-"""The study's one constraint: GiB per rank over the device memory (<= 0: fits)."""
-LEGACY_CONSTRAINTS_KEY = "constraints"
-"""Where Optuna before 5.0 kept a trial's constraints (a list), and where optuna-dashboard (0.21) still reads
-them; Optuna 5 reads both forms (``_get_constraints_from_system_attrs``)."""
-
-
-def constrain(trial: Any, over_gib: float) -> None:
-    """Record the memory constraint the way Optuna 5 stores it and the way optuna-dashboard reads it, so
-    the dashboard shows each trial's feasibility."""
-    trial.set_constraint(CONSTRAINT, over_gib)
-    trial.storage.set_trial_system_attr(trial._trial_id, LEGACY_CONSTRAINTS_KEY, [over_gib])
-
-
 @dataclass
 class Progress:
     done: int = 0
@@ -121,30 +101,6 @@ class Tuner:
         """The calibration this study's measured runs refitted (``tuner.calibrations.refit_study``)."""
 
     # -- setup -------------------------------------------------------------------------------------
-    def _optuna_study(self, name: str) -> Any:
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        # TPE's multivariate/group and constraints are marked experimental; the warnings say nothing a user can act on
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-        r = self.request
-        sampler: optuna.samplers.BaseSampler
-        if r.sampler == "random":
-            sampler = optuna.samplers.RandomSampler(seed=r.seed)
-        elif r.sampler == "nsga2" or r.objective == "pareto":
-            sampler = optuna.samplers.NSGAIISampler(seed=r.seed, population_size=20)
-        else:
-            sampler = optuna.samplers.TPESampler(seed=r.seed, n_startup_trials=10, multivariate=True, group=True)
-        directions: list[Any] = ["maximize", "minimize"] if r.objective == "pareto" else ["maximize"]
-        return optuna.create_study(storage=self._storage(), study_name=name, sampler=sampler,
-                                   directions=directions, load_if_exists=True)
-
-    def _storage(self) -> Any:
-        import optuna
-
-        return optuna.storages.RDBStorage(self.db_url, skip_compatibility_check=False)
-
     def open(self) -> int:
         """Find or create the request and its study rows; return the study id."""
         r = self.request
@@ -174,7 +130,7 @@ class Tuner:
                 raise StudyFailed(f"study {study_id} does not exist")
             name, fresh = row.optuna_study_name, row.state == "pending"
             repo.set_study_state(session=s, study_id=study_id, state="running")
-        study = self._optuna_study(name)
+        study = optuna_study.create(self.request, self.db_url, name)
         self._recover_dead_trials(study_id, study)
         if fresh:
             self._enqueue_known_good(study, study_id)
@@ -296,17 +252,18 @@ class Tuner:
             # leased in the same transaction: a runner dying after this leaves a lease to expire
             repo.claim_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
         trial.set_user_attr("zt_trial_id", trial_id)
-        constrain(trial, float(-prediction["headroom_bytes"]) / 2**30)
+        optuna_study.constrain(trial, float(-prediction["headroom_bytes"]) / 2**30)
         if not prediction["feasible"]:
             infeasible = TrialResult(status="infeasible", reason=prediction["overflow"]["reason"], executor="model")
             self._finish(trial_id, infeasible, prediction, None)
-            self._tell_infeasible(study, trial, prediction)
+            optuna_study.tell_infeasible(study, trial, prediction, self.request.objective)
             return
         result = self._dispatch(trial_id, strategy, prediction)
         if result.extra.get("interrupted"):  # stopped: the trial is left to be run again
             log.info("trial %d %s", trial_id, result.reason)
             return
-        value = self._values(result.metrics) if result.status == "complete" and result.metrics else None
+        value = optuna_study.values(result.metrics, self.request.objective) \
+            if result.status == "complete" and result.metrics is not None else None
         self._finish(trial_id, result, prediction, value[0] if value else None)
         if value is None:  # a pruned run is Optuna's PRUNED too (its sampler treats the two differently)
             trial.set_user_attr("reason", result.reason or "failed")
@@ -317,30 +274,6 @@ class Tuner:
             progress.best_value = max(progress.best_value or -math.inf, value[0])
         progress.last = {"number": trial.number, "status": result.status, "reason": result.reason,
                          "strategy": strategy.to_dict(), "value": value[0] if value else None}
-
-    def _tell_infeasible(self, study: Any, trial: Any, prediction: dict[str, Any]) -> None:
-        """Tell Optuna a point that does not fit, so that no reader takes it for a result.
-
-        Throughput: PRUNED with its constraint. TPE files a trial whose constraint is violated as
-        infeasible before it looks at the state (``_tpe.sampler._split_trials``), so it learns exactly
-        what a COMPLETE infeasible trial teaches; but a reader that ranks complete trials by value alone
-        no longer crowns it (optuna-dashboard's best trial is a plain maximum over COMPLETE trials: the
-        predicted TFLOPS of a point 12 GiB over memory were the study's "best", and a study where nothing
-        fits had one). Pareto: NSGA-II ranks only COMPLETE trials, so it stays COMPLETE, at 0 TFLOPS (it
-        does not run) beside its memory, dominated by every point that fits. The predicted TFLOPS stay
-        on the zt_trials row either way."""
-        import optuna
-
-        if self.request.objective == "pareto":
-            study.tell(trial, [0.0, float(prediction["memory_bytes"]["peak"]) / 2**30])
-        else:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-
-    def _values(self, metrics: dict[str, Any]) -> list[float]:
-        tflops = float(metrics["tflops_per_rank"])
-        if self.request.objective == "pareto":
-            return [tflops, float(metrics["memory_bytes"]["peak"]) / 2**30]
-        return [tflops]
 
     def _dispatch(self, trial_id: int, strategy: Strategy, prediction: dict[str, Any]) -> TrialResult:
         """Run one trial (leased when it was added) while a heartbeat keeps its lease alive.
@@ -442,59 +375,17 @@ class Tuner:
         if self.candidates is not None:  # a shortlist: exactly these, nothing else
             strategies = [(s, {"preset": s.name} if s.name else {"shortlist": "true"}) for s in self.candidates]
         else:
-            strategies = self._presets() + [(s, {"warm_start": "true"}) for s in self._warm_start()]
-        for s, attrs in strategies:
-            params = self.space.strategy_params(s)
+            with session_scope(self.sessions) as session:
+                similar = seeding.warm_start(session, self.request)
+            strategies = seeding.known_good(self.request, self.calibration) + [
+                (s, {"warm_start": "true"}) for s in similar]
+        for strategy, attrs in strategies:
+            params = self.space.strategy_params(strategy)
             key = json.dumps(params, sort_keys=True)
             # never more first picks than the budget: a retry enqueued later must still get its turn
             if key not in seen and len(seen) < self.request.trials:
                 seen.add(key)
                 study.enqueue_trial(params, user_attrs=attrs)
-
-    def _presets(self) -> list[tuple[Strategy, dict[str, Any]]]:
-        """The known-good presets that exist on the cluster (the replicating ones only where they fit)."""
-        r, out = self.request, []
-        for name in PRESETS:
-            try:
-                s = build_strategy(name, r.cluster)
-            except SpecError:
-                continue
-            if name in REPLICATING and not predict(r.model, r.cluster, s, global_batch=r.global_batch,
-                                                   calibration=self.calibration)["feasible"]:
-                continue
-            out.append((s, {"preset": name}))
-        return out
-
-    def _warm_start(self, top: int = 3) -> list[Strategy]:
-        """The best strategies of the most similar earlier request (same cluster family, nearest size): its
-        recommended strategy first (what its decision kept, not always its fastest trial), then its fastest."""
-        r = self.request
-        family = r.cluster.name.split(":")[0]
-        with session_scope(self.sessions) as s:
-            best: tuple[float, int] | None = None
-            for req in repo.list_requests(session=s):
-                cluster = ClusterSpec.from_dict(req.cluster)
-                if req.key == r.key() or cluster.name.split(":")[0] != family or \
-                        cluster.num_levels != r.cluster.num_levels:
-                    continue
-                model = ModelSpec.from_dict(req.model)
-                distance = abs(math.log(model.num_params() / r.model.num_params())) + \
-                    abs(math.log(cluster.world_size / r.cluster.world_size))
-                if distance < math.log(8) and (best is None or distance < best[0]):
-                    best = (distance, req.id)
-            if best is None:
-                return []
-            answer = repo.latest_recommendation(session=s, request_id=best[1])
-            rows = repo.best_trials_of_request(session=s, request_id=best[1], limit=top)
-            out: list[Strategy] = []
-            for fields in ([answer.strategy] if answer else []) + [row.strategy for row in rows]:
-                try:
-                    s_ = Strategy.from_dict(fields).validate_for(r.cluster)
-                except SpecError:
-                    continue
-                if all(strategy_key(s_) != strategy_key(o) for o in out):
-                    out.append(s_)
-            return out[:top]
 
     def answer(self, study_id: int) -> dict[str, Any]:
         """The study's recommendation, stored; ``{}`` when the tuner was stopped (a partial study)."""

@@ -19,9 +19,7 @@ from zerotune.api.prologue import notes_of
 from zerotune.api.schemas import StudyPublic, TrialDetailPublic
 from zerotune.db import repository as repo
 from zerotune.db.models import Recommendation, Request, Study, Trial
-from zerotune.tuner.study import (
-    PRESETS,  # the known-good strategies every study runs first (already loaded by the service)
-)
+from zerotune.tuner.seeding import PRESETS  # the known-good strategies every study runs first
 
 EXPORTS = (("zerotune", "zerotune.json", "zerotune's trainer: write its strategy to strategy.json, run its command "
              "on every node"),

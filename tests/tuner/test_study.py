@@ -24,13 +24,14 @@ from zerotune.errors import SpecError
 from zerotune.strategies.catalog import parse_cluster, parse_model
 from zerotune.strategies.costmodel import calibration_for
 from zerotune.strategies.spec import Strategy
-from zerotune.tuner import calibrations, remeasure
+from zerotune.tuner import calibrations, remeasure, seeding
 from zerotune.tuner.choice import _lossy_within_band, partition
 from zerotune.tuner.executors import make_executor
 from zerotune.tuner.executors.local import LocalExecutor
 from zerotune.tuner.executors.model import ModelExecutor
 from zerotune.tuner.request import TuneRequest
-from zerotune.tuner.study import PRESETS, Tuner
+from zerotune.tuner.seeding import PRESETS
+from zerotune.tuner.study import Tuner
 
 
 @pytest.fixture
@@ -272,7 +273,8 @@ def test_warm_start_enqueues_the_best_strategies_of_a_similar_request(sqlite_url
     rec = Tuner(first, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).run()
     second = TuneRequest(model=parse_model("gpt-7b"), cluster=parse_cluster("frontier:8"), trials=8, seed=0)
     tuner = Tuner(second, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)
-    warm = tuner._warm_start()
+    with make_session_factory(make_engine(sqlite_url))() as s:
+        warm = seeding.warm_start(s, second)
     assert warm and warm[0].to_dict() == rec["strategy"]  # the recommended (verified) strategy ranks first
     tuner.run()
     with make_session_factory(make_engine(sqlite_url))() as s:
@@ -282,7 +284,8 @@ def test_warm_start_enqueues_the_best_strategies_of_a_similar_request(sqlite_url
     assert all(any(t.params == p for t in trials[:8]) for p in wanted)  # run among the first (seeded) trials
     # an unrelated cluster family gets no warm start
     other = TuneRequest(model=parse_model("gpt-7b"), cluster=parse_cluster("dgx-h100:8"), trials=3)
-    assert Tuner(other, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)._warm_start() == []
+    with make_session_factory(make_engine(sqlite_url))() as s:
+        assert seeding.warm_start(s, other) == []
 
 
 def test_local_executor_prunes_a_slow_run(tmp_path):

@@ -1,0 +1,68 @@
+"""What a study tries first: the known-good presets, then the best strategies of the most similar earlier
+request (its warm start)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from zerotune.db import repository as repo
+from zerotune.errors import SpecError
+from zerotune.strategies.catalog import build_strategy
+from zerotune.strategies.costmodel import Calibration, predict
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.tuner.request import TuneRequest, strategy_key
+
+REPLICATING = ("zero2", "zero1", "ddp")
+"""Known-good strategies that replicate what ZeRO-3 shards: tried first only where the cost model says they fit."""
+PRESETS = ("zero3", "zeropp", "3level-b", "3level-a", "mics", *REPLICATING)
+"""Known-good strategies every study tries first, in this order."""
+
+
+def known_good(request: TuneRequest, calibration: Calibration | None = None) -> list[tuple[Strategy, dict[str, Any]]]:
+    """The known-good presets that exist on the request's cluster (the replicating ones only where the cost model,
+    with ``calibration``, says they fit), each with the Optuna user attribute that marks it."""
+    r, out = request, []
+    for name in PRESETS:
+        try:
+            s = build_strategy(name, r.cluster)
+        except SpecError:
+            continue
+        if name in REPLICATING and not predict(r.model, r.cluster, s, global_batch=r.global_batch,
+                                               calibration=calibration)["feasible"]:
+            continue
+        out.append((s, {"preset": name}))
+    return out
+
+
+def warm_start(session: Session, request: TuneRequest, top: int = 3) -> list[Strategy]:
+    """The best strategies of the most similar earlier request (same cluster family, nearest size): its
+    recommended strategy first (what its decision kept, not always its fastest trial), then its fastest."""
+    r = request
+    family = r.cluster.name.split(":")[0]
+    best: tuple[float, int] | None = None
+    for req in repo.list_requests(session=session):
+        cluster = ClusterSpec.from_dict(req.cluster)
+        if req.key == r.key() or cluster.name.split(":")[0] != family or \
+                cluster.num_levels != r.cluster.num_levels:
+            continue
+        model = ModelSpec.from_dict(req.model)
+        distance = abs(math.log(model.num_params() / r.model.num_params())) + \
+            abs(math.log(cluster.world_size / r.cluster.world_size))
+        if distance < math.log(8) and (best is None or distance < best[0]):
+            best = (distance, req.id)
+    if best is None:
+        return []
+    answer = repo.latest_recommendation(session=session, request_id=best[1])
+    rows = repo.best_trials_of_request(session=session, request_id=best[1], limit=top)
+    out: list[Strategy] = []
+    for fields in ([answer.strategy] if answer else []) + [row.strategy for row in rows]:
+        try:
+            s_ = Strategy.from_dict(fields).validate_for(r.cluster)
+        except SpecError:
+            continue
+        if all(strategy_key(s_) != strategy_key(o) for o in out):
+            out.append(s_)
+    return out[:top]
