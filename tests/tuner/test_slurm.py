@@ -21,7 +21,8 @@ import pytest
 from tests.slurm.cluster import PARTITION, LocalSlurm, unavailable_reason
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.tuner.executors.base import Executor, TrialSpec
-from zerotune.tuner.executors.slurm import REPO_ROOT, SlurmCommands, SlurmExecutor, first_rank_error
+from zerotune.tuner.executors.slurm import REPO_ROOT, SlurmExecutor, first_rank_error
+from zerotune.tuner.executors.slurm_commands import SlurmCommands
 
 SQUEUE = ["squeue", "-h", "-j", "12", "-o", "%T"]
 SACCT = ["sacct", "-n", "-P", "-j", "12", "-o", "JobID,State,ExitCode,Reason"]

@@ -36,80 +36,23 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
+from zerotune.tuner.executors.slurm_commands import (
+    QUEUED_STATES,
+    TERMINAL_STATES,
+    UNINFORMATIVE_REASONS,
+    JobInfo,
+    SlurmCommands,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-ACTIVE_STATES = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "POWER_UP_NODE", "UPDATE_DB"})
-"""States of a job that is still queued or running (squeue's ``%T``)."""
-TERMINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-    "DEADLINE", "REVOKED", "SPECIAL_EXIT"})
-"""States of a job that is over (sacct / scontrol ``JobState``)."""
-QUEUED_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "POWER_UP_NODE"})
-"""Active states in which the run itself has not started (the timeout does not run yet)."""
-_UNINFORMATIVE_REASONS = frozenset({"", "None", "(null)", "NonZeroExitCode"})
-
-Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
-"""Runs one command line and returns its exit status and output (``subprocess.run``-like)."""
-
-
-@dataclasses.dataclass
-class SlurmCommands:
-    """How to call Slurm's clients: each is a program name, or an argv prefix (``("ssh", "login1", "sbatch")``).
-
-    ``runner`` replaces ``subprocess.run`` (tests pass a fake that records the command lines);
-    ``env`` is added to the environment of the real commands (e.g. ``SLURM_CONF``), and ``sbatch``
-    hands it on to the job (``--export=ALL`` is Slurm's default).
-    """
-
-    sbatch: str | Sequence[str] = "sbatch"
-    squeue: str | Sequence[str] = "squeue"
-    sacct: str | Sequence[str] = "sacct"
-    scancel: str | Sequence[str] = "scancel"
-    scontrol: str | Sequence[str] = "scontrol"
-    runner: Runner | None = None
-    env: Mapping[str, str] | None = None
-    timeout_s: float = 60.0
-    """Limit for one client command (a slurmctld that does not answer is retried at the next poll)."""
-
-    def argv(self, tool: str, *args: str) -> list[str]:
-        prefix = getattr(self, tool)
-        return [prefix, *args] if isinstance(prefix, str) else [*prefix, *args]
-
-    def __call__(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
-        argv = self.argv(tool, *args)
-        if self.runner is not None:
-            return self.runner(argv)
-        try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
-                                  env={**os.environ, **(self.env or {})}, stdin=subprocess.DEVNULL)
-        except FileNotFoundError:
-            return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: command not found")
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(argv, 124, "", f"{' '.join(argv)}: no answer in {self.timeout_s:g} s")
-        except OSError as exc:
-            return subprocess.CompletedProcess(argv, 126, "", f"{argv[0]}: {exc}")
-
-
-@dataclasses.dataclass(frozen=True)
-class JobInfo:
-    """A job's state as Slurm reports it."""
-
-    state: str
-    exit_code: str = ""
-    reason: str = ""
-
 
 class SlurmExecutor(Executor):
     """Runs a trial as one Slurm batch job (``sbatch`` + ``srun python -m zerotune.strategies.train``)."""
@@ -163,7 +106,6 @@ class SlurmExecutor(Executor):
         self.cancel_wait_s = cancel_wait_s
         self.repo_root = Path(repo_root) if repo_root is not None else REPO_ROOT
         self.log_tail_lines = log_tail_lines
-        self._sacct_works = True
 
     # -- the job ---------------------------------------------------------------------------------------------
 
@@ -272,7 +214,7 @@ class SlurmExecutor(Executor):
                 return dataclasses.replace(self.interrupted(f"the runner is stopping; Slurm job {job_id} {done}",
                                                             **self._extra(spec, job_id, JobInfo("CANCELLED"))),
                                            logs=self._logs(spec, job_id))
-            state = self.queue_state(job_id)
+            state = self.commands.queue_state(job_id)
             now = time.monotonic()
             if state is not None and state not in TERMINAL_STATES:
                 gone_polls = 0
@@ -284,7 +226,7 @@ class SlurmExecutor(Executor):
                     return self._cancel(spec, job_id,
                                         f"still {state} after {self.queue_timeout_s:g} s in the queue")
             else:
-                info = self.final_state(job_id)
+                info = self.commands.final_state(job_id)
                 gone_polls += 1
                 # Accounting can lag the queue by a moment: wait a few polls for a final state.
                 if info.state in TERMINAL_STATES or gone_polls >= 5:
@@ -300,9 +242,9 @@ class SlurmExecutor(Executor):
         end = time.monotonic() + self.cancel_wait_s
         info = JobInfo("CANCELLED")
         while time.monotonic() < end:
-            state = self.queue_state(job_id)
+            state = self.commands.queue_state(job_id)
             if state is None or state in TERMINAL_STATES:
-                info = self.final_state(job_id)
+                info = self.commands.final_state(job_id)
                 break
             time.sleep(min(self.poll_interval_s, 1.0))
         return self._failed(why, logs=self._logs(spec, job_id),
@@ -329,41 +271,11 @@ class SlurmExecutor(Executor):
             head = f"Slurm job {job_id} left the queue and its final state is unknown (no sacct, purged)"
         else:
             detail = f"exit {info.exit_code or '?'}"
-            if info.reason not in _UNINFORMATIVE_REASONS:
+            if info.reason not in UNINFORMATIVE_REASONS:
                 detail += f", {info.reason}"
             head = f"Slurm job {job_id} {info.state} ({detail})"
         why = first_rank_error(out) or self._last_words(spec, job_id)
         return self._failed(f"{head}: {why}" if why else head, logs=logs, extra=extra)
-
-    # -- Slurm queries ---------------------------------------------------------------------------------------
-
-    def queue_state(self, job_id: str) -> str | None:
-        """squeue's state for the job; None once it has left the queue; ``"?"`` when squeue did not answer."""
-        r = self.commands("squeue", "-h", "-j", job_id, "-o", "%T")
-        if r.returncode != 0:
-            return None if "invalid job id" in (r.stderr + r.stdout).lower() else "?"
-        states = [s.strip() for s in r.stdout.splitlines() if s.strip()]
-        return _norm_state(states[0]) if states else None
-
-    def final_state(self, job_id: str) -> JobInfo:
-        """The job's state, exit code and reason: sacct when accounting is kept, else ``scontrol show job``."""
-        if self._sacct_works:
-            r = self.commands("sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode,Reason")
-            if r.returncode == 0:
-                for line in r.stdout.splitlines():
-                    fields = line.strip().split("|")
-                    if len(fields) >= 3 and fields[0] == job_id:
-                        info = JobInfo(_norm_state(fields[1]), fields[2], fields[3] if len(fields) > 3 else "")
-                        if info.state in TERMINAL_STATES:
-                            return info
-            elif "disabled" in (r.stderr + r.stdout).lower() or r.returncode == 127:
-                self._sacct_works = False  # no slurmdbd (or no sacct): scontrol from now on
-        r = self.commands("scontrol", "show", "job", job_id)
-        if r.returncode == 0:
-            found = dict(re.findall(r"(?:^|\s)(JobState|Reason|ExitCode)=(\S*)", r.stdout))
-            if "JobState" in found:
-                return JobInfo(_norm_state(found["JobState"]), found.get("ExitCode", ""), found.get("Reason", ""))
-        return JobInfo("UNKNOWN")
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
@@ -409,11 +321,6 @@ def first_rank_error(out: Path) -> str:
         return ""
     _, rank, error = min(errors)
     return f"rank {rank} failed: {error}"
-
-
-def _norm_state(text: str) -> str:
-    """``CANCELLED by 0`` → ``CANCELLED``; ``RUNNING+`` → ``RUNNING``."""
-    return text.strip().split(" ")[0].rstrip("+").upper() if text.strip() else ""
 
 
 def _tail(path: Path, lines: int) -> str:
