@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -33,28 +32,13 @@ import torch.utils.checkpoint
 from torch import nn
 
 from zerotune.strategies.comm import ByteCounter, Communicator
+from zerotune.strategies.flat import FlatBucket, flatten, module_name
 from zerotune.strategies.memory import MemoryAccountant
 from zerotune.strategies.model import build_gpt, unit_params
 from zerotune.strategies.plan import Bucket, plan_buckets
 from zerotune.strategies.spec import ModelSpec, Strategy
 from zerotune.strategies.topology import Topology
 from zerotune.strategies.volume import QUANT_BLOCK
-
-
-@dataclass
-class FlatBucket:
-    plan: Bucket
-    flat: nn.Parameter
-    """The full padded buffer; its storage is empty (size 0) while the bucket is released."""
-    views: list[tuple[nn.Module, str, torch.Size, int]]
-    """Where each parameter lives: (module, attribute, shape, offset into ``flat``)."""
-    param_shard: torch.Tensor
-    grad_shard: torch.Tensor
-    master: nn.Parameter
-    secondary: torch.Tensor | None = None
-    pending: Future | None = None
-    gathered: bool = False
-    activations: list[int] = field(default_factory=lambda: [0])
 
 
 class ZeroEngine:
@@ -87,16 +71,7 @@ class ZeroEngine:
 
     # -- construction ---------------------------------------------------------------------------
     def _build_bucket(self, plan: Bucket, params: list[tuple[str, torch.Tensor]]) -> FlatBucket:
-        full = torch.zeros(plan.padded, dtype=self.dtype, device=self.device)
-        views, offset = [], 0
-        for name, p in params:
-            module = self.model.get_submodule(_owner(self.model, p))
-            attr = name.rsplit(".", 1)[-1]
-            full[offset:offset + p.numel()] = p.detach().reshape(-1)
-            del module._parameters[attr]
-            views.append((module, attr, p.shape, offset))
-            offset += p.numel()
-        assert offset == plan.numel, (offset, plan.numel)
+        full, views = flatten(self.model, plan, params, self.dtype, self.device)
         param_shard = self.comm.shard(full, self.p_range)
         opt_shard = self.comm.shard(self.comm.shard(param_shard, self.pg_range), self.go_range)
         grad_numel = plan.padded // self.topo.size((1, self.s.grad_span))
@@ -306,23 +281,9 @@ class ZeroEngine:
         for b in self.buckets:
             full = self.comm.all_gather(b.param_shard, self.p_range) if self.s.param_span else b.param_shard
             for module, attr, shape, offset in b.views:
-                name = f"{_module_name(self.model, module)}.{attr}".lstrip(".")
+                name = f"{module_name(self.model, module)}.{attr}".lstrip(".")
                 out[name] = full[offset:offset + shape.numel()].view(shape).clone()
         return out
 
     def close(self) -> None:
         self._comm_thread.shutdown(wait=True)
-
-
-def _owner(model: nn.Module, param: torch.Tensor) -> str:
-    for name, module in model.named_modules():
-        if any(p is param for p in module._parameters.values()):
-            return name
-    raise AssertionError("parameter not found in model")
-
-
-def _module_name(model: nn.Module, target: nn.Module) -> str:
-    for name, module in model.named_modules():
-        if module is target:
-            return name
-    raise AssertionError("module not found")
