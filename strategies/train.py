@@ -17,15 +17,11 @@ error so the launcher can say which rank failed and why.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
 import platform
-import re
-import resource
 import signal
-import statistics
 import sys
 import time
 import traceback
@@ -34,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from zerotune.errors import SpecError
+from zerotune.strategies.faults import RankStatus, fault, maybe_fault
 from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
+from zerotune.strategies.health import health, step_spread
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 BETAS = (0.9, 0.95)
@@ -174,185 +172,6 @@ def lr_at(step: int, peak: float, warmup_steps: int) -> float:
     return peak * min(1.0, (step + 1) / max(1, warmup_steps))
 
 
-MIN_TREND_POINTS = 4
-"""Fewest losses a trend is read from: with fewer, the noise estimate has under 2 degrees of freedom."""
-CONFIDENCE = 0.99
-"""One-sided: a run is called learning (or rising) only when chance would give that trend 1% of the time."""
-
-
-def loss_trend(losses: list[float]) -> dict[str, float]:
-    """The least-squares slope of ``losses`` per step (``scipy.stats.linregress``), the noise (the residuals'
-    standard deviation, n − 2 degrees of freedom) and t = slope / its standard error.
-
-    A noise-free line has a standard error of 0; t is then ±``EXACT_T`` (finite, so it stays valid JSON)."""
-    from scipy.stats import linregress
-
-    n = len(losses)
-    fit = linregress(range(n), losses)
-    sxx = n * (n * n - 1) / 12  # sum of (x - mean x)^2 over x = 0..n-1
-    noise = fit.stderr * math.sqrt(sxx) if math.isfinite(fit.stderr) else 0.0
-    # a noise-free line: stderr 0, or NaN when the losses are all equal (linregress's correlation is undefined)
-    exact = not fit.stderr > 1e-12 * max(1.0, abs(statistics.fmean(losses)))
-    t = (math.copysign(EXACT_T, fit.slope) if fit.slope else 0.0) if exact else fit.slope / fit.stderr
-    return {"slope": float(fit.slope), "noise": float(noise), "t": float(t)}
-
-
-EXACT_T = 1e9
-
-
-def health(losses: list[float], grad_norms: list[float], warmup: int = 0) -> dict[str, Any]:
-    """Whether the run learned: ``ok``, or ``nan`` / ``diverged`` / ``flat``, with the figures used.
-
-    nan: a non-finite loss or grad norm at any step. Otherwise the loss trend is fitted over the
-    timed steps (after ``warmup``; over every step when fewer than 4 are timed) by least squares,
-    and its t statistic (slope / its standard error, the noise read from the residuals) is compared
-    with Student's t at 99% one-sided, n − 2 degrees of freedom: rising beyond noise (t > t*) or any
-    loss above twice the first → diverged; not falling beyond noise (t > −t*) → flat; else ok. Runs
-    with fewer than 4 steps cannot separate a trend from noise: only the nan check applies.
-    """
-    from scipy.stats import t as student_t
-
-    for i, (loss, gn) in enumerate(zip(losses, grad_norms, strict=True)):
-        if not (math.isfinite(loss) and math.isfinite(gn)):
-            return {"verdict": "nan", "evidence": f"step {i + 1}: loss={loss}, grad_norm={gn}"}
-    first = losses[0]
-    if max(losses) > 2 * first:
-        worst = losses.index(max(losses))
-        return {"verdict": "diverged",
-                "evidence": f"loss {max(losses):.4f} at step {worst + 1} is over twice the first ({first:.4f})"}
-    start = warmup if len(losses) - warmup >= MIN_TREND_POINTS else 0
-    fitted = losses[start:]
-    if len(fitted) < MIN_TREND_POINTS:
-        return {"verdict": "ok", "evidence": f"{len(losses)} steps: too few to read a trend "
-                                             f"({MIN_TREND_POINTS} needed); only checked for NaN"}
-    trend = loss_trend(fitted)
-    crit = float(student_t.ppf(CONFIDENCE, len(fitted) - 2))
-    figures = (f"loss {fitted[0]:.4f} -> {fitted[-1]:.4f} over steps {start + 1}-{len(losses)}: "
-               f"trend {trend['slope']:+.4f}/step, noise {trend['noise']:.4f}, t = {trend['t']:.2f}")
-    if trend["t"] > crit:
-        verdict, rule = "diverged", f"rising beyond noise (t > {crit:.2f}"
-    elif trend["t"] > -crit:
-        verdict, rule = "flat", f"not falling beyond noise (t > -{crit:.2f}"
-    else:
-        verdict, rule = "ok", f"falling beyond noise (t <= -{crit:.2f}"
-    rule += f", {CONFIDENCE:.0%} one-sided, {len(fitted) - 2} df)"
-    return {"verdict": verdict, "evidence": f"{figures}: {rule}", "slope": trend["slope"], "noise": trend["noise"],
-            "t": trend["t"], "critical_t": crit, "steps_fitted": len(fitted)}
-
-
-ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-
-
-def failure_reason(out: Path, output: str, timed_out: bool, limit: float) -> str:
-    """Which rank failed and why.
-
-    A rank killed by a signal (torchrun's "Root Cause" names it; its peers then fail inside
-    collectives) is named with the signal and the memory it last held; else the first error file
-    written (``<out>.rank<r>.err``); else the launcher's last words."""
-    if timed_out:
-        return f"timed out after {limit:g} s; every rank was killed"
-    m = ROOT_CAUSE.search(output)
-    if m and int(m.group(2)) < 0:
-        rank, signum = int(m.group(1)), -int(m.group(2))
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        reason = f"rank {rank} killed by {name}"
-        if signum == signal.SIGKILL:
-            reason += " — out of memory?"
-        status = _read_json(Path(f"{out}.rank{rank}.status"))
-        if status.get("max_rss_bytes"):
-            reason += (f" (resident memory {status['max_rss_bytes'] / 2**30:.2f} GiB when last recorded, "
-                       f"{status.get('phase', '')})").replace(" )", ")")
-        return reason
-    errors = [e for e in map(_read_json, out.parent.glob(out.name + ".rank*.err")) if e]
-    if errors:
-        first = min(errors, key=lambda e: (e.get("time", 0.0), e.get("rank", 0)))
-        return f"rank {first['rank']} failed: {first['error']}"
-    lines = [ln for ln in output.splitlines() if ln.strip()]
-    return lines[-1] if lines else "torchrun exited without output"
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-class RankStatus:
-    """``<out>.rank<r>.status``: this rank's phase and peak resident memory, rewritten when either
-    changes (the memory by 5% or more), so a rank the kernel kills leaves its last figures behind."""
-
-    def __init__(self, out: str, rank: int) -> None:
-        self.path, self.rank = Path(f"{out}.rank{rank}.status"), rank
-        self.written: tuple[str | None, int] = (None, 0)
-
-    def update(self, phase: str) -> None:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
-        last_phase, last_rss = self.written
-        if last_phase is None or phase.split()[0] != last_phase.split()[0] or rss > 1.05 * last_rss:
-            self.path.write_text(json.dumps({"rank": self.rank, "phase": phase, "max_rss_bytes": rss}))
-            self.written = (phase, rss)
-
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-
-FAULT_KINDS = ("crash", "hang", "kill", "nan")
-
-
-def fault() -> tuple[str, int, int] | None:
-    """The fault ``ZEROTUNE_FAULT`` injects, for failure-path tests and for rehearsing a cluster's
-    failure handling: ``KIND@RANK:STEP`` (``:STEP`` defaults to 0) with KIND one of ``crash`` (the
-    rank raises), ``hang`` (the rank sleeps: the run's timeout must end it), ``kill`` (SIGKILL, as the
-    kernel's out-of-memory killer sends) or ``nan`` (the rank's loss is NaN from that step on: the
-    health gate fails the run). Unset: None. ``resolve`` refuses a malformed value before anything
-    starts. With ``ZEROTUNE_FAULT_ONCE=PATH`` the fault strikes one run only: the run that reaches it
-    first creates PATH, and every run that finds PATH runs clean (a retry after the fault succeeds)."""
-    spec = os.environ.get("ZEROTUNE_FAULT")
-    if not spec:
-        return None
-    m = re.fullmatch(r"(\w+)@(\d+)(?::(\d+))?", spec.strip())
-    if not m or m.group(1) not in FAULT_KINDS:
-        raise SpecError("ZEROTUNE_FAULT", spec, f"must be KIND@RANK:STEP with KIND one of {list(FAULT_KINDS)}")
-    return m.group(1), int(m.group(2)), int(m.group(3) or 0)
-
-
-def _maybe_fault(rank: int, step: int) -> bool:
-    """Inject ``fault()`` on this rank at this step; returns whether this rank's loss is poisoned."""
-    injected = fault()
-    if injected is None:
-        return False
-    kind, fault_rank, fault_step = injected
-    if rank != fault_rank or step < fault_step or not _strikes():
-        return False
-    if step == fault_step:
-        if kind == "crash":
-            raise RuntimeError(f"injected crash on rank {rank} at step {step} (ZEROTUNE_FAULT={kind}@{rank}:{step})")
-        if kind == "hang":
-            time.sleep(10**6)
-        if kind == "kill":  # as the kernel's out-of-memory killer would
-            os.kill(os.getpid(), signal.SIGKILL)
-    return kind == "nan"
-
-
-@functools.cache
-def _strikes() -> bool:
-    """Whether the fault strikes in this run: always, or under ``ZEROTUNE_FAULT_ONCE`` only in the run
-    that creates the marker file first (decided once per process, when the fault's step is reached)."""
-    marker = os.environ.get("ZEROTUNE_FAULT_ONCE")
-    if not marker:
-        return True
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
-
-
 def _env_from_slurm() -> None:
     """Under ``srun`` without torchrun, take the rank layout from Slurm's variables."""
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
@@ -403,7 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     losses, grad_norms, step_times = [], [], []
     step_bytes: dict[str, dict[str, int]] = {}
     for step in range(args.steps):
-        poisoned = _maybe_fault(topo.rank, step)
+        poisoned = maybe_fault(topo.rank, step)
         engine.counter.reset()
         t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float64)
@@ -469,17 +288,6 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "torch_version": torch.__version__,
         "host": host_facts(world),
     }
-
-
-def spread(times: list[float]) -> dict[str, float]:
-    """Median and quartiles (inclusive method) of ``times``, and how many there were."""
-    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
-    return {"median": statistics.median(times), "q1": q1, "q3": q3, "n": len(times)}
-
-
-def step_spread(step_times: list[float], warmup: int) -> dict[str, float]:
-    """``spread`` of the timed steps (every step when none is past the warm-up)."""
-    return spread(step_times[warmup:] or step_times)
 
 
 def host_facts(world: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerotune.strategies.train import spread
+from zerotune.strategies.health import spread
 
 MAX_REMEASURED = 3
 """The leader and at most two rivals whose intervals overlap it are run again."""

@@ -36,8 +36,9 @@ def cmd_train(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     import torch
 
+    from zerotune.strategies.faults import failure_reason
     from zerotune.strategies.launch import run_torchrun
-    from zerotune.strategies.train import available_memory_bytes, failure_reason, resolve
+    from zerotune.strategies.train import available_memory_bytes, resolve
 
     # refuse bad input before any process starts; every rank runs on this host, so on CPU they must fit
     # in its free memory together

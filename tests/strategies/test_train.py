@@ -14,7 +14,7 @@ import pytest
 from tests.support import ROOT
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import state_memory, step_volume
-from zerotune.strategies.train import health
+from zerotune.strategies.health import health
 
 RUN_FIELDS = {"status", "world_size", "steps", "step_time_s", "tokens_per_s", "tflops_per_rank", "bytes_per_level",
               "memory_bytes", "loss", "grad_norm", "health"}

@@ -18,9 +18,9 @@ import re
 import threading
 
 from zerotune.strategies.catalog import parse_cluster
+from zerotune.strategies.faults import failure_reason
 from zerotune.strategies.launch import run_torchrun
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
-from zerotune.strategies.train import failure_reason
 from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) .* ([0-9.]+) s\s*$")
