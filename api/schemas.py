@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from zerotune.tuner.executors import ExecutorName
+
 MAX_ID = 2**31 - 1  # PostgreSQL INTEGER: larger ids cannot exist
 Name = Annotated[str, Field(min_length=1, max_length=64)]
 Positive = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
@@ -126,7 +128,7 @@ class RecommendationCreate(_In):
     objective: Literal["throughput", "pareto"] = Field(
         default="throughput", description="max TFLOPS per rank, or the TFLOPS-vs-memory Pareto front (NSGA-II)")
     budget: Budget = Field(default_factory=Budget)
-    executor: Literal["model", "local", "slurm"] = Field(
+    executor: ExecutorName = Field(
         default="model", description="model: cost model only; local: short runs here; slurm: short runs via Slurm")
     global_batch: int | None = Field(
         default=None, ge=1, le=MAX_ID,

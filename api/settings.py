@@ -12,7 +12,9 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-EXECUTORS = ("model", "local", "slurm")
+from zerotune.tuner.executors import NAMES
+
+EXECUTORS = NAMES
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 

@@ -1,5 +1,5 @@
-"""``zerotune recommend``: the Slurm prologue client. Standard library only (with ``api/prologue.py`` and
-``api/client.py``): a prologue pays for what it uses, and never for torch or the service."""
+"""``zerotune recommend``: the Slurm prologue client. Standard library only (with the ``api/prologue``
+package): a prologue pays for what it uses, and never for torch or the service."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from zerotune.errors import UsageError
 
 
 def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
-    """The ``recommend`` subcommand (the Slurm prologue client): standard library only, see api/prologue.py."""
+    """The ``recommend`` subcommand (the Slurm prologue client): standard library only, see api/prologue/."""
     from zerotune.api import prologue as pl
 
     p = sub.add_parser(
@@ -45,7 +45,7 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                         "a batch other than the one every trial measured")
     p.add_argument("--quiet", action="store_true",
                    help="no warning lines for the config's notes (they are still written: notes.txt, *.notes.txt)")
-    p.add_argument("--executor", choices=["model", "local", "slurm"], default="model", help="how the service tunes")
+    p.add_argument("--executor", choices=pl.EXECUTORS, default="model", help="how the service tunes")
     p.add_argument("--trials", type=int, default=40, help="the study's trial budget (default 40)")
     p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step")

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerotune.api.cli import ExitStatus
+from zerotune.tuner.executors import NAMES
 
 
 def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
@@ -16,7 +17,7 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p = sub.add_parser("tune", help="run a study without a server and print the recommendation")
     p.add_argument("--model", required=True, help="model preset or JSON file")
     p.add_argument("--cluster", required=True, help="cluster preset or JSON file")
-    p.add_argument("--executor", choices=["model", "local", "slurm"], default="model")
+    p.add_argument("--executor", choices=NAMES, default="model")
     p.add_argument("--trials", type=int, default=40, help="trials to finish (invalid combinations do not count)")
     p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
     p.add_argument("--sampler", choices=["tpe", "nsga2", "random"], default="tpe")

@@ -48,6 +48,7 @@ from zerotune.api.prologue.outputs import (
 )
 from zerotune.api.prologue.request import (
     DEEPSPEED_DEFAULT_BUCKETS,
+    EXECUTORS,
     PRESET_DEVICES_PER_NODE,
     build_request,
     job_id,
@@ -68,6 +69,7 @@ __all__ = [
     "request_key",
     "PRESET_DEVICES_PER_NODE",
     "DEEPSPEED_DEFAULT_BUCKETS",
+    "EXECUTORS",
     "fetch",
     "answers_dir",
     "save_answer",

@@ -14,6 +14,9 @@ from zerotune.errors import UsageError
 
 PRESET_DEVICES_PER_NODE = {"frontier": 8, "dgx-h100": 8}
 """Ranks per node of the cluster presets (``strategies/catalog.py``; a test keeps the two in step)."""
+EXECUTORS = ("model", "local", "slurm")
+"""The service's executors (``tuner/executors``; copied, since this client imports only the standard
+library; a test keeps the two in step)."""
 
 DEEPSPEED_DEFAULT_BUCKETS = {"reduce_bucket_mb": 1000.0, "allgather_bucket_mb": 100.0, "prefetch_buckets": 1}
 """The fallback's buckets: DeepSpeed's defaults (reduce_bucket_size 5e8 and stage3_prefetch_bucket_size

@@ -10,13 +10,12 @@ from fastapi.responses import JSONResponse
 from zerotune.api import queries
 from zerotune.api.cache import MAX_WAIT_S
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
+from zerotune.api.prologue.outputs import ENV_FILES
 from zerotune.api.schemas import JobPublic, Message, RecommendationCreate, RecommendationPublic
 from zerotune.db import repository as repo
 from zerotune.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
-
-EXPORT_FILES = {"zerotune": "zerotune.json", "deepspeed": "ds_config.json", "fsdp": "fsdp.json"}
 
 
 @router.post(
@@ -66,4 +65,4 @@ def read_recommendation(
     if format is None:
         return queries.recommendation_public(row)
     return JSONResponse(row.exports.get(format) or {}, headers={
-        "Content-Disposition": f'attachment; filename="{EXPORT_FILES[format]}"'})
+        "Content-Disposition": f'attachment; filename="{ENV_FILES[format]}"'})

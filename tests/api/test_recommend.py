@@ -489,6 +489,10 @@ def test_the_fallback_is_a_valid_deepspeed_zero3_config():
         assert rec["exports"]["fsdp"]["reshard_after_forward"] is True
     for name, per_node in PRESET_DEVICES_PER_NODE.items():  # the client's table agrees with the catalog
         assert parse_cluster(f"{name}:3").world_size == 3 * per_node
+    from zerotune.api.prologue import EXECUTORS
+    from zerotune.tuner.executors import NAMES
+
+    assert EXECUTORS == NAMES  # and its executor names with the service's
 
 
 def test_merge_keeps_the_users_keys():

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
+
+ExecutorName = Literal["model", "local", "slurm"]
+"""The executors a request may name (the API's schema, the settings and ``zerotune tune`` read it)."""
+NAMES: tuple[str, ...] = get_args(ExecutorName)
 
 
 def make_executor(name: str, *, calibration: Any = None, partition: str | None = None) -> Any:
