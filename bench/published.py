@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", action="append", help="a table's name (file stem); default: all")
     ap.add_argument("--json", action="store_true", help="print the rows and ratios as JSON")
     ap.add_argument("--write-error", action="store_true",
-                    help=f"store the model's error bands in {ERROR_FILE.relative_to(ROOT)} (all tables)")
+                    help=f"store the model's error bands in {ERROR_FILE} (all tables)")
     args = ap.parse_args(argv)
     paths = sorted(TABLES.glob("*.toml"))
     if args.table:
