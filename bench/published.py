@@ -12,7 +12,8 @@ nothing here is fitted to these tables — and the error is (predicted - publish
 
 A table's ``stack`` names the software its figures ran on (``pytorch``: eager PyTorch, FSDP;
 ``megatron``: Megatron-DeepSpeed-class fused kernels), which picks the device's efficiency. A table
-with ``role = "calibration"`` is where a profile constant comes from: it is printed, never scored.
+with ``role = "calibration"`` is where a profile constant comes from, and one with ``role = "reference"``
+measured what the model does not express (tensor or pipeline parallelism): both are printed, never scored.
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import tomllib
@@ -34,7 +36,7 @@ from typing import Any
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.error import ERROR_FILE
+from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of
 from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
@@ -73,6 +75,8 @@ class Table:
         self.metric, self.flops = self.source["metric"], self.source.get("flops", "model")
         self.stack = self.source.get("stack", "pytorch")
         self.role = self.source.get("role", "agreement")
+        if self.role not in ("agreement", "calibration", "reference"):
+            raise ValueError(f"{path.name}: source.role={self.role!r}: must be agreement, calibration or reference")
         self.clusters = {k: build_cluster(k, v, self.stack) for k, v in data.get("clusters", {}).items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
@@ -116,6 +120,7 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
             p = t.predict(row_id)
             b = p["breakdown"]
             rows.append({"table": t.name, "role": t.role, "id": row_id, "caption": caption, "metric": t.metric,
+                         "gpus": p["world_size"],
                          "published": published, "predicted": p["value"], "error": p["value"] / published - 1,
                          "step_s": p["step_time_s"], "compute_s": b["compute_s"],
                          "exposed_comm_s": b["exposed_comm_s"], "slowdown_s": b["overlap_slowdown_s"],
@@ -125,12 +130,13 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
             if published is None:
                 published = t.value(c["of"]) / t.value(c["over"])  # type: ignore[operator]
             predicted = t.predict(c["of"])["value"] / t.predict(c["over"])["value"]
-            ratios.append({"table": t.name, "role": t.role, "of": c["of"], "over": c["over"],
+            gpus = max(t.predict(c["of"])["world_size"], t.predict(c["over"])["world_size"])
+            ratios.append({"table": t.name, "role": t.role, "of": c["of"], "over": c["over"], "gpus": gpus,
                            "caption": c.get("caption", ""), "published": published, "predicted": predicted,
                            "error": predicted / published - 1})
     scored = [r for r in rows if r["role"] == "agreement"]
     scored_ratios = [r for r in ratios if r["role"] == "agreement"]
-    errors = [abs(r["error"]) for r in scored + scored_ratios]
+    errors = [abs(r["error"]) for r in scored + scored_ratios] or [math.nan]
     return {"rows": rows, "ratios": ratios, "error": model_error(tables, scored, scored_ratios),
             "summary": {"rows": len(scored), "ratios": len(scored_ratios),
                         "calibration_rows": len(rows) - len(scored) + len(ratios) - len(scored_ratios),
@@ -139,19 +145,20 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
 
 
 def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> dict[str, Any]:
-    """The bands ``strategies/costmodel/error.py`` serves: median and 90th percentile of |error| of the scored
-    absolute figures and of the scored comparisons."""
-    def band(items: list[dict[str, Any]]) -> dict[str, Any]:
-        errors = sorted(abs(r["error"]) for r in items)
-        p90 = errors[min(len(errors) - 1, round(0.9 * (len(errors) - 1)))]
-        return {"count": len(errors), "median": round(statistics.median(errors), 4), "p90": round(p90, 4)}
-    return {"rows": band(rows), "comparisons": band(ratios),
-            "tables": sorted(t.name for t in tables if t.role == "agreement")}
+    """What ``strategies/costmodel/error.py`` serves: the bands of the scored absolute figures and comparisons
+    (median and 90th percentile of |error|), and every scored item with the GPUs it ran on, from which a
+    prediction reads the band at its own scale."""
+    def items(group: list[dict[str, Any]]) -> list[list[float]]:
+        return [[r["gpus"], round(r["error"], 4)] for r in group]
+    return {"rows": band_of([r["error"] for r in rows]), "comparisons": band_of([r["error"] for r in ratios]),
+            "tables": sorted(t.name for t in tables if t.role == "agreement"),
+            "items": {"rows": items(rows), "comparisons": items(ratios)}}
 
 
 def _print(tables: list[Table], result: dict[str, Any]) -> None:
     for t in tables:
-        role = "" if t.role == "agreement" else "  [a source of the profiles' constants: not scored]"
+        role = {"agreement": "", "calibration": "  [a source of the profiles' constants: not scored]",
+                "reference": "  [runs the model does not express: not scored]"}[t.role]
         print(f"\n== {t.name}: {t.source['title']}{role}\n   {t.source['url']}\n   {t.source['cluster']}"
               f"\n   stack: {t.stack}")
         print(f"   {'row (cluster/model/micro-batch/strategy)':<42}{'published':>10}{'predicted':>10}{'error':>8}"
@@ -168,11 +175,20 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
             print(f"   ratio {label:<36}{r['published']:>10.3f}{r['predicted']:>10.3f}{r['error']:>+8.0%}"
                   f"   {r['caption']}{flag}")
     s = result["summary"]
-    print(f"\n{s['rows']} rows and {s['ratios']} ratios scored ({s['calibration_rows']} more are sources of the "
-          f"profiles' constants): {s['within_goal']} of {s['rows'] + s['ratios']} within "
+    print(f"\n{s['rows']} rows and {s['ratios']} ratios scored ({s['calibration_rows']} more are printed, not "
+          f"scored: sources of the profiles' constants, or runs the model does not express): "
+          f"{s['within_goal']} of {s['rows'] + s['ratios']} within "
           f"±{GOAL:.0%} (goal: all); median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}  "
           f"(* = outside the goal; seconds are per optimizer step: compute, exposed communication, slow-down of "
           f"compute beside collectives, step boundary)")
+    items = result["error"]["items"]
+    print("the band a prediction carries, by its scale (strategies/costmodel/error.py):")
+    for gpus in (16, 128, 384, 1024):
+        rows, row_span = at_scale(items["rows"], gpus)
+        pairs, pair_span = at_scale(items["comparisons"], gpus)
+        print(f"   {gpus:>5} GPUs: figures median {rows['median']:.1%} p90 {rows['p90']:.1%} ({rows['count']} on "
+              f"{row_span[0]}-{row_span[1]}), comparisons median {pairs['median']:.1%} p90 {pairs['p90']:.1%} "
+              f"({pairs['count']} on {pair_span[0]}-{pair_span[1]})" if row_span and pair_span else f"   {gpus}: -")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,17 @@ file is what the bench computes from today's model and tables, so it cannot go s
 - ``comparisons``: the same for ratios of two strategies (or two scales) measured side by side —
   the error of a *decision* between strategies, which is what a recommendation's margin is held to.
 
-Each band gives the median and the 90th percentile. A prediction with another calibration (the
-nominal one of a ``local:`` or custom cluster) has no published band; a calibration refitted from
-measured trials (``strategies.calibration.refit``) carries the error those trials show under cross-validation.
+Each band gives the median and the 90th percentile, **at the prediction's scale**: the published
+figures disagree with the model far more at 1,024 GPUs than at 16 (collectives degrade at scale in
+ways an α-β model does not see), so one band for every scale would understate the error of a large
+cluster and overstate that of a small one. The file keeps every scored item with the number of GPUs
+it was measured on (a comparison of two scales counts at the larger); a prediction for W ranks reads
+the items measured within a factor ``SCALE_WINDOW`` of W, widening the window by that factor until
+it holds ``MIN_ITEMS`` (or every item). The band names the range it read.
+
+A prediction with another calibration (the nominal one of a ``local:`` or custom cluster) has no
+published band; a calibration refitted from measured trials (``strategies.calibration.refit``)
+carries the error those trials show under cross-validation.
 """
 
 from __future__ import annotations
@@ -24,6 +32,34 @@ from typing import Any
 from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, Calibration
 
 ERROR_FILE = Path(__file__).with_name("model_error.json")
+SCALE_WINDOW = 2
+"""Items measured on W/2 .. 2W GPUs (one doubling either way) speak for a prediction on W."""
+MIN_ITEMS = 8
+"""Fewer items than this at the prediction's scale: the window widens (a median of three is no band)."""
+
+
+def band_of(errors: list[float]) -> dict[str, Any]:
+    """Median and 90th percentile (nearest rank) of absolute relative errors."""
+    errors = sorted(abs(e) for e in errors)
+    if not errors:
+        return {"count": 0, "median": None, "p90": None}
+    mid = len(errors) // 2
+    median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
+    return {"count": len(errors), "median": round(median, 4),
+            "p90": round(errors[min(len(errors) - 1, round(0.9 * (len(errors) - 1)))], 4)}
+
+
+def at_scale(items: list[list[float]], world: int | None) -> tuple[dict[str, Any], tuple[int, int] | None]:
+    """The band of the ``[gpus, error]`` items measured near ``world`` GPUs, and the GPU range it read
+    (None: every item, as for a prediction without a scale)."""
+    if world is None or not items:
+        return band_of([e for _, e in items]), None
+    lo = hi = float(world)
+    while True:
+        lo, hi = lo / SCALE_WINDOW, hi * SCALE_WINDOW
+        near = [(g, e) for g, e in items if lo <= g <= hi]
+        if len(near) >= MIN_ITEMS or len(near) == len(items):
+            return band_of([e for _, e in near]), (int(min(g for g, _ in near)), int(max(g for g, _ in near)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,24 +69,30 @@ def published_error() -> dict[str, Any] | None:
     return json.loads(ERROR_FILE.read_text()) if ERROR_FILE.exists() else None
 
 
-def error_band(calibration: Calibration) -> dict[str, Any] | None:
-    """The band a prediction made with ``calibration`` carries: its measured error for a fitted one, the
-    published one for a preset's own profile, None otherwise (nothing measured its error). A fresh dict per call."""
-    band = _band(calibration)
+def error_band(calibration: Calibration, world: int | None = None) -> dict[str, Any] | None:
+    """The band a prediction made with ``calibration`` for ``world`` ranks carries: its measured error for
+    a fitted one, the published one near that scale for a preset's own profile, None otherwise (nothing
+    measured its error). A fresh dict per call."""
+    band = _band(calibration, world)
     return dict(band) if band is not None else None
 
 
-@functools.lru_cache(maxsize=64)
-def _band(calibration: Calibration) -> dict[str, Any] | None:
+@functools.lru_cache(maxsize=256)
+def _band(calibration: Calibration, world: int | None) -> dict[str, Any] | None:
     measured = calibration.measured_error
     if measured is not None:
         return {"row_median": measured.row_median, "row_p90": measured.row_p90,
                 "comparison_median": measured.comparison_median, "comparison_p90": measured.comparison_p90,
                 "source": measured.source}
     err = published_error() if calibration in PRESET_CALIBRATIONS.values() else None
-    if err is None:
+    if err is None or "items" not in err:  # not written yet by this version of the bench
         return None
-    return {"row_median": err["rows"]["median"], "row_p90": err["rows"]["p90"],
-            "comparison_median": err["comparisons"]["median"], "comparison_p90": err["comparisons"]["p90"],
-            "source": f"bench/published.py: {err['rows']['count']} published figures and "
-                      f"{err['comparisons']['count']} comparisons ({', '.join(err['tables'])})"}
+    rows, row_range = at_scale(err["items"]["rows"], world)
+    pairs, pair_range = at_scale(err["items"]["comparisons"], world)
+
+    def where(span: tuple[int, int] | None) -> str:
+        return "" if span is None else f" on {span[0]}-{span[1]} GPUs"
+    return {"row_median": rows["median"], "row_p90": rows["p90"],
+            "comparison_median": pairs["median"], "comparison_p90": pairs["p90"],
+            "source": f"bench/published.py: {rows['count']} published figures{where(row_range)} and "
+                      f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(err['tables'])})"}

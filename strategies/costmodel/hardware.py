@@ -17,6 +17,14 @@ Sources (cited by key below):
 - [nccl-tests#29] DGX-1 with 4×EDR: "about 40 GB/s" of 50 (NVIDIA GTC 2017 S7155, second-hand).
 - [olcf-frontier] OLCF Frontier user guide: GCDs of one MI250X 200 GB/s, across packages 50-100
   GB/s, 4 × 25 GB/s Slingshot-11 NICs per node (12.5 GB/s per GCD), 64 GB HBM2e per GCD.
+- [mi250x-ifabric] C. Pearson, "Interconnect Bandwidth Heterogeneity on AMD MI250x and Infinity
+  Fabric" (arXiv 2302.14827), as the reference values of the LUMI-G (same node as Frontier) ReFrame
+  suite, Lumi-supercomputer/lumi-reframe-tests ``checks/microbenchmarks/gpu/comm_scope.py`` at
+  a6d79840: GCD to GCD at 1 GiB over 4 / 2 / 1 Infinity Fabric links 148 / 76 / 38 GB/s one way, of
+  200 / 100 / 50: 0.74-0.76 of the link rate.
+- [lumi-rccl] the same suite's ``checks/microbenchmarks/gpu/rccl_test.py``: rccl-tests all_reduce on
+  2 nodes x 8 GCDs (aws-ofi-rccl plugin), 128 MiB, busbw 85 GB/s of the node's 4 x 25 GB/s
+  Slingshot-11 injection: 0.85.
 - [megatron-sc21] Narayanan et al. 2021 (arXiv 2104.04473): 163 TFLOPS per A100 = 52% of peak.
 - [megatron-core] Megatron-LM README (d98e8a64): "up to 47% Model FLOP Utilization (MFU) on H100".
 - [ds-zero3-offload] DeepSpeed blog 2021-03-07 (deepspeed.ai/2021/03/07/zero3-offload.html):
@@ -163,8 +171,13 @@ class Device:
 
 
 NVLINK_EFFICIENCY = 370 / 450
-"""NCCL's Simple-protocol overhead on NVLink (~20%) [nccl-tests#212]; also used for NVLink2/3 and
-xGMI, where no busbw table of all-gather / reduce-scatter was found."""
+"""NCCL's Simple-protocol overhead on NVLink (~20%) [nccl-tests#212]; also used for NVLink2/3, where no
+busbw table of all-gather / reduce-scatter was found."""
+XGMI_EFFICIENCY = 0.75
+"""What a GCD-to-GCD copy achieves of its Infinity Fabric links' rate, 0.74-0.76 for 4, 2 or 1 links
+[mi250x-ifabric] (a point-to-point figure: no RCCL busbw table inside a Frontier node was found)."""
+SLINGSHOT_EFFICIENCY = 0.85
+"""RCCL's busbw across Slingshot-11 nodes over their injection bandwidth [lumi-rccl]."""
 
 LINKS: dict[str, Link] = {
     "nvlink2-nvswitch": Link(150.0, NVLINK_EFFICIENCY, NVLINK_HOP_US,
@@ -179,13 +192,14 @@ LINKS: dict[str, Link] = {
                        "one 200 Gb/s HDR NIC; busbw 91-96 of 100 GB/s on 4×HDR [nccl-tests#100]"),
     "ib-ndr-400": Link(50.0, 0.94, NET_HOP_US,
                        "one 400 Gb/s NDR NIC per GPU; 46-48 GB/s per NIC [nccl-tests#290]"),
-    "xgmi-gcd-pair": Link(200.0, NVLINK_EFFICIENCY, NVLINK_HOP_US,
-                          "the two GCDs of one MI250X, 200 GB/s [olcf-frontier]"),
-    "xgmi-node": Link(50.0, NVLINK_EFFICIENCY, NVLINK_HOP_US,
-                      "GCDs of different MI250X in a node, 50-100 GB/s: the ring's slowest hop, 50 [olcf-frontier]"),
-    "slingshot-11": Link(12.5, 0.94, NET_HOP_US,
-                         "4 × 25 GB/s Slingshot-11 NICs per 8 GCDs [olcf-frontier]; per-NIC efficiency as NDR "
-                         "[nccl-tests#290] (no RCCL busbw table for Frontier was found)"),
+    "xgmi-gcd-pair": Link(200.0, XGMI_EFFICIENCY, NVLINK_HOP_US,
+                          "the two GCDs of one MI250X, 200 GB/s [olcf-frontier]; 0.75 achieved [mi250x-ifabric]"),
+    "xgmi-node": Link(50.0, XGMI_EFFICIENCY, NVLINK_HOP_US,
+                      "GCDs of different MI250X in a node, 50-100 GB/s: the ring's slowest hop, 50 [olcf-frontier]; "
+                      "0.75 achieved [mi250x-ifabric]"),
+    "slingshot-11": Link(12.5, SLINGSHOT_EFFICIENCY, NET_HOP_US,
+                         "4 × 25 GB/s Slingshot-11 NICs per 8 GCDs [olcf-frontier]; RCCL busbw 85 of 100 GB/s "
+                         "per node on LUMI-G, Frontier's node design [lumi-rccl]"),
 }
 
 STACKS = ("pytorch", "megatron")

@@ -13,6 +13,7 @@ import pytest
 from tests.support import ROOT
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
+from zerotune.strategies.costmodel.error import at_scale
 from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     LINKS,
@@ -150,6 +151,18 @@ def test_exposed_first_gather_and_last_reduction_are_charged_even_when_compute_d
     assert p["breakdown"]["exposed_comm_s"] > 0
 
 
+def test_the_error_band_is_read_at_the_predictions_scale():
+    """Items measured within a doubling of the prediction's GPUs make its band; too few, and the window widens."""
+    items = [[16, 0.05]] * 8 + [[1024, 5.0]] * 8 + [[128, 0.2]] * 3
+    small, span = at_scale(items, 16)
+    assert (small["count"], small["p90"], span) == (8, 0.05, (16, 16))  # the 1,024-GPU collapse is not its error
+    large, span = at_scale(items, 1024)
+    assert (large["count"], large["median"], span) == (8, 5.0, (1024, 1024))
+    mid, span = at_scale(items, 128)  # 3 near: widened a doubling each way at a time, to 16..1024: every item
+    assert mid["count"] == len(items) and span == (16, 1024)
+    assert at_scale(items, None)[1] is None and at_scale([], 8)[0]["count"] == 0
+
+
 def test_published_bench_reproduces_its_tables():
     """Every transcribed table loads and every row gets a finite prediction; the median error stays within 15%."""
     out = subprocess.run([sys.executable, "bench/published.py", "--json"], cwd=ROOT, capture_output=True,
@@ -159,8 +172,11 @@ def test_published_bench_reproduces_its_tables():
     # the error band every profile prediction carries is what the bench computes from today's model and tables
     assert json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text()) == result["error"], \
         "run: python bench/published.py --write-error"
-    band = predict(GPT_18B, parse_cluster("dgx-h100:2"), build_strategy("zero3", parse_cluster("dgx-h100:2")))
-    assert band["error_band"]["comparison_median"] == result["error"]["comparisons"]["median"]
+    for name in ("dgx-h100:2", "frontier:48", "dgx-h100:128"):  # each prediction reads the items near its scale
+        cluster = parse_cluster(name)
+        band = predict(GPT_18B, cluster, build_strategy("zero3", cluster))["error_band"]
+        near, _ = at_scale(result["error"]["items"]["comparisons"], cluster.world_size)
+        assert (band["comparison_median"], band["comparison_p90"]) == (near["median"], near["p90"]), name
     assert predict(GPT_18B, parse_cluster("local:2x2"), build_strategy("zero3", parse_cluster("local:2x2")))[
         "error_band"] is None  # nominal calibration: no published error
     tables = {p.stem for p in (ROOT / "bench" / "published").glob("*.toml")}
