@@ -1,4 +1,5 @@
-"""``zerotune train | upload``: a short run of the built-in trainer, and run.json files sent to the service."""
+"""``zerotune train | upload | emulate``: a short run of the built-in trainer, run.json files sent to the service,
+and the emulated clusters short runs can run on."""
 
 from __future__ import annotations
 
@@ -28,6 +29,20 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--token", default=env.get("ZEROTUNE_TOKEN"), help="bearer token (ZEROTUNE_TOKEN)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     p.set_defaults(func=cmd_upload)
+
+    p = sub.add_parser("emulate", help="emulated clusters on this machine: check, plan, or clean up",
+                       description="Network namespaces joined by shaped links, one per group of the innermost "
+                                   "level, so local runs feel a cluster's bandwidth hierarchy (Linux, CAP_NET_ADMIN).")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--check", action="store_true", help="exit 0 when this machine can emulate, else 2 and why")
+    what.add_argument("--plan", action="store_true", help="print the namespaces, links and scale for --cluster")
+    what.add_argument("--clean", action="store_true",
+                      help="remove emulations left by dead processes (with --all: every zerotune emulation)")
+    p.add_argument("--all", action="store_true", help="with --clean: also the sets of live processes")
+    p.add_argument("--cluster", help="with --plan: the cluster to emulate (a preset, e.g. frontier:2 or local:2x2)")
+    p.add_argument("--local-tflops", type=float, default=None,
+                   help="with --plan: this machine's TFLOPS per rank (default: measured with a matmul loop)")
+    p.set_defaults(func=cmd_emulate)
 
 
 def cmd_train(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -96,4 +111,33 @@ def cmd_upload(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         verb = "stored" if status == 201 else "already stored as"
         print(f"zerotune: {path}: {verb} trial {trial['id']} ({trial['status']}, study {trial['study_id']})",
               file=sys.stderr)
+    return ExitStatus.SUCCESS
+
+
+def cmd_emulate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Check, plan or clean emulated clusters (``strategies/emulate.py``)."""
+    from zerotune.strategies import emulate
+    from zerotune.strategies.costmodel import calibration_for
+    from zerotune.strategies.files import load_cluster
+
+    if args.check:
+        emulate.require()
+        print(f"emulation available (latency shaping: {'yes' if emulate.has_netem() else 'no, no sch_netem'})")
+        return ExitStatus.SUCCESS
+    if args.clean:
+        emulate.require()
+        removed = emulate.clean(stale_only=not args.all)
+        print(f"removed {len(removed)} namespaces" + (": " + " ".join(removed) if removed else ""))
+        return ExitStatus.SUCCESS
+    if not args.cluster:
+        from zerotune.errors import UsageError
+
+        raise UsageError("--cluster", None, "--plan needs the cluster to emulate")
+    cluster = load_cluster(args.cluster)
+    local = args.local_tflops if args.local_tflops is not None else emulate.local_tflops(cluster.world_size)
+    scale = emulate.scale_for(cluster, calibration_for(cluster).compute_efficiency, local)
+    plan = emulate.plan(cluster, scale, netem=emulate.missing() is None and emulate.has_netem())
+    print("\n".join(plan.describe()))
+    print(f"scale {scale:.3g} = {local:.3g} TFLOPS per rank here / {cluster.peak_tflops:g} x "
+          f"{calibration_for(cluster).compute_efficiency:.3g} achievable on {cluster.device}")
     return ExitStatus.SUCCESS

@@ -1,0 +1,151 @@
+"""Emulated clusters: namespaces, shaped links, and teardown whatever ends the run.
+
+These tests create network namespaces (root or CAP_NET_ADMIN). Where that is missing they skip with the
+reason, except under CI=true, where they fail: CI runs as root and must exercise them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+from zerotune.errors import UsageError
+from zerotune.strategies import emulate
+from zerotune.strategies.catalog import parse_cluster
+
+CHECKS = Path(__file__).with_name("emulate_checks.py")
+LINK_MBS = 10.0
+"""Bytes per second (millions) of the shaped link in the timing test: slow enough that loopback is far faster."""
+
+
+@pytest.fixture
+def net() -> None:
+    lack = emulate.missing()
+    if lack is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the emulation tests, but this machine lacks {lack}")
+        pytest.skip(f"emulation needs {lack}")
+
+
+def _sets(pre: str) -> list[str]:
+    return [ns for ns in emulate.namespaces() if ns.startswith(pre + "-")]
+
+
+def test_plan_names_every_group_bridge_and_link_under_its_owner():
+    cluster = parse_cluster("local:2x2x2")  # 2 ranks per namespace, 2 namespaces per node, 2 nodes
+    p = emulate.plan(cluster, 0.001, owner=12345)
+    assert p.prefix == "zt9ix" and len(p.groups) == 4 and len(p.bridges) == 3  # 2 node bridges, 1 top
+    assert [p.namespace_of(r) for r in range(8)] == [g for g in p.groups for _ in range(2)]
+    level2 = [lk for lk in p.links if lk.level == 2]
+    level3 = [lk for lk in p.links if lk.level == 3]
+    assert len(level2) == 4 and len(level3) == 2
+    # a link carries its child's ranks at the level's per-rank bandwidth, times the scale
+    assert level2[0].rate_bps == pytest.approx(cluster.levels[1].bandwidth_gbps * 8e9 * 2 * 0.001)
+    assert level3[0].rate_bps == pytest.approx(cluster.levels[2].bandwidth_gbps * 8e9 * 4 * 0.001)
+    names = [*p.groups, *p.bridges, *(lk.up for lk in p.links), *(lk.down for lk in p.links), p.fabric]
+    assert all(n.startswith("zt9ix-") and len(n) <= 15 for n in names) and len(set(names)) == len(names)
+    with pytest.raises(UsageError, match="must be in"):
+        emulate.plan(cluster, 2.0)
+    with pytest.raises(UsageError, match="nothing to emulate"):
+        emulate.plan(parse_cluster("local:4"), 0.01)
+
+
+def test_scale_matches_the_targets_compute_to_communication_ratio():
+    frontier = parse_cluster("frontier:2")
+    scale = emulate.scale_for(frontier, 0.5, local_tflops_per_rank=0.001)
+    assert scale == pytest.approx(0.001 / (191.5 * 0.5))
+    assert emulate.scale_for(frontier, 0.5, local_tflops_per_rank=1e6) == 1.0  # never sped up
+
+
+def test_a_cross_node_all_gather_takes_the_shaped_time_and_an_intra_node_one_does_not(net, tmp_path):
+    cluster = parse_cluster("local:2x2")  # ranks 0,1 in one namespace, 2,3 in the other
+    scale = LINK_MBS * 1e6 / (cluster.levels[1].bandwidth_gbps * 1e9 * 2)
+    nbytes = 8_000_000  # each of the two ranks sends its 4 MB half across the link
+    expected = nbytes / 2 / (LINK_MBS * 1e6)
+    out = tmp_path / "timings.json"
+    with emulate.emulation(cluster, scale) as p:
+        procs = [emulate.run_in(p, r, [sys.executable, str(CHECKS), str(r), "4", p.address_of(0), "29571",
+                                       str(nbytes), str(out)], env={"PYTHONPATH": str(ROOT)},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(4)]
+        try:
+            logs = [proc.communicate(timeout=150)[0] for proc in procs]
+        finally:
+            for proc in procs:
+                proc.kill()
+        assert all(proc.returncode == 0 for proc in procs), "\n".join(log[-1500:] for log in logs)
+        pre = p.prefix
+    timings = json.loads(out.read_text())
+    assert abs(timings["cross"] / expected - 1) <= 0.3, (timings, expected)  # the shaping holds it to the link
+    assert timings["intra"] < 0.3 * expected, timings  # loopback inside a namespace is not shaped
+    assert _sets(pre) == []
+
+
+def test_a_failing_rank_leaves_nothing_behind(net):
+    with pytest.raises(RuntimeError, match="rank 0 exited 3"):
+        with emulate.emulation(parse_cluster("local:1x2"), 0.01) as p:
+            pre = p.prefix
+            assert len(_sets(pre)) == 3  # two groups and the fabric
+            rc = emulate.run_in(p, 0, [sys.executable, "-c", "import sys; sys.exit(3)"]).wait()
+            raise RuntimeError(f"rank 0 exited {rc}")
+    assert _sets(pre) == []
+
+
+RUNNER = ("import sys, time\nfrom zerotune.strategies import emulate\nfrom zerotune.strategies.catalog import "
+          "parse_cluster\nwith emulate.emulation(parse_cluster('local:1x2'), 0.01) as p:\n"
+          "    print(p.prefix, flush=True)\n    time.sleep(120)\n")
+
+
+def _runner() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    pre = proc.stdout.readline().strip()
+    assert pre.startswith("zt") and len(_sets(pre)) == 3, pre
+    return proc, pre
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_runner_tears_its_emulation_down(net, sig):
+    proc, pre = _runner()
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    assert _sets(pre) == []
+
+
+def test_a_killed_runners_set_is_removed_by_the_next_run(net):
+    proc, pre = _runner()
+    proc.kill()
+    proc.wait(timeout=60)
+    assert len(_sets(pre)) == 3  # SIGKILL: nothing could clean up
+    with emulate.emulation(parse_cluster("local:1x2"), 0.01) as p:
+        assert _sets(pre) == [] and p.prefix != pre  # the next emulation removed the stale set first
+    unrelated = "ztunrelated"  # not of the zt<pid>- form: never touched
+    subprocess.run(["ip", "netns", "add", unrelated], check=True)
+    try:
+        emulate.clean(stale_only=False)
+        assert unrelated in emulate.namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", unrelated], check=False)
+
+
+def test_cli_check_plan_and_clean(net):
+    zt = [sys.executable, "-m", "zerotune.api.cli", "emulate"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    check = subprocess.run([*zt, "--check"], capture_output=True, text=True, env=env, timeout=60)
+    assert check.returncode == 0 and "emulation available" in check.stdout
+    plan = subprocess.run([*zt, "--plan", "--cluster", "frontier:2", "--local-tflops", "0.001"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert plan.returncode == 0 and "8 namespaces of 2 ranks" in plan.stdout and "scale 1.15e-05" in plan.stdout
+    clean = subprocess.run([*zt, "--clean"], capture_output=True, text=True, env=env, timeout=60)
+    assert clean.returncode == 0 and clean.stdout.startswith("removed ")
+    if Path("/usr/bin/setpriv").exists():  # without CAP_NET_ADMIN: exit 2, one line naming what is missing
+        lacking = subprocess.run(["/usr/bin/setpriv", "--bounding-set=-net_admin", *zt, "--check"],
+                                 capture_output=True, text=True, env=env, timeout=60)
+        assert lacking.returncode == 2 and lacking.stderr.count("\n") == 1 and "CAP_NET_ADMIN" in lacking.stderr
