@@ -201,6 +201,16 @@ class Plan:
     def address_of(self, rank: int) -> str:
         return self.addresses[rank // self.cluster.sizes[0]]
 
+    def summary(self) -> dict[str, Any]:
+        """What run.json records of the emulation: scale, link rates per level, whether latency was shaped."""
+        levels = {}
+        for level in range(2, self.cluster.num_levels + 1):
+            links = [lk for lk in self.links if lk.level == level]
+            if links:
+                levels[self.cluster.levels[level - 1].name] = {"links": len(links), "mb_per_s": links[0].rate_bps / 8e6,
+                                                               "delay_us": links[0].delay_us}
+        return {"scale": self.scale, "namespaces": len(self.groups), "levels": levels, "notes": self.notes}
+
     def describe(self) -> list[str]:
         lines = [f"emulating {self.cluster.name}: {len(self.groups)} namespaces of {self.cluster.sizes[0]} ranks, "
                  f"links slowed by scale {self.scale:.3g}"]
@@ -282,13 +292,13 @@ def local_tflops(ranks: int, seconds: float = 0.5) -> float:
 
 def _burst(rate_bps: float) -> int:
     """Bytes a tbf may send at once: a 64 KiB segment (veth passes GSO segments whole) or 10 ms of the rate."""
-    return int(max(65536 * 2, rate_bps / 8 / 100))
+    return int(min(1 << 30, max(65536 * 2, rate_bps / 8 / 100)))  # tc takes 32-bit byte counts
 
 
 def _limit(rate_bps: float) -> int:
     """Bytes a tbf may queue: 2 s of the rate, at least 16 MiB. A deep queue delays instead of dropping, so TCP
     sees the link's rate rather than loss and retransmission timeouts (an emulation wants bandwidth, not drops)."""
-    return int(max(16 << 20, rate_bps / 8 * 2))
+    return int(min(1 << 30, max(16 << 20, rate_bps / 8 * 2)))
 
 
 def build(p: Plan) -> None:
@@ -376,9 +386,32 @@ def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+MASTER_PORT = 29500
+"""The rendezvous port on the first namespace's address (a fresh namespace: nothing else listens there)."""
+
+
+def agent_commands(p: Plan, target: Sequence[str], *, module: bool = True) -> list[list[str]]:
+    """One ``torchrun`` agent per namespace (an emulated node of the innermost level): ``--nnodes`` = the
+    namespaces, ``--node-rank`` = the namespace's index, static rendezvous on the first namespace's address.
+    Static, not c10d: its node ranks are the ones given, so rank r lands in ``p.namespace_of(r)`` and every
+    group of every level is a set of ranks that shares the links the plan shaped for it. Run them with
+    ``strategies.launch.run_torchrun(..., agents=...)`` and ``agent_env``."""
+    ip = shutil.which("ip") or "/usr/sbin/ip"
+    per = p.cluster.sizes[0]
+    return [[ip, "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(p.groups)}",
+             f"--node-rank={g}", f"--nproc-per-node={per}", f"--master-addr={p.addresses[0]}",
+             f"--master-port={MASTER_PORT}", "--max-restarts=0", *(["-m"] if module else []), *target]
+            for g, ns in enumerate(p.groups)]
+
+
+def agent_env() -> dict[str, str]:
+    """What every rank of an emulated run needs: gloo bound to its namespace's interface."""
+    return {"GLOO_SOCKET_IFNAME": "eth0"}
+
+
 def run_in(p: Plan, rank: int, argv: Sequence[str], env: dict[str, str] | None = None,
            **popen: Any) -> subprocess.Popen[Any]:
     """Start ``argv`` inside the namespace of ``rank``, with gloo bound to that namespace's interface."""
     ns = p.namespace_of(rank)
-    full = {**os.environ, **(env or {}), "GLOO_SOCKET_IFNAME": "eth0"}
+    full = {**os.environ, **(env or {}), **agent_env()}
     return subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=full, **popen)

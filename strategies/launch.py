@@ -81,7 +81,7 @@ def torchrun_command(nproc: int, target: Sequence[str], *, module: bool = True) 
 def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0, module: bool = True,
                  stream: bool = False, env: dict[str, str] | None = None,
                  on_line: Callable[[str], bool | None] | None = None,
-                 stop: threading.Event | None = None) -> LaunchResult:
+                 stop: threading.Event | None = None, agents: Sequence[Sequence[str]] | None = None) -> LaunchResult:
     """Run ``torchrun`` and wait; kill its process group on timeout.
 
     Args:
@@ -94,15 +94,19 @@ def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0,
         on_line: called with each output line; returning True stops the run (e.g. pruning), which
             then ends with ``stopped=True``.
         stop: set by the caller to end the run at once (``interrupted=True``).
+        agents: instead of one single-node ``torchrun``, these full command lines, one launcher each (an
+            emulated cluster's agents, one per namespace: ``strategies.emulate.agent_commands``). They run
+            and end together: the first to fail ends the others, whose ranks would wait for it forever.
     """
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    proc = subprocess.Popen(die_with_parent(torchrun_command(nproc, target, module=module)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True)
+    argvs = [list(a) for a in agents] if agents else [torchrun_command(nproc, target, module=module)]
+    procs = [subprocess.Popen(die_with_parent(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=full_env, start_new_session=True) for argv in argvs]
     lines: list[str] = []
     caller_stop, stop = stop, threading.Event()
 
-    def pump() -> None:
+    def pump(proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
@@ -111,29 +115,40 @@ def run_torchrun(nproc: int, target: Sequence[str], *, timeout_s: float = 300.0,
             if on_line is not None and not stop.is_set() and on_line(line):
                 stop.set()
 
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    readers = [threading.Thread(target=pump, args=(proc,), daemon=True) for proc in procs]
+    for reader in readers:
+        reader.start()
     timed_out = interrupted = False
     deadline = time.monotonic() + timeout_s
+
+    def end_all() -> None:
+        for proc in procs:
+            kill_group(proc)
     try:
-        while proc.poll() is None:
+        while any(proc.poll() is None for proc in procs):
             if stop.wait(timeout=0.2):
-                kill_group(proc)
+                end_all()
                 break
             if caller_stop is not None and caller_stop.is_set():
                 interrupted = True
-                kill_group(proc)
+                end_all()
                 break
             if time.monotonic() > deadline:
                 timed_out = True
-                kill_group(proc)
+                end_all()
+                break
+            if any(proc.poll() not in (None, 0) for proc in procs):  # one agent failed: its peers cannot finish
+                end_all()
                 break
     except BaseException:
-        kill_group(proc)
+        end_all()
         raise
-    reader.join(timeout=10)
-    return LaunchResult(returncode=proc.returncode if proc.returncode is not None else -9,
-                        output="".join(lines), timed_out=timed_out, stopped=stop.is_set(), interrupted=interrupted)
+    for reader in readers:
+        reader.join(timeout=10)
+    codes = [proc.returncode if proc.returncode is not None else -9 for proc in procs]
+    failed = [c for c in codes if c > 0] or [c for c in codes if c != 0]  # the agent that failed, not those it ended
+    return LaunchResult(returncode=failed[0] if failed else 0, output="".join(lines),
+                        timed_out=timed_out, stopped=stop.is_set(), interrupted=interrupted)
 
 
 def kill_group(proc: subprocess.Popen[str]) -> None:

@@ -20,6 +20,13 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     add_run_args(p)
     p.add_argument("--run-timeout", type=float, default=1800.0, help="wall-clock limit for the whole run, seconds")
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' progress")
+    p.add_argument("--emulate", nargs="?", const="on", default="off", choices=["on", "auto", "off"],
+                   help="run on an emulated cluster: a network namespace per innermost group, links shaped per "
+                        "level (Linux, CAP_NET_ADMIN; README 'Emulated clusters'); auto: on loopback with a warning "
+                        "where that is missing")
+    p.add_argument("--emulate-scale", type=float, default=None,
+                   help="with --emulate: the factor every link is slowed by (default: this machine's FLOPS per rank "
+                        "over the target's achievable FLOPS per rank, measured)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("upload", help="send run.json files measured elsewhere to the service as trials")
@@ -65,11 +72,18 @@ def cmd_train(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         stale.unlink(missing_ok=True)
     print(f"zerotune: training {model.name} with {strategy.name or 'custom strategy'} on {cluster.name} "
           f"({cluster.world_size} ranks, {args.steps} steps, {accum} micro-batch(es) per step)", file=sys.stderr)
-    ranks = _strip(args.argv, ("--run-timeout",), ("--quiet",))  # the ranks get the arguments, minus the launcher's
-    result = run_torchrun(cluster.world_size, ["zerotune.strategies.train", *ranks], timeout_s=args.run_timeout,
-                          stream=not args.quiet)
+    # the ranks get the arguments, minus the launcher's
+    ranks = _strip(args.argv, ("--run-timeout", "--emulate-scale"), ("--quiet",))
+    target = ["zerotune.strategies.train", *ranks]
+    with _emulated(args.emulate, cluster, args.emulate_scale) as plan:
+        agents = None if plan is None else emulate_agents(plan, target)
+        result = run_torchrun(cluster.world_size, target, timeout_s=args.run_timeout, stream=not args.quiet,
+                              agents=agents, env=None if plan is None else emulate_env())
     if result.ok and out.is_file():
         run = json.loads(out.read_text())
+        if plan is not None:
+            run["emulation"] = plan.summary()
+            out.write_text(json.dumps(run, indent=2))
         print(json.dumps({k: run[k] for k in ("status", "step_time_s", "tokens_per_s", "tflops_per_rank",
                                               "health")}, indent=2))
         return ExitStatus.SUCCESS
@@ -79,11 +93,57 @@ def cmd_train(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     print(f"zerotune: error: training failed: {reason}", file=sys.stderr)
     return ExitStatus.ERROR
 
+def _emulated(mode: str, cluster: Any, scale: float | None) -> Any:
+    """A context holding the emulation ``mode`` asks for (its Plan), or None: off, or auto where it cannot run."""
+    import contextlib
+
+    from zerotune.strategies import emulate
+    from zerotune.strategies.costmodel import calibration_for
+
+    if mode == "off":
+        return contextlib.nullcontext(None)
+    lack = emulate.missing()
+    if lack is not None and mode == "auto":
+        print(f"zerotune: warning: running on loopback, not emulated: this machine lacks {lack}", file=sys.stderr)
+        return contextlib.nullcontext(None)
+    emulate.require()
+    if cluster.num_levels < 2:
+        print("zerotune: warning: a one-level cluster has nothing to emulate: running on loopback", file=sys.stderr)
+        return contextlib.nullcontext(None)
+    if scale is None:
+        local = emulate.local_tflops(cluster.world_size)
+        efficiency = calibration_for(cluster).compute_efficiency
+        scale = emulate.scale_for(cluster, efficiency, local)
+        print(f"zerotune: emulating {cluster.name}: links slowed by {scale:.3g} = {local:.3g} TFLOPS per rank here / "
+              f"{cluster.peak_tflops:g} x {efficiency:.3g} achievable per rank there", file=sys.stderr)
+    else:
+        print(f"zerotune: emulating {cluster.name}: links slowed by {scale:.3g} (--emulate-scale)", file=sys.stderr)
+    return emulate.emulation(cluster, scale)
+
+
+def emulate_agents(plan: Any, target: list[str]) -> list[list[str]]:
+    from zerotune.strategies import emulate
+
+    for line in plan.describe():
+        print(f"zerotune: {line}", file=sys.stderr)
+    return emulate.agent_commands(plan, target)
+
+
+def emulate_env() -> dict[str, str]:
+    from zerotune.strategies import emulate
+
+    return emulate.agent_env()
+
+
 def _strip(argv: list[str], with_value: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
     out, skip = [], False
-    for a in argv:
+    for i, a in enumerate(argv):
         if skip:
             skip = False
+        elif a == "--emulate":  # a launcher option whose value may be left out
+            skip = i + 1 < len(argv) and argv[i + 1] in ("on", "auto", "off")
+        elif a.startswith("--emulate="):
+            continue
         elif a in with_value:
             skip = True
         elif a in flags or a.split("=", 1)[0] in with_value:

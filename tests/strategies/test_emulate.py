@@ -149,3 +149,60 @@ def test_cli_check_plan_and_clean(net):
         lacking = subprocess.run(["/usr/bin/setpriv", "--bounding-set=-net_admin", *zt, "--check"],
                                  capture_output=True, text=True, env=env, timeout=60)
         assert lacking.returncode == 2 and lacking.stderr.count("\n") == 1 and "CAP_NET_ADMIN" in lacking.stderr
+
+
+TWO_NODES = {"name": "two-nodes", "device": "cpu", "device_memory_gib": 4.0, "peak_tflops": 0.1,
+             "levels": [{"name": "node", "size": 2, "bandwidth_gbps": 100.0, "latency_us": 5.0},
+                        {"name": "inter-node", "size": 2, "bandwidth_gbps": 5.0, "latency_us": 10.0}]}
+
+
+def _train(tmp_path: Path, name: str, *args: str, setpriv: bool = False) -> tuple[subprocess.CompletedProcess[str],
+                                                                                     dict]:
+    out = tmp_path / f"{name}.json"
+    cmd = [sys.executable, "-m", "zerotune.api.cli", "train", "--steps", "3", "--warmup", "1", "--quiet",
+           "--out", str(out), *args]
+    if setpriv:
+        cmd = ["/usr/bin/setpriv", "--bounding-set=-net_admin", *cmd]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return result, json.loads(out.read_text()) if out.exists() else {}
+
+
+def test_train_on_an_emulated_cluster_records_it_and_leaves_nothing(net, tmp_path):
+    before = set(emulate.namespaces())
+    result, run = _train(tmp_path, "tiny", "--model", "gpt-tiny", "--cluster", "local:2x2", "--emulate",
+                         "--emulate-scale", "0.01")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert run["status"] == "ok" and run["world_size"] == 4
+    assert run["emulation"]["scale"] == 0.01 and run["emulation"]["namespaces"] == 2
+    assert run["emulation"]["levels"]["inter-node"]["mb_per_s"] == pytest.approx(5 * 1e3 * 2 * 0.01)
+    assert "emulating local:2x2: links slowed by 0.01" in result.stderr
+    assert set(emulate.namespaces()) == before
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setpriv").exists(), reason="needs setpriv (util-linux) to drop CAP_NET_ADMIN")
+def test_without_cap_net_admin_emulate_is_refused_and_auto_runs_on_loopback(net, tmp_path):
+    refused, _ = _train(tmp_path, "refused", "--model", "gpt-tiny", "--cluster", "local:2x2", "--emulate",
+                        setpriv=True)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 2, refused.stderr  # the banner, then the error
+    assert refused.stderr.splitlines()[-1].startswith("zerotune: error: emulate='on': needs CAP_NET_ADMIN")
+    auto, run = _train(tmp_path, "auto", "--model", "gpt-tiny", "--cluster", "local:2x2", "--emulate=auto",
+                       setpriv=True)
+    assert auto.returncode == 0 and run["status"] == "ok" and "emulation" not in run, auto.stderr[-2000:]
+    assert "warning: running on loopback, not emulated" in auto.stderr
+
+
+def test_zeropp_beats_zero3_only_when_inter_node_links_are_slow(net, tmp_path):
+    """ZeRO++ moves a quarter of ZeRO-3's inter-node bytes: on a slow link that is most of the step, on a fast one
+    its quantization costs about what it saves."""
+    cluster = tmp_path / "two-nodes.json"
+    cluster.write_text(json.dumps(TWO_NODES))
+    step = {}
+    for strategy in ("zero3", "zeropp"):
+        for link, scale in (("slow", "0.004"), ("fast", "1")):  # inter-node links of 40 MB/s, or 10 GB/s
+            result, run = _train(tmp_path, f"{strategy}-{link}", "--model", "gpt-mini", "--cluster", str(cluster),
+                                 "--strategy", strategy, "--emulate", "--emulate-scale", scale)
+            assert result.returncode == 0 and run["status"] == "ok", result.stderr[-3000:]
+            step[strategy, link] = run["step_time_s"]
+    slow, fast = step["zero3", "slow"] / step["zeropp", "slow"], step["zero3", "fast"] / step["zeropp", "fast"]
+    assert slow > 2.0 and fast < 1.3, step
