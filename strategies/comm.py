@@ -34,6 +34,7 @@ closed forms these counts must equal.
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -53,15 +54,24 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 
 
 class ByteCounter:
-    """Bytes sent by this rank, by level name and collective kind."""
+    """Bytes sent by this rank, by level name and collective kind, and the seconds its calls took.
+
+    Seconds are wall time of the call where it is issued: on gloo (CPU) a collective returns when it is
+    done, so they are the time spent in it; NCCL queues a collective on a stream and returns, so on GPU
+    they are the host's issue time only."""
 
     def __init__(self) -> None:
         self.bytes: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.calls: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.seconds: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
 
-    def add(self, level: str, kind: str, nbytes: int) -> None:
+    def add(self, level: str, kind: str, nbytes: int, seconds: float = 0.0) -> None:
         self.bytes[level][kind] += nbytes
         self.calls[level][kind] += 1
+        self.seconds[level][kind] += seconds
+
+    def seconds_dict(self) -> dict[str, dict[str, float]]:
+        return {lv: dict(kinds) for lv, kinds in self.seconds.items() if any(kinds.values())}
 
     def as_dict(self) -> Volume:
         return {lv: {k: n for k, n in kinds.items() if n} for lv, kinds in self.bytes.items() if any(kinds.values())}
@@ -69,6 +79,7 @@ class ByteCounter:
     def reset(self) -> None:
         self.bytes.clear()
         self.calls.clear()
+        self.seconds.clear()
 
 
 class Communicator:
@@ -83,7 +94,8 @@ class Communicator:
 
     # -- the one place bytes are sent -------------------------------------------------------
     def _primitive(self, kind: str, levels: LevelRange, out: torch.Tensor, inp: torch.Tensor) -> None:
-        """Run one collective on the group of ``levels`` and book the bytes this rank sends."""
+        """Run one collective on the group of ``levels`` and book the bytes this rank sends and the seconds it took."""
+        start = time.perf_counter()
         s = self.topo.size(levels)
         group = self.topo.group(levels)
         nbytes = inp.numel() * inp.element_size()
@@ -107,7 +119,7 @@ class Communicator:
             sent = 2 * (s - 1) * nbytes // s
         else:
             raise AssertionError(kind)
-        self.counter.add(self.topo.level_name(levels[1]), kind, sent)
+        self.counter.add(self.topo.level_name(levels[1]), kind, sent, time.perf_counter() - start)
 
     # -- gloo: the same collectives without gloo's full-size temporaries ----------------------
     def _by_roots(self, group: Any, full: torch.Tensor) -> bool:

@@ -22,6 +22,7 @@ import math
 import os
 import platform
 import signal
+import statistics
 import sys
 import time
 import traceback
@@ -42,6 +43,16 @@ SEQUENCES_PER_RANK = 4
 one step's loss is not ruled by a single sequence: with one 128-token sequence per step on gpt-mini
 (local:1) the loss moves by 0.02–0.78 nats from one step to the next, 0.19 on average, as much as a
 short run learns in several steps."""
+
+
+def seconds_per_level(steps: list[dict[str, dict[str, float]]], warmup: int) -> dict[str, dict[str, float]]:
+    """Rank 0's seconds in collectives per step, by level and kind: the median over the timed steps."""
+    timed = steps[warmup:] or steps
+    keys = {(lv, kind) for step in timed for lv, kinds in step.items() for kind in kinds}
+    out: dict[str, dict[str, float]] = {}
+    for lv, kind in sorted(keys):
+        out.setdefault(lv, {})[kind] = statistics.median(step.get(lv, {}).get(kind, 0.0) for step in timed)
+    return out
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -221,6 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     world, mbs = topo.world_size, strategy.micro_batch_size
     losses, grad_norms, step_times = [], [], []
     step_bytes: dict[str, dict[str, int]] = {}
+    step_seconds: list[dict[str, dict[str, float]]] = []
     for step in range(args.steps):
         poisoned = maybe_fault(topo.rank, step)
         engine.counter.reset()
@@ -236,6 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
         step_bytes = engine.counter.as_dict()
+        step_seconds.append(engine.counter.seconds_dict())
         if poisoned:
             total.fill_(math.nan)
         dist.all_reduce(total)  # logging only; not part of the strategy's bytes
@@ -268,6 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "tokens_per_s": tokens / step_time,
         "tflops_per_rank": model_spec.flops_per_token() * tokens / world / step_time / 1e12,
         "bytes_per_level": step_bytes,
+        "seconds_per_level": seconds_per_level(step_seconds, args.warmup),
         "memory_bytes": {k: max(m[k] for m in memories) for k in memory},
         "loss": losses,
         "grad_norm": grad_norms,

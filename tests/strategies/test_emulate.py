@@ -204,5 +204,9 @@ def test_zeropp_beats_zero3_only_when_inter_node_links_are_slow(net, tmp_path):
                                  "--strategy", strategy, "--emulate", "--emulate-scale", scale)
             assert result.returncode == 0 and run["status"] == "ok", result.stderr[-3000:]
             step[strategy, link] = run["step_time_s"]
+            if (strategy, link) == ("zero3", "slow"):  # the time per level shows where the step went
+                seconds = {lv: sum(kinds.values()) for lv, kinds in run["seconds_per_level"].items()}
+                assert seconds["inter-node"] > 3 * seconds["node"] and seconds["inter-node"] < run["step_time_s"]
+                assert set(run["seconds_per_level"]) == set(run["bytes_per_level"])
     slow, fast = step["zero3", "slow"] / step["zeropp", "slow"], step["zero3", "fast"] / step["zeropp", "fast"]
     assert slow > 2.0 and fast < 1.3, step

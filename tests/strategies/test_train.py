@@ -43,6 +43,10 @@ def test_train_writes_run_json(tmp_path):
     s = build_strategy("zeropp", cluster, allgather_bucket_mb=0.1)
     assert run["global_batch"] == 16 and run["grad_accum_steps"] == 4  # 4 sequences per rank by default
     assert run["bytes_per_level"] == step_volume(model, cluster, s, elem_bytes=4, accum=4)
+    # every (level, kind) that moved bytes took time, and less than the step
+    assert {lv: set(k) for lv, k in run["seconds_per_level"].items()} == {lv: set(k) for lv, k in
+                                                                         run["bytes_per_level"].items()}
+    assert all(0 < t < run["step_time_s"] for kinds in run["seconds_per_level"].values() for t in kinds.values())
     mem = state_memory(model, cluster, s, elem_bytes=4)
     assert {k: run["memory_bytes"][k] for k in mem} == mem
 
