@@ -143,6 +143,9 @@ class RecommendationCreate(_In):
     measure_shortlist: Literal["local", "slurm"] | None = Field(
         default=None, description="after a model study whose leaders lie within the model's error, measure that "
                                   "shortlist with this executor and answer with the measured fastest")
+    emulate: bool = Field(
+        default=False, description="local executor only: run the short runs on an emulated cluster (network "
+        "namespaces per innermost group, links shaped to this cluster's levels); needs CAP_NET_ADMIN on the workers")
 
 
 class RecommendationPublic(BaseModel):

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -30,6 +31,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 
 TABLE_PREFIX = "zt_"
 
@@ -108,6 +110,7 @@ class Request(Base):
     global_batch: Mapped[int | None] = mapped_column(Integer)
     calibration: Mapped[str | None] = mapped_column(String(128))  # the stored calibration it uses (revision 0004)
     measure: Mapped[str | None] = mapped_column(String(16))  # executor that measures the shortlist (revision 0004)
+    emulate: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # revision 0006
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

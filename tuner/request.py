@@ -39,6 +39,9 @@ class TuneRequest:
     """``local`` or ``slurm``: after a model study, measure the shortlist its decision names with that executor."""
     shortlist_of: str | None = None
     """Set on the measured study of another request's shortlist: that request's key."""
+    emulate: bool = False
+    """``local`` only: run the short runs on an emulated cluster (``strategies.emulate``: a namespace per
+    innermost group, links shaped to the requested cluster's levels)."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "pareto"):
@@ -57,6 +60,11 @@ class TuneRequest:
                 raise SpecError("measure_shortlist", self.measure, f"this machine can only emulate {self.cluster.name} "
                                 "(fewer ranks, a proxy model), which cannot settle a choice the model's error leaves "
                                 "open there; measure it with 'slurm', or ask about a local: cluster")
+        if self.emulate and self.executor != "local":
+            raise SpecError("emulate", self.emulate, f"only the local executor's runs can be emulated, not "
+                            f"{self.executor!r}")
+        if self.emulate and self.cluster.num_levels < 2:
+            raise SpecError("emulate", self.emulate, f"{self.cluster.name} has one level: nothing to emulate")
         batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
         object.__setattr__(self, "global_batch", batch)  # frozen: the resolved batch is what the request means
         object.__setattr__(self, "tokens_per_step", batch * self.model.seq_len)
@@ -69,6 +77,8 @@ class TuneRequest:
         for name in ("calibration", "measure", "shortlist_of"):
             if getattr(self, name) is not None:
                 fields[name] = getattr(self, name)
+        if self.emulate:
+            fields["emulate"] = True
         return fields
 
     def key(self) -> str:

@@ -65,7 +65,7 @@ def tune_request(row: Request) -> TuneRequest:
     return TuneRequest(model=ModelSpec.from_dict(row.model), cluster=ClusterSpec.from_dict(row.cluster),
                        executor=row.executor, trials=int(budget.get("trials") or 40), objective=row.objective,
                        global_batch=row.global_batch, time_budget_s=budget.get("time_s"),
-                       calibration=row.calibration, measure=row.measure)
+                       calibration=row.calibration, measure=row.measure, emulate=bool(row.emulate))
 
 
 class Worker:
@@ -201,7 +201,8 @@ class Worker:
 
         with session_scope(self.sessions) as s:
             calibration = calibrations.load(s, request.calibration)
-        executor = make_executor(request.executor, calibration=calibration, partition=self.settings.slurm_partition)
+        executor = make_executor(request.executor, calibration=calibration, partition=self.settings.slurm_partition,
+                                 emulate=request.emulate)
         # exclusive: holding the job means holding its study, so trials left unfinished by a
         # dead runner are failed (and retried once) at resume, without waiting for their leases
         return Tuner(request, db_url=self.url, executor=executor, calibration=calibration,

@@ -33,6 +33,9 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--measure-shortlist", choices=["local", "slurm"], default=None,
                    help="after a model study, measure the partitions within the model's error of its winner (its "
                         "three fastest where that error is unknown) with this executor, and answer with the fastest")
+    p.add_argument("--emulate", action="store_true",
+                   help="local executor: run the short runs on an emulated cluster (a namespace per innermost group, "
+                        "links shaped to the cluster's levels; Linux, CAP_NET_ADMIN)")
     p.add_argument("--partition", help="Slurm partition (slurm executor)")
     p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
@@ -54,7 +57,11 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), executor=args.executor,
                           trials=args.trials, objective=args.objective, global_batch=args.global_batch,
                           tokens_per_step=args.tokens_per_step, measure=args.measure_shortlist,
-                          sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget)
+                          sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget, emulate=args.emulate)
+    if request.emulate:
+        from zerotune.strategies import emulate
+
+        emulate.require()  # before any study: exit 2 with what is missing
     url = args.db or default_url()
     upgrade(url)
     engine = make_engine(url)
@@ -80,7 +87,8 @@ def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calib
     def study(request: TuneRequest, trials: int, **options: Any) -> dict[str, Any]:
         bar = _progress_bar(trials, args.quiet)
         workdir = Path(args.workdir or Path(".zerotune")) / request.key()[:12]
-        executor = make_executor(request.executor, calibration=calibration, partition=args.partition)
+        executor = make_executor(request.executor, calibration=calibration, partition=args.partition,
+                                 emulate=request.emulate)
         tuner = Tuner(request, db_url=url, executor=executor, workdir=workdir, steps=args.steps,
                       trial_timeout_s=args.trial_timeout, calibration=calibration, progress=bar, **options)
         try:

@@ -65,6 +65,8 @@ def test_a_cancelled_job_is_cancelled_once(client: TestClient) -> None:
     ({**NEOX, "budget": {"trials": 0}}, "body.budget.trials", "greater than or equal to 1"),
     ({**NEOX, "budget": {"trials": "5"}}, "body.budget.trials", "valid integer"),
     ({**NEOX, "global_batch": 3}, "body.global_batch", "multiple"),
+    ({**NEOX, "emulate": True}, "body.emulate", "only the local executor's runs can be emulated"),
+    ({**NEOX, "emulate": "yes"}, "body.emulate", "valid boolean"),
 ])
 def test_bad_input_is_a_422_naming_field_value_and_rule(client: TestClient, body: dict, field: str,
                                                         rule: str) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from zerotune.errors import UsageError
+from zerotune.errors import SpecError, UsageError
 from zerotune.strategies import emulate
-from zerotune.strategies.catalog import parse_cluster
+from zerotune.strategies.catalog import parse_cluster, parse_model
 
 CHECKS = Path(__file__).with_name("emulate_checks.py")
 LINK_MBS = 10.0
@@ -210,3 +210,47 @@ def test_zeropp_beats_zero3_only_when_inter_node_links_are_slow(net, tmp_path):
                 assert set(run["seconds_per_level"]) == set(run["bytes_per_level"])
     slow, fast = step["zero3", "slow"] / step["zeropp", "slow"], step["zero3", "fast"] / step["zeropp", "fast"]
     assert slow > 2.0 and fast < 1.3, step
+
+
+def test_a_local_study_runs_its_trials_on_the_emulated_cluster(net, tmp_path):
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from zerotune.db import repository as repo
+
+    url = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    before = set(emulate.namespaces())
+    result = subprocess.run([sys.executable, "-m", "zerotune.api.cli", "tune", "--model", "gpt-tiny", "--cluster",
+                             "local:2x2", "--executor", "local", "--emulate", "--trials", "2", "--steps", "3",
+                             "--db", url, "--workdir", str(tmp_path / "work"), "--quiet", "--seed", "1", "--full"],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    study_id = json.loads(result.stdout)["study_id"]
+    engine = create_engine(url)
+    with Session(engine) as session:
+        measured = [t for t in repo.trials_of(session=session, study_id=study_id) if t.metrics and
+                    t.status == "complete"]
+    engine.dispose()
+    assert len(measured) >= 2 and all(t.metrics["emulation"]["namespaces"] == 2 for t in measured)
+    assert set(emulate.namespaces()) == before
+    lacking = subprocess.run(["/usr/bin/setpriv", "--bounding-set=-net_admin", sys.executable, "-m",
+                              "zerotune.api.cli", "tune", "--model", "gpt-tiny", "--cluster", "local:2x2",
+                              "--executor", "local", "--emulate", "--db", url], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert lacking.returncode == 2 and "CAP_NET_ADMIN" in lacking.stderr and lacking.stderr.count("\n") == 1
+
+
+def test_an_emulated_request_is_its_own_question_and_survives_the_database():
+    from zerotune.db.models import Request
+    from zerotune.tuner.request import TuneRequest
+    from zerotune.tuner.worker import tune_request
+
+    base = dict(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2x2"), executor="local", trials=2)
+    plain, emulated = TuneRequest(**base), TuneRequest(**base, emulate=True)
+    assert plain.key() != emulated.key() and "emulate" not in plain.normalized()  # older keys hold
+    row = Request(key=emulated.key(), model=emulated.model.to_dict(), cluster=emulated.cluster.to_dict(),
+                  objective=emulated.objective, budget={"trials": 2}, executor="local",
+                  global_batch=emulated.global_batch, emulate=True)
+    assert tune_request(row).key() == emulated.key() and tune_request(row).emulate
+    with pytest.raises(SpecError, match="only the local executor"):
+        TuneRequest(**{**base, "executor": "model"}, emulate=True)

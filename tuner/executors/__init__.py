@@ -9,7 +9,7 @@ ExecutorName = Literal["model", "local", "slurm"]
 NAMES: tuple[str, ...] = get_args(ExecutorName)
 
 
-def make_executor(name: str, *, calibration: Any = None, partition: str | None = None) -> Any:
+def make_executor(name: str, *, calibration: Any = None, partition: str | None = None, emulate: bool = False) -> Any:
     """The one constructor of executors (the CLI, the worker and the tests use it).
 
     Args:
@@ -18,6 +18,7 @@ def make_executor(name: str, *, calibration: Any = None, partition: str | None =
             profile, ``strategies.costmodel.calibration_for``) — the same one the tuner stores its
             predictions with, so a trial is ranked by the model it is shown with.
         partition: the Slurm partition (``slurm``).
+        emulate: run the short runs on an emulated cluster (``local``).
     """
     if name == "model":
         from zerotune.tuner.executors.model import ModelExecutor
@@ -26,7 +27,7 @@ def make_executor(name: str, *, calibration: Any = None, partition: str | None =
     if name == "local":
         from zerotune.tuner.executors.local import LocalExecutor
 
-        return LocalExecutor()
+        return LocalExecutor(emulate=emulate)
     if name == "slurm":
         from zerotune.tuner.executors.slurm import SlurmExecutor
 

@@ -16,6 +16,7 @@ import json
 import math
 import re
 import threading
+from typing import Any
 
 from zerotune.strategies.catalog import parse_cluster
 from zerotune.strategies.faults import failure_reason
@@ -56,17 +57,29 @@ def proxy_model_for(model: ModelSpec, max_params: int = 30_000_000, hidden: int 
                      vocab=min(model.vocab, vocab), seq_len=min(model.seq_len, seq_len))
 
 
+def emulated_links(local: ClusterSpec, target: ClusterSpec) -> ClusterSpec:
+    """The cluster an emulation builds for a run of ``target`` at ``local``'s sizes: each level keeps the
+    target's bandwidth and latency (the hierarchy to feel) at the local size."""
+    levels = tuple(dataclasses.replace(orig, size=lv.size) for lv, orig in zip(local.levels, target.levels,
+                                                                                strict=True))
+    return dataclasses.replace(local, levels=levels)
+
+
 class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, max_ranks: int = 8, max_params: int = 30_000_000, stream: bool = False,
-                 proxy_hidden: int = 256, proxy_vocab: int = 4096, proxy_seq_len: int = 128) -> None:
+                 proxy_hidden: int = 256, proxy_vocab: int = 4096, proxy_seq_len: int = 128,
+                 emulate: bool = False) -> None:
         if max_ranks < 1:
             raise ValueError(f"max_ranks={max_ranks}: must be >= 1")
         if proxy_hidden < 32 or proxy_hidden % 32:
             raise ValueError(f"proxy_hidden={proxy_hidden}: must be a multiple of 32")
         self.max_ranks, self.max_params, self.stream, self.proxy_hidden = max_ranks, max_params, stream, proxy_hidden
         self.proxy_vocab, self.proxy_seq_len = proxy_vocab, proxy_seq_len
+        self.emulate = emulate
+        """Run on an emulated cluster: the local sizes with the requested cluster's links (``strategies.emulate``)."""
+        self._local_tflops: float | None = None
 
     def prepare(self, spec: TrialSpec) -> TrialSpec:
         """The spec as it will run here (emulated cluster, proxy model)."""
@@ -76,6 +89,15 @@ class LocalExecutor(Executor):
         if cluster != spec.cluster and global_batch:  # emulated: each rank keeps its share of the batch
             global_batch = cluster.world_size * (global_batch // spec.cluster.world_size) or None
         return dataclasses.replace(spec, cluster=cluster, model=model, global_batch=global_batch)
+
+    def _scale(self, spec: TrialSpec, local: TrialSpec) -> float:
+        """The emulation's slow-down: this machine's FLOPS per rank (measured once) over the target's achievable."""
+        from zerotune.strategies import emulate
+        from zerotune.strategies.costmodel import calibration_for
+
+        if self._local_tflops is None:
+            self._local_tflops = emulate.local_tflops(local.cluster.world_size)
+        return emulate.scale_for(spec.cluster, calibration_for(spec.cluster).compute_efficiency, self._local_tflops)
 
     def run(self, spec: TrialSpec, *, stop: threading.Event, on_step: StepHook | None = None) -> TrialResult:
         """One short run under torchrun. ``stop`` kills it (an ``interrupted`` result); ``on_step`` sees
@@ -90,12 +112,24 @@ class LocalExecutor(Executor):
             m = STEP_LINE.match(line.strip())
             return bool(m and on_step is not None and on_step(int(m.group(1)), float(m.group(3))))
 
-        result = run_torchrun(local.cluster.world_size, ["zerotune.strategies.train", *local.train_args(out)],
-                              timeout_s=spec.timeout_s, stream=self.stream, on_line=on_line, env=dict(spec.env),
-                              stop=stop)
+        target = ["zerotune.strategies.train", *local.train_args(out)]
+        extra: dict[str, Any] = {"cluster_run": local.cluster.name, "emulated": local.cluster != spec.cluster}
+        if self.emulate:
+            from zerotune.strategies import emulate
+
+            if (lack := emulate.missing()) is not None:
+                return TrialResult(status="failed", reason=f"cannot emulate {spec.cluster.name} here: this machine "
+                                   f"lacks {lack}", executor=self.name, extra=extra)
+            with emulate.emulation(emulated_links(local.cluster, spec.cluster), self._scale(spec, local)) as plan:
+                extra["emulation"] = plan.summary()
+                result = run_torchrun(local.cluster.world_size, target, timeout_s=spec.timeout_s, stream=self.stream,
+                                      on_line=on_line, env={**dict(spec.env), **emulate.agent_env()}, stop=stop,
+                                      agents=emulate.agent_commands(plan, target))
+        else:
+            result = run_torchrun(local.cluster.world_size, target, timeout_s=spec.timeout_s, stream=self.stream,
+                                  on_line=on_line, env=dict(spec.env), stop=stop)
         (local.workdir / "log.txt").write_text(result.output)
         logs = "\n".join(result.output.splitlines()[-200:])
-        extra = {"cluster_run": local.cluster.name, "emulated": local.cluster != spec.cluster}
         proxy = local.model.to_dict() if local.model != spec.model else None
         if result.interrupted:
             return dataclasses.replace(self.interrupted("the run was stopped (the trial is retried)", **extra),
@@ -108,6 +142,8 @@ class LocalExecutor(Executor):
             return TrialResult(status="failed", reason=reason, logs=logs, executor=self.name, proxy_model=proxy,
                                extra=extra)
         metrics = json.loads(out.read_text())
+        if "emulation" in extra:  # as zerotune train --emulate records it
+            metrics["emulation"] = extra["emulation"]
         verdict = metrics["health"]
         if verdict["verdict"] != "ok":
             return TrialResult(status="failed", metrics=metrics, logs=logs, executor=self.name, proxy_model=proxy,
