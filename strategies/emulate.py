@@ -24,8 +24,9 @@ kernel has ``sch_netem``; without it latency is not emulated and the plan says s
 **Safety.** Everything an emulation creates lives in namespaces named ``zt<pid>-*`` (the pid of the
 process that made them, base 36): the bridges and the veth pairs are inside the fabric namespace, so
 deleting the namespaces removes every link and qdisc with them, and nothing outside the prefix is
-touched. ``Emulation`` removes its set when it exits — normally, on an exception, on SIGTERM or
-SIGINT (the handlers raise, the ``with`` block unwinds). A set whose process died without cleaning
+touched. ``emulation`` removes its set when it exits — normally, on an exception, on SIGTERM or
+SIGINT (the ``with`` block unwinds; a process with a SIGTERM handler of its own, such as a worker,
+stops its run its own way and the block then exits). A set whose process died without cleaning
 up (SIGKILL) is stale: the next emulation, or ``zerotune emulate --clean``, removes every set whose
 pid is no longer alive.
 
@@ -358,14 +359,19 @@ class _Terminated(BaseException):
 def emulation(cluster: ClusterSpec, scale: float) -> Iterator[Plan]:
     """Build an emulation of ``cluster`` for the ``with`` block and remove it afterwards, whatever ends the block.
 
-    Stale sets of dead processes are removed first. On SIGTERM the block unwinds (``_Terminated``); Ctrl-C
-    unwinds as KeyboardInterrupt. Raises ``EmulationUnavailable`` where the machine cannot emulate."""
+    Stale sets of dead processes are removed first. On SIGTERM the block unwinds (``_Terminated``), unless
+    the process installed a handler of its own (a worker's graceful stop), which then runs instead and ends
+    the run its way; Ctrl-C unwinds as KeyboardInterrupt. Raises ``EmulationUnavailable`` where the machine
+    cannot emulate."""
     require()
     clean(stale_only=True)
     p = plan(cluster, scale, netem=has_netem())
     previous: Any = None
 
     def on_term(signum: int, frame: FrameType | None) -> None:
+        if callable(previous):  # the process has its own way to stop (a worker hands its job back): let it
+            previous(signum, frame)
+            return
         raise _Terminated(signum)
 
     in_main = _is_main_thread()

@@ -254,3 +254,22 @@ def test_an_emulated_request_is_its_own_question_and_survives_the_database():
     assert tune_request(row).key() == emulated.key() and tune_request(row).emulate
     with pytest.raises(SpecError, match="only the local executor"):
         TuneRequest(**{**base, "executor": "model"}, emulate=True)
+
+
+GRACEFUL = ("import signal, sys, threading, time\nfrom zerotune.strategies import emulate\n"
+            "from zerotune.strategies.catalog import parse_cluster\nstop = threading.Event()\n"
+            "signal.signal(signal.SIGTERM, lambda *_: stop.set())\n"
+            "with emulate.emulation(parse_cluster('local:1x2'), 0.01) as p:\n"
+            "    print(p.prefix, flush=True)\n    stop.wait(60)\nprint('stopped its own way', flush=True)\n")
+
+
+def test_a_process_with_its_own_sigterm_handler_stops_its_own_way_and_still_tears_down(net):
+    proc = subprocess.Popen([sys.executable, "-c", GRACEFUL], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    pre = proc.stdout.readline().strip()
+    assert len(_sets(pre)) == 3
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "stopped its own way" in out  # the worker-style handler ran, not an exception
+    assert _sets(pre) == []
