@@ -36,6 +36,7 @@ Needs Linux, root or CAP_NET_ADMIN, and the ``ip`` and ``tc`` commands (iproute2
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import re
@@ -43,6 +44,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,8 +92,10 @@ def require() -> None:
         raise EmulationUnavailable("emulate", "on", f"needs {lack}")
 
 
+@functools.cache
 def has_netem() -> bool:
-    """Whether the kernel can delay packets (``sch_netem``): tried on a veth pair in a throwaway namespace."""
+    """Whether the kernel can delay packets (``sch_netem``): tried once per process on a veth pair in a
+    throwaway namespace (the kernel's qdiscs do not change while it runs)."""
     ns = f"{prefix()}-probe"
     try:
         _ip("netns", "add", ns)
@@ -274,6 +278,17 @@ def scale_for(cluster: ClusterSpec, compute_efficiency: float, local_tflops_per_
     return min(1.0, local_tflops_per_rank / target)
 
 
+def measured_scale(target: ClusterSpec, ranks: int) -> tuple[float, str]:
+    """``scale_for`` with this machine's FLOPS measured (``local_tflops``) and the target's efficiency from its
+    calibration, and the line that says how the factor was reached (the CLI and the local executor print it)."""
+    from zerotune.strategies.costmodel import calibration_for
+
+    local, efficiency = local_tflops(ranks), calibration_for(target).compute_efficiency
+    scale = scale_for(target, efficiency, local)
+    return scale, (f"links slowed by {scale:.3g} = {local:.3g} TFLOPS per rank here / {target.peak_tflops:g} x "
+                   f"{efficiency:.3g} achievable per rank there")
+
+
 def local_tflops(ranks: int, seconds: float = 0.5) -> float:
     """Dense fp32 TFLOPS per rank when ``ranks`` ranks share this machine: a matmul loop for ``seconds``,
     over all of torch's threads, divided by the ranks (they share the cores)."""
@@ -374,7 +389,7 @@ def emulation(cluster: ClusterSpec, scale: float) -> Iterator[Plan]:
             return
         raise _Terminated(signum)
 
-    in_main = _is_main_thread()
+    in_main = threading.current_thread() is threading.main_thread()
     if in_main:
         previous = signal.signal(signal.SIGTERM, on_term)
     try:
@@ -384,12 +399,6 @@ def emulation(cluster: ClusterSpec, scale: float) -> Iterator[Plan]:
         teardown(p)
         if in_main:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _is_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 MASTER_PORT = 29500
@@ -413,11 +422,3 @@ def agent_commands(p: Plan, target: Sequence[str], *, module: bool = True) -> li
 def agent_env() -> dict[str, str]:
     """What every rank of an emulated run needs: gloo bound to its namespace's interface."""
     return {"GLOO_SOCKET_IFNAME": "eth0"}
-
-
-def run_in(p: Plan, rank: int, argv: Sequence[str], env: dict[str, str] | None = None,
-           **popen: Any) -> subprocess.Popen[Any]:
-    """Start ``argv`` inside the namespace of ``rank``, with gloo bound to that namespace's interface."""
-    ns = p.namespace_of(rank)
-    full = {**os.environ, **(env or {}), **agent_env()}
-    return subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=full, **popen)

@@ -76,9 +76,14 @@ def cmd_train(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     ranks = _strip(args.argv, ("--run-timeout", "--emulate-scale"), ("--quiet",))
     target = ["zerotune.strategies.train", *ranks]
     with _emulated(args.emulate, cluster, args.emulate_scale) as plan:
-        agents = None if plan is None else emulate_agents(plan, target)
+        if plan is not None:
+            from zerotune.strategies import emulate
+
+            for line in plan.describe():
+                print(f"zerotune: {line}", file=sys.stderr)
         result = run_torchrun(cluster.world_size, target, timeout_s=args.run_timeout, stream=not args.quiet,
-                              agents=agents, env=None if plan is None else emulate_env())
+                              agents=None if plan is None else emulate.agent_commands(plan, target),
+                              env=None if plan is None else emulate.agent_env())
     if result.ok and out.is_file():
         run = json.loads(out.read_text())
         if plan is not None:
@@ -98,7 +103,6 @@ def _emulated(mode: str, cluster: Any, scale: float | None) -> Any:
     import contextlib
 
     from zerotune.strategies import emulate
-    from zerotune.strategies.costmodel import calibration_for
 
     if mode == "off":
         return contextlib.nullcontext(None)
@@ -110,29 +114,11 @@ def _emulated(mode: str, cluster: Any, scale: float | None) -> Any:
     if cluster.num_levels < 2:
         print("zerotune: warning: a one-level cluster has nothing to emulate: running on loopback", file=sys.stderr)
         return contextlib.nullcontext(None)
+    how = f"links slowed by {scale:.3g} (--emulate-scale)" if scale is not None else ""
     if scale is None:
-        local = emulate.local_tflops(cluster.world_size)
-        efficiency = calibration_for(cluster).compute_efficiency
-        scale = emulate.scale_for(cluster, efficiency, local)
-        print(f"zerotune: emulating {cluster.name}: links slowed by {scale:.3g} = {local:.3g} TFLOPS per rank here / "
-              f"{cluster.peak_tflops:g} x {efficiency:.3g} achievable per rank there", file=sys.stderr)
-    else:
-        print(f"zerotune: emulating {cluster.name}: links slowed by {scale:.3g} (--emulate-scale)", file=sys.stderr)
+        scale, how = emulate.measured_scale(cluster, cluster.world_size)
+    print(f"zerotune: emulating {cluster.name}: {how}", file=sys.stderr)
     return emulate.emulation(cluster, scale)
-
-
-def emulate_agents(plan: Any, target: list[str]) -> list[list[str]]:
-    from zerotune.strategies import emulate
-
-    for line in plan.describe():
-        print(f"zerotune: {line}", file=sys.stderr)
-    return emulate.agent_commands(plan, target)
-
-
-def emulate_env() -> dict[str, str]:
-    from zerotune.strategies import emulate
-
-    return emulate.agent_env()
 
 
 def _strip(argv: list[str], with_value: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
@@ -194,10 +180,14 @@ def cmd_emulate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
         raise UsageError("--cluster", None, "--plan needs the cluster to emulate")
     cluster = load_cluster(args.cluster)
-    local = args.local_tflops if args.local_tflops is not None else emulate.local_tflops(cluster.world_size)
-    scale = emulate.scale_for(cluster, calibration_for(cluster).compute_efficiency, local)
+    if args.local_tflops is None:
+        scale, how = emulate.measured_scale(cluster, cluster.world_size)
+    else:
+        efficiency = calibration_for(cluster).compute_efficiency
+        scale = emulate.scale_for(cluster, efficiency, args.local_tflops)
+        how = (f"links slowed by {scale:.3g} = {args.local_tflops:.3g} TFLOPS per rank here / "
+               f"{cluster.peak_tflops:g} x {efficiency:.3g} achievable per rank there")
     plan = emulate.plan(cluster, scale, netem=emulate.missing() is None and emulate.has_netem())
     print("\n".join(plan.describe()))
-    print(f"scale {scale:.3g} = {local:.3g} TFLOPS per rank here / {cluster.peak_tflops:g} x "
-          f"{calibration_for(cluster).compute_efficiency:.3g} achievable on {cluster.device}")
+    print(f"scale {scale:.3g}: {how}")
     return ExitStatus.SUCCESS

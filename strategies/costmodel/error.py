@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,7 @@ def band_of(errors: list[float]) -> dict[str, Any]:
     errors = sorted(abs(e) for e in errors)
     if not errors:
         return {"count": 0, "median": None, "p90": None}
-    mid = len(errors) // 2
-    median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
-    return {"count": len(errors), "median": round(median, 4),
+    return {"count": len(errors), "median": round(statistics.median(errors), 4),
             "p90": round(errors[min(len(errors) - 1, round(0.9 * (len(errors) - 1)))], 4)}
 
 

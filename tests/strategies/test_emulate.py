@@ -12,10 +12,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, unavailable
 from zerotune.errors import SpecError, UsageError
 from zerotune.strategies import emulate
 from zerotune.strategies.catalog import parse_cluster, parse_model
@@ -29,9 +30,24 @@ LINK_MBS = 10.0
 def net() -> None:
     lack = emulate.missing()
     if lack is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the emulation tests, but this machine lacks {lack}")
-        pytest.skip(f"emulation needs {lack}")
+        unavailable(f"emulation needs {lack}")
+
+
+SETPRIV = Path("/usr/bin/setpriv")
+
+
+@pytest.fixture
+def without_net_admin(net: None) -> list[str]:
+    """The prefix that runs a command without CAP_NET_ADMIN (util-linux's setpriv drops it from the bounding set)."""
+    if not SETPRIV.exists():
+        unavailable("setpriv (util-linux) is needed to run a command without CAP_NET_ADMIN")
+    return [str(SETPRIV), "--bounding-set=-net_admin"]
+
+
+def run_in(p: emulate.Plan, rank: int, argv: list[str], **popen: Any) -> subprocess.Popen[str]:
+    """Start ``argv`` inside the namespace of ``rank``, gloo bound to its interface, as an emulated run's ranks are."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **emulate.agent_env()}
+    return subprocess.Popen(["ip", "netns", "exec", p.namespace_of(rank), *argv], env=env, **popen)
 
 
 def _sets(pre: str) -> list[str]:
@@ -71,9 +87,9 @@ def test_a_cross_node_all_gather_takes_the_shaped_time_and_an_intra_node_one_doe
     expected = nbytes / 2 / (LINK_MBS * 1e6)
     out = tmp_path / "timings.json"
     with emulate.emulation(cluster, scale) as p:
-        procs = [emulate.run_in(p, r, [sys.executable, str(CHECKS), str(r), "4", p.address_of(0), "29571",
-                                       str(nbytes), str(out)], env={"PYTHONPATH": str(ROOT)},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(4)]
+        procs = [run_in(p, r, [sys.executable, str(CHECKS), str(r), "4", p.address_of(0), "29571", str(nbytes),
+                               str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(4)]
         try:
             logs = [proc.communicate(timeout=150)[0] for proc in procs]
         finally:
@@ -92,7 +108,7 @@ def test_a_failing_rank_leaves_nothing_behind(net):
         with emulate.emulation(parse_cluster("local:1x2"), 0.01) as p:
             pre = p.prefix
             assert len(_sets(pre)) == 3  # two groups and the fabric
-            rc = emulate.run_in(p, 0, [sys.executable, "-c", "import sys; sys.exit(3)"]).wait()
+            rc = run_in(p, 0, [sys.executable, "-c", "import sys; sys.exit(3)"]).wait()
             raise RuntimeError(f"rank 0 exited {rc}")
     assert _sets(pre) == []
 
@@ -135,7 +151,7 @@ def test_a_killed_runners_set_is_removed_by_the_next_run(net):
         subprocess.run(["ip", "netns", "del", unrelated], check=False)
 
 
-def test_cli_check_plan_and_clean(net):
+def test_cli_check_plan_and_clean(without_net_admin):
     zt = [sys.executable, "-m", "zerotune.api.cli", "emulate"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     check = subprocess.run([*zt, "--check"], capture_output=True, text=True, env=env, timeout=60)
@@ -145,10 +161,10 @@ def test_cli_check_plan_and_clean(net):
     assert plan.returncode == 0 and "8 namespaces of 2 ranks" in plan.stdout and "scale 1.15e-05" in plan.stdout
     clean = subprocess.run([*zt, "--clean"], capture_output=True, text=True, env=env, timeout=60)
     assert clean.returncode == 0 and clean.stdout.startswith("removed ")
-    if Path("/usr/bin/setpriv").exists():  # without CAP_NET_ADMIN: exit 2, one line naming what is missing
-        lacking = subprocess.run(["/usr/bin/setpriv", "--bounding-set=-net_admin", *zt, "--check"],
-                                 capture_output=True, text=True, env=env, timeout=60)
-        assert lacking.returncode == 2 and lacking.stderr.count("\n") == 1 and "CAP_NET_ADMIN" in lacking.stderr
+    # without CAP_NET_ADMIN: exit 2, one line naming what is missing
+    lacking = subprocess.run([*without_net_admin, *zt, "--check"], capture_output=True, text=True, env=env,
+                             timeout=60)
+    assert lacking.returncode == 2 and lacking.stderr.count("\n") == 1 and "CAP_NET_ADMIN" in lacking.stderr
 
 
 TWO_NODES = {"name": "two-nodes", "device": "cpu", "device_memory_gib": 4.0, "peak_tflops": 0.1,
@@ -156,13 +172,12 @@ TWO_NODES = {"name": "two-nodes", "device": "cpu", "device_memory_gib": 4.0, "pe
                         {"name": "inter-node", "size": 2, "bandwidth_gbps": 5.0, "latency_us": 10.0}]}
 
 
-def _train(tmp_path: Path, name: str, *args: str, setpriv: bool = False) -> tuple[subprocess.CompletedProcess[str],
-                                                                                     dict]:
+def _train(tmp_path: Path, name: str, *args: str, prefix: list[str] | None = None) -> tuple[
+        subprocess.CompletedProcess[str], dict]:
     out = tmp_path / f"{name}.json"
     cmd = [sys.executable, "-m", "zerotune.api.cli", "train", "--steps", "3", "--warmup", "1", "--quiet",
            "--out", str(out), *args]
-    if setpriv:
-        cmd = ["/usr/bin/setpriv", "--bounding-set=-net_admin", *cmd]
+    cmd = [*(prefix or []), *cmd]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     return result, json.loads(out.read_text()) if out.exists() else {}
@@ -180,14 +195,13 @@ def test_train_on_an_emulated_cluster_records_it_and_leaves_nothing(net, tmp_pat
     assert set(emulate.namespaces()) == before
 
 
-@pytest.mark.skipif(not Path("/usr/bin/setpriv").exists(), reason="needs setpriv (util-linux) to drop CAP_NET_ADMIN")
-def test_without_cap_net_admin_emulate_is_refused_and_auto_runs_on_loopback(net, tmp_path):
+def test_without_cap_net_admin_emulate_is_refused_and_auto_runs_on_loopback(without_net_admin, tmp_path):
     refused, _ = _train(tmp_path, "refused", "--model", "gpt-tiny", "--cluster", "local:2x2", "--emulate",
-                        setpriv=True)
+                        prefix=without_net_admin)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 2, refused.stderr  # the banner, then the error
     assert refused.stderr.splitlines()[-1].startswith("zerotune: error: emulate='on': needs CAP_NET_ADMIN")
     auto, run = _train(tmp_path, "auto", "--model", "gpt-tiny", "--cluster", "local:2x2", "--emulate=auto",
-                       setpriv=True)
+                       prefix=without_net_admin)
     assert auto.returncode == 0 and run["status"] == "ok" and "emulation" not in run, auto.stderr[-2000:]
     assert "warning: running on loopback, not emulated" in auto.stderr
 
@@ -212,7 +226,7 @@ def test_zeropp_beats_zero3_only_when_inter_node_links_are_slow(net, tmp_path):
     assert slow > 2.0 and fast < 1.3, step
 
 
-def test_a_local_study_runs_its_trials_on_the_emulated_cluster(net, tmp_path):
+def test_a_local_study_runs_its_trials_on_the_emulated_cluster(without_net_admin, tmp_path):
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
@@ -233,7 +247,7 @@ def test_a_local_study_runs_its_trials_on_the_emulated_cluster(net, tmp_path):
     engine.dispose()
     assert len(measured) >= 2 and all(t.metrics["emulation"]["namespaces"] == 2 for t in measured)
     assert set(emulate.namespaces()) == before
-    lacking = subprocess.run(["/usr/bin/setpriv", "--bounding-set=-net_admin", sys.executable, "-m",
+    lacking = subprocess.run([*without_net_admin, sys.executable, "-m",
                               "zerotune.api.cli", "tune", "--model", "gpt-tiny", "--cluster", "local:2x2",
                               "--executor", "local", "--emulate", "--db", url], capture_output=True, text=True,
                              timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -1,6 +1,6 @@
 """PostgreSQL for tests: the server at ``ZEROTUNE_TEST_PG_URL`` (default: the local one, trust auth,
 database ``test``). A test gets a database of its own, dropped afterwards; without a server the test
-skips with the reason."""
+skips with the reason (fails under CI=true, which provides one)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,23 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
+
+from tests.support import unavailable
 
 PG_ADMIN_URL = os.environ.get("ZEROTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 def admin_engine() -> Engine:
-    """An autocommit engine on the admin database, or skip the test when no server answers."""
+    """An autocommit engine on the admin database; without a server the test skips (fails under CI=true)."""
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
     try:
         with admin.connect() as connection:
             connection.execute(text("SELECT 1"))
     except Exception as exc:  # any failure to connect means "no server here"
         admin.dispose()
-        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN_URL} ({type(exc).__name__}: {exc}); "
+        unavailable(f"PostgreSQL is unreachable at {PG_ADMIN_URL} ({type(exc).__name__}: {exc}); "
                     "start it or set ZEROTUNE_TEST_PG_URL")
     return admin
 

@@ -79,7 +79,7 @@ class LocalExecutor(Executor):
         self.proxy_vocab, self.proxy_seq_len = proxy_vocab, proxy_seq_len
         self.emulate = emulate
         """Run on an emulated cluster: the local sizes with the requested cluster's links (``strategies.emulate``)."""
-        self._local_tflops: float | None = None
+        self._scale_of: float | None = None
 
     def prepare(self, spec: TrialSpec) -> TrialSpec:
         """The spec as it will run here (emulated cluster, proxy model)."""
@@ -91,13 +91,12 @@ class LocalExecutor(Executor):
         return dataclasses.replace(spec, cluster=cluster, model=model, global_batch=global_batch)
 
     def _scale(self, spec: TrialSpec, local: TrialSpec) -> float:
-        """The emulation's slow-down: this machine's FLOPS per rank (measured once) over the target's achievable."""
+        """The emulation's slow-down, measured once per executor (``strategies.emulate.measured_scale``)."""
         from zerotune.strategies import emulate
-        from zerotune.strategies.costmodel import calibration_for
 
-        if self._local_tflops is None:
-            self._local_tflops = emulate.local_tflops(local.cluster.world_size)
-        return emulate.scale_for(spec.cluster, calibration_for(spec.cluster).compute_efficiency, self._local_tflops)
+        if self._scale_of is None:
+            self._scale_of = emulate.measured_scale(spec.cluster, local.cluster.world_size)[0]
+        return self._scale_of
 
     def run(self, spec: TrialSpec, *, stop: threading.Event, on_step: StepHook | None = None) -> TrialResult:
         """One short run under torchrun. ``stop`` kills it (an ``interrupted`` result); ``on_step`` sees
