@@ -14,6 +14,10 @@ A table's ``stack`` names the software its figures ran on (``pytorch``: eager Py
 ``megatron``: Megatron-DeepSpeed-class fused kernels), which picks the device's efficiency. A table
 with ``role = "calibration"`` is where a profile constant comes from, and one with ``role = "reference"``
 measured what the model does not express (tensor or pipeline parallelism): both are printed, never scored.
+A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the
+default: one NCCL ring over the whole group, as DeepSpeed and FSDP issue it) or ``hierarchical`` (one
+ring per level, as zerotune's engine and MiCS's hierarchical all-gather do); a preset cluster keeps
+its own calibration (zerotune's engine on that cluster).
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -37,7 +41,7 @@ from typing import Any
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of
-from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster
+from zerotune.strategies.costmodel.hardware import RINGS, profile_calibration, profile_cluster
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +50,7 @@ TABLES = ROOT / "bench" / "published"
 GOAL = 0.15
 
 
-def build_cluster(name: str, spec: dict[str, Any], stack: str) -> tuple[ClusterSpec, Calibration]:
+def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str) -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
@@ -58,7 +62,7 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str) -> tuple[ClusterS
     levels = tuple(dataclasses.replace(level, bandwidth_gbps=lv.get("gbps_per_rank", level.bandwidth_gbps))
                    for level, lv in zip(cluster.levels, spec["levels"], strict=True))
     cluster = dataclasses.replace(cluster, levels=levels, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops))
-    return cluster, profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack)
+    return cluster, profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings)
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:
@@ -77,7 +81,10 @@ class Table:
         self.role = self.source.get("role", "agreement")
         if self.role not in ("agreement", "calibration", "reference"):
             raise ValueError(f"{path.name}: source.role={self.role!r}: must be agreement, calibration or reference")
-        self.clusters = {k: build_cluster(k, v, self.stack) for k, v in data.get("clusters", {}).items()}
+        self.rings = self.source.get("collectives", "flat")
+        if self.rings not in RINGS:
+            raise ValueError(f"{path.name}: source.collectives={self.rings!r}: must be one of {list(RINGS)}")
+        self.clusters = {k: build_cluster(k, v, self.stack, self.rings) for k, v in data.get("clusters", {}).items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)

@@ -75,6 +75,10 @@ MEGATRON_MFU_PER_GEMM = (0.52 / 0.869 + 0.47 / 0.803) / 2
 other; used to carry a GEMM figure over to a device without a published training MFU."""
 
 
+RINGS = ("hierarchical", "flat")
+"""How multi-level collectives run (``Calibration.rings``)."""
+
+
 @dataclass(frozen=True)
 class MeasuredError:
     """How far a fitted calibration's predictions were from measured runs it was not fitted on
@@ -116,8 +120,16 @@ class Calibration:
     """Fixed cost of each primitive collective (one per level crossed): launch + the library's base latency."""
     overlap_slowdown: float = 0.0
     """κ: compute that runs beside a busy communication queue takes (1 + κ) times as long."""
+    rings: str = "hierarchical"
+    """How a collective over several levels runs: ``hierarchical`` (zerotune's engine: one ring per
+    level, one level after the other) or ``flat`` (one NCCL ring over every rank of the span, as
+    DeepSpeed and FSDP issue it on their data-parallel group; ``timing.Costs.flat_time``)."""
     measured_error: MeasuredError | None = None
     """A fitted calibration's cross-validated error on the runs it came from (its predictions' band)."""
+
+    def __post_init__(self) -> None:
+        if self.rings not in RINGS:
+            raise ValueError(f"rings={self.rings!r}: must be one of {list(RINGS)}")
 
     def level_efficiency(self, level: int) -> float:
         return self.bandwidth_efficiency[level - 1] if self.bandwidth_efficiency else 0.8
@@ -220,16 +232,18 @@ DEVICES: dict[str, Device] = {
 }
 
 
-def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK) -> Calibration:
+def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
+                        rings: str = "hierarchical") -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
-    for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch)."""
+    for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
+    runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical)."""
     d = DEVICES[device]
     memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s
     return Calibration(name=name, compute_efficiency=d.efficiency(stack),
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
                        optimizer_elems_per_s=memory_bound / ADAMW_BYTES_PER_ELEM,
-                       collective_launch_us=NCCL_RING_BASE_US, overlap_slowdown=OVERLAP_SLOWDOWN)
+                       collective_launch_us=NCCL_RING_BASE_US, overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings)
 
 
 def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...]) -> ClusterSpec:

@@ -17,6 +17,24 @@ other. A primitive over s ranks of level l moving b bytes per rank costs (α-β 
   (``Calibration.level_efficiency``, from collective benchmarks' bus bandwidth);
 - quantization: elements quantized + dequantized / ``quant_elems_per_s`` (``quant_elems``).
 
+**A flat ring** (``Calibration.rings = "flat"``: DeepSpeed and FSDP run one NCCL collective on their
+whole data-parallel group, not one per level) over the R ranks of levels lo..hi costs, as NCCL's own
+model has it (``src/graph/tuning.cc``: ring latency = base + (nsteps − nInterSteps)·intraLat +
+nInterSteps·interLat, and ``busBw`` the minimum over the ring's links)
+
+    launch + k · Σ_l hops_l · α_l + max_l  bytes / (below_l · β_l · η_l)
+
+- hops_l = R/below_l − R/(below_l · s_l): of the ring's R − 1 steps, those whose two ranks first
+  differ at level l (below_l = ranks of the span under level l, Π_{lo ≤ m < l} s_m); k = 1 for
+  all-gather and reduce-scatter, 2 for all-reduce. The latency grows with the *whole* group, not
+  with each level's fan-out: 1,024 GPUs on 128 nodes pay 1,023 hops where zerotune's hierarchy
+  pays 127 + 7;
+- bytes = what each rank sends on the ring: (R − 1) shards for an all-gather, (R − 1)/R of the
+  buffer for a reduce-scatter (twice for an all-reduce); the ring is pipelined, so the slowest
+  link class sets the rate, and a subtree of below_l ranks leaves through below_l links of level l.
+Gradient collectives at bits < 16 stay hierarchical (ZeRO++'s qgZ is a hierarchical all-to-all by
+design). The bytes booked per level (``volume.py``) are the engine's; only the seconds differ.
+
 **The pipeline** (``pipeline``) is the engine's own dependency structure: one FIFO communication
 thread and one compute stream. Iteration i issues the gathers of buckets up to i + prefetch (each
 starts when the queue is free and the compute stream has reached the point that issues it), waits
@@ -34,7 +52,13 @@ import math
 from zerotune.strategies.costmodel.hardware import Calibration
 from zerotune.strategies.costmodel.schedule import Coll
 from zerotune.strategies.spec import ClusterSpec
-from zerotune.strategies.volume import Volume, all_gather_volume, all_reduce_volume, reduce_scatter_volume
+from zerotune.strategies.volume import (
+    Volume,
+    all_gather_volume,
+    all_reduce_volume,
+    quantized_nbytes,
+    reduce_scatter_volume,
+)
 
 _VOLUME = {"all_gather": all_gather_volume, "reduce_scatter": reduce_scatter_volume, "all_reduce": all_reduce_volume}
 _STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
@@ -94,6 +118,31 @@ class Costs:
             total += self.quant_elems("all_gather", lo, hi, seen)
         return total
 
+    def flat_time(self, c: Coll) -> float:
+        """Seconds of one collective run as one ring over all its ranks (see the module docstring)."""
+        op, (lo, hi), numel, bits = c
+        calib, sizes = self.calib, self.cluster.sizes
+        ranks = self.prefix[hi] // self.prefix[lo - 1]
+        if op == "all_gather":
+            sent = (ranks - 1) * (quantized_nbytes(numel, bits, self.block) if bits < 16 else numel * self.e)
+        else:
+            sent = _STEPS[op] * (ranks - 1) * (numel // ranks) * self.e
+        alpha = calib.latency_scale * 1e-6
+        t = calib.collective_launch_us * 1e-6
+        slowest = 0.0
+        below = 1
+        for level in range(lo, hi + 1):
+            lv = self.cluster.levels[level - 1]
+            if lv.size > 1:
+                hops = ranks // below - ranks // (below * lv.size)
+                t += _STEPS[op] * hops * lv.latency_us * alpha
+                rate = below * lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)
+                slowest = max(slowest, sent / rate)
+            below *= sizes[level - 1]
+        if bits < 16:
+            t += self.quant_elems(op, lo, hi, numel) / calib.quant_elems_per_s
+        return t + slowest
+
     def time(self, c: Coll) -> float:
         """Seconds of one collective (see the module docstring)."""
         cached = self._time.get(c)
@@ -101,7 +150,10 @@ class Costs:
             return cached
         op, (lo, hi), numel, bits = c
         t = 0.0
-        if lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
+        if lo <= hi and self.prefix[hi] != self.prefix[lo - 1] and self.calib.rings == "flat" and (
+                op == "all_gather" or bits >= 16):
+            t = self.flat_time(c)
+        elif lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
             vol, calib = self.volume(c), self.calib
             launch, alpha = calib.collective_launch_us * 1e-6, calib.latency_scale * 1e-6
             for level in range(lo, hi + 1):

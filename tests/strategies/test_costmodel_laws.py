@@ -18,6 +18,7 @@ from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     LINKS,
     NCCL_RING_BASE_US,
+    NET_HOP_US,
     NVLINK_HOP_US,
     profile_calibration,
     profile_cluster,
@@ -108,6 +109,58 @@ def test_tiny_messages_are_latency_bound_and_large_ones_bandwidth_bound():
     wide = profile_cluster("wide", "H100", (("node", 64, "nvlink4-nvswitch"),))
     wide_tiny = costs_for(wide, calib, 2, 1, 2048).time(("all_gather", (1, 1), 4, 16))
     assert wide_tiny == pytest.approx((NCCL_RING_BASE_US + 63 * NVLINK_HOP_US) * 1e-6, rel=1e-3)
+
+
+def a800(nodes: int, rings: str):
+    """AMSP's cluster: 8 A800 per node on NVLink, 4 x HDR 200 Gb/s per node (12.5 GB/s per GPU)."""
+    links = ("nvlink3-nvswitch", "ib-hdr-200")
+    cluster = profile_cluster("a800", "A100", (("node", 8, links[0]), ("inter-node", nodes, links[1])))
+    inter = dataclasses.replace(cluster.levels[1], bandwidth_gbps=12.5)
+    return (dataclasses.replace(cluster, levels=(cluster.levels[0], inter)),
+            profile_calibration("a800", "A100", links, "megatron", rings))
+
+
+def test_a_flat_ring_pays_a_hop_per_rank_of_the_whole_group():
+    """NCCL's ring latency (tuning.cc): base + (nRanks - nNodes) NVLink hops + (nNodes - 1) network hops, for the one
+    ring DeepSpeed and FSDP run over their whole group; zerotune's per-level rings pay (nodes - 1) + (8 - 1)."""
+    for nodes in (2, 16, 128):
+        flat_cluster, flat = a800(nodes, "flat")
+        hier_cluster, hier = a800(nodes, "hierarchical")
+        tiny = ("all_gather", (1, 2), 4, 16)
+        world = 8 * nodes
+        want = (NCCL_RING_BASE_US + (world - nodes) * NVLINK_HOP_US + (nodes - 1) * NET_HOP_US) * 1e-6
+        assert costs_for(flat_cluster, flat, 2, 1, 2048).time(tiny) == pytest.approx(want, rel=1e-2)
+        per_level = (2 * NCCL_RING_BASE_US + 7 * NVLINK_HOP_US + (nodes - 1) * NET_HOP_US) * 1e-6
+        assert costs_for(hier_cluster, hier, 2, 1, 2048).time(tiny) == pytest.approx(per_level, rel=1e-2)
+    # at 1,024 GPUs the flat ring's latency is ~2.7x the hierarchy's; an all-reduce pays every hop twice
+    assert want / per_level > 2.5
+    ar = costs_for(flat_cluster, flat, 2, 1, 2048).time(("all_reduce", (1, 2), 1024, 16))
+    assert ar == pytest.approx(2 * want - NCCL_RING_BASE_US * 1e-6, rel=1e-2)
+
+
+def test_a_flat_ring_is_as_fast_as_its_slowest_link_class():
+    """Large messages: the ring is pipelined, so the node's NICs (8 x 12.5 GB/s x 0.93 for a subtree of 8 ranks) set the
+    rate: (R - 1) shards per rank over 93 GB/s; zerotune's hierarchy runs its levels one after the other."""
+    cluster, flat = a800(16, "flat")
+    numel = 2**22  # 8 MiB shard per rank, 1 GiB gathered
+    t = costs_for(cluster, flat, 2, 1, 2048).time(("all_gather", (1, 2), numel, 16))
+    sent = 127 * numel * 2
+    nic = 8 * 12.5e9 * LINKS["ib-hdr-200"].efficiency
+    nvlink = LINKS["nvlink3-nvswitch"].bandwidth_gbps * 1e9 * LINKS["nvlink3-nvswitch"].efficiency
+    assert sent / nic > sent / nvlink
+    latency = (NCCL_RING_BASE_US + 112 * NVLINK_HOP_US + 15 * NET_HOP_US) * 1e-6
+    assert t == pytest.approx(latency + sent / nic, rel=1e-6)
+    hier_cluster, hier = a800(16, "hierarchical")
+    h = costs_for(hier_cluster, hier, 2, 1, 2048).time(("all_gather", (1, 2), numel, 16))
+    per_level = (2 * NCCL_RING_BASE_US + 7 * NVLINK_HOP_US + 15 * NET_HOP_US) * 1e-6
+    assert h == pytest.approx(per_level + 15 * numel * 2 / (12.5e9 * LINKS["ib-hdr-200"].efficiency)
+                              + 7 * 16 * numel * 2 / nvlink, rel=1e-6)
+    assert t < h
+    # a quantized gradient reduction stays hierarchical in both (ZeRO++'s qgZ all-to-all)
+    q = ("reduce_scatter", (1, 2), 2**24, 4)
+    assert costs_for(cluster, flat, 2, 1, 2048).time(q) == costs_for(hier_cluster, hier, 2, 1, 2048).time(q)
+    with pytest.raises(ValueError, match="rings='ring'"):
+        Calibration(rings="ring")
 
 
 def test_half_bandwidth_message_size_matches_a_measured_curve():
