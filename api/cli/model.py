@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +38,10 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
                    help="run dtype (auto: fp32 on CPU clusters, bf16 otherwise)")
     p.add_argument("--calibration", help="a stored calibration name (zerotune calibrate) or its JSON file")
+    p.add_argument("--collectives", choices=["hierarchical", "flat"], default=None,
+                   help="how a collective over several levels runs: hierarchical (zerotune's engine, one ring per "
+                        "level) or flat (one NCCL ring over the whole group, as DeepSpeed and FSDP run the exported "
+                        "config); default: the calibration's (hierarchical for the presets)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON (run.json field names)")
     p.set_defaults(func=cmd_predict)
 
@@ -121,7 +126,7 @@ def _sweep(text: str) -> list[str]:
 
 def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.strategies.calibration import load_calibration
-    from zerotune.strategies.costmodel import GIB, cross_node_bytes, predict
+    from zerotune.strategies.costmodel import GIB, calibration_for, cross_node_bytes, predict
     from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
     from zerotune.strategies.spec import count_label
 
@@ -134,7 +139,10 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         for text in _sweep(args.cluster):
             cluster = load_cluster(text)
             s = load_strategy(strategy_name, cluster, **parse_overrides(args.set))
-            p = predict(model, cluster, s, elem_bytes=elem, global_batch=args.global_batch, calibration=calib)
+            used = calib or calibration_for(cluster)
+            if args.collectives:
+                used = dataclasses.replace(used, rings=args.collectives)
+            p = predict(model, cluster, s, elem_bytes=elem, global_batch=args.global_batch, calibration=used)
             base = base or p
             p.update(cluster=cluster.name, strategy=s.name or strategy_name,
                      scaling_efficiency=p["tflops_per_rank"] / base["tflops_per_rank"],
@@ -143,7 +151,8 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return ExitStatus.SUCCESS
-    print(f"{model.name} ({count_label(model.num_params())} params), calibration {rows[0]['calibration']}")
+    rings = f", {args.collectives} collectives" if args.collectives else ""
+    print(f"{model.name} ({count_label(model.num_params())} params), calibration {rows[0]['calibration']}{rings}")
     print(f"{'cluster':<14}{'strategy':<10}{'ranks':>6}{'TFLOPS/rank':>12}{'scaling':>9}{'step s':>9}"
           f"{'tokens/s':>11}{'mem GiB':>9}  {'fits':<5}{'x-node GB':>10}")
     for p in rows:
