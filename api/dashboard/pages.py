@@ -153,12 +153,83 @@ def trial_view(session: Session, trial: Trial) -> dict[str, Any]:
             "point": queries.trial_point(trial, queries.outer_level(request))}
 
 
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
+def rate_words(bytes_per_s: float) -> str:
+    """``412 MB/s``, ``1.93 GB/s``: a rate in decimal units, as link rates are quoted."""
+    return f"{bytes_per_s / 1e9:.3g} GB/s" if bytes_per_s >= 1e9 else f"{bytes_per_s / 1e6:.3g} MB/s"
+
+
+def collective_rows(metrics: dict[str, Any], levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A measured run's collectives by level and kind: the bytes per rank per step it sent (run.json's
+    ``bytes_per_level``), rank 0's seconds per step inside them (``seconds_per_level``) and their rate.
+    Only the run's own bytes: the prediction's are the requested cluster's, not those of the cluster
+    the run emulated. Empty for a trial whose metrics carry no seconds per level."""
+    seconds = metrics.get("seconds_per_level")
+    if not isinstance(seconds, dict) or not seconds:
+        return []
+    volume = metrics.get("bytes_per_level")
+    if not isinstance(volume, dict):
+        volume = {}
+
+    def kinds_of(table: dict[str, Any], level: str) -> dict[str, Any]:
+        kinds = table.get(level)
+        return kinds if isinstance(kinds, dict) else {}
+
+    known = [str(level.get("name")) for level in levels]
+    names = [n for n in known if n in seconds or n in volume]
+    names += [n for n in [*seconds, *volume] if n not in names]
+    rows = []
+    for name in names:
+        sent, spent = kinds_of(volume, name), kinds_of(seconds, name)
+        for kind in dict.fromkeys([*sent, *spent]):
+            nbytes, secs = _finite(sent.get(kind)), _finite(spent.get(kind))
+            rate = nbytes / secs if nbytes is not None and secs is not None and nbytes > 0 and secs > 0 else None
+            rows.append({"level": name, "kind": kind, "bytes": nbytes, "seconds": secs,
+                         "rate": rate_words(rate) if rate is not None else None})
+    return rows
+
+
+def emulation_words(emulation: Any) -> str | None:
+    """An emulated run's network in one line (run.json's ``emulation``: the scale, each level's link rate), or None."""
+    if not isinstance(emulation, dict):
+        return None
+    scale = _finite(emulation.get("scale"))
+    head = "emulated network"
+    facts = [f"links slowed by scale {scale:.3g}"] if scale is not None else []
+    if isinstance(emulation.get("namespaces"), int):
+        facts.append(f"{emulation['namespaces']} namespaces")
+    if facts:
+        head += f" ({', '.join(facts)})"
+    parts = []
+    levels = emulation.get("levels")
+    for name, link in (levels.items() if isinstance(levels, dict) else ()):
+        if not isinstance(link, dict):
+            continue
+        rate = _finite(link.get("mb_per_s"))
+        words = f"{name} {rate_words(rate * 1e6) if rate is not None else '—'} per link each way"
+        extra = [f"{link['links']} links"] if isinstance(link.get("links"), int) else []
+        delay = _finite(link.get("delay_us"))
+        if delay:
+            extra.append(f"{delay:.3g} µs latency")
+        parts.append(words + (f" ({', '.join(extra)})" if extra else ""))
+    line = head + (": " + "; ".join(parts) if parts else "")
+    notes = emulation.get("notes")
+    return line + "".join(f"; {note}" for note in (notes if isinstance(notes, list) else []) if note)
+
+
 def trial_page(session: Session, trial: Trial) -> dict[str, Any]:
     view = trial_view(session, trial)
     best = repo.best_trial(session=session, study_id=trial.study_id)
     detail: TrialDetailPublic = view["trial"]
+    metrics = detail.metrics if isinstance(detail.metrics, dict) else {}
     return {**view, "best": best.id if best is not None and best.id != trial.id else None,
             "strategy_rows": strategy_rows(detail.strategy, view["levels"]),
+            "collectives": collective_rows(metrics, view["levels"]),
+            "emulation": emulation_words(metrics.get("emulation")),
             "data": page_data({"trial": detail.model_dump(mode="json", exclude={"logs"}),
                                "levels": [level.get("name") for level in view["levels"]],
                                "device_memory_gib": view["request"]["device_memory_gib"]})}

@@ -105,3 +105,64 @@ def test_the_catalog_and_health_answer_without_a_worker(client: TestClient) -> N
     catalog = client.get("/v1/catalog").json()
     assert "frontier" in catalog["clusters"] and "zeropp" in catalog["strategies"]
     assert client.get("/healthz").json()["status"] == "ok"
+
+
+def test_a_trial_page_shows_seconds_per_level_and_the_emulation_only_when_the_run_recorded_them(
+        client: TestClient, app_and_engine: tuple) -> None:
+    """A measured trial with rank 0's seconds per level and an emulation summary shows both (bytes, seconds and
+    their rate per level and collective; the emulated links); one without them, and a predicted one, show neither."""
+    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+    from zerotune.strategies.costmodel import predict
+    from zerotune.tuner.request import strategy_key
+
+    model, cluster = parse_model("gpt-tiny"), parse_cluster("frontier:2")
+    emulation = {"scale": 0.0125, "namespaces": 2, "notes": ["latency is not emulated: the kernel has no sch_netem"],
+                 "levels": {"node": {"links": 4, "mb_per_s": 250.0, "delay_us": 0.0},
+                            "inter-node": {"links": 2, "mb_per_s": 40.0, "delay_us": 12.5}}}
+    volume = {"gcd-pair": {"all_gather": 3 * 2**20}, "node": {"all_gather": 50_000_000, "reduce_scatter": 25_000_000},
+              "inter-node": {"all_gather": 3_000_000_000, "reduce_scatter": 0}}
+    seconds = {"gcd-pair": {"all_gather": 0.0021}, "node": {"all_gather": 0.125, "reduce_scatter": 0.05},
+               "inter-node": {"all_gather": 1.5, "reduce_scatter": 0.0375}}
+    run = {"status": "ok", "step_time_s": 2.5, "tflops_per_rank": 0.01, "bytes_per_level": volume,
+           "seconds_per_level": seconds, "emulation": emulation, "memory_bytes": {"peak": 2**30},
+           "health": {"verdict": "ok", "evidence": "loss 10.9 -> 7.1"}, "loss": [10.9, 7.1], "grad_norm": [2.0, 1.0]}
+    plain = {k: v for k, v in run.items() if k not in ("seconds_per_level", "emulation")}  # a run.json of before
+    ids = {}
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        request, _ = repo.get_or_create_request(
+            session=s, key="a" * 64, model=model.to_dict(), cluster=cluster.to_dict(), objective="throughput",
+            budget={"trials": 3, "time_s": None}, executor="local")
+        study = repo.create_study(session=s, request_id=request.id, optuna_study_name="seconds-per-level",
+                                  sampler="tpe", executor="local", n_trials=3)
+        for number, (name, metrics, executor) in enumerate((("timed", run, "local"), ("plain", plain, "local"),
+                                                            ("predicted", None, "model"))):
+            strategy = build_strategy(("zero3", "zeropp", "mics")[number], cluster)
+            prediction = predict(model, cluster, strategy)
+            trial = repo.add_trial(session=s, study_id=study.id, strategy=strategy.to_dict(),
+                                   strategy_key=strategy_key(strategy), executor=executor, number=number)
+            repo.claim_trial(session=s, trial_id=trial.id, owner="test-worker", lease_s=3600)
+            repo.finish_trial(session=s, trial_id=trial.id, status="complete", value=0.01,
+                              metrics=metrics or prediction, prediction=prediction)
+            ids[name] = trial.id
+
+    page = client.get(f"/dashboard/trials/{ids['timed']}")
+    assert page.status_code == 200, page.text
+    html = page.text
+    table = html[html.index('<table class="grid" id="collectives">'):]
+    table = table[:table.index("</table>")]
+    cells = [[cell.split(">", 1)[1] for cell in row.split("</td>")[:-1]] for row in table.split("<tr>")[2:]]
+    assert cells == [  # innermost level first, as the cluster lists them; a rate where bytes and seconds are both > 0
+        ["gcd-pair", "all_gather", "3 MiB", "0.0021", "1.5 GB/s"],
+        ["node", "all_gather", "47.7 MiB", "0.125", "400 MB/s"],
+        ["node", "reduce_scatter", "23.8 MiB", "0.05", "500 MB/s"],
+        ["inter-node", "all_gather", "2.79 GiB", "1.5", "2 GB/s"],
+        ["inter-node", "reduce_scatter", "0 MiB", "0.0375", "—"],
+    ], cells
+    assert ('<dd id="emulation">emulated network (links slowed by scale 0.0125, 2 namespaces): node 250 MB/s per link '
+            'each way (4 links); inter-node 40 MB/s per link each way (2 links, 12.5 µs latency); latency is not '
+            'emulated: the kernel has no sch_netem</dd>') in html
+
+    for name in ("plain", "predicted"):
+        html = client.get(f"/dashboard/trials/{ids[name]}").text
+        assert "Trial" in html and 'id="chart-bytes"' in html  # the page as it was: the bytes chart, no table
+        assert "collectives" not in html and "Collectives per level" not in html and "emulat" not in html, name

@@ -135,6 +135,9 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(db, req
     for t in complete:
         assert t.metrics["status"] == "ok" and t.metrics["health"]["verdict"] == "ok"
         assert t.prediction["bytes_per_level"] == t.metrics["bytes_per_level"]  # the model agrees on bytes
+        # rank 0's seconds in each collective are kept beside the bytes (the trial page shows both)
+        assert {lv: set(k) for lv, k in t.metrics["seconds_per_level"].items()} == {
+            lv: set(k) for lv, k in t.metrics["bytes_per_level"].items()}
         assert t.metrics["global_batch"] == req.global_batch == 16  # measured on the same training
     best = max(complete, key=lambda t: t.value)
     lossy = rec["decision"]["lossy"]  # a quantized leader inside the runs' spread gives way to an unquantized one
