@@ -45,6 +45,10 @@ class Measurement:
     one_host: bool = False
     """Every rank ran on one host (run.json's ``host``; before it was recorded, a ``local:`` cluster):
     whatever the levels are called, their collectives crossed the same transport."""
+    level_traffic: tuple[tuple[str, int, float], ...] = ()
+    """(level, bytes sent per rank per step, seconds per step in those collectives) for the
+    all-gathers, reduce-scatters and all-reduces of each level (run.json's ``bytes_per_level`` and
+    ``seconds_per_level``; empty for runs that did not record seconds)."""
 
     @classmethod
     def from_run(cls, run: dict[str, Any], source: str = "run.json") -> Measurement:
@@ -59,7 +63,47 @@ class Measurement:
                    elem_bytes=2 if run.get("dtype") in ("bfloat16", "float16") else 4,
                    global_batch=run.get("global_batch"), quant_block=run.get("config", {}).get("quant_block", 2048),
                    oversubscribed=run.get("backend") == "gloo" and "host" in run
-                   and run["host"]["local_ranks"] > run["host"]["cpus"], one_host=one_host)
+                   and run["host"]["local_ranks"] > run["host"]["cpus"], one_host=one_host,
+                   level_traffic=_level_traffic(run))
+
+
+RATE_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+"""The collective kinds whose seconds measure a level's bandwidth (ring algorithms, bytes over the link);
+all-to-all is left out: gloo runs it as pairwise sends whose time is not the model's ring."""
+
+
+def _level_traffic(run: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
+    seconds, volume = run.get("seconds_per_level") or {}, run.get("bytes_per_level") or {}
+    out = []
+    for level, kinds in seconds.items():
+        sent = sum(int(volume.get(level, {}).get(k, 0)) for k in RATE_KINDS)
+        spent = sum(float(kinds.get(k, 0.0)) for k in RATE_KINDS)
+        if sent > 0 and spent > 0:
+            out.append((level, sent, spent))
+    return tuple(out)
+
+
+def measured_level_efficiencies(measurements: Sequence[Measurement]) -> tuple[float, ...]:
+    """Each level's bandwidth efficiency read off the runs' own clocks: the bytes its ring collectives
+    sent per rank over the seconds spent in them, summed over the runs, divided by the level's
+    ``bandwidth_gbps``. The seconds include each collective's latency, so on small messages this is
+    a lower bound of the link's efficiency. A level with no traffic keeps the nominal 0.8.
+
+    Raises ``SpecError`` when a run that moved bytes on a level recorded no seconds there (a run.json
+    from before ``seconds_per_level``, or a run on a single level)."""
+    cluster = measurements[0].cluster
+    sent: dict[str, int] = {}
+    spent: dict[str, float] = {}
+    for m in measurements:
+        if not m.level_traffic:
+            raise SpecError("measurements", "no seconds_per_level",
+                            "every run needs run.json's seconds_per_level to read bandwidths off its clocks "
+                            "(train it again with this version)")
+        for level, nbytes, secs in m.level_traffic:
+            sent[level] = sent.get(level, 0) + nbytes
+            spent[level] = spent.get(level, 0.0) + secs
+    return tuple(sent[lv.name] / spent[lv.name] / (lv.bandwidth_gbps * 1e9) if spent.get(lv.name) else 0.8
+                 for lv in cluster.levels)
 
 
 # (field, lower, upper) in the fitted space; rates are fitted as log10
@@ -128,7 +172,7 @@ def predicted_step_time(m: Measurement, calib: Calibration) -> float:
 
 def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Calibration | None = None,
         fields: Sequence[str] | None = None, tie_levels: bool | None = None,
-        bandwidths: bool = True) -> tuple[Calibration, dict[str, Any]]:
+        bandwidths: bool | str = True) -> tuple[Calibration, dict[str, Any]]:
     """Least-squares calibration from measurements; returns it and fit statistics.
 
     Args:
@@ -142,7 +186,9 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
             level (default: where every run had all its ranks on one host, as ``local:`` runs do:
             their "levels" are names for subgroups, and every collective crossed the same shared
             memory or loopback transport, so per-level bandwidths would only fit noise).
-        bandwidths: False holds every level's bandwidth at ``start`` (too few runs to fit them too).
+        bandwidths: False holds every level's bandwidth at ``start`` (too few runs to fit them too);
+            ``"measured"`` sets them from the runs' own per-level seconds (``measured_level_efficiencies``)
+            and holds them there, so only the scalars are fitted to step times.
     """
     from scipy.optimize import least_squares
 
@@ -157,13 +203,16 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         fields, held = identifiable_fields(measurements)
         if "overlap" in held:
             base = dataclasses.replace(base, overlap=0.0)
-    if len(base.bandwidth_efficiency) != levels:
+    if bandwidths == "measured":
+        base = dataclasses.replace(base, bandwidth_efficiency=measured_level_efficiencies(measurements))
+    elif len(base.bandwidth_efficiency) != levels:
         base = dataclasses.replace(base, bandwidth_efficiency=(0.8,) * levels)
     scalars = [s for s in _SCALARS if s[0] in fields]
     busy = sorted({lv for m in measurements for lv in range(1, levels + 1) if m.cluster.levels[lv - 1].size > 1})
     tied = all(m.one_host for m in measurements) if tie_levels is None else tie_levels
     gbps = [lv.bandwidth_gbps for lv in measurements[0].cluster.levels]
-    fitted_bw = (busy[:1] if tied else busy) if bandwidths else []  # tied: the first busy level's; others share
+    # tied: the first busy level's; others share
+    fitted_bw = (busy[:1] if tied else busy) if bandwidths is True else []
     n_unknowns = len(scalars) + len(fitted_bw)
     if len(measurements) < n_unknowns:
         raise SpecError("measurements", len(measurements), f"need at least {n_unknowns} runs for {n_unknowns} unknowns")
@@ -195,7 +244,8 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
     return calib, {"runs": len(measurements), "median_rel_error": sorted(errors)[len(errors) // 2],
                    "max_rel_error": max(errors), "cost": float(result.cost), "converged": bool(result.success),
                    "fitted": [f for f, _, _ in scalars], "held": held,
-                   "bandwidths": "one for all levels" if tied else "one per level"}
+                   "bandwidths": "from the runs' seconds per level" if bandwidths == "measured"
+                   else "one for all levels" if tied else "one per level"}
 
 
 REFIT_ORDER = ("compute_efficiency", "step_overhead_s", "latency_scale", "overlap", "optimizer_elems_per_s",

@@ -56,9 +56,11 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                         "outnumber cores")
     p.add_argument("--db", help="also store it in this database (SQLAlchemy URL), where studies on the cluster find "
                                 "it (the newest stored for a cluster is what its next study predicts with)")
-    p.add_argument("--bandwidths", choices=["auto", "shared", "per-level"], default="auto",
+    p.add_argument("--bandwidths", choices=["auto", "shared", "per-level", "measured"], default="auto",
                    help="fit one effective bandwidth shared by all levels or one per level (auto: shared where "
-                        "every run had all its ranks on one host, whose levels cross the same transport)")
+                        "every run had all its ranks on one host, whose levels cross the same transport), or read "
+                        "each level's off the runs' own clocks (measured: run.json's bytes over seconds per level; "
+                        "only the scalars are then fitted to step times)")
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -174,8 +176,9 @@ def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             from zerotune.errors import SpecError
 
             raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
-    tie = {"auto": None, "shared": True, "per-level": False}[args.bandwidths]
-    calib, stats = fit(runs, name=args.name, fields=fields, start=start, tie_levels=tie)
+    tie = {"auto": None, "shared": True, "per-level": False, "measured": None}[args.bandwidths]
+    calib, stats = fit(runs, name=args.name, fields=fields, start=start, tie_levels=tie,
+                       bandwidths="measured" if args.bandwidths == "measured" else True)
     # --db first (it refuses a name stored there already): where studies look for it, the newest stored
     # for a cluster being what its next study predicts with
     stored = _store_calibration(args.db, calib, runs, stats) if args.db else None

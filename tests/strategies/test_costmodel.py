@@ -20,6 +20,7 @@ from zerotune.strategies.calibration import (
     fit,
     identifiable_fields,
     load_calibration,
+    measured_level_efficiencies,
     save_calibration,
 )
 from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
@@ -255,6 +256,38 @@ def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeyp
     engine.dispose()
     assert main(["calibrate", *runs, "--name", "stored", "--db", db]) == 2
     assert "a calibration of that name is stored in --db already" in capsys.readouterr().err
+
+
+def test_bandwidths_read_off_the_runs_own_clocks(tmp_path, monkeypatch, capsys):
+    """run.json's seconds per level: each level's bytes over its seconds is its achieved bandwidth; the fit then
+    holds those and fits only the scalars. all-to-all seconds (gloo's pairwise sends) are left out."""
+    cluster = parse_cluster("local:2x2x2")
+    efficiency = (0.5, 0.25, 0.1)
+    runs, files = [], []
+    for k, path in enumerate(sorted(FIDELITY_RUNS.glob("run*.json"))[:8]):
+        run = json.loads(path.read_text())
+        seconds = {lv.name: {kind: n / (eff * lv.bandwidth_gbps * 1e9) * (7.0 if kind == "all_to_all" else 1.0)
+                             for kind, n in run["bytes_per_level"].get(lv.name, {}).items()}
+                   for lv, eff in zip(cluster.levels, efficiency, strict=True)}
+        runs.append(Measurement.from_run({**run, "seconds_per_level": seconds}))
+        files.append(tmp_path / f"run{k}.json")
+        files[-1].write_text(json.dumps({**run, "seconds_per_level": seconds}))
+    assert measured_level_efficiencies(runs) == pytest.approx(efficiency, rel=1e-9)
+    calib, stats = fit(runs, name="clocks", fields=["compute_efficiency"], start=Calibration(overlap=0.0),
+                       bandwidths="measured")
+    assert calib.bandwidth_efficiency == pytest.approx(efficiency) and stats["bandwidths"].startswith("from the runs")
+    old = Measurement.from_run(json.loads(next(FIDELITY_RUNS.glob("run00-*.json")).read_text()))
+    with pytest.raises(SpecError, match="seconds_per_level"):
+        measured_level_efficiencies([old, *runs])
+    monkeypatch.setenv("ZEROTUNE_DATA_DIR", str(tmp_path))
+    assert main(["calibrate", *map(str, files), "--name", "clocks", "--fit", "compute_efficiency", "--fix",
+                 "overlap=0", "--bandwidths", "measured"]) == 0
+    assert load_calibration("clocks").bandwidth_efficiency == pytest.approx(efficiency)
+    capsys.readouterr()
+    old_runs = [str(p) for p in sorted(FIDELITY_RUNS.glob("run*.json"))[:3]]
+    assert main(["calibrate", *old_runs, "--name", "old", "--fit", "compute_efficiency", "--bandwidths",
+                 "measured"]) == 2
+    assert "seconds_per_level" in capsys.readouterr().err
 
 
 def test_default_fit_holds_what_the_runs_cannot_tell_apart():
