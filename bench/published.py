@@ -17,7 +17,10 @@ measured what the model does not express (tensor or pipeline parallelism): both 
 A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the
 default: one NCCL ring over the whole group, as DeepSpeed and FSDP issue it) or ``hierarchical`` (one
 ring per level, as zerotune's engine and MiCS's hierarchical all-gather do); a preset cluster keeps
-its own calibration (zerotune's engine on that cluster).
+its own calibration (zerotune's engine on that cluster). Its ``outer_reduce`` says where the engine
+reduced gradients beyond their shard group in a one-micro-step step: ``boundary`` (the default, as
+zerotune's engine does) or ``backward`` (overlapped with backward: DeepSpeed's ``overlap_comm``, DDP
+and HSDP buckets), as the source states it.
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -41,7 +44,7 @@ from typing import Any
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of
-from zerotune.strategies.costmodel.hardware import RINGS, profile_calibration, profile_cluster
+from zerotune.strategies.costmodel.hardware import OUTER_REDUCE, RINGS, profile_calibration, profile_cluster
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +53,8 @@ TABLES = ROOT / "bench" / "published"
 GOAL = 0.15
 
 
-def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str) -> tuple[ClusterSpec, Calibration]:
+def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
+                  outer_reduce: str) -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
@@ -62,7 +66,8 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str) -> tu
     levels = tuple(dataclasses.replace(level, bandwidth_gbps=lv.get("gbps_per_rank", level.bandwidth_gbps))
                    for level, lv in zip(cluster.levels, spec["levels"], strict=True))
     cluster = dataclasses.replace(cluster, levels=levels, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops))
-    return cluster, profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings)
+    return cluster, profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
+                                        outer_reduce)
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:
@@ -84,7 +89,12 @@ class Table:
         self.rings = self.source.get("collectives", "flat")
         if self.rings not in RINGS:
             raise ValueError(f"{path.name}: source.collectives={self.rings!r}: must be one of {list(RINGS)}")
-        self.clusters = {k: build_cluster(k, v, self.stack, self.rings) for k, v in data.get("clusters", {}).items()}
+        self.outer_reduce = self.source.get("outer_reduce", "boundary")
+        if self.outer_reduce not in OUTER_REDUCE:
+            raise ValueError(f"{path.name}: source.outer_reduce={self.outer_reduce!r}: must be one of "
+                             f"{list(OUTER_REDUCE)}")
+        self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce)
+                         for k, v in data.get("clusters", {}).items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)

@@ -77,6 +77,8 @@ other; used to carry a GEMM figure over to a device without a published training
 
 RINGS = ("hierarchical", "flat")
 """How multi-level collectives run (``Calibration.rings``)."""
+OUTER_REDUCE = ("boundary", "backward")
+"""Where the gradient reduction beyond ``grad_span`` runs (``Calibration.outer_reduce``)."""
 
 
 @dataclass(frozen=True)
@@ -124,12 +126,19 @@ class Calibration:
     """How a collective over several levels runs: ``hierarchical`` (zerotune's engine: one ring per
     level, one level after the other) or ``flat`` (one NCCL ring over every rank of the span, as
     DeepSpeed and FSDP issue it on their data-parallel group; ``timing.Costs.flat_time``)."""
+    outer_reduce: str = "boundary"
+    """Where a one-micro-step step reduces gradients beyond ``grad_span``: ``boundary`` (zerotune's
+    engine: after the backward pass, serial) or ``backward`` (queued after each reduce group while
+    backward runs on: DeepSpeed's ``overlap_comm``, DDP's and HSDP's bucketed all-reduce, AMSP's
+    "AR overlap"). With gradient accumulation both reduce once, at the boundary."""
     measured_error: MeasuredError | None = None
     """A fitted calibration's cross-validated error on the runs it came from (its predictions' band)."""
 
     def __post_init__(self) -> None:
         if self.rings not in RINGS:
             raise ValueError(f"rings={self.rings!r}: must be one of {list(RINGS)}")
+        if self.outer_reduce not in OUTER_REDUCE:
+            raise ValueError(f"outer_reduce={self.outer_reduce!r}: must be one of {list(OUTER_REDUCE)}")
 
     def level_efficiency(self, level: int) -> float:
         return self.bandwidth_efficiency[level - 1] if self.bandwidth_efficiency else 0.8
@@ -233,17 +242,19 @@ DEVICES: dict[str, Device] = {
 
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
-                        rings: str = "hierarchical") -> Calibration:
+                        rings: str = "hierarchical", outer_reduce: str = "boundary") -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
     for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
-    runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical)."""
+    runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
+    reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: at the boundary)."""
     d = DEVICES[device]
     memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s
     return Calibration(name=name, compute_efficiency=d.efficiency(stack),
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
                        optimizer_elems_per_s=memory_bound / ADAMW_BYTES_PER_ELEM,
-                       collective_launch_us=NCCL_RING_BASE_US, overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings)
+                       collective_launch_us=NCCL_RING_BASE_US, overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
+                       outer_reduce=outer_reduce)
 
 
 def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...]) -> ClusterSpec:

@@ -5,7 +5,10 @@ computes before it), the forward pass with gathers ``prefetch_buckets`` ahead, t
 backward pass last bucket first — its first gather exposed, each reduce group's reduce-scatter
 queued after the group's last bucket, the root's reduction exposed at the end. The step is
 A micro-steps, then the step-boundary collectives (serial: nothing left to compute), the AdamW
-update of the optimizer shard, and a fixed overhead.
+update of the optimizer shard, and a fixed overhead. Under ``Calibration.outer_reduce = "backward"``
+a one-micro-step step queues the gradient reduction beyond ``grad_span`` (reduce-scatter to
+``optim_span``, all-reduce across its replicas) after each reduce group in backward, as DeepSpeed's
+``overlap_comm`` and DDP's buckets do; the boundary keeps the gathers of the updated weights.
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
 scores and weighted sum); backward twice that (+ a forward recompute with checkpointing); the head
@@ -113,6 +116,12 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     f_of = {n: ct(c) for n, c in sched.fwd.items()}
     b_of = {n: ct(c) for n, c in sched.bwd.items()}
     r_of = {m: ct(a) + ct(b) for m, (a, b) in sched.reduce.items()}
+    outer_in_backward = calib.outer_reduce == "backward" and accum == 1
+    if outer_in_backward:  # the group's reduction beyond grad_span, queued in backward with its reduce-scatters
+        size, L = costs.prefix, cluster.num_levels  # noqa: N806
+        G, O = s.grad_span, s.optim_span  # noqa: E741, N806
+        r_of = {m: r + ct(("reduce_scatter", (G + 1, O), m // size[G], s.grad_bits))
+                + ct(("all_reduce", (O + 1, L), m // size[O], s.grad_bits)) for m, r in r_of.items()}
 
     rate = cluster.peak_tflops * 1e12 * calib.compute_efficiency
     tokens = mbs * model.seq_len
@@ -140,7 +149,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     overlapped = t if t > comm else comm
     micro_s = calib.overlap * overlapped + (1 - calib.overlap) * (compute_s + comm_s)
     slowdown_s = calib.overlap * (lost_f + lost_b + head_s - 3 * head)
-    boundary_s = sum(k * sum(ct(c) for c in sched.boundary[n]) for n, k in sched.bucket_counts)
+    boundary_s = sum(k * sum(ct(c) for c in sched.boundary[n][2 if outer_in_backward else 0:])
+                     for n, k in sched.bucket_counts)
     optimizer_s = sum(n * k for n, k in sched.bucket_counts) / costs.prefix[s.optim_span] / calib.optimizer_elems_per_s
     step_s = accum * micro_s + boundary_s + optimizer_s + calib.step_overhead_s
 
