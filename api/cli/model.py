@@ -38,10 +38,11 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
                    help="run dtype (auto: fp32 on CPU clusters, bf16 otherwise)")
     p.add_argument("--calibration", help="a stored calibration name (zerotune calibrate) or its JSON file")
-    p.add_argument("--collectives", choices=["hierarchical", "flat"], default=None,
-                   help="how a collective over several levels runs: hierarchical (zerotune's engine, one ring per "
-                        "level) or flat (one NCCL ring over the whole group, as DeepSpeed and FSDP run the exported "
-                        "config); default: the calibration's (hierarchical for the presets)")
+    p.add_argument("--runner", choices=sorted(RUNNERS), default=None,
+                   help="the software that runs the spans: zerotune (its engine: one ring per level, the outer "
+                        "gradient reduction at the step boundary), deepspeed or fsdp (as the exported configs run: "
+                        "one NCCL ring over the whole group, gradients reduced while backward runs); default: the "
+                        "calibration's (zerotune for the presets)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON (run.json field names)")
     p.set_defaults(func=cmd_predict)
 
@@ -119,6 +120,11 @@ def cmd_validate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
               f"{fits}")
     return ExitStatus.SUCCESS
 
+RUNNERS = {"zerotune": ("hierarchical", "boundary"), "deepspeed": ("flat", "backward"), "fsdp": ("flat", "backward")}
+"""``zerotune predict --runner``: (``Calibration.rings``, ``Calibration.outer_reduce``) of each runner. The
+DeepSpeed export sets ``overlap_comm``; FSDP reduces across replicas in its post-backward hook."""
+
+
 def _sweep(text: str) -> list[str]:
     """``frontier:1,2,4`` → ``["frontier:1", "frontier:2", "frontier:4"]``."""
     name, sep, counts = text.partition(":")
@@ -142,8 +148,9 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             cluster = load_cluster(text)
             s = load_strategy(strategy_name, cluster, **parse_overrides(args.set))
             used = calib or calibration_for(cluster)
-            if args.collectives:
-                used = dataclasses.replace(used, rings=args.collectives)
+            if args.runner:
+                rings, outer_reduce = RUNNERS[args.runner]
+                used = dataclasses.replace(used, rings=rings, outer_reduce=outer_reduce)
             p = predict(model, cluster, s, elem_bytes=elem, global_batch=args.global_batch, calibration=used)
             base = base or p
             p.update(cluster=cluster.name, strategy=s.name or strategy_name,
@@ -153,7 +160,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return ExitStatus.SUCCESS
-    rings = f", {args.collectives} collectives" if args.collectives else ""
+    rings = f", run by {args.runner}" if args.runner else ""
     print(f"{model.name} ({count_label(model.num_params())} params), calibration {rows[0]['calibration']}{rings}")
     print(f"{'cluster':<14}{'strategy':<10}{'ranks':>6}{'TFLOPS/rank':>12}{'scaling':>9}{'step s':>9}"
           f"{'tokens/s':>11}{'mem GiB':>9}  {'fits':<5}{'x-node GB':>10}")

@@ -342,13 +342,13 @@ def test_predict_cli_sweep_table_and_json(capsys):
         p["memory_bytes"])
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--calibration", "nope"]) == 2
     capsys.readouterr()
-    # the same spans as DeepSpeed or FSDP would run them: one ring over the whole group
+    # the same spans as DeepSpeed would run them: one ring over the whole group, gradients reduced in backward
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--strategy", "zeropp",
-                 "--collectives", "flat", "--json"]) == 0
+                 "--runner", "deepspeed", "--json"]) == 0
     flat = json.loads(capsys.readouterr().out)
     assert flat["bytes_per_level"] == p["bytes_per_level"] and flat["step_time_s"] != p["step_time_s"]
-    assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--collectives", "flat"]) == 0
-    assert "flat collectives" in capsys.readouterr().out
+    assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--runner", "fsdp"]) == 0
+    assert "run by fsdp" in capsys.readouterr().out
     # a batch the strategy cannot run is refused, not rounded to another training
     assert main(["predict", "--model", "gpt-7b", "--cluster", "dgx-h100:8", "--global-batch", "100"]) == 2
     assert "global_batch=100: must be a multiple of world size x micro_batch_size = 64 x 1 = 64" in \
