@@ -45,6 +45,8 @@ class Measurement:
     one_host: bool = False
     """Every rank ran on one host (run.json's ``host``; before it was recorded, a ``local:`` cluster):
     whatever the levels are called, their collectives crossed the same transport."""
+    all_to_all_traffic: tuple[tuple[str, int, float], ...] = ()
+    """The same for the level's all-to-alls (ZeRO++'s quantized gradient exchange)."""
     level_traffic: tuple[tuple[str, int, float], ...] = ()
     """(level, bytes sent per rank per step, seconds per step in those collectives) for the
     all-gathers, reduce-scatters and all-reduces of each level (run.json's ``bytes_per_level`` and
@@ -64,7 +66,8 @@ class Measurement:
                    global_batch=run.get("global_batch"), quant_block=run.get("config", {}).get("quant_block", 2048),
                    oversubscribed=run.get("backend") == "gloo" and "host" in run
                    and run["host"]["local_ranks"] > run["host"]["cpus"], one_host=one_host,
-                   level_traffic=_level_traffic(run))
+                   level_traffic=_level_traffic(run, RATE_KINDS),
+                   all_to_all_traffic=_level_traffic(run, ("all_to_all",)))
 
 
 RATE_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -72,15 +75,36 @@ RATE_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 all-to-all is left out: gloo runs it as pairwise sends whose time is not the model's ring."""
 
 
-def _level_traffic(run: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
+def _level_traffic(run: dict[str, Any], kinds_of: Sequence[str]) -> tuple[tuple[str, int, float], ...]:
     seconds, volume = run.get("seconds_per_level") or {}, run.get("bytes_per_level") or {}
     out = []
     for level, kinds in seconds.items():
-        sent = sum(int(volume.get(level, {}).get(k, 0)) for k in RATE_KINDS)
-        spent = sum(float(kinds.get(k, 0.0)) for k in RATE_KINDS)
+        sent = sum(int(volume.get(level, {}).get(k, 0)) for k in kinds_of)
+        spent = sum(float(kinds.get(k, 0.0)) for k in kinds_of)
         if sent > 0 and spent > 0:
             out.append((level, sent, spent))
     return tuple(out)
+
+
+def _rates(measurements: Sequence[Measurement], ring: bool) -> dict[str, tuple[int, float]]:
+    """Bytes and seconds per level summed over the runs, of their ring collectives or their all-to-alls."""
+    out: dict[str, tuple[int, float]] = {}
+    for m in measurements:
+        for level, nbytes, secs in m.level_traffic if ring else m.all_to_all_traffic:
+            sent, spent = out.get(level, (0, 0.0))
+            out[level] = (sent + nbytes, spent + secs)
+    return out
+
+
+def measured_all_to_all_efficiency(measurements: Sequence[Measurement]) -> float:
+    """An all-to-all's rate over its level's ring rate, both read off the runs' clocks: the bytes-weighted
+    mean over the levels where both ran (1.0 where no run exchanged all-to-all)."""
+    ring, a2a = _rates(measurements, True), _rates(measurements, False)
+    both = [lv for lv in a2a if lv in ring and a2a[lv][1] > 0 and ring[lv][1] > 0]
+    weight = sum(a2a[lv][0] for lv in both)
+    if not weight:
+        return 1.0
+    return sum(a2a[lv][0] * (a2a[lv][0] / a2a[lv][1]) / (ring[lv][0] / ring[lv][1]) for lv in both) / weight
 
 
 def measured_level_efficiencies(measurements: Sequence[Measurement]) -> tuple[float, ...]:
@@ -91,19 +115,13 @@ def measured_level_efficiencies(measurements: Sequence[Measurement]) -> tuple[fl
 
     Raises ``SpecError`` when a run that moved bytes on a level recorded no seconds there (a run.json
     from before ``seconds_per_level``, or a run on a single level)."""
-    cluster = measurements[0].cluster
-    sent: dict[str, int] = {}
-    spent: dict[str, float] = {}
-    for m in measurements:
-        if not m.level_traffic:
-            raise SpecError("measurements", "no seconds_per_level",
-                            "every run needs run.json's seconds_per_level to read bandwidths off its clocks "
-                            "(train it again with this version)")
-        for level, nbytes, secs in m.level_traffic:
-            sent[level] = sent.get(level, 0) + nbytes
-            spent[level] = spent.get(level, 0.0) + secs
-    return tuple(sent[lv.name] / spent[lv.name] / (lv.bandwidth_gbps * 1e9) if spent.get(lv.name) else 0.8
-                 for lv in cluster.levels)
+    if not all(m.level_traffic for m in measurements):
+        raise SpecError("measurements", "no seconds_per_level",
+                        "every run needs run.json's seconds_per_level to read bandwidths off its clocks "
+                        "(train it again with this version)")
+    rates = _rates(measurements, True)
+    return tuple(rates[lv.name][0] / rates[lv.name][1] / (lv.bandwidth_gbps * 1e9) if lv.name in rates else 0.8
+                 for lv in measurements[0].cluster.levels)
 
 
 # (field, lower, upper) in the fitted space; rates are fitted as log10
@@ -187,8 +205,9 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
             their "levels" are names for subgroups, and every collective crossed the same shared
             memory or loopback transport, so per-level bandwidths would only fit noise).
         bandwidths: False holds every level's bandwidth at ``start`` (too few runs to fit them too);
-            ``"measured"`` sets them from the runs' own per-level seconds (``measured_level_efficiencies``)
-            and holds them there, so only the scalars are fitted to step times.
+            ``"measured"`` sets them, and the all-to-all's share of them, from the runs' own per-level
+            seconds (``measured_level_efficiencies``, ``measured_all_to_all_efficiency``) and holds them
+            there, so only the scalars are fitted to step times.
     """
     from scipy.optimize import least_squares
 
@@ -204,7 +223,8 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         if "overlap" in held:
             base = dataclasses.replace(base, overlap=0.0)
     if bandwidths == "measured":
-        base = dataclasses.replace(base, bandwidth_efficiency=measured_level_efficiencies(measurements))
+        base = dataclasses.replace(base, bandwidth_efficiency=measured_level_efficiencies(measurements),
+                                   all_to_all_efficiency=measured_all_to_all_efficiency(measurements))
     elif len(base.bandwidth_efficiency) != levels:
         base = dataclasses.replace(base, bandwidth_efficiency=(0.8,) * levels)
     scalars = [s for s in _SCALARS if s[0] in fields]

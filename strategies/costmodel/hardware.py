@@ -122,6 +122,12 @@ class Calibration:
     """Fixed cost of each primitive collective (one per level crossed): launch + the library's base latency."""
     overlap_slowdown: float = 0.0
     """κ: compute that runs beside a busy communication queue takes (1 + κ) times as long."""
+    all_to_all_efficiency: float = 1.0
+    """What an all-to-all (ZeRO++'s quantized gradient exchange) achieves of its level's ring rate:
+    1 = as fast per byte as an all-gather. Pairwise exchanges can be slower (gloo over TCP measured
+    0.2-0.4 of its rings' rate on emulated links here); ``fit(bandwidths="measured")`` reads it off
+    run.json's seconds per level. The GPU profiles keep 1: no all-to-all busbw beside a ring's was
+    found for their links."""
     rings: str = "hierarchical"
     """How a collective over several levels runs: ``hierarchical`` (zerotune's engine: one ring per
     level, one level after the other) or ``flat`` (one NCCL ring over every rank of the span, as

@@ -15,7 +15,9 @@ other. A primitive over s ranks of level l moving b bytes per rank costs (α-β 
 - b / (β_l · η_l): bytes sent per rank (``volume.py``, exactly what the engine's counter books)
   over the level's per-rank bandwidth times the achievable fraction η_l
   (``Calibration.level_efficiency``, from collective benchmarks' bus bandwidth);
-- quantization: elements quantized + dequantized / ``quant_elems_per_s`` (``quant_elems``).
+- quantization: elements quantized + dequantized / ``quant_elems_per_s`` (``quant_elems``);
+- an all-to-all's bytes (ZeRO++'s quantized reduce-scatter) go at ``all_to_all_efficiency`` of the
+  level's ring rate.
 
 **A flat ring** (``Calibration.rings = "flat"``: DeepSpeed and FSDP run one NCCL collective on their
 whole data-parallel group, not one per level) over the R ranks of levels lo..hi costs, as NCCL's own
@@ -161,7 +163,9 @@ class Costs:
                 if lv.size == 1:
                     continue
                 t += launch + _STEPS[op] * (lv.size - 1) * lv.latency_us * alpha
-                t += sum(vol.get(lv.name, {}).values()) / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level))
+                kinds = vol.get(lv.name, {})
+                sent = sum(kinds.values()) + (1 / calib.all_to_all_efficiency - 1) * kinds.get("all_to_all", 0)
+                t += sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level))
             if bits < 16:
                 t += self.quant_elems(op, lo, hi, numel) / calib.quant_elems_per_s
         self._time[c] = t

@@ -20,6 +20,7 @@ from zerotune.strategies.calibration import (
     fit,
     identifiable_fields,
     load_calibration,
+    measured_all_to_all_efficiency,
     measured_level_efficiencies,
     save_calibration,
 )
@@ -273,9 +274,19 @@ def test_bandwidths_read_off_the_runs_own_clocks(tmp_path, monkeypatch, capsys):
         files.append(tmp_path / f"run{k}.json")
         files[-1].write_text(json.dumps({**run, "seconds_per_level": seconds}))
     assert measured_level_efficiencies(runs) == pytest.approx(efficiency, rel=1e-9)
+    quantizing = [m for m in runs if m.all_to_all_traffic]
+    assert quantizing and measured_all_to_all_efficiency(runs) == pytest.approx(1 / 7)  # 7x the ring's seconds
+    assert measured_all_to_all_efficiency([m for m in runs if not m.all_to_all_traffic]) == 1.0
     calib, stats = fit(runs, name="clocks", fields=["compute_efficiency"], start=Calibration(overlap=0.0),
                        bandwidths="measured")
     assert calib.bandwidth_efficiency == pytest.approx(efficiency) and stats["bandwidths"].startswith("from the runs")
+    assert calib.all_to_all_efficiency == pytest.approx(1 / 7)
+    # the model charges an all-to-all's bytes at that share of the ring's rate
+    m = quantizing[0]
+    slower = predict(m.model, m.cluster, m.strategy, calibration=calib)["breakdown"]["comm_s"]
+    ring_rate = predict(m.model, m.cluster, m.strategy, calibration=dataclasses.replace(
+        calib, all_to_all_efficiency=1.0))["breakdown"]["comm_s"]
+    assert slower > ring_rate
     old = Measurement.from_run(json.loads(next(FIDELITY_RUNS.glob("run00-*.json")).read_text()))
     with pytest.raises(SpecError, match="seconds_per_level"):
         measured_level_efficiencies([old, *runs])
