@@ -1,6 +1,6 @@
 """The cost model against short runs on emulated clusters, where the levels' links really differ.
 
-    sudo python bench/emulated_fidelity.py                     # 2 clusters x 13 strategies x 2 rounds + loopback
+    sudo python bench/emulated_fidelity.py                     # 2 clusters x 13 strategies x 2 rounds + loopback (~1 h)
     python bench/emulated_fidelity.py --rounds 3 --runs-dir runs/emulated   # reuse run.json files there (resumes)
 
 Loopback runs cannot check the model's time where links differ: every level is the same transport.
