@@ -36,6 +36,10 @@ nInterSteps·interLat, and ``busBw`` the minimum over the ring's links)
   link class sets the rate, and a subtree of below_l ranks leaves through below_l links of level l.
 Gradient collectives at bits < 16 stay hierarchical (ZeRO++'s qgZ is a hierarchical all-to-all by
 design). The bytes booked per level (``volume.py``) are the engine's; only the seconds differ.
+Both kinds of ring are charged the Simple protocol's latencies (``hardware.NCCL_RING_BASE_US``,
+``NVLINK_HOP_US``, ``NET_HOP_US``). NCCL runs a latency-bound collective with LL or LL128 instead
+(smaller base and hop latencies, less bandwidth) where its tuner predicts less time, so the latency
+of small collectives over large groups is an upper bound here.
 
 **The pipeline** (``pipeline``) is the engine's own dependency structure: one FIFO communication
 thread and one compute stream. Iteration i issues the gathers of buckets up to i + prefetch (each
