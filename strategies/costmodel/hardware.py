@@ -59,6 +59,17 @@ NVLINK_HOP_US = 3.4
 """Per ring step over NVLink / NVSwitch (and, for want of an RCCL table, xGMI), Simple [nccl-tuning]."""
 NET_HOP_US = 14.0
 """Per ring step over the network, Simple [nccl-tuning]."""
+NCCL_RING_PROTOCOLS: dict[str, tuple[float, float, float, float]] = {
+    "Simple": (NCCL_RING_BASE_US, NVLINK_HOP_US, NET_HOP_US, 1.0),
+    "LL128": (14.0, 1.9, 4.0, 0.92),
+    "LL": (6.6, 0.6, 2.7, 0.5),
+}
+"""NCCL's ring protocols as its tuner models them [nccl-tuning]: (base latency µs, hop latency over
+NVLink µs, hop latency over the network µs, fraction of the Simple protocol's bus bandwidth): the
+``baseLat`` and ring ``hwLat`` tables, and the ring refinements ``busBw * 0.92`` (LL128: 120 of every
+128 bytes are data) and ``busBw * .5`` (LL: a flag beside every 4-byte word; NCCL also caps it at
+``llMaxBw``, not modelled). NCCL runs each collective with the protocol its model predicts fastest:
+LL for small messages, LL128 in between, Simple for large ones (``Calibration.protocols``)."""
 OVERLAP_SLOWDOWN = 0.19
 """Compute beside running collectives is 18.9% slower on average [overlap-2507.03114]."""
 STREAM_FRACTION = 0.85
@@ -77,6 +88,8 @@ other; used to carry a GEMM figure over to a device without a published training
 
 RINGS = ("hierarchical", "flat")
 """How multi-level collectives run (``Calibration.rings``)."""
+PROTOCOLS = ("simple", "nccl")
+"""How a collective's protocol is chosen (``Calibration.protocols``)."""
 OUTER_REDUCE = ("boundary", "backward")
 """Where the gradient reduction beyond ``grad_span`` runs (``Calibration.outer_reduce``)."""
 
@@ -132,6 +145,10 @@ class Calibration:
     """How a collective over several levels runs: ``hierarchical`` (zerotune's engine: one ring per
     level, one level after the other) or ``flat`` (one NCCL ring over every rank of the span, as
     DeepSpeed and FSDP issue it on their data-parallel group; ``timing.Costs.flat_time``)."""
+    protocols: str = "simple"
+    """``simple``: every collective is charged the Simple protocol's latencies (as fitted calibrations
+    and gloo runs are); ``nccl``: each collective the fastest of NCCL's ring protocols
+    (``NCCL_RING_PROTOCOLS``), as NCCL picks them — the profiles of NVIDIA devices."""
     outer_reduce: str = "boundary"
     """Where a one-micro-step step reduces gradients beyond ``grad_span``: ``boundary`` (zerotune's
     engine: after the backward pass, serial) or ``backward`` (queued after each reduce group while
@@ -143,6 +160,8 @@ class Calibration:
     def __post_init__(self) -> None:
         if self.rings not in RINGS:
             raise ValueError(f"rings={self.rings!r}: must be one of {list(RINGS)}")
+        if self.protocols not in PROTOCOLS:
+            raise ValueError(f"protocols={self.protocols!r}: must be one of {list(PROTOCOLS)}")
         if self.outer_reduce not in OUTER_REDUCE:
             raise ValueError(f"outer_reduce={self.outer_reduce!r}: must be one of {list(OUTER_REDUCE)}")
 
@@ -190,6 +209,9 @@ class Device:
     megatron_efficiency: float
     pytorch_efficiency: float | None
     source: str
+    protocols: str = "nccl"
+    """How its collective library picks protocols (``Calibration.protocols``): ``nccl`` for NVIDIA;
+    ``simple`` for RCCL, whose per-protocol tuning tables (``rcclTuningModel``) were not sourced."""
 
     def efficiency(self, stack: str) -> float:
         if stack not in STACKS:
@@ -243,7 +265,7 @@ DEVICES: dict[str, Device] = {
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU"),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
-                     "MI250X outside the papers bench/published.py compares against)"),
+                     "MI250X outside the papers bench/published.py compares against)", protocols="simple"),
 }
 
 
@@ -260,7 +282,7 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
                        optimizer_elems_per_s=memory_bound / ADAMW_BYTES_PER_ELEM,
                        collective_launch_us=NCCL_RING_BASE_US, overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
-                       outer_reduce=outer_reduce)
+                       outer_reduce=outer_reduce, protocols=d.protocols)
 
 
 def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...]) -> ClusterSpec:

@@ -36,10 +36,11 @@ nInterSteps·interLat, and ``busBw`` the minimum over the ring's links)
   link class sets the rate, and a subtree of below_l ranks leaves through below_l links of level l.
 Gradient collectives at bits < 16 stay hierarchical (ZeRO++'s qgZ is a hierarchical all-to-all by
 design). The bytes booked per level (``volume.py``) are the engine's; only the seconds differ.
-Both kinds of ring are charged the Simple protocol's latencies (``hardware.NCCL_RING_BASE_US``,
-``NVLINK_HOP_US``, ``NET_HOP_US``). NCCL runs a latency-bound collective with LL or LL128 instead
-(smaller base and hop latencies, less bandwidth) where its tuner predicts less time, so the latency
-of small collectives over large groups is an upper bound here.
+**The protocol** (``Calibration.protocols``): NCCL times each collective under its Simple, LL128
+and LL protocols and runs the fastest (``hardware.NCCL_RING_PROTOCOLS``: smaller base and hop
+latencies for less bandwidth), so a latency-bound ring over a large group runs LL or LL128. The
+profiles of NVIDIA devices choose so (both kinds of ring); fitted calibrations, gloo runs and RCCL
+(whose tables were not sourced) are charged Simple's latencies throughout.
 
 **The pipeline** (``pipeline``) is the engine's own dependency structure: one FIFO communication
 thread and one compute stream. Iteration i issues the gathers of buckets up to i + prefetch (each
@@ -55,7 +56,13 @@ from __future__ import annotations
 
 import math
 
-from zerotune.strategies.costmodel.hardware import Calibration
+from zerotune.strategies.costmodel.hardware import (
+    NCCL_RING_BASE_US,
+    NCCL_RING_PROTOCOLS,
+    NET_HOP_US,
+    NVLINK_HOP_US,
+    Calibration,
+)
 from zerotune.strategies.costmodel.schedule import Coll
 from zerotune.strategies.spec import ClusterSpec
 from zerotune.strategies.volume import (
@@ -133,21 +140,36 @@ class Costs:
             sent = (ranks - 1) * (quantized_nbytes(numel, bits, self.block) if bits < 16 else numel * self.e)
         else:
             sent = _STEPS[op] * (ranks - 1) * (numel // ranks) * self.e
-        alpha = calib.latency_scale * 1e-6
-        t = calib.collective_launch_us * 1e-6
-        slowest = 0.0
-        below = 1
+        slowest, below = 0.0, 1
+        hops: list[tuple[int, float]] = []  # (ring steps at the level, its Simple hop latency)
         for level in range(lo, hi + 1):
             lv = self.cluster.levels[level - 1]
             if lv.size > 1:
-                hops = ranks // below - ranks // (below * lv.size)
-                t += _STEPS[op] * hops * lv.latency_us * alpha
+                hops.append((_STEPS[op] * (ranks // below - ranks // (below * lv.size)), lv.latency_us))
                 rate = below * lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)
                 slowest = max(slowest, sent / rate)
             below *= sizes[level - 1]
+        t = self._fastest(hops, slowest)
         if bits < 16:
             t += self.quant_elems(op, lo, hi, numel) / calib.quant_elems_per_s
-        return t + slowest
+        return t
+
+    def _fastest(self, hops: list[tuple[int, float]], wire_s: float) -> float:
+        """One ring's seconds: launch + Σ steps · hop latency + ``wire_s`` (its bytes at the Simple rate), under
+        the Simple protocol, or the fastest of NCCL's (``Calibration.protocols``). A level's own hop latency
+        is scaled to a protocol by its link class's ratio in NCCL's table: the network's where it is the
+        network's 14 µs or more, NVLink's below."""
+        calib = self.calib
+        alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
+        if calib.protocols == "simple":
+            return launch + sum(steps * hop for steps, hop in hops) * alpha + wire_s
+        best = math.inf
+        for base, nvlink, net, bw in NCCL_RING_PROTOCOLS.values():
+            t = launch * base / NCCL_RING_BASE_US + wire_s / bw
+            for steps, hop in hops:
+                t += steps * hop * alpha * (net / NET_HOP_US if hop >= NET_HOP_US else nvlink / NVLINK_HOP_US)
+            best = t if t < best else best
+        return best
 
     def time(self, c: Coll) -> float:
         """Seconds of one collective (see the module docstring)."""
@@ -161,15 +183,14 @@ class Costs:
             t = self.flat_time(c)
         elif lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
             vol, calib = self.volume(c), self.calib
-            launch, alpha = calib.collective_launch_us * 1e-6, calib.latency_scale * 1e-6
             for level in range(lo, hi + 1):
                 lv = self.cluster.levels[level - 1]
                 if lv.size == 1:
                     continue
-                t += launch + _STEPS[op] * (lv.size - 1) * lv.latency_us * alpha
                 kinds = vol.get(lv.name, {})
                 sent = sum(kinds.values()) + (1 / calib.all_to_all_efficiency - 1) * kinds.get("all_to_all", 0)
-                t += sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level))
+                t += self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)],
+                                   sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)))
             if bits < 16:
                 t += self.quant_elems(op, lo, hi, numel) / calib.quant_elems_per_s
         self._time[c] = t

@@ -18,6 +18,7 @@ from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     LINKS,
     NCCL_RING_BASE_US,
+    NCCL_RING_PROTOCOLS,
     NET_HOP_US,
     NVLINK_HOP_US,
     profile_calibration,
@@ -98,9 +99,10 @@ def test_tiny_messages_are_latency_bound_and_large_ones_bandwidth_bound():
     calib = calibration_for(cluster)
     costs = costs_for(cluster, calib, 2, 1, 2048)
     link = LINKS["nvlink4-nvswitch"]
-    latency = (NCCL_RING_BASE_US + 7 * NVLINK_HOP_US) * 1e-6
-    tiny = costs.time(("all_gather", (1, 1), 4, 16))  # 8 bytes per rank
-    assert tiny == pytest.approx(latency, rel=1e-3)
+    latency = (NCCL_RING_BASE_US + 7 * NVLINK_HOP_US) * 1e-6  # Simple
+    ll_base, ll_nvlink, ll_net, _ = NCCL_RING_PROTOCOLS["LL"]
+    tiny = costs.time(("all_gather", (1, 1), 4, 16))  # 8 bytes per rank: NCCL runs it with LL
+    assert tiny == pytest.approx((ll_base + 7 * ll_nvlink) * 1e-6, rel=1e-3)
     big_numel = 2**28  # 512 MiB shard per rank
     big = costs.time(("all_gather", (1, 1), big_numel, 16))
     assert big == pytest.approx(latency + 7 * big_numel * 2 / (link.bandwidth_gbps * 1e9 * link.efficiency), rel=1e-9)
@@ -108,7 +110,12 @@ def test_tiny_messages_are_latency_bound_and_large_ones_bandwidth_bound():
     # the ring pays one hop per rank: 8 times the ranks, about 8 times the latency of a tiny collective
     wide = profile_cluster("wide", "H100", (("node", 64, "nvlink4-nvswitch"),))
     wide_tiny = costs_for(wide, calib, 2, 1, 2048).time(("all_gather", (1, 1), 4, 16))
-    assert wide_tiny == pytest.approx((NCCL_RING_BASE_US + 63 * NVLINK_HOP_US) * 1e-6, rel=1e-3)
+    assert wide_tiny == pytest.approx((ll_base + 63 * ll_nvlink) * 1e-6, rel=1e-3)
+    # a calibration that charges Simple's latencies throughout (fitted ones, gloo runs)
+    simple = costs_for(cluster, dataclasses.replace(calib, protocols="simple"), 2, 1, 2048)
+    assert simple.time(("all_gather", (1, 1), 4, 16)) == pytest.approx(latency, rel=1e-3)
+    with pytest.raises(ValueError, match="protocols='LL'"):
+        Calibration(protocols="LL")
 
 
 def a800(nodes: int, rings: str):
@@ -122,20 +129,26 @@ def a800(nodes: int, rings: str):
 
 def test_a_flat_ring_pays_a_hop_per_rank_of_the_whole_group():
     """NCCL's ring latency (tuning.cc): base + (nRanks - nNodes) NVLink hops + (nNodes - 1) network hops, for the one
-    ring DeepSpeed and FSDP run over their whole group; zerotune's per-level rings pay (nodes - 1) + (8 - 1)."""
+    ring DeepSpeed and FSDP run over their whole group; zerotune's per-level rings pay (nodes - 1) + (8 - 1). A tiny
+    message runs with NCCL's LL protocol (the fastest its tuner predicts), Simple's latencies where a calibration
+    charges those throughout."""
+    base, nvlink, net, _ = NCCL_RING_PROTOCOLS["LL"]
     for nodes in (2, 16, 128):
         flat_cluster, flat = a800(nodes, "flat")
         hier_cluster, hier = a800(nodes, "hierarchical")
         tiny = ("all_gather", (1, 2), 4, 16)
         world = 8 * nodes
-        want = (NCCL_RING_BASE_US + (world - nodes) * NVLINK_HOP_US + (nodes - 1) * NET_HOP_US) * 1e-6
+        want = (base + (world - nodes) * nvlink + (nodes - 1) * net) * 1e-6
         assert costs_for(flat_cluster, flat, 2, 1, 2048).time(tiny) == pytest.approx(want, rel=1e-2)
-        per_level = (2 * NCCL_RING_BASE_US + 7 * NVLINK_HOP_US + (nodes - 1) * NET_HOP_US) * 1e-6
+        per_level = (2 * base + 7 * nvlink + (nodes - 1) * net) * 1e-6
         assert costs_for(hier_cluster, hier, 2, 1, 2048).time(tiny) == pytest.approx(per_level, rel=1e-2)
-    # at 1,024 GPUs the flat ring's latency is ~2.7x the hierarchy's; an all-reduce pays every hop twice
-    assert want / per_level > 2.5
+        simple = costs_for(flat_cluster, dataclasses.replace(flat, protocols="simple"), 2, 1, 2048).time(tiny)
+        assert simple == pytest.approx(
+            (NCCL_RING_BASE_US + (world - nodes) * NVLINK_HOP_US + (nodes - 1) * NET_HOP_US) * 1e-6, rel=1e-2)
+    # at 1,024 GPUs the flat ring's latency is over 2x the hierarchy's; an all-reduce pays every hop twice
+    assert want / per_level > 2
     ar = costs_for(flat_cluster, flat, 2, 1, 2048).time(("all_reduce", (1, 2), 1024, 16))
-    assert ar == pytest.approx(2 * want - NCCL_RING_BASE_US * 1e-6, rel=1e-2)
+    assert ar == pytest.approx(2 * want - base * 1e-6, rel=1e-2)
 
 
 def test_a_flat_ring_is_as_fast_as_its_slowest_link_class():
