@@ -86,13 +86,8 @@ class Table:
         self.role = self.source.get("role", "agreement")
         if self.role not in ("agreement", "calibration", "reference"):
             raise ValueError(f"{path.name}: source.role={self.role!r}: must be agreement, calibration or reference")
-        self.rings = self.source.get("collectives", "flat")
-        if self.rings not in RINGS:
-            raise ValueError(f"{path.name}: source.collectives={self.rings!r}: must be one of {list(RINGS)}")
-        self.outer_reduce = self.source.get("outer_reduce", "boundary")
-        if self.outer_reduce not in OUTER_REDUCE:
-            raise ValueError(f"{path.name}: source.outer_reduce={self.outer_reduce!r}: must be one of "
-                             f"{list(OUTER_REDUCE)}")
+        self.rings = self._choice("collectives", "flat", RINGS)
+        self.outer_reduce = self._choice("outer_reduce", "boundary", OUTER_REDUCE)
         self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce)
                          for k, v in data.get("clusters", {}).items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
@@ -110,6 +105,12 @@ class Table:
                     self.compares.append({"of": row_id, "over": ids[0], "caption": group["caption"]})
         self.compares += data.get("compare", [])
         self._predicted: dict[str, dict[str, Any]] = {}
+
+    def _choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
+        value = self.source.get(key, default)
+        if value not in allowed:
+            raise ValueError(f"{self.path.name}: source.{key}={value!r}: must be one of {list(allowed)}")
+        return str(value)
 
     def predict(self, row_id: str) -> dict[str, Any]:
         """The prediction for ``cluster/model/micro-batch/strategy``, with the table's metric as ``value``."""

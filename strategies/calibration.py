@@ -45,12 +45,12 @@ class Measurement:
     one_host: bool = False
     """Every rank ran on one host (run.json's ``host``; before it was recorded, a ``local:`` cluster):
     whatever the levels are called, their collectives crossed the same transport."""
-    all_to_all_traffic: tuple[tuple[str, int, float], ...] = ()
-    """The same for the level's all-to-alls (ZeRO++'s quantized gradient exchange)."""
     level_traffic: tuple[tuple[str, int, float], ...] = ()
     """(level, bytes sent per rank per step, seconds per step in those collectives) for the
     all-gathers, reduce-scatters and all-reduces of each level (run.json's ``bytes_per_level`` and
     ``seconds_per_level``; empty for runs that did not record seconds)."""
+    all_to_all_traffic: tuple[tuple[str, int, float], ...] = ()
+    """The same for each level's all-to-alls (ZeRO++'s quantized gradient exchange)."""
 
     @classmethod
     def from_run(cls, run: dict[str, Any], source: str = "run.json") -> Measurement:
@@ -113,8 +113,8 @@ def measured_level_efficiencies(measurements: Sequence[Measurement]) -> tuple[fl
     ``bandwidth_gbps``. The seconds include each collective's latency, so on small messages this is
     a lower bound of the link's efficiency. A level with no traffic keeps the nominal 0.8.
 
-    Raises ``SpecError`` when a run that moved bytes on a level recorded no seconds there (a run.json
-    from before ``seconds_per_level``, or a run on a single level)."""
+    Raises ``SpecError`` when a run recorded no seconds in ring collectives (a run.json from before
+    ``seconds_per_level``)."""
     if not all(m.level_traffic for m in measurements):
         raise SpecError("measurements", "no seconds_per_level",
                         "every run needs run.json's seconds_per_level to read bandwidths off its clocks "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -38,7 +37,7 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
                    help="run dtype (auto: fp32 on CPU clusters, bf16 otherwise)")
     p.add_argument("--calibration", help="a stored calibration name (zerotune calibrate) or its JSON file")
-    p.add_argument("--runner", choices=sorted(RUNNERS), default=None,
+    p.add_argument("--runner", choices=["deepspeed", "fsdp", "zerotune"], default=None,
                    help="the software that runs the spans: zerotune (its engine: one ring per level, the outer "
                         "gradient reduction at the step boundary), deepspeed or fsdp (as the exported configs run: "
                         "one NCCL ring over the whole group, gradients reduced while backward runs); default: the "
@@ -120,11 +119,6 @@ def cmd_validate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
               f"{fits}")
     return ExitStatus.SUCCESS
 
-RUNNERS = {"zerotune": ("hierarchical", "boundary"), "deepspeed": ("flat", "backward"), "fsdp": ("flat", "backward")}
-"""``zerotune predict --runner``: (``Calibration.rings``, ``Calibration.outer_reduce``) of each runner. The
-DeepSpeed export sets ``overlap_comm``; FSDP reduces across replicas in its post-backward hook."""
-
-
 def _sweep(text: str) -> list[str]:
     """``frontier:1,2,4`` → ``["frontier:1", "frontier:2", "frontier:4"]``."""
     name, sep, counts = text.partition(":")
@@ -135,6 +129,7 @@ def _sweep(text: str) -> list[str]:
 def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.strategies.calibration import load_calibration
     from zerotune.strategies.costmodel import GIB, calibration_for, cross_node_bytes, predict
+    from zerotune.strategies.costmodel.hardware import run_by
     from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
     from zerotune.strategies.spec import count_label
 
@@ -149,8 +144,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             s = load_strategy(strategy_name, cluster, **parse_overrides(args.set))
             used = calib or calibration_for(cluster)
             if args.runner:
-                rings, outer_reduce = RUNNERS[args.runner]
-                used = dataclasses.replace(used, rings=rings, outer_reduce=outer_reduce)
+                used = run_by(used, args.runner)
             p = predict(model, cluster, s, elem_bytes=elem, global_batch=args.global_batch, calibration=used)
             base = base or p
             p.update(cluster=cluster.name, strategy=s.name or strategy_name,

@@ -144,7 +144,7 @@ class Calibration:
     rings: str = "hierarchical"
     """How a collective over several levels runs: ``hierarchical`` (zerotune's engine: one ring per
     level, one level after the other) or ``flat`` (one NCCL ring over every rank of the span, as
-    DeepSpeed and FSDP issue it on their data-parallel group; ``timing.Costs.flat_time``)."""
+    DeepSpeed and FSDP issue it on their data-parallel group; ``timing.Costs._flat_ring``)."""
     protocols: str = "simple"
     """``simple``: every collective is charged the Simple protocol's latencies (as fitted calibrations
     and gloo runs are); ``nccl``: each collective the fastest of NCCL's ring protocols
@@ -158,12 +158,9 @@ class Calibration:
     """A fitted calibration's cross-validated error on the runs it came from (its predictions' band)."""
 
     def __post_init__(self) -> None:
-        if self.rings not in RINGS:
-            raise ValueError(f"rings={self.rings!r}: must be one of {list(RINGS)}")
-        if self.protocols not in PROTOCOLS:
-            raise ValueError(f"protocols={self.protocols!r}: must be one of {list(PROTOCOLS)}")
-        if self.outer_reduce not in OUTER_REDUCE:
-            raise ValueError(f"outer_reduce={self.outer_reduce!r}: must be one of {list(OUTER_REDUCE)}")
+        for field, allowed in (("rings", RINGS), ("protocols", PROTOCOLS), ("outer_reduce", OUTER_REDUCE)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 
     def level_efficiency(self, level: int) -> float:
         return self.bandwidth_efficiency[level - 1] if self.bandwidth_efficiency else 0.8
@@ -178,6 +175,24 @@ class Calibration:
         if isinstance(data.get("measured_error"), dict):
             data["measured_error"] = MeasuredError(**data["measured_error"])
         return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+RUNNERS: dict[str, tuple[str, str]] = {
+    "zerotune": ("hierarchical", "boundary"),
+    "deepspeed": ("flat", "backward"),
+    "fsdp": ("flat", "backward"),
+}
+"""How each runner of a strategy moves its bytes (``Calibration.rings``, ``Calibration.outer_reduce``):
+zerotune's engine, and the exported configs as DeepSpeed (the export sets ``overlap_comm``) and FSDP
+(it reduces across replicas in its post-backward hook) run them."""
+
+
+def run_by(calib: Calibration, runner: str) -> Calibration:
+    """``calib`` with the collectives of ``runner`` (a key of ``RUNNERS``)."""
+    if runner not in RUNNERS:
+        raise ValueError(f"runner={runner!r}: must be one of {sorted(RUNNERS)}")
+    rings, outer_reduce = RUNNERS[runner]
+    return dataclasses.replace(calib, rings=rings, outer_reduce=outer_reduce)
 
 
 @dataclass(frozen=True)

@@ -131,9 +131,8 @@ class Costs:
             total += self.quant_elems("all_gather", lo, hi, seen)
         return total
 
-    def flat_time(self, c: Coll) -> float:
-        """Seconds of one collective run as one ring over all its ranks (see the module docstring)."""
-        op, (lo, hi), numel, bits = c
+    def _flat_ring(self, op: str, lo: int, hi: int, numel: int, bits: int) -> float:
+        """Seconds on the wire of one collective run as one ring over all its ranks (module docstring)."""
         calib, sizes = self.calib, self.cluster.sizes
         ranks = self.prefix[hi] // self.prefix[lo - 1]
         if op == "all_gather":
@@ -149,9 +148,21 @@ class Costs:
                 rate = below * lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)
                 slowest = max(slowest, sent / rate)
             below *= sizes[level - 1]
-        t = self._fastest(hops, slowest)
-        if bits < 16:
-            t += self.quant_elems(op, lo, hi, numel) / calib.quant_elems_per_s
+        return self._fastest(hops, slowest)
+
+    def _level_rings(self, c: Coll) -> float:
+        """Seconds on the wire of one collective run as one ring per level, one level after the other."""
+        op, (lo, hi), _, _ = c
+        vol, calib = self.volume(c), self.calib
+        t = 0.0
+        for level in range(lo, hi + 1):
+            lv = self.cluster.levels[level - 1]
+            if lv.size == 1:
+                continue
+            kinds = vol.get(lv.name, {})
+            sent = sum(kinds.values()) + (1 / calib.all_to_all_efficiency - 1) * kinds.get("all_to_all", 0)
+            t += self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)],
+                               sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)))
         return t
 
     def _fastest(self, hops: list[tuple[int, float]], wire_s: float) -> float:
@@ -178,21 +189,11 @@ class Costs:
             return cached
         op, (lo, hi), numel, bits = c
         t = 0.0
-        if lo <= hi and self.prefix[hi] != self.prefix[lo - 1] and self.calib.rings == "flat" and (
-                op == "all_gather" or bits >= 16):
-            t = self.flat_time(c)
-        elif lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
-            vol, calib = self.volume(c), self.calib
-            for level in range(lo, hi + 1):
-                lv = self.cluster.levels[level - 1]
-                if lv.size == 1:
-                    continue
-                kinds = vol.get(lv.name, {})
-                sent = sum(kinds.values()) + (1 / calib.all_to_all_efficiency - 1) * kinds.get("all_to_all", 0)
-                t += self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)],
-                                   sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)))
+        if lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
+            flat = self.calib.rings == "flat" and (op == "all_gather" or bits >= 16)  # qgZ stays hierarchical
+            t = self._flat_ring(op, lo, hi, numel, bits) if flat else self._level_rings(c)
             if bits < 16:
-                t += self.quant_elems(op, lo, hi, numel) / calib.quant_elems_per_s
+                t += self.quant_elems(op, lo, hi, numel) / self.calib.quant_elems_per_s
         self._time[c] = t
         return t
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from tests.api.conftest import ROOT, Launcher, Proc
+from tests.support import unavailable
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts" / "dashboard"
@@ -238,22 +238,14 @@ def empty_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
 # --- the browser -------------------------------------------------------------------------------------
 
 
-def _unavailable(reason: str) -> None:
-    """Skip on a machine without a browser (a laptop); in CI, which installs both, that is a failure:
-    the dashboard must not go untested because an install step broke."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must run the browser tests: {reason}")
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; CI installs it)")
+        unavailable(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; CI installs it)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _unavailable("the playwright package is missing (pip install -e '.[dev]')")
+        unavailable("the playwright package is missing (pip install -e '.[dev]')")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
