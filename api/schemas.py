@@ -146,6 +146,10 @@ class RecommendationCreate(_In):
     emulate: bool = Field(
         default=False, description="local executor only: run the short runs on an emulated cluster (network "
         "namespaces per innermost group, links shaped to this cluster's levels); needs CAP_NET_ADMIN on the workers")
+    runner: Literal["zerotune", "deepspeed", "fsdp"] = Field(
+        default="zerotune", description="who trains with the answer: the study searches only what that runner runs "
+        "exactly and predicts its collectives as it issues them (DeepSpeed and FSDP2: flat NCCL rings over the "
+        "whole group, gradients reduced during backward); deepspeed and fsdp need executor model")
 
 
 class RecommendationPublic(BaseModel):

@@ -14,7 +14,7 @@ on, never the cluster it stood in for, so its refit is stored under the machine'
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -23,7 +23,11 @@ from zerotune.db.models import Trial
 from zerotune.errors import SpecError
 from zerotune.strategies.calibration import Measurement, load_calibration, refit
 from zerotune.strategies.costmodel import Calibration, calibration_for
+from zerotune.strategies.costmodel.hardware import run_by
 from zerotune.strategies.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from zerotune.tuner.request import TuneRequest
 
 log = logging.getLogger("zerotune.calibrations")
 MAX_RUNS = 60
@@ -52,6 +56,16 @@ def load(session: Session, name: str | None) -> Calibration | None:
     except SpecError:
         stored = [c.name for c in repo.list_calibrations(session=session, limit=20)[0]]
         raise SpecError("calibration", name, f"no such calibration; stored: {stored or 'none'}") from None
+
+
+def for_request(session: Session, request: TuneRequest) -> Calibration | None:
+    """What a study of ``request`` predicts with: the calibration it names (None: the cluster's profile),
+    charged the collectives of the request's runner (DeepSpeed and FSDP2 issue flat rings and reduce in
+    backward: ``costmodel.hardware.run_by``)."""
+    calib = load(session, request.calibration)
+    if request.runner == "zerotune":
+        return calib
+    return run_by(calib or calibration_for(request.cluster), request.runner)
 
 
 MEASURED_STATUSES = ("complete", "failed")

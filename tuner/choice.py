@@ -287,7 +287,7 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
             if part not in seen and cand[2] is not None and cand[2] >= floor and len(seen) < 5:
                 seen.add(part)
                 decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(), "value": cand[2]})
-    extra = {"decision": decision, "refit": chooser.refit, **chooser.note}
+    extra = {"decision": decision, "refit": chooser.refit, "runner": request.runner, **chooser.note}
     if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
         extra["front"] = front
     measured = sorted(((r[0], r[2], r[4] or {}) for r in ranked if r[3] != "predicted" and r[2] is not None),

@@ -11,7 +11,7 @@ from typing import Any
 from zerotune.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.tuner.executors.local import runs_as_is
-from zerotune.tuner.space import resolve_global_batch
+from zerotune.tuner.space import RUNNERS, resolve_global_batch
 
 SAMPLERS = ("tpe", "nsga2", "random")
 
@@ -42,6 +42,9 @@ class TuneRequest:
     emulate: bool = False
     """``local`` only: run the short runs on an emulated cluster (``strategies.emulate``: a namespace per
     innermost group, links shaped to the requested cluster's levels)."""
+    runner: str = "zerotune"
+    """Who trains with the answer (``space.RUNNERS``): the study searches what that runner runs exactly and
+    predicts its collectives as that runner issues them (``costmodel.hardware.run_by``)."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "pareto"):
@@ -63,6 +66,13 @@ class TuneRequest:
         if self.emulate and self.executor != "local":
             raise SpecError("emulate", self.emulate, f"only the local executor's runs can be emulated, not "
                             f"{self.executor!r}")
+        if self.runner not in RUNNERS:
+            raise SpecError("runner", self.runner, f"must be one of {list(RUNNERS)}")
+        if self.runner != "zerotune" and (self.executor != "model" or self.measure is not None):
+            what = f"executor {self.executor!r}" if self.executor != "model" else f"measure_shortlist {self.measure!r}"
+            raise SpecError("runner", self.runner, f"short runs train with zerotune's own engine, so {what} cannot "
+                            f"measure how {self.runner} runs a strategy; use executor 'model' without "
+                            "measure_shortlist, or runner 'zerotune'")
         if self.emulate and self.cluster.num_levels < 2:
             raise SpecError("emulate", self.emulate, f"{self.cluster.name} has one level: nothing to emulate")
         batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
@@ -79,6 +89,8 @@ class TuneRequest:
                 fields[name] = getattr(self, name)
         if self.emulate:
             fields["emulate"] = True
+        if self.runner != "zerotune":
+            fields["runner"] = self.runner
         return fields
 
     def key(self) -> str:

@@ -14,6 +14,7 @@ from zerotune.strategies.catalog import build_strategy
 from zerotune.strategies.costmodel import Calibration, predict
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.tuner.request import TuneRequest, strategy_key
+from zerotune.tuner.space import runner_rule
 
 REPLICATING = ("zero2", "zero1", "ddp")
 """Known-good strategies that replicate what ZeRO-3 shards: tried first only where the cost model says they fit."""
@@ -22,13 +23,16 @@ PRESETS = ("zero3", "zeropp", "3level-b", "3level-a", "mics", *REPLICATING)
 
 
 def known_good(request: TuneRequest, calibration: Calibration | None = None) -> list[tuple[Strategy, dict[str, Any]]]:
-    """The known-good presets that exist on the request's cluster (the replicating ones only where the cost model,
-    with ``calibration``, says they fit), each with the Optuna user attribute that marks it."""
+    """The known-good presets that exist on the request's cluster and that its runner runs exactly (the
+    replicating ones only where the cost model, with ``calibration``, says they fit), each with the Optuna user
+    attribute that marks it."""
     r, out = request, []
     for name in PRESETS:
         try:
             s = build_strategy(name, r.cluster)
         except SpecError:
+            continue
+        if runner_rule(r.runner, r.cluster, s) is not None:
             continue
         if name in REPLICATING and not predict(r.model, r.cluster, s, global_batch=r.global_batch,
                                                calibration=calibration)["feasible"]:
@@ -39,7 +43,8 @@ def known_good(request: TuneRequest, calibration: Calibration | None = None) -> 
 
 def warm_start(session: Session, request: TuneRequest, top: int = 3) -> list[Strategy]:
     """The best strategies of the most similar earlier request (same cluster family, nearest size): its
-    recommended strategy first (what its decision kept, not always its fastest trial), then its fastest."""
+    recommended strategy first (what its decision kept, not always its fastest trial), then its fastest;
+    only those the request's runner runs exactly."""
     r = request
     family = r.cluster.name.split(":")[0]
     best: tuple[float, int] | None = None
@@ -62,6 +67,8 @@ def warm_start(session: Session, request: TuneRequest, top: int = 3) -> list[Str
         try:
             s_ = Strategy.from_dict(fields).validate_for(r.cluster)
         except SpecError:
+            continue
+        if runner_rule(r.runner, r.cluster, s_) is not None:
             continue
         if all(strategy_key(s_) != strategy_key(o) for o in out):
             out.append(s_)

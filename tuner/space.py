@@ -7,6 +7,11 @@ name), weight bits are only asked when a gathered level can be quantized. Every 
 categorical and finite, so the whole space can also be enumerated (``enumerate_space``) to find
 the true optimum of a cost model. ``strategy_params`` maps a Strategy back to parameters, which is
 how presets and warm-start strategies are enqueued.
+
+A space belongs to a *runner*: the program that will train with the answer. zerotune's own engine
+runs every Strategy; DeepSpeed and FSDP2 run only part of the space exactly (``runner_rule``), so a
+study for them searches that part alone and never recommends a strategy whose export would have to
+approximate it (``tuner.exports`` notes what the approximations are).
 """
 
 from __future__ import annotations
@@ -21,6 +26,52 @@ from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
 
 NONE = "none"
 MICRO_BATCH_SIZES = (1, 2, 4)
+RUNNERS = ("zerotune", "deepspeed", "fsdp")
+"""Who trains with the answer: zerotune's engine, DeepSpeed (ZeRO / ZeRO++) or PyTorch FSDP2."""
+
+
+def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:
+    """None when ``runner`` runs ``s`` on ``cluster`` exactly as the cost model times it (same groups,
+    same bytes per level); else why not, in words.
+
+    DeepSpeed (``deepspeed/runtime/zero``, newest releases, no MiCS): stage 1-2 partition over the whole
+    data-parallel world and stage 3 partitions P, G and OS over it together; hpZ
+    (``zero_hpz_partition_size``) is a secondary group of more than one rank inside the world; qwZ is
+    int8 and qgZ int4 only, stage 3 only, qgZ across nodes only, and both quantize every link of the
+    collective (``quantize_above`` 1). FSDP2 (``fully_shard``): P, G and OS share one shard mesh dim
+    (HSDP replicates above it), ``reshard_after_forward`` is the hpZ group (False: one rank), and
+    nothing is quantized."""
+    if runner == "zerotune":
+        return None
+    if runner not in RUNNERS:
+        raise SpecError("runner", runner, f"must be one of {list(RUNNERS)}")
+    world = cluster.world_size
+    spans = (s.param_span, s.grad_span, s.optim_span)
+    secondary = None if s.secondary_span is None else cluster.span_size(s.secondary_span)
+    if s.quantized and s.quantize_above > 1:
+        return f"{runner} quantizes every link of a collective (quantize_above 1), not from level {s.quantize_above}"
+    if runner == "deepspeed":
+        if any(span and cluster.span_size(span) < world for span in spans):
+            return "DeepSpeed partitions over the whole data-parallel world, not a narrower span (MiCS is removed)"
+        if s.param_span and (s.grad_span, s.optim_span) != (s.param_span, s.param_span):
+            return "DeepSpeed stage 3 partitions P, G and OS together"
+        if secondary is not None and not 1 < secondary < world:
+            return f"DeepSpeed's hpZ group must hold more than one rank and fewer than the world, not {secondary}"
+        if s.weight_bits not in (16, 8):
+            return f"DeepSpeed's qwZ is int8 only, not int{s.weight_bits}"
+        if s.grad_bits not in (16, 4):
+            return f"DeepSpeed's qgZ is int4 only, not int{s.grad_bits}"
+        if s.grad_bits < 16 and (not s.param_span or cluster.num_levels < 2
+                                 or world <= cluster.span_size(cluster.node_span)):
+            return "DeepSpeed quantizes gradients (qgZ) in stage 3 across nodes only"
+        return None
+    if len(set(spans)) > 1:
+        return "FSDP2 shards P, G and OS over one mesh dim"
+    if secondary is not None and secondary != 1 and not secondary < cluster.span_size(s.param_span):
+        return "FSDP2's reshard_after_forward group must be one rank or a divisor smaller than the shard dim"
+    if s.quantized:
+        return "FSDP2 has no quantized communication"
+    return None
 
 
 def default_global_batch(cluster: ClusterSpec, micro_batch_sizes: tuple[int, ...] = MICRO_BATCH_SIZES) -> int:
@@ -84,37 +135,66 @@ class Space:
     bits: tuple[int, ...] = BITS
     global_batch: int | None = None
     """The study's fixed batch: only micro-batches that divide each rank's share of it are offered."""
+    runner: str = "zerotune"
+    """Who trains with the answer: only the strategies it runs exactly are offered (``runner_rule``)."""
 
     def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise SpecError("runner", self.runner, f"must be one of {list(RUNNERS)}")
         if self.global_batch is not None:
             object.__setattr__(self, "micro_batch_sizes",
                                micro_batches_for(self.cluster, self.global_batch, self.micro_batch_sizes))
 
+    def _runs(self, **fields: Any) -> bool:
+        """Whether the runner runs some strategy with these fields (the others at their neutral values)."""
+        try:
+            return runner_rule(self.runner, self.cluster, Strategy.from_dict(fields)) is None
+        except SpecError:
+            return False
+
     @property
     def span_triples(self) -> list[str]:
         L = self.cluster.num_levels  # noqa: N806
-        return [f"{p},{g},{o}" for p in range(L + 1) for g in range(p, L + 1) for o in range(g, L + 1)]
+        return [f"{p},{g},{o}" for p in range(L + 1) for g in range(p, L + 1) for o in range(g, L + 1)
+                if self._runs(param_span=p, grad_span=g, optim_span=o)]
+
+    def _secondaries(self, p: int) -> list[str]:
+        return [NONE, *(str(s) for s in range(p)
+                        if self._runs(param_span=p, grad_span=p, optim_span=p, secondary_span=s))]
+
+    def _quantize_above(self) -> list[int]:
+        return list(range(1, self.cluster.num_levels + 1)) if self.runner == "zerotune" else [1]
+
+    def _bits(self, what: str) -> list[int]:
+        """The widths some strategy of the runner moves ``what`` (``weight_bits`` or ``grad_bits``) in."""
+        L = self.cluster.num_levels  # noqa: N806
+        return [b for b in self.bits if self._runs(param_span=L, grad_span=L, optim_span=L, **{what: b})]
 
     def suggest(self, trial: Any) -> Strategy:
         """Ask ``trial`` (an optuna Trial) for one point and build the Strategy (raises SpecError if the
         combination is invalid for the cluster)."""
-        L = self.cluster.num_levels  # noqa: N806
         p, g, o = (int(x) for x in trial.suggest_categorical("spans", self.span_triples).split(","))
-        secondary = trial.suggest_categorical(f"secondary_span_p{p}", [NONE, *map(str, range(p))]) if p else NONE
-        qa = trial.suggest_categorical("quantize_above", list(range(1, L + 1)))
-        weight_bits = trial.suggest_categorical("weight_bits", list(self.bits)) if p >= qa else 16
+        secondary = trial.suggest_categorical(f"secondary_span_p{p}", self._secondaries(p)) if p else NONE
+        qa = trial.suggest_categorical("quantize_above", self._quantize_above())
+        weight_bits = trial.suggest_categorical("weight_bits", self._bits("weight_bits")) if p >= qa else 16
         fields = {
             "param_span": p, "grad_span": g, "optim_span": o,
             "secondary_span": None if secondary == NONE else int(secondary),
             "quantize_above": qa, "weight_bits": weight_bits,
-            "grad_bits": trial.suggest_categorical("grad_bits", list(self.bits)),
+            "grad_bits": trial.suggest_categorical("grad_bits", self._bits("grad_bits")),
             "allgather_bucket_mb": trial.suggest_categorical("allgather_bucket_mb", list(self.bucket_mb)),
             "reduce_bucket_mb": trial.suggest_categorical("reduce_bucket_mb", list(self.bucket_mb)),
             "prefetch_buckets": trial.suggest_categorical("prefetch_buckets", list(self.prefetch)),
             "micro_batch_size": trial.suggest_categorical("micro_batch_size", list(self.micro_batch_sizes)),
             "activation_checkpointing": trial.suggest_categorical("activation_checkpointing", list(self.checkpointing)),
         }
-        return Strategy.from_dict(fields).validate_for(self.cluster)
+        return self.admit(Strategy.from_dict(fields).validate_for(self.cluster))
+
+    def admit(self, s: Strategy) -> Strategy:
+        """``s`` when the runner runs it exactly, else ``SpecError`` saying why not."""
+        if (why := runner_rule(self.runner, self.cluster, s)) is not None:
+            raise SpecError("runner", self.runner, why)
+        return s
 
     def strategy_params(self, s: Strategy) -> dict[str, Any]:
         """The parameters that make ``suggest`` return ``s`` (buckets snapped to the nearest choice)."""
@@ -136,17 +216,17 @@ class Space:
 
     def enumerate_space(self) -> Iterator[Strategy]:
         """Every valid Strategy of the space (for exhaustive search on the cost model)."""
-        L = self.cluster.num_levels  # noqa: N806
-        rest = list(itertools.product(self.bits, self.bucket_mb, self.bucket_mb, self.prefetch,
+        rest = list(itertools.product(self._bits("grad_bits"), self.bucket_mb, self.bucket_mb, self.prefetch,
                                       self.micro_batch_sizes, self.checkpointing))
         for triple in self.span_triples:
             p, g, o = (int(x) for x in triple.split(","))
-            for secondary in [None, *range(p)] if p else [None]:
-                for qa in range(1, L + 1):
-                    for wb in self.bits if p >= qa else (16,):
+            for secondary in self._secondaries(p) if p else [NONE]:
+                for qa in self._quantize_above():
+                    for wb in self._bits("weight_bits") if p >= qa else (16,):
                         for gb, ag, rs, pf, mbs, ckpt in rest:
                             try:
-                                yield Strategy(p, g, o, secondary, wb, gb, qa, ag, rs, pf, mbs, ckpt)
+                                yield self.admit(Strategy(p, g, o, None if secondary == NONE else int(secondary),
+                                                          wb, gb, qa, ag, rs, pf, mbs, ckpt))
                             except SpecError:
                                 continue
 

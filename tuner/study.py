@@ -73,14 +73,14 @@ class Tuner:
                  verify_quantized: bool = True, exclusive: bool = False,
                  candidates: list[Strategy] | None = None, answer_key: str | None = None,
                  answer_note: dict[str, Any] | None = None) -> None:
-        """``calibration``: what every prediction uses (None: the one ``request.calibration`` names, else
-        the cluster's profile). ``verify_quantized``: proxy-verify a predicted quantized pick before
-        recommending it (:func:`tuner.choice.choose`). ``exclusive``: the caller guarantees no
-        other runner works on this study (a worker holding its job), so unfinished trials found at
-        resume are dead whatever their lease says. ``candidates``: try exactly these strategies (a
-        shortlist to measure) instead of the presets, the warm start and the sampler. ``answer_key``:
-        store the recommendation under this request key (the request whose shortlist this measures),
-        with ``answer_note`` in its metrics."""
+        """``calibration``: what every prediction uses (None: ``tuner.calibrations.for_request``, the one
+        ``request.calibration`` names, else the cluster's profile, with the request runner's collectives).
+        ``verify_quantized``: proxy-verify a predicted quantized pick before recommending it
+        (:func:`tuner.choice.choose`). ``exclusive``: the caller guarantees no other worker runs this study
+        (a worker holding its job), so unfinished trials found at resume are dead whatever their lease says.
+        ``candidates``: try exactly these strategies (a shortlist to measure) instead of the presets, the
+        warm start and the sampler. ``answer_key``: store the recommendation under this request key (the
+        request whose shortlist this measures), with ``answer_note`` in its metrics."""
         self.verify_quantized, self.exclusive = verify_quantized, exclusive
         self.request, self.executor, self.workdir = request, executor, Path(workdir)
         self.db_url = db_url
@@ -88,12 +88,14 @@ class Tuner:
         self.lease_s, self.trial_timeout_s, self.steps = lease_s, trial_timeout_s, steps
         self.progress_cb, self.stop = progress, stop or threading.Event()
         self.candidates, self.answer_key, self.answer_note = candidates, answer_key, answer_note
-        self.space = Space(request.cluster, global_batch=request.global_batch)
+        self.space = Space(request.cluster, global_batch=request.global_batch, runner=request.runner)
         self.sessions = make_session_factory(make_engine(db_url))
-        if calibration is None and request.calibration is not None:
+        if calibration is None and (request.calibration is not None or request.runner != "zerotune"):
             with session_scope(self.sessions) as s:
-                calibration = calibrations.load(s, request.calibration)
+                calibration = calibrations.for_request(s, request)
         self.calibration = calibration
+        if not executor.measures and getattr(executor, "calibration", False) is None:
+            executor.calibration = calibration  # the model executor's values are what the study screened with
         self.remeasured: list[int] = []
         """Trials this study ran a second time because their intervals overlapped the leader's."""
         self.progress: Progress | None = None
@@ -109,7 +111,8 @@ class Tuner:
                                              cluster=r.cluster.to_dict(), objective=r.objective,
                                              budget={"trials": r.trials, "time_s": r.time_budget_s},
                                              executor=r.executor, global_batch=r.global_batch,
-                                             calibration=r.calibration, measure=r.measure)
+                                             calibration=r.calibration, measure=r.measure, emulate=r.emulate,
+                                             runner=r.runner)
             existing = next(reversed(repo.studies_of_request(session=s, request_id=req.id)), None)
             if existing is not None and existing.state != "failed":
                 return existing.id

@@ -65,7 +65,8 @@ def tune_request(row: Request) -> TuneRequest:
     return TuneRequest(model=ModelSpec.from_dict(row.model), cluster=ClusterSpec.from_dict(row.cluster),
                        executor=row.executor, trials=int(budget.get("trials") or 40), objective=row.objective,
                        global_batch=row.global_batch, time_budget_s=budget.get("time_s"),
-                       calibration=row.calibration, measure=row.measure, emulate=bool(row.emulate))
+                       calibration=row.calibration, measure=row.measure, emulate=bool(row.emulate),
+                       runner=row.runner or "zerotune")
 
 
 class Worker:
@@ -196,11 +197,12 @@ class Worker:
         return state
 
     def _tuner(self, request: TuneRequest, beat: _Heartbeat, stop: threading.Event, **options: Any) -> Tuner:
-        """The Tuner of one study of a job, predicting with the calibration the request names."""
+        """The Tuner of one study of a job, predicting with the calibration the request names (as its runner
+        runs the collectives)."""
         from zerotune.tuner.executors import make_executor
 
         with session_scope(self.sessions) as s:
-            calibration = calibrations.load(s, request.calibration)
+            calibration = calibrations.for_request(s, request)
         executor = make_executor(request.executor, calibration=calibration, partition=self.settings.slurm_partition,
                                  emulate=request.emulate)
         # exclusive: holding the job means holding its study, so trials left unfinished by a

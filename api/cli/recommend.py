@@ -47,6 +47,9 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                    help="no warning lines for the config's notes (they are still written: notes.txt, *.notes.txt)")
     p.add_argument("--executor", choices=pl.EXECUTORS, default="model", help="how the service tunes")
     p.add_argument("--trials", type=int, default=40, help="the study's trial budget (default 40)")
+    p.add_argument("--runner", choices=pl.RUNNERS,
+                   help="who trains with the answer (ZEROTUNE_RUNNER, default zerotune): deepspeed or fsdp searches "
+                        "only what that runner runs exactly, timed as it runs it (model executor)")
     p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     p.add_argument("--time-budget", type=float, help="the study's time budget, seconds")
@@ -99,7 +102,8 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if not isinstance(base, dict):
             raise UsageError("--base", args.base, "a DeepSpeed config is a JSON object")
     body = pl.build_request(model, cluster, objective=args.objective, executor=args.executor, trials=args.trials,
-                            time_s=args.time_budget, global_batch=args.global_batch)
+                            time_s=args.time_budget, global_batch=args.global_batch,
+                            runner=args.runner or env.get("ZEROTUNE_RUNNER"))
     server = (args.server or env.get("ZEROTUNE_URL") or "http://127.0.0.1:8000").rstrip("/")
     token = args.token or env.get("ZEROTUNE_TOKEN")
     if args.dry_run:

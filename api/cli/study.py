@@ -36,6 +36,9 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--emulate", action="store_true",
                    help="local executor: run the short runs on an emulated cluster (a namespace per innermost group, "
                         "links shaped to the cluster's levels; Linux, CAP_NET_ADMIN)")
+    p.add_argument("--runner", choices=["zerotune", "deepspeed", "fsdp"], default="zerotune",
+                   help="who trains with the answer: search only what that runner runs exactly, with its collectives "
+                        "(DeepSpeed and FSDP2: flat NCCL rings, the reduction in backward); model executor only")
     p.add_argument("--partition", help="Slurm partition (slurm executor)")
     p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
@@ -57,7 +60,8 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), executor=args.executor,
                           trials=args.trials, objective=args.objective, global_batch=args.global_batch,
                           tokens_per_step=args.tokens_per_step, measure=args.measure_shortlist,
-                          sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget, emulate=args.emulate)
+                          sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget, emulate=args.emulate,
+                          runner=args.runner)
     if request.emulate:
         from zerotune.strategies import emulate
 
@@ -68,9 +72,10 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     sessions = make_session_factory(engine)
     try:  # the calibration named, else the newest stored for the cluster (as the service does)
         with session_scope(sessions) as s:
-            name = calibrations.resolve_name(s, request.cluster, args.calibration)
-            calibration = calibrations.load(s, name)
-        return _tune(args, dataclasses.replace(request, calibration=name), url, sessions, calibration)
+            request = dataclasses.replace(request, calibration=calibrations.resolve_name(s, request.cluster,
+                                                                                         args.calibration))
+            calibration = calibrations.for_request(s, request)
+        return _tune(args, request, url, sessions, calibration)
     finally:
         engine.dispose()
 

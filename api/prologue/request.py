@@ -17,6 +17,8 @@ PRESET_DEVICES_PER_NODE = {"frontier": 8, "dgx-h100": 8}
 EXECUTORS = ("model", "local", "slurm")
 """The service's executors (``tuner/executors``; copied, since this client imports only the standard
 library; a test keeps the two in step)."""
+RUNNERS = ("zerotune", "deepspeed", "fsdp")
+"""Who trains with the answer (``tuner/space.py``; copied, a test keeps the two in step)."""
 
 DEEPSPEED_DEFAULT_BUCKETS = {"reduce_bucket_mb": 1000.0, "allgather_bucket_mb": 100.0, "prefetch_buckets": 1}
 """The fallback's buckets: DeepSpeed's defaults (reduce_bucket_size 5e8 and stage3_prefetch_bucket_size
@@ -164,8 +166,9 @@ def resolve_model(model: str | None) -> str | dict[str, Any]:
 
 def build_request(model: str | dict[str, Any], cluster: str | dict[str, Any], *, objective: str = "throughput",
                   executor: str = "model", trials: int = 40, time_s: float | None = None,
-                  global_batch: int | None = None) -> dict[str, Any]:
-    """The body of ``POST /v1/recommendations`` with the service's defaults filled in."""
+                  global_batch: int | None = None, runner: str | None = None) -> dict[str, Any]:
+    """The body of ``POST /v1/recommendations`` with the service's defaults filled in (``runner`` only when it is
+    not zerotune's engine, so the bodies, and keys, of earlier clients hold)."""
     budget: dict[str, Any] = {"trials": trials}
     if time_s is not None:
         budget["time_s"] = time_s
@@ -173,6 +176,10 @@ def build_request(model: str | dict[str, Any], cluster: str | dict[str, Any], *,
                             "budget": budget}
     if global_batch is not None:
         body["global_batch"] = global_batch
+    if runner is not None and runner != "zerotune":
+        if runner not in RUNNERS:
+            raise UsageError("runner", runner, f"must be one of {list(RUNNERS)}")
+        body["runner"] = runner
     return body
 
 

@@ -17,6 +17,8 @@ it was measured on (a comparison of two scales counts at the larger); a predicti
 the items measured within a factor ``SCALE_WINDOW`` of W, widening the window by that factor until
 it holds ``MIN_ITEMS`` (or every item). The band names the range it read.
 
+A preset's profile keeps its band whichever runner's collectives it is charged (``hardware.run_by``):
+most published rows were run by DeepSpeed or FSDP, and each table names how its engine ran them.
 A prediction with another calibration (the nominal one of a ``local:`` or custom cluster) has no
 published band; a calibration refitted from measured trials (``strategies.calibration.refit``)
 carries the error those trials show under cross-validation.
@@ -30,7 +32,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, Calibration
+from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, Calibration, run_by
 
 ERROR_FILE = Path(__file__).with_name("model_error.json")
 SCALE_WINDOW = 2
@@ -83,7 +85,8 @@ def _band(calibration: Calibration, world: int | None) -> dict[str, Any] | None:
         return {"row_median": measured.row_median, "row_p90": measured.row_p90,
                 "comparison_median": measured.comparison_median, "comparison_p90": measured.comparison_p90,
                 "source": measured.source}
-    err = published_error() if calibration in PRESET_CALIBRATIONS.values() else None
+    # a preset's profile under any runner's collectives: the published rows were run by all three
+    err = published_error() if run_by(calibration, "zerotune") in PRESET_CALIBRATIONS.values() else None
     if err is None or "items" not in err:  # not written yet by this version of the bench
         return None
     rows, row_range = at_scale(err["items"]["rows"], world)

@@ -45,9 +45,15 @@ def test_a_new_request_queues_one_job_and_equal_requests_share_it(client: TestCl
     assert again.status_code == 202 and again.json()["id"] == job["id"]  # normalized equal: one search
     other = client.post("/v1/recommendations", json={**NEOX, "budget": {"trials": 7}})
     assert other.json()["id"] != job["id"]
+    ours = client.post("/v1/recommendations", json={**NEOX, "runner": "zerotune"})
+    assert ours.json()["id"] == job["id"]  # zerotune's engine is the default runner
+    deepspeed = client.post("/v1/recommendations", json={**NEOX, "runner": "deepspeed"}).json()
+    assert deepspeed["id"] not in (job["id"], other.json()["id"])  # another question: another search
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        assert repo.get_request(session=s, request_id=deepspeed["request_id"]).runner == "deepspeed"
     assert client.get(f"/v1/jobs/{job['id']}").json()["request_key"] == job["request_key"]
     with session_scope(make_session_factory(app_and_engine[1])) as s:  # what the route stored, through db/
-        assert repo.job_counts(session=s) == {"queued": 2}
+        assert repo.job_counts(session=s) == {"queued": 3}
 
 
 def test_a_cancelled_job_is_cancelled_once(client: TestClient) -> None:
@@ -67,6 +73,9 @@ def test_a_cancelled_job_is_cancelled_once(client: TestClient) -> None:
     ({**NEOX, "global_batch": 3}, "body.global_batch", "multiple"),
     ({**NEOX, "emulate": True}, "body.emulate", "only the local executor's runs can be emulated"),
     ({**NEOX, "emulate": "yes"}, "body.emulate", "valid boolean"),
+    ({**NEOX, "runner": "megatron"}, "body.runner", "'zerotune', 'deepspeed' or 'fsdp'"),
+    ({**NEOX, "runner": "deepspeed", "measure_shortlist": "slurm"}, "body.runner",
+     "short runs train with zerotune's own engine"),
 ])
 def test_bad_input_is_a_422_naming_field_value_and_rule(client: TestClient, body: dict, field: str,
                                                         rule: str) -> None:
@@ -166,3 +175,23 @@ def test_a_trial_page_shows_seconds_per_level_and_the_emulation_only_when_the_ru
         html = client.get(f"/dashboard/trials/{ids[name]}").text
         assert "Trial" in html and 'id="chart-bytes"' in html  # the page as it was: the bytes chart, no table
         assert "collectives" not in html and "Collectives per level" not in html and "emulat" not in html, name
+
+
+def test_a_study_page_says_who_trains_with_its_answer(client: TestClient, app_and_engine: tuple) -> None:
+    """A DeepSpeed request's study page says it searched what DeepSpeed runs, with DeepSpeed's collectives."""
+    from zerotune.strategies.catalog import parse_cluster, parse_model
+
+    ids = {}
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        for runner in ("zerotune", "deepspeed"):
+            request, _ = repo.get_or_create_request(
+                session=s, key=runner[0] * 64, model=parse_model("gpt-tiny").to_dict(),
+                cluster=parse_cluster("frontier:2").to_dict(), objective="throughput",
+                budget={"trials": 3, "time_s": None}, executor="model", runner=runner)
+            ids[runner] = repo.create_study(session=s, request_id=request.id, optuna_study_name=f"runner-{runner}",
+                                            sampler="tpe", executor="model", n_trials=3).id
+    pages = {runner: client.get(f"/dashboard/studies/{i}") for runner, i in ids.items()}
+    assert all(p.status_code == 200 for p in pages.values())
+    assert ('<dd id="runner">deepspeed: only what it runs exactly, one ring over the whole group, gradients reduced '
+            'in backward</dd>') in pages["deepspeed"].text
+    assert '<dd id="runner">zerotune&#39;s engine: every partition, one ring per level</dd>' in pages["zerotune"].text

@@ -418,7 +418,21 @@ def test_slurm_variables_make_the_request(tmp_path, env, args, cluster):
     assert sent["headers"]["Authorization"] == "Bearer ***" and "s3cret" not in r.stdout
 
 
+@pytest.mark.parametrize("env, args, runner", [
+    ({}, ["--runner", "deepspeed"], "deepspeed"),
+    ({"ZEROTUNE_RUNNER": "fsdp"}, [], "fsdp"),
+    ({"ZEROTUNE_RUNNER": "fsdp"}, ["--runner", "deepspeed"], "deepspeed"),  # the flag wins
+    ({}, ["--runner", "zerotune"], None),  # the default: the body, and its cache key, stay as before
+])
+def test_a_prologue_asks_for_the_runner_it_trains_with(tmp_path, env, args, runner):
+    r = recommend("--dry-run", "--model", "gpt-neox-20b", "--cluster", "frontier:4", *args, cache=tmp_path, **env)
+    assert r.returncode == ExitStatus.SUCCESS, r.stderr
+    sent = json.loads(r.stdout)
+    assert sent["body"].get("runner") == runner and sent["cache_key"] == request_key(sent["body"])
+
+
 @pytest.mark.parametrize("env, args, message", [
+    ({"ZEROTUNE_RUNNER": "megatron"}, ["--cluster", "frontier:2"], "runner='megatron': must be one of"),
     ({"SLURM_JOB_NUM_NODES": "abc"}, ["--cluster", "frontier"], "SLURM_JOB_NUM_NODES='abc': must be a positive"),
     ({"SLURM_JOB_NUM_NODES": "0"}, ["--cluster", "frontier"], "SLURM_JOB_NUM_NODES='0': must be a positive"),
     ({"SLURM_NNODES": "-2"}, ["--cluster", "frontier"], "SLURM_NNODES='-2': must be a positive"),
@@ -489,10 +503,12 @@ def test_the_fallback_is_a_valid_deepspeed_zero3_config():
         assert rec["exports"]["fsdp"]["reshard_after_forward"] is True
     for name, per_node in PRESET_DEVICES_PER_NODE.items():  # the client's table agrees with the catalog
         assert parse_cluster(f"{name}:3").world_size == 3 * per_node
-    from zerotune.api.prologue import EXECUTORS
+    from zerotune.api.prologue import EXECUTORS, RUNNERS
     from zerotune.tuner.executors import NAMES
+    from zerotune.tuner.space import RUNNERS as SERVICE_RUNNERS
 
-    assert EXECUTORS == NAMES  # and its executor names with the service's
+    assert EXECUTORS == NAMES  # and its executor and runner names with the service's
+    assert RUNNERS == SERVICE_RUNNERS
 
 
 def test_merge_keeps_the_users_keys():

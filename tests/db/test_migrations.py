@@ -61,7 +61,7 @@ def schema_diff(url: str) -> list:
 def test_upgrade_empty_database_to_head(empty_url: str) -> None:
     assert current(empty_url) is None
     upgrade(empty_url)
-    assert current(empty_url) == head() == "0006"
+    assert current(empty_url) == head() == "0007"
     assert tables(empty_url) == OUR_TABLES | {VERSION_TABLE}  # and no "alembic_version" of ours
     upgrade(empty_url)  # a second upgrade is a no-op
     assert current(empty_url) == head()
@@ -100,10 +100,13 @@ def test_upgrade_from_previous_revision_keeps_rows(empty_url: str) -> None:
     assert sql(empty_url, "SELECT id, value FROM zt_trials") == [(7, 12.5)]
     assert sql(empty_url, "SELECT trial_id FROM zt_recommendations") == [(7,)]
     # to head: 0003 adds zt_workers, 0004 zt_calibrations and two request columns, 0005 zt_jobs.phase,
-    # 0006 zt_requests.emulate (false for the rows already there)
+    # 0006 zt_requests.emulate (false for the rows already there), 0007 zt_requests.runner (zerotune's)
     upgrade(empty_url)
-    assert sql(empty_url, "SELECT key, emulate FROM zt_requests") == [("k", 0)] or \
-        sql(empty_url, "SELECT key, emulate FROM zt_requests") == [("k", False)]
+    assert sql(empty_url, "SELECT key, emulate, runner FROM zt_requests") in ([("k", 0, "zerotune")],
+                                                                            [("k", False, "zerotune")])
+    downgrade(empty_url, "0006")
+    assert "runner" not in columns(empty_url, "zt_requests") and sql(empty_url, "SELECT key FROM zt_requests") == [
+        ("k",)]
     downgrade(empty_url, "0005")
     assert "emulate" not in columns(empty_url, "zt_requests") and sql(empty_url, "SELECT key FROM zt_requests") == [
         ("k",)]

@@ -32,6 +32,14 @@ def test_tune_with_the_model_executor_prints_a_recommendation(tmp_path):
     assert rec["evidence"] in ("predicted", "proxy-verified")
     assert rec["exports"]["deepspeed"]["zero_optimization"]["stage"] in (1, 2, 3)
     assert rec["value"] > 0
+    # the same question for a job that trains with FSDP2: only what fully_shard runs, nothing quantized
+    r = zerotune("tune", "--model", "gpt-13b", "--cluster", "dgx-h100:8", "--trials", "12", "--db", db,
+                 "--workdir", str(tmp_path), "--seed", "0", "--runner", "fsdp", "--full")
+    assert r.returncode == 0, r.stderr[-2000:]
+    fsdp = json.loads(r.stdout)
+    s = fsdp["strategy"]
+    assert fsdp["runner"] == "fsdp" and s["param_span"] == s["grad_span"] == s["optim_span"]
+    assert s["weight_bits"] == s["grad_bits"] == 16
 
 
 def test_tune_rejects_bad_input_with_one_line(tmp_path):
@@ -49,6 +57,10 @@ def test_tune_rejects_bad_input_with_one_line(tmp_path):
     r = zerotune("tune", "--model", "gpt-7b", "--cluster", "frontier:2", "--measure-shortlist", "local", "--db",
                  f"sqlite:///{tmp_path}/x.sqlite")
     assert r.returncode == 2 and "this machine can only emulate frontier:2" in r.stderr, r.stderr
+    r = zerotune("tune", "--model", "gpt-tiny", "--cluster", "local:2", "--executor", "local", "--runner",
+                 "deepspeed", "--db", f"sqlite:///{tmp_path}/x.sqlite")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "runner='deepspeed': short runs train with zerotune's own engine" in r.stderr
 
 
 def test_tune_measures_its_shortlist_and_the_next_tune_starts_from_the_refit(tmp_path):

@@ -1,0 +1,155 @@
+"""A request's runner: a study for DeepSpeed or FSDP2 searches only what that runner runs exactly, and
+predicts its collectives as that runner issues them (flat rings, the reduction in backward)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from sqlalchemy import select
+
+from zerotune.db.migrate import upgrade
+from zerotune.db.models import Request, Trial
+from zerotune.db.session import make_engine, make_session_factory
+from zerotune.errors import SpecError
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import calibration_for, predict
+from zerotune.strategies.costmodel.error import error_band
+from zerotune.strategies.costmodel.hardware import run_by
+from zerotune.strategies.spec import Strategy
+from zerotune.tuner.executors.model import ModelExecutor
+from zerotune.tuner.exports import deepspeed_config, deepspeed_notes, fsdp_config
+from zerotune.tuner.request import TuneRequest
+from zerotune.tuner.space import RUNNERS, Space, runner_rule
+from zerotune.tuner.study import Tuner
+from zerotune.tuner.worker import tune_request
+
+CLUSTERS = ("frontier:4", "dgx-h100:4", "local:2x2")
+
+
+def _shapes(space: Space) -> list[Strategy]:
+    """One strategy per (spans, hpZ, bits) of the space: buckets and batches do not change the mapping."""
+    seen, out = set(), []
+    for s in space.enumerate_space():
+        shape = (s.param_span, s.grad_span, s.optim_span, s.secondary_span, s.weight_bits, s.grad_bits,
+                 s.quantize_above)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(s)
+    return out
+
+
+def test_zerotune_runs_the_whole_space():
+    cluster = parse_cluster("frontier:48")
+    space = Space(cluster)
+    assert space.size() == 340_200  # every span triple, hpZ span, quantization level and bucket choice
+    assert len(space.span_triples) == 20 and all(runner_rule("zerotune", cluster, s) is None for s in _shapes(space))
+
+
+@pytest.mark.parametrize("name", CLUSTERS)
+def test_every_deepspeed_strategy_exports_exactly(name):
+    """No strategy of a DeepSpeed study needs a note on what its export could not express, and the config runs
+    the same groups and widths: stage, hpZ group, qwZ, qgZ."""
+    cluster, model = parse_cluster(name), parse_model("gpt-1.3b")
+    shapes = _shapes(Space(cluster, runner="deepspeed"))
+    assert {(s.param_span, s.grad_span, s.optim_span) for s in shapes} == {
+        (0, 0, 0), (0, 0, cluster.num_levels), (0, cluster.num_levels, cluster.num_levels),
+        (cluster.num_levels,) * 3}
+    assert any(s.secondary_span is not None for s in shapes) and {s.weight_bits for s in shapes} == {16, 8}
+    assert {s.grad_bits for s in shapes} == {16, 4}  # qgZ: every one of these clusters spans nodes
+    for s in shapes:
+        assert deepspeed_notes(model, cluster, s) == [], s
+        zero = deepspeed_config(model, cluster, s)["zero_optimization"]
+        assert zero["stage"] == (3 if s.param_span else 2 if s.grad_span else 1 if s.optim_span else 0)
+        if s.param_span:
+            hpz = 1 if s.secondary_span is None else cluster.span_size(s.secondary_span)
+            assert (zero["zero_hpz_partition_size"], zero["zero_quantized_weights"],
+                    zero["zero_quantized_gradients"]) == (hpz, s.weight_bits == 8, s.grad_bits == 4)
+
+
+@pytest.mark.parametrize("name", CLUSTERS)
+def test_every_fsdp_strategy_exports_exactly(name):
+    """FSDP2: the shard dim is the strategy's one span, reshard_after_forward its hpZ group, nothing quantized;
+    the only notes left are about dtypes and process groups, never about what runs where."""
+    cluster, model = parse_cluster(name), parse_model("gpt-1.3b")
+    shapes = _shapes(Space(cluster, runner="fsdp"))
+    assert {s.param_span for s in shapes} == set(range(cluster.num_levels + 1))
+    for s in shapes:
+        assert s.param_span == s.grad_span == s.optim_span and not s.quantized
+        cfg = fsdp_config(model, cluster, s)
+        assert cfg["mesh_shape"][-1] == cluster.span_size(s.param_span)
+        if s.param_span:
+            g = None if s.secondary_span is None else cluster.span_size(s.secondary_span)
+            assert cfg["reshard_after_forward"] == (True if g is None else False if g == 1 else g)
+        allowed = ("reduce_dtype=", "reshard_after_forward=", "nothing is sharded")
+        assert all(note.startswith(allowed) for note in cfg["notes"]), cfg["notes"]
+
+
+def test_the_rule_names_what_a_runner_cannot_run():
+    cluster = parse_cluster("frontier:4")
+    cases = [("deepspeed", "3level-b", "quantize_above"), ("deepspeed", "mics", "whole data-parallel world"),
+             ("deepspeed", "3level-a", "whole data-parallel world"), ("fsdp", "zeropp", "no quantized"),
+             ("fsdp", "3level-a", "one mesh dim"), ("fsdp", "zero2", "one mesh dim")]
+    for runner, preset, words in cases:
+        assert words in runner_rule(runner, cluster, build_strategy(preset, cluster)), (runner, preset)
+    for runner, preset in [("deepspeed", "zeropp"), ("deepspeed", "zero2"), ("fsdp", "mics"), ("fsdp", "zero3")]:
+        assert runner_rule(runner, cluster, build_strategy(preset, cluster)) is None
+    int4_weights = build_strategy("zero3", cluster, weight_bits=4)
+    assert "int8 only" in runner_rule("deepspeed", cluster, int4_weights)
+    one_node = parse_cluster("dgx-h100:1")
+    assert "across nodes only" in runner_rule("deepspeed", one_node, build_strategy("zero3", one_node, grad_bits=4))
+    with pytest.raises(SpecError, match="runner"):
+        Space(cluster, runner="megatron")
+
+
+def test_a_request_names_its_runner_and_refuses_what_cannot_measure_it():
+    model, cluster = parse_model("gpt-1.3b"), parse_cluster("local:2x2")
+    plain = TuneRequest(model=model, cluster=cluster)
+    assert "runner" not in plain.normalized()  # the keys of earlier requests hold
+    assert TuneRequest(model=model, cluster=cluster, runner="zerotune").key() == plain.key()
+    keys = {TuneRequest(model=model, cluster=cluster, runner=r).key() for r in RUNNERS}
+    assert len(keys) == 3
+    with pytest.raises(SpecError, match="must be one of") as bad:
+        TuneRequest(model=model, cluster=cluster, runner="megatron")
+    assert bad.value.field == "runner"
+    with pytest.raises(SpecError, match="short runs train with zerotune's own engine, so executor 'local'"):
+        TuneRequest(model=model, cluster=cluster, executor="local", runner="deepspeed")
+    with pytest.raises(SpecError, match="measure_shortlist 'slurm'"):
+        TuneRequest(model=model, cluster=cluster, measure="slurm", runner="fsdp")
+
+
+def test_a_deepspeed_study_searches_deepspeed_and_predicts_its_collectives(tmp_path):
+    url = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    upgrade(url)
+    model, cluster = parse_model("gpt-neox-20b"), parse_cluster("frontier:8")
+    request = TuneRequest(model=model, cluster=cluster, trials=20, seed=0, runner="deepspeed")
+    rec = Tuner(request, db_url=url, executor=ModelExecutor(), workdir=tmp_path).run()
+    with make_session_factory(make_engine(url))() as s:
+        trials = list(s.scalars(select(Trial).where(Trial.study_id == rec["study_id"])))
+        stored = s.scalars(select(Request)).one()
+        assert stored.runner == "deepspeed" and tune_request(stored).key() == request.key()
+    names = {t.strategy.get("name") for t in trials}
+    assert {"zero3", "zeropp"} <= names and not names & {"3level-a", "3level-b", "mics"}
+    assert all(runner_rule("deepspeed", cluster, Strategy.from_dict(t.strategy)) is None for t in trials)
+    flat = run_by(calibration_for(cluster), "deepspeed")
+    for t in trials:
+        if t.status == "complete":  # valued as DeepSpeed runs it: flat rings, gradients reduced in backward
+            p = predict(model, cluster, Strategy.from_dict(t.strategy), global_batch=request.global_batch,
+                        calibration=flat)
+            assert t.value == pytest.approx(p["tflops_per_rank"])
+    assert rec["runner"] == "deepspeed" and rec["exports"]["deepspeed_notes"] == []
+    # the published band still speaks for it: most published rows were run by DeepSpeed or FSDP
+    assert rec["decision"]["band"] is not None
+    assert error_band(flat, cluster.world_size) == error_band(calibration_for(cluster), cluster.world_size)
+
+
+def test_flat_rings_change_the_value_of_the_same_strategy():
+    """Not a no-op: on 48 Frontier nodes ZeRO-3 is predicted differently as DeepSpeed and as zerotune run it."""
+    model, cluster = parse_model("gpt-neox-20b"), parse_cluster("frontier:48")
+    profile = calibration_for(cluster)
+    zero3 = build_strategy("zero3", cluster)
+    ours = predict(model, cluster, zero3, calibration=profile)["tflops_per_rank"]
+    theirs = predict(model, cluster, zero3, calibration=run_by(profile, "deepspeed"))["tflops_per_rank"]
+    assert abs(theirs / ours - 1) > 0.02
+    assert dataclasses.replace(run_by(profile, "deepspeed"), rings="hierarchical",
+                               outer_reduce="boundary") == profile
