@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from zerotune.errors import SpecError
-from zerotune.strategies.costmodel import Calibration, MeasuredError, predict, state_memory
+from zerotune.strategies.costmodel import (
+    Calibration,
+    MeasuredError,
+    accumulation_steps,
+    predict,
+    state_memory,
+    step_latency,
+)
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 
@@ -86,20 +93,34 @@ def _level_traffic(run: dict[str, Any], kinds_of: Sequence[str]) -> tuple[tuple[
     return tuple(out)
 
 
-def _rates(measurements: Sequence[Measurement], ring: bool) -> dict[str, tuple[int, float]]:
-    """Bytes and seconds per level summed over the runs, of their ring collectives or their all-to-alls."""
+WIRE_FLOOR = 0.1
+"""A level's measured seconds less the model's latency for them keep at least this share as wire time, so a
+level whose seconds are nearly all latency cannot read as an unbounded rate."""
+
+
+def _rates(measurements: Sequence[Measurement], ring: bool,
+           latency: Calibration | None = None) -> dict[str, tuple[int, float]]:
+    """Bytes and seconds per level summed over the runs, of their ring collectives or their all-to-alls;
+    with ``latency``, a level's seconds less what that calibration charges those collectives for launch
+    and hops (``costmodel.step_latency``), at least ``WIRE_FLOOR`` of them."""
     out: dict[str, tuple[int, float]] = {}
     for m in measurements:
+        lat: dict[str, float] = {}
+        if latency is not None:
+            accum = accumulation_steps(m.cluster, m.strategy, m.global_batch)
+            lat = step_latency(m.model, m.cluster, m.strategy, latency, elem_bytes=m.elem_bytes, accum=accum,
+                               block=m.quant_block, all_to_all=not ring)
         for level, nbytes, secs in m.level_traffic if ring else m.all_to_all_traffic:
             sent, spent = out.get(level, (0, 0.0))
-            out[level] = (sent + nbytes, spent + secs)
+            out[level] = (sent + nbytes, spent + max(secs - lat.get(level, 0.0), WIRE_FLOOR * secs))
     return out
 
 
-def measured_all_to_all_efficiency(measurements: Sequence[Measurement]) -> float:
-    """An all-to-all's rate over its level's ring rate, both read off the runs' clocks: the bytes-weighted
-    mean over the levels where both ran (1.0 where no run exchanged all-to-all)."""
-    ring, a2a = _rates(measurements, True), _rates(measurements, False)
+def measured_all_to_all_efficiency(measurements: Sequence[Measurement], latency: Calibration | None = None) -> float:
+    """An all-to-all's rate over its level's ring rate, both read off the runs' clocks (with ``latency``, less
+    what that calibration charges them for launch and hops): the bytes-weighted mean over the levels where
+    both ran (1.0 where no run exchanged all-to-all)."""
+    ring, a2a = _rates(measurements, True, latency), _rates(measurements, False, latency)
     both = [lv for lv in a2a if lv in ring and a2a[lv][1] > 0 and ring[lv][1] > 0]
     weight = sum(a2a[lv][0] for lv in both)
     if not weight:
@@ -107,11 +128,14 @@ def measured_all_to_all_efficiency(measurements: Sequence[Measurement]) -> float
     return sum(a2a[lv][0] * (a2a[lv][0] / a2a[lv][1]) / (ring[lv][0] / ring[lv][1]) for lv in both) / weight
 
 
-def measured_level_efficiencies(measurements: Sequence[Measurement]) -> tuple[float, ...]:
+def measured_level_efficiencies(measurements: Sequence[Measurement],
+                                latency: Calibration | None = None) -> tuple[float, ...]:
     """Each level's bandwidth efficiency read off the runs' own clocks: the bytes its ring collectives
     sent per rank over the seconds spent in them, summed over the runs, divided by the level's
-    ``bandwidth_gbps``. The seconds include each collective's latency, so on small messages this is
-    a lower bound of the link's efficiency. A level with no traffic keeps the nominal 0.8.
+    ``bandwidth_gbps``. The seconds include each collective's launch and hops, which the model charges
+    apart from the bytes: with ``latency``, what that calibration charges for them is taken off first
+    (``_rates``), so the latency is not paid twice; without, on small messages this is a lower bound of
+    the link's efficiency. A level with no traffic keeps the nominal 0.8.
 
     Raises ``SpecError`` when a run recorded no seconds in ring collectives (a run.json from before
     ``seconds_per_level``)."""
@@ -119,7 +143,7 @@ def measured_level_efficiencies(measurements: Sequence[Measurement]) -> tuple[fl
         raise SpecError("measurements", "no seconds_per_level",
                         "every run needs run.json's seconds_per_level to read bandwidths off its clocks "
                         "(train it again with this version)")
-    rates = _rates(measurements, True)
+    rates = _rates(measurements, True, latency)
     return tuple(rates[lv.name][0] / rates[lv.name][1] / (lv.bandwidth_gbps * 1e9) if lv.name in rates else 0.8
                  for lv in measurements[0].cluster.levels)
 
@@ -207,8 +231,25 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         bandwidths: False holds every level's bandwidth at ``start`` (too few runs to fit them too);
             ``"measured"`` sets them, and the all-to-all's share of them, from the runs' own per-level
             seconds (``measured_level_efficiencies``, ``measured_all_to_all_efficiency``) and holds them
-            there, so only the scalars are fitted to step times.
+            there, so only the scalars are fitted to step times. The clocks' seconds hold each
+            collective's launch and hops too, which the model charges apart: the first pass takes off what
+            ``start`` charges for them, a second what the first pass fitted (latency_scale among its
+            scalars), so the latency is not paid twice.
     """
+    if bandwidths != "measured":
+        return _fit(measurements, name=name, start=start, fields=fields, tie_levels=tie_levels,
+                    bandwidths=bandwidths)
+    first, _ = _fit(measurements, name=name, start=start, fields=fields, tie_levels=tie_levels,
+                    bandwidths=bandwidths, latency=start or Calibration(name=name))
+    return _fit(measurements, name=name, start=first, fields=fields, tie_levels=tie_levels, bandwidths=bandwidths,
+                latency=first)
+
+
+def _fit(measurements: Sequence[Measurement], *, name: str, start: Calibration | None, fields: Sequence[str] | None,
+         tie_levels: bool | None, bandwidths: bool | str,
+         latency: Calibration | None = None) -> tuple[Calibration, dict[str, Any]]:
+    """``fit``, one pass; ``latency``: the calibration whose launch and hop charges come off the clocks'
+    seconds where bandwidths are ``"measured"``."""
     from scipy.optimize import least_squares
 
     if not measurements:
@@ -223,8 +264,8 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         if "overlap" in held:
             base = dataclasses.replace(base, overlap=0.0)
     if bandwidths == "measured":
-        base = dataclasses.replace(base, bandwidth_efficiency=measured_level_efficiencies(measurements),
-                                   all_to_all_efficiency=measured_all_to_all_efficiency(measurements))
+        base = dataclasses.replace(base, bandwidth_efficiency=measured_level_efficiencies(measurements, latency),
+                                   all_to_all_efficiency=measured_all_to_all_efficiency(measurements, latency))
     elif len(base.bandwidth_efficiency) != levels:
         base = dataclasses.replace(base, bandwidth_efficiency=(0.8,) * levels)
     scalars = [s for s in _SCALARS if s[0] in fields]

@@ -46,6 +46,7 @@ from zerotune.strategies.spec import Strategy
 from zerotune.tuner import calibrations, failures, optuna_study, remeasure, seeding
 from zerotune.tuner.choice import Chooser, choose
 from zerotune.tuner.executors.base import Executor, TrialResult, TrialSpec
+from zerotune.tuner.executors.model import ModelExecutor
 from zerotune.tuner.request import TuneRequest, strategy_key
 from zerotune.tuner.space import Space
 
@@ -94,7 +95,7 @@ class Tuner:
             with session_scope(self.sessions) as s:
                 calibration = calibrations.for_request(s, request)
         self.calibration = calibration
-        if not executor.measures and getattr(executor, "calibration", False) is None:
+        if isinstance(executor, ModelExecutor) and executor.calibration is None:
             executor.calibration = calibration  # the model executor's values are what the study screened with
         self.remeasured: list[int] = []
         """Trials this study ran a second time because their intervals overlapped the leader's."""

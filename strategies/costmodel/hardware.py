@@ -10,6 +10,14 @@ latency model, GEMM benchmarks and published training utilisation of each device
 Sources (cited by key below):
 - [nccl-tuning] NVIDIA/nccl ``src/graph/tuning.cc`` at 5067397c: ring base latency 8.4 µs (Simple
   protocol); per-step hardware latency NVLink 3.4 µs, network 14 µs (Simple).
+- [rccl-tuning] ROCm/rccl ``src/graph/tuning.cc`` at 0cbce2a7: ``baseLat`` (lines 55-60) ring LL 12.0
+  µs, Simple 17.0 µs; ``tuning_model_3`` (lines 164-192) ring ``hwLat`` LL xGMI 0.8 / network 9.5 µs,
+  Simple 3.6 / 19.8 µs, ``bwRatio`` LL 0.20, LL128 0 (off), Simple 1.0. ``src/graph/rome_models.cc``
+  line 523, ``rome_model_74`` (8 GCDs, 4 NUMA nodes, 4 NICs, the MI250X 4/2/1-link xGMI matrix:
+  Frontier's node, matched by layout, as no model there names a system) selects ``tuning=3``; RCCL has
+  no per-architecture latency table, and LL128 is off unless a model or ``RCCL_LL128_FORCE_ENABLE``
+  turns it on. Not modelled: the per-message-size ``ringCorrectionFactor`` and the 2-6 µs network
+  overhead RCCL adds to each intra-node hop of a multi-node ring.
 - [nccl-tests#212] NVIDIA, on 8×H100: "450GB/s is the line rate. With the protocol overhead (~20%)
   NCCL can get an effective NVLink bandwidth of 370GB/s" (busbw of all-gather/reduce-scatter).
 - [nccl-tests#290] NVIDIA: "For NDR @ 400Gbps you should see 46-48GB/s per NIC".
@@ -56,7 +64,7 @@ from zerotune.strategies.spec import ClusterSpec, Level
 NCCL_RING_BASE_US = 8.4
 """Fixed cost of one ring collective, Simple protocol [nccl-tuning]."""
 NVLINK_HOP_US = 3.4
-"""Per ring step over NVLink / NVSwitch (and, for want of an RCCL table, xGMI), Simple [nccl-tuning]."""
+"""Per ring step over NVLink / NVSwitch, Simple [nccl-tuning]."""
 NET_HOP_US = 14.0
 """Per ring step over the network, Simple [nccl-tuning]."""
 NCCL_RING_PROTOCOLS: dict[str, tuple[float, float, float, float]] = {
@@ -70,6 +78,20 @@ NVLink µs, hop latency over the network µs, fraction of the Simple protocol's 
 128 bytes are data) and ``busBw * .5`` (LL: a flag beside every 4-byte word; NCCL also caps it at
 ``llMaxBw``, not modelled). NCCL runs each collective with the protocol its model predicts fastest:
 LL for small messages, LL128 in between, Simple for large ones (``Calibration.protocols``)."""
+RCCL_RING_BASE_US = 17.0
+"""Fixed cost of one RCCL ring collective, Simple protocol [rccl-tuning]."""
+XGMI_HOP_US = 3.6
+"""Per RCCL ring step over xGMI (Infinity Fabric), Simple [rccl-tuning]."""
+SLINGSHOT_HOP_US = 19.8
+"""Per RCCL ring step over the network of a Frontier-like node, Simple [rccl-tuning]."""
+RCCL_RING_PROTOCOLS: dict[str, tuple[float, float, float, float]] = {
+    "Simple": (RCCL_RING_BASE_US, XGMI_HOP_US, SLINGSHOT_HOP_US, 1.0),
+    "LL": (12.0, 0.8, 9.5, 0.20),
+}
+"""RCCL's ring protocols on a Frontier-like node as its tuner models them [rccl-tuning], in the layout of
+``NCCL_RING_PROTOCOLS``: LL at a fifth of Simple's bus bandwidth, LL128 off."""
+RING_PROTOCOLS = {"nccl": NCCL_RING_PROTOCOLS, "rccl": RCCL_RING_PROTOCOLS}
+"""Each collective library's protocol table (``Calibration.protocols``), each with its Simple row."""
 OVERLAP_SLOWDOWN = 0.19
 """Compute beside running collectives is 18.9% slower on average [overlap-2507.03114]."""
 STREAM_FRACTION = 0.85
@@ -88,7 +110,7 @@ other; used to carry a GEMM figure over to a device without a published training
 
 RINGS = ("hierarchical", "flat")
 """How multi-level collectives run (``Calibration.rings``)."""
-PROTOCOLS = ("simple", "nccl")
+PROTOCOLS = ("simple", "nccl", "rccl")
 """How a collective's protocol is chosen (``Calibration.protocols``)."""
 OUTER_REDUCE = ("boundary", "backward")
 """Where the gradient reduction beyond ``grad_span`` runs (``Calibration.outer_reduce``)."""
@@ -148,7 +170,8 @@ class Calibration:
     protocols: str = "simple"
     """``simple``: every collective is charged the Simple protocol's latencies (as fitted calibrations
     and gloo runs are); ``nccl``: each collective the fastest of NCCL's ring protocols
-    (``NCCL_RING_PROTOCOLS``), as NCCL picks them — the profiles of NVIDIA devices."""
+    (``NCCL_RING_PROTOCOLS``), as NCCL picks them — the profiles of NVIDIA devices; ``rccl``: the
+    fastest of RCCL's (``RCCL_RING_PROTOCOLS``) — the MI250X profile."""
     outer_reduce: str = "boundary"
     """Where a one-micro-step step reduces gradients beyond ``grad_span``: ``boundary`` (zerotune's
     engine: after the backward pass, serial) or ``backward`` (queued after each reduce group while
@@ -225,8 +248,8 @@ class Device:
     pytorch_efficiency: float | None
     source: str
     protocols: str = "nccl"
-    """How its collective library picks protocols (``Calibration.protocols``): ``nccl`` for NVIDIA;
-    ``simple`` for RCCL, whose per-protocol tuning tables (``rcclTuningModel``) were not sourced."""
+    """How its collective library picks protocols (``Calibration.protocols``): ``nccl`` for NVIDIA,
+    ``rccl`` for AMD; also sets the base latency of its collectives (the Simple row's)."""
 
     def efficiency(self, stack: str) -> float:
         if stack not in STACKS:
@@ -256,12 +279,12 @@ LINKS: dict[str, Link] = {
                        "one 200 Gb/s HDR NIC; busbw 91-96 of 100 GB/s on 4×HDR [nccl-tests#100]"),
     "ib-ndr-400": Link(50.0, 0.94, NET_HOP_US,
                        "one 400 Gb/s NDR NIC per GPU; 46-48 GB/s per NIC [nccl-tests#290]"),
-    "xgmi-gcd-pair": Link(200.0, XGMI_EFFICIENCY, NVLINK_HOP_US,
+    "xgmi-gcd-pair": Link(200.0, XGMI_EFFICIENCY, XGMI_HOP_US,
                           "the two GCDs of one MI250X, 200 GB/s [olcf-frontier]; 0.75 achieved [mi250x-ifabric]"),
-    "xgmi-node": Link(50.0, XGMI_EFFICIENCY, NVLINK_HOP_US,
+    "xgmi-node": Link(50.0, XGMI_EFFICIENCY, XGMI_HOP_US,
                       "GCDs of different MI250X in a node, 50-100 GB/s: the ring's slowest hop, 50 [olcf-frontier]; "
                       "0.75 achieved [mi250x-ifabric]"),
-    "slingshot-11": Link(12.5, SLINGSHOT_EFFICIENCY, NET_HOP_US,
+    "slingshot-11": Link(12.5, SLINGSHOT_EFFICIENCY, SLINGSHOT_HOP_US,
                          "4 × 25 GB/s Slingshot-11 NICs per 8 GCDs [olcf-frontier]; RCCL busbw 85 of 100 GB/s "
                          "per node on LUMI-G, Frontier's node design [lumi-rccl]"),
 }
@@ -280,7 +303,7 @@ DEVICES: dict[str, Device] = {
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU"),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
-                     "MI250X outside the papers bench/published.py compares against)", protocols="simple"),
+                     "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
 }
 
 
@@ -296,7 +319,8 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
                        optimizer_elems_per_s=memory_bound / ADAMW_BYTES_PER_ELEM,
-                       collective_launch_us=NCCL_RING_BASE_US, overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
+                       collective_launch_us=RING_PROTOCOLS[d.protocols]["Simple"][0],
+                       overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
                        outer_reduce=outer_reduce, protocols=d.protocols)
 
 

@@ -73,6 +73,19 @@ def _volume(sched: Schedule, costs: Costs, accum: int) -> Volume:
     return {name: dict(kinds) for name, kinds in known.items()}  # a copy: callers own their result
 
 
+def step_latency(model: ModelSpec, cluster: ClusterSpec, s: Strategy, calib: Calibration, *, elem_bytes: int,
+                 accum: int = 1, block: int = QUANT_BLOCK, all_to_all: bool = False) -> dict[str, float]:
+    """Seconds per optimizer step the engine's ring collectives (with ``all_to_all``: its quantized
+    all-to-alls) spend on latency (launch and hops), by level (``Costs.ring_latency`` over the step's
+    schedule): what a run's measured seconds per level hold beside the time its bytes take on the wire."""
+    costs = costs_for(cluster, calib, elem_bytes, s.quantize_above, block)
+    out: dict[str, float] = {}
+    for c, times in build_schedule(model, cluster, s).counts(accum).items():
+        for name, seconds in costs.ring_latency(c, all_to_all):
+            out[name] = out.get(name, 0.0) + seconds * times
+    return out
+
+
 @functools.lru_cache(maxsize=4096)
 def _runs_of(lengths: tuple[int, ...], units: tuple[int, ...], group_end: tuple[int, ...],
              p: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], list[int], list[int]]:

@@ -57,10 +57,7 @@ from __future__ import annotations
 import math
 
 from zerotune.strategies.costmodel.hardware import (
-    NCCL_RING_BASE_US,
-    NCCL_RING_PROTOCOLS,
-    NET_HOP_US,
-    NVLINK_HOP_US,
+    RING_PROTOCOLS,
     Calibration,
 )
 from zerotune.strategies.costmodel.schedule import Coll
@@ -165,20 +162,38 @@ class Costs:
                                sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)))
         return t
 
+    def ring_latency(self, c: Coll, all_to_all: bool = False) -> tuple[tuple[str, float], ...]:
+        """(level, seconds) of one collective that do not depend on its bytes — each level ring's launch and
+        hops under Simple, as ``_level_rings`` charges them — for the levels whose bytes are booked as ring
+        collectives (or, with ``all_to_all``, for those booked as a quantized reduction's all-to-all). What a
+        measured level's seconds in the engine's collectives hold beside their wire time
+        (``calibration.measured_level_efficiencies``)."""
+        op, (lo, hi), _, _ = c
+        vol, calib = self.volume(c), self.calib
+        alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
+        out = []
+        for level in range(lo, hi + 1):
+            lv = self.cluster.levels[level - 1]
+            if lv.size > 1 and bool(vol.get(lv.name, {}).get("all_to_all")) == all_to_all:
+                out.append((lv.name, launch + _STEPS[op] * (lv.size - 1) * lv.latency_us * alpha))
+        return tuple(out)
+
     def _fastest(self, hops: list[tuple[int, float]], wire_s: float) -> float:
         """One ring's seconds: launch + Σ steps · hop latency + ``wire_s`` (its bytes at the Simple rate), under
-        the Simple protocol, or the fastest of NCCL's (``Calibration.protocols``). A level's own hop latency
-        is scaled to a protocol by its link class's ratio in NCCL's table: the network's where it is the
-        network's 14 µs or more, NVLink's below."""
+        the Simple protocol, or the fastest of NCCL's or RCCL's (``Calibration.protocols``). The launch and a
+        level's own hop latency are scaled to a protocol by their ratio to the Simple row of the library's
+        table: the network's where the hop is that row's network latency or more, the node link's below."""
         calib = self.calib
         alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
         if calib.protocols == "simple":
             return launch + sum(steps * hop for steps, hop in hops) * alpha + wire_s
+        table = RING_PROTOCOLS[calib.protocols]
+        base_ref, node_ref, net_ref, _ = table["Simple"]
         best = math.inf
-        for base, nvlink, net, bw in NCCL_RING_PROTOCOLS.values():
-            t = launch * base / NCCL_RING_BASE_US + wire_s / bw
+        for base, node, net, bw in table.values():
+            t = launch * base / base_ref + wire_s / bw
             for steps, hop in hops:
-                t += steps * hop * alpha * (net / NET_HOP_US if hop >= NET_HOP_US else nvlink / NVLINK_HOP_US)
+                t += steps * hop * alpha * (net / net_ref if hop >= net_ref else node / node_ref)
             best = t if t < best else best
         return best
 

@@ -27,10 +27,12 @@ from zerotune.strategies.calibration import (
 from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import (
     Calibration,
+    accumulation_steps,
     activation_memory,
     cross_node_bytes,
     predict,
     state_memory,
+    step_latency,
     step_volume,
 )
 from zerotune.strategies.spec import Strategy
@@ -260,25 +262,37 @@ def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeyp
 
 
 def test_bandwidths_read_off_the_runs_own_clocks(tmp_path, monkeypatch, capsys):
-    """run.json's seconds per level: each level's bytes over its seconds is its achieved bandwidth; the fit then
-    holds those and fits only the scalars. all-to-all seconds (gloo's pairwise sends) are left out."""
+    """run.json's seconds per level: each level's bytes over its seconds, less the launch and hops the model
+    charges apart, is its achieved bandwidth; the fit then holds those and fits only the scalars. all-to-all
+    seconds (gloo's pairwise sends) are read apart, as a share of the ring's rate."""
     cluster = parse_cluster("local:2x2x2")
     efficiency = (0.5, 0.25, 0.1)
+    start = Calibration(overlap=0.0, latency_scale=40.0)  # latency large enough to matter on these runs
     runs, files = [], []
     for k, path in enumerate(sorted(FIDELITY_RUNS.glob("run*.json"))[:8]):
         run = json.loads(path.read_text())
-        seconds = {lv.name: {kind: n / (eff * lv.bandwidth_gbps * 1e9) * (7.0 if kind == "all_to_all" else 1.0)
-                             for kind, n in run["bytes_per_level"].get(lv.name, {}).items()}
-                   for lv, eff in zip(cluster.levels, efficiency, strict=True)}
+        m = Measurement.from_run(run)
+        accum = accumulation_steps(m.cluster, m.strategy, m.global_batch)
+        latency = {a2a: step_latency(m.model, m.cluster, m.strategy, start, elem_bytes=m.elem_bytes, accum=accum,
+                                     block=m.quant_block, all_to_all=a2a) for a2a in (False, True)}
+        seconds = {}
+        for lv, eff in zip(cluster.levels, efficiency, strict=True):
+            kinds = run["bytes_per_level"].get(lv.name, {})
+            seconds[lv.name] = {kind: n / (eff * lv.bandwidth_gbps * 1e9) * (7.0 if kind == "all_to_all" else 1.0)
+                                for kind, n in kinds.items()}
+            for a2a, kind in ((False, next((k for k in kinds if k != "all_to_all"), None)), (True, "all_to_all")):
+                if kind in seconds[lv.name] and kinds[kind]:  # each level's latency, booked on one of its kinds
+                    seconds[lv.name][kind] += latency[a2a].get(lv.name, 0.0)
         runs.append(Measurement.from_run({**run, "seconds_per_level": seconds}))
         files.append(tmp_path / f"run{k}.json")
         files[-1].write_text(json.dumps({**run, "seconds_per_level": seconds}))
-    assert measured_level_efficiencies(runs) == pytest.approx(efficiency, rel=1e-9)
+    assert measured_level_efficiencies(runs, start) == pytest.approx(efficiency, rel=1e-9)
+    lower = measured_level_efficiencies(runs)  # the clocks' seconds as they are: latency read as slow links
+    assert all(lo < eff * 0.98 for lo, eff in zip(lower, efficiency, strict=True)), lower
     quantizing = [m for m in runs if m.all_to_all_traffic]
-    assert quantizing and measured_all_to_all_efficiency(runs) == pytest.approx(1 / 7)  # 7x the ring's seconds
+    assert quantizing and measured_all_to_all_efficiency(runs, start) == pytest.approx(1 / 7)  # 7x the ring's
     assert measured_all_to_all_efficiency([m for m in runs if not m.all_to_all_traffic]) == 1.0
-    calib, stats = fit(runs, name="clocks", fields=["compute_efficiency"], start=Calibration(overlap=0.0),
-                       bandwidths="measured")
+    calib, stats = fit(runs, name="clocks", fields=["compute_efficiency"], start=start, bandwidths="measured")
     assert calib.bandwidth_efficiency == pytest.approx(efficiency) and stats["bandwidths"].startswith("from the runs")
     assert calib.all_to_all_efficiency == pytest.approx(1 / 7)
     # the model charges an all-to-all's bytes at that share of the ring's rate
@@ -292,7 +306,7 @@ def test_bandwidths_read_off_the_runs_own_clocks(tmp_path, monkeypatch, capsys):
         measured_level_efficiencies([old, *runs])
     monkeypatch.setenv("ZEROTUNE_DATA_DIR", str(tmp_path))
     assert main(["calibrate", *map(str, files), "--name", "clocks", "--fit", "compute_efficiency", "--fix",
-                 "overlap=0", "--bandwidths", "measured"]) == 0
+                 "overlap=0", "--fix", "latency_scale=40", "--bandwidths", "measured"]) == 0
     assert load_calibration("clocks").bandwidth_efficiency == pytest.approx(efficiency)
     capsys.readouterr()
     old_runs = [str(p) for p in sorted(FIDELITY_RUNS.glob("run*.json"))[:3]]

@@ -21,6 +21,8 @@ from zerotune.strategies.costmodel.hardware import (
     NCCL_RING_PROTOCOLS,
     NET_HOP_US,
     NVLINK_HOP_US,
+    RCCL_RING_BASE_US,
+    RCCL_RING_PROTOCOLS,
     profile_calibration,
     profile_cluster,
 )
@@ -75,7 +77,8 @@ def test_zero3_weak_scaling_falls_below_one_at_scale():
 def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
     frontier = parse_cluster("frontier:48")
     calib = calibration_for(frontier)
-    assert calib.name == "frontier-profile" and calib.collective_launch_us == NCCL_RING_BASE_US
+    assert calib.name == "frontier-profile" and calib.collective_launch_us == RCCL_RING_BASE_US  # RCCL's Simple
+    assert calibration_for(parse_cluster("dgx-h100:2")).collective_launch_us == NCCL_RING_BASE_US
     assert calib.bandwidth_efficiency == tuple(LINKS[k].efficiency for k in ("xgmi-gcd-pair", "xgmi-node",
                                                                             "slingshot-11"))
     assert predict(parse_model("gpt-7b"), parse_cluster("dgx-h100:4"),
@@ -116,6 +119,26 @@ def test_tiny_messages_are_latency_bound_and_large_ones_bandwidth_bound():
     assert simple.time(("all_gather", (1, 1), 4, 16)) == pytest.approx(latency, rel=1e-3)
     with pytest.raises(ValueError, match="protocols='LL'"):
         Calibration(protocols="LL")
+
+
+def test_frontier_collectives_are_timed_with_rccls_own_tuning_model():
+    """RCCL's ring model on a Frontier-like node (tuning.cc's tuning_model_3): LL for tiny messages at its own base
+    and xGMI / network hop latencies, LL128 off, Simple (17 us base, 3.6 / 19.8 us hops) for large ones."""
+    cluster = parse_cluster("frontier:4")
+    calib = calibration_for(cluster)
+    assert calib.protocols == "rccl" and "LL128" not in RCCL_RING_PROTOCOLS
+    costs = costs_for(cluster, calib, 2, 1, 2048)
+    ll_base, ll_xgmi, ll_net, ll_bw = RCCL_RING_PROTOCOLS["LL"]
+    base, xgmi, net, _ = RCCL_RING_PROTOCOLS["Simple"]
+    # one ring per level with 2+ ranks: the GCD pair (1 hop), the node's 4 packages (3), 4 nodes (3)
+    tiny = costs.time(("all_gather", (1, 3), 4, 16))
+    assert tiny == pytest.approx((3 * ll_base + 4 * ll_xgmi + 3 * ll_net) * 1e-6, rel=1e-3)
+    assert [lv.latency_us for lv in cluster.levels] == [xgmi, xgmi, net]
+    numel = 2**26  # 128 MiB per rank across the network: Simple, LL's fifth of the bandwidth would cost seconds
+    big = costs.time(("all_gather", (3, 3), numel, 16))
+    wire = 3 * numel * 2 / (cluster.levels[2].bandwidth_gbps * 1e9 * calib.level_efficiency(3))
+    assert big == pytest.approx((base + 3 * net) * 1e-6 + wire, rel=1e-9)
+    assert big < (ll_base + 3 * ll_net) * 1e-6 + wire / ll_bw
 
 
 def a800(nodes: int, rings: str):
