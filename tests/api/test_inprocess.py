@@ -194,4 +194,4 @@ def test_a_study_page_says_who_trains_with_its_answer(client: TestClient, app_an
     assert all(p.status_code == 200 for p in pages.values())
     assert ('<dd id="runner">deepspeed: only what it runs exactly, one ring over the whole group, gradients reduced '
             'in backward</dd>') in pages["deepspeed"].text
-    assert '<dd id="runner">zerotune&#39;s engine: every partition, one ring per level</dd>' in pages["zerotune"].text
+    assert "<dd id=\"runner\">zerotune's engine: every partition, one ring per level</dd>" in pages["zerotune"].text
