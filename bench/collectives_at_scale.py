@@ -15,7 +15,6 @@ not have (RCCL beyond 16 Frontier nodes), the table says so rather than hiding i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -29,9 +28,7 @@ sys.path.insert(0, str(ROOT))
 from zerotune.strategies.catalog import parse_cluster  # noqa: E402
 from zerotune.strategies.costmodel import calibration_for  # noqa: E402
 from zerotune.strategies.costmodel.hardware import (  # noqa: E402
-    LINKS,
     NET_HOP_US,
-    NVLINK_EFFICIENCY,
     NVLINK_HOP_US,
     Calibration,
     profile_calibration,
@@ -50,12 +47,10 @@ def perlmutter(gpus: int) -> tuple[ClusterSpec, Calibration]:
     """Perlmutter's GPU nodes: 4 A100 joined pairwise by 4 NVLink3 links (100 GB/s per direction to each
     peer, the ring's hop), one 25 GB/s Slingshot-11 NIC per GPU; NCCL's network hop latency, and the
     Slingshot busbw share measured with RCCL on LUMI-G (no NCCL figure on Slingshot was found)."""
-    links = ("nvlink3-nvswitch", "slingshot-11")
     cluster = ClusterSpec(name=f"perlmutter:{gpus // 4}", levels=(
         Level("node", 4, 100.0, NVLINK_HOP_US), Level("inter-node", gpus // 4, 25.0, NET_HOP_US)),
         device="NVIDIA A100 40GB", device_memory_gib=40.0, peak_tflops=312.0)
-    calib = dataclasses.replace(profile_calibration("perlmutter", "A100", links),
-                                bandwidth_efficiency=(NVLINK_EFFICIENCY, LINKS["slingshot-11"].efficiency))
+    calib = profile_calibration("perlmutter", "A100", ("nvlink3-nvswitch", "slingshot-11"))
     return cluster, run_by(calib, "deepspeed")
 
 

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotune.errors import SpecError
+from zerotune.strategies.costmodel.hardware import RUNNERS as HARDWARE_RUNNERS
 from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
 
 NONE = "none"
 MICRO_BATCH_SIZES = (1, 2, 4)
-RUNNERS = ("zerotune", "deepspeed", "fsdp")
-"""Who trains with the answer: zerotune's engine, DeepSpeed (ZeRO / ZeRO++) or PyTorch FSDP2."""
+RUNNERS = tuple(HARDWARE_RUNNERS)
+"""Who trains with the answer: zerotune's engine, DeepSpeed (ZeRO / ZeRO++) or PyTorch FSDP2 — the runners
+whose collectives the cost model knows (``costmodel.hardware.RUNNERS``)."""
 
 
 def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:
