@@ -21,6 +21,14 @@ computes it; ``zerotune emulate --plan`` prints it.
 **Latency.** Each link also gets its level's hop latency times the same scale's inverse when the
 kernel has ``sch_netem``; without it latency is not emulated and the plan says so.
 
+**Both directions at once.** A shaped link carries its rate in each direction (one ``tbf`` per veth end,
+measured: 4 MB one way and 4 MB each way at once both take 1.00-1.07x the shaped time over plain TCP
+sockets). Gloo does not always use both: it serves a pair's socket from one thread and often lets one
+direction wait on the other, so a two-rank all-gather or all-to-all across a link takes 1.0-2.0x the
+full-duplex time from run to run, while a one-way send takes the shaped time. What is measured is
+therefore what gloo does on that link; a cost model fitted to emulated runs absorbs it in the level's
+effective bandwidth.
+
 **Safety.** Everything an emulation creates lives in namespaces named ``zt<pid>-*`` (the pid of the
 process that made them, base 36): the bridges and the veth pairs are inside the fabric namespace, so
 deleting the namespaces removes every link and qdisc with them, and nothing outside the prefix is

@@ -4,8 +4,9 @@
 
 Every rank joins a gloo group (bound to its namespace's interface by GLOO_SOCKET_IFNAME), then times an
 all-gather of NBYTES in total inside two subgroups: ranks 0 and 1 (one namespace: loopback) and ranks 0
-and 2 (two namespaces: the shaped link). Rank 0 writes the fastest of five timings of each (noise on a shared
-machine only adds time; the shaped rate bounds it from below).
+and 2 (two namespaces: the shaped link), and rank 0's receipt of NBYTES/2 sent by rank 2 (one direction of
+the shaped link). Rank 0 writes the fastest of five timings of each (noise on a shared machine only adds
+time; the shaped rate bounds it from below).
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def main() -> None:
             timings[name] = min(runs)
             timings[name + "_runs"] = runs
         dist.barrier()
+    if r in (0, 2):  # one direction of the link: rank 0 times until the last byte from rank 2 has arrived
+        x = torch.ones(int(nbytes) // 4 // 2)
+        runs = []
+        for _ in range(5):
+            dist.barrier(group=groups["cross"])
+            start = time.perf_counter()
+            if r == 2:
+                dist.send(x, dst=0)
+            else:
+                dist.recv(x, src=2)
+            runs.append(time.perf_counter() - start)
+        timings["send"], timings["send_runs"] = min(runs), runs
+    dist.barrier()
     if r == 0:
         with open(out, "w") as f:
             json.dump(timings, f)

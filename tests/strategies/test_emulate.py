@@ -80,7 +80,7 @@ def test_scale_matches_the_targets_compute_to_communication_ratio():
     assert emulate.scale_for(frontier, 0.5, local_tflops_per_rank=1e6) == 1.0  # never sped up
 
 
-def test_a_cross_node_all_gather_takes_the_shaped_time_and_an_intra_node_one_does_not(net, tmp_path):
+def test_a_cross_node_transfer_takes_the_shaped_time_and_an_intra_node_one_does_not(net, tmp_path):
     cluster = parse_cluster("local:2x2")  # ranks 0,1 in one namespace, 2,3 in the other
     scale = LINK_MBS * 1e6 / (cluster.levels[1].bandwidth_gbps * 1e9 * 2)
     nbytes = 8_000_000  # each of the two ranks sends its 4 MB half across the link
@@ -98,7 +98,11 @@ def test_a_cross_node_all_gather_takes_the_shaped_time_and_an_intra_node_one_doe
         assert all(proc.returncode == 0 for proc in procs), "\n".join(log[-1500:] for log in logs)
         pre = p.prefix
     timings = json.loads(out.read_text())
-    assert abs(timings["cross"] / expected - 1) <= 0.3, (timings, expected)  # the shaping holds it to the link
+    assert abs(timings["send"] / expected - 1) <= 0.3, (timings, expected)  # the shaping holds one direction to it
+    # Both directions at once: each carries its 4 MB, so a full-duplex exchange takes `expected`. Gloo serves a
+    # pair's socket from one thread and often lets one direction wait on the other (the same all-gather over
+    # the same link measures 1.0-1.9x `expected` from run to run); never more than the two directions in turn.
+    assert 0.7 * expected <= timings["cross"] <= 2.0 * 1.3 * expected, (timings, expected)
     assert timings["intra"] < 0.3 * expected, timings  # loopback inside a namespace is not shaped
     assert _sets(pre) == []
 
