@@ -4,9 +4,13 @@
     python bench/trainer_vs_fsdp.py --worlds 4 --configs zero3,fsdp2 --steps 10
 
 Configs (every one trains the same ``--model`` GPT, ``strategies.model.build_gpt(spec, seed=0)``,
-on the same data, one sequence per rank per step, fp32, with ``zerotune train``'s recipe: AdamW with
-betas (0.9, 0.95), peak learning rate ``strategies.train.default_lr`` and linear warm-up over half
-the steps, no clipping):
+on the same data, ``--batch`` sequences per rank per step (default 1), with ``zerotune train``'s
+recipe: AdamW with betas (0.9, 0.95), peak learning rate ``strategies.train.default_lr`` and linear
+warm-up over half the steps, no clipping). ``--dtype`` (default ``auto``: bf16 on GPU, fp32 on CPU)
+is the compute and communication dtype of every config alike: our engine's ``dtype`` (bf16 weights
+and gradients, fp32 master shards), FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (fp32
+sharded parameters, bf16 gathers and reduce-scatters), DDP under ``torch.autocast`` (fp32 weights
+and gradients, bf16 matrix products):
 
 - ``zero3``: our :class:`ZeroEngine`, strategy preset ``zero3`` (everything sharded over the world);
 - ``fsdp2``: ``fully_shard`` per transformer block, then on the root, over a 1-D mesh of all ranks,
@@ -16,7 +20,10 @@ the steps, no clipping):
   node being the product of every cluster level size but the outermost — the pair of ``mics``;
 - ``ddp``: ``DistributedDataParallel``, the floor.
 
-World sizes map to clusters as 4 -> local:2x2, 8 -> local:2x2x2 (2^k -> local:2x...x2). Every
+World sizes map to clusters as 4 -> local:2x2, 8 -> local:2x2x2 (2^k -> local:2x...x2); world 1
+(one GPU: NCCL takes one rank per device) runs on local:1, where there is nothing to shard or
+reduce and the table compares the engines' own work — bucket copies, hooks, the optimizer — on the
+same device; ``mics`` and ``hsdp`` need two levels and are left out there. Every
 (world, config) runs in its own ``torchrun`` launch, so each config starts from fresh processes;
 rank 0 writes the config's result to a JSON file in a temporary directory and this script prints
 one table per world size. Step time: the slowest rank's time of each step, median over the steps
@@ -50,6 +57,7 @@ algorithms and of their Python overhead, not of a real fabric.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -68,7 +76,10 @@ PAIRS = {"zero3": "fsdp2", "mics": "hsdp"}  # ours -> its FSDP2 counterpart
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--worlds", default="4,8", help="comma-separated world sizes (powers of 2 >= 2)")
+    p.add_argument("--worlds", default="4,8", help="comma-separated world sizes (1 or powers of 2)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per rank per step")
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="compute and communication dtype of every config (auto: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
     p.add_argument("--model", default="gpt-mini", help="model preset (strategies/catalog.py MODELS)")
@@ -85,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.batch < 1:
+        p.error(f"--batch={args.batch}: must be >= 1")
     if not 0 <= args.warmup < args.steps:
         p.error(f"--warmup must be >= 0 and < --steps={args.steps}")
     unknown = sorted(set(_split(args.configs)) - set(CONFIGS))
@@ -98,10 +111,14 @@ def _split(text: str) -> list[str]:
 
 
 def cluster_for(world: int) -> str:
-    """4 -> local:2x2, 8 -> local:2x2x2: a binary tree of levels, outermost = nodes of the last level."""
-    if world < 2 or world & (world - 1):
-        raise SystemExit(f"bench: world size {world} must be a power of 2 >= 2")
-    return "local:" + "x".join(["2"] * int(math.log2(world)))
+    """1 -> local:1, 4 -> local:2x2, 8 -> local:2x2x2: a binary tree of levels, outermost = nodes of the last."""
+    if world < 1 or world & (world - 1):
+        raise SystemExit(f"bench: world size {world} must be 1 or a power of 2")
+    return "local:1" if world == 1 else "local:" + "x".join(["2"] * int(math.log2(world)))
+
+
+TWO_LEVELS = {"mics", "hsdp"}
+"""Configs that shard inside a node and replicate across nodes: nothing to tell them from zero3 / fsdp2 on one rank."""
 
 
 # -- the launcher side -------------------------------------------------------------------------
@@ -118,10 +135,14 @@ def launch(args: argparse.Namespace) -> int:
             cluster = cluster_for(world)
             results[world] = {}
             for config in configs:
+                if world == 1 and config in TWO_LEVELS:
+                    print(f"          {config} left out on 1 rank (it needs two levels)", file=sys.stderr)
+                    continue
                 out = Path(tmp) / f"w{world}-{config}.json"
                 target = [__file__, "--config", config, "--cluster", cluster, "--result", str(out),
                           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
-                          "--timeout", str(args.timeout), *[a for s in args.set for a in ("--set", s)]]
+                          "--timeout", str(args.timeout), "--batch", str(args.batch), "--dtype", args.dtype,
+                          *[a for s in args.set for a in ("--set", s)]]
                 print(f"[{time.perf_counter() - t_all:6.1f}s] {config:<6} on {world} ranks ({cluster}) ...",
                       file=sys.stderr, flush=True)
                 t0, busy0, ours0 = time.perf_counter(), _machine_busy_s(), _children_cpu_s()
@@ -170,11 +191,12 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
         return
     any_row = next(iter(rows.values()))
     mem_kind = any_row["mem_kind"]
-    print(f"\n{args.model} on {world} {any_row['backend']} ranks ({cluster}), {args.steps} steps, median of the last "
-          f"{args.steps - args.warmup}; memory: {mem_kind} per rank (max over ranks)")
+    print(f"\n{args.model} on {world} {any_row['backend']} ranks ({cluster}, {any_row.get('device', '')}), "
+          f"{any_row.get('dtype', 'float32')}, {args.batch} sequence(s) per rank per step, {args.steps} steps, "
+          f"median of the last {args.steps - args.warmup}; memory: {mem_kind} per rank (max over ranks)")
     if any_row.get("hsdp_mesh"):
         print(f"HSDP mesh (replicate, shard) = {tuple(any_row['hsdp_mesh'])}")
-    head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'ours/FSDP2':>12}{'vs DDP':>8}"
+    head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'TFLOPS':>8}{'ours/FSDP2':>12}{'vs DDP':>8}"
             f"{'mem MiB':>10}{'mem ours/FSDP2':>16}{'acct MiB':>10}{'loss first->last':>20}{'others':>8}")
     print(head)
     print("-" * len(head))
@@ -191,7 +213,8 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
         acct = f"{r['accountant_peak'] / 2**20:.1f}" if r.get("accountant_peak") is not None else ""
         loss = f"{r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
         others = f"{r['others_cpu_pct']:.0f}%" if r.get("others_cpu_pct") is not None else ""
-        print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{ratio:>12}{vs_ddp:>8}"
+        tflops = f"{r['tflops_per_rank']:.3g}" if "tflops_per_rank" in r else ""
+        print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{tflops:>8}{ratio:>12}{vs_ddp:>8}"
               f"{r['mem_bytes'] / 2**20:>10.1f}{mem_ratio:>16}{acct:>10}{loss:>20}{others:>8}")
 
 
@@ -217,12 +240,15 @@ def worker(args: argparse.Namespace) -> None:
     if cuda:
         torch.cuda.set_device(device)
     backend = "nccl" if cuda else "gloo"
+    bf16 = args.dtype == "bf16" or (args.dtype == "auto" and cuda)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    info: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."),
+                            "device": torch.cuda.get_device_name(device) if cuda else "cpu"}
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     spec, cluster = parse_model(args.model), parse_cluster(args.cluster)
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == cluster.world_size, (world, cluster.world_size)
     config = args.config
-    info: dict[str, Any] = {}
 
     # every config imports the same modules before the baseline: module imports are not training memory,
     # and the first torch.optim optimizer imports torch._dynamo (~68 MiB of Python objects), which FSDP2's
@@ -256,7 +282,7 @@ def worker(args: argparse.Namespace) -> None:
     engine, peak = None, default_lr(spec)
     if config in OURS:
         strategy = build_strategy(config, cluster, **parse_overrides(args.set))
-        engine = ZeroEngine(spec, strategy, topo, dtype=torch.float32, device=device, lr=peak, seed=0, betas=BETAS)
+        engine = ZeroEngine(spec, strategy, topo, dtype=dtype, device=device, lr=peak, seed=0, betas=BETAS)
         info["what"] = f"ours {config} ({len(engine.buckets)} buckets)"
         info["strategy"] = strategy.to_dict()
 
@@ -265,23 +291,30 @@ def worker(args: argparse.Namespace) -> None:
             engine.step(lr=lr)
             return loss
     else:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         from zerotune.strategies.model import build_gpt
 
         model = build_gpt(spec, seed=0).to(device)
+        autocast = contextlib.nullcontext()
         if config == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             model = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
             info["what"] = "DDP"
+            if bf16:
+                autocast = torch.autocast(device.type, dtype=torch.bfloat16)
         else:
+            policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
             for block in model.blocks:
-                fully_shard(block, mesh=mesh, reshard_after_forward=True)
-            fully_shard(model, mesh=mesh, reshard_after_forward=True)
+                fully_shard(block, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
+            fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
             info["what"] = "FSDP2 full shard" if config == "fsdp2" else f"FSDP2 HSDP {tuple(mesh.shape)}"
         optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, foreach=False, betas=BETAS)
 
         def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
-            loss = model(idx, targets)  # plain mean loss: DDP / FSDP2 average the gradients
+            with autocast:
+                loss = model(idx, targets)  # plain mean loss: DDP / FSDP2 average the gradients
             loss.backward()
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -292,7 +325,8 @@ def worker(args: argparse.Namespace) -> None:
     data = TokenSource(spec.vocab, spec.seq_len, seed=0)
     losses, times = [], []
     for step in range(args.steps):
-        idx, targets = (t.to(device) for t in data.batch(sequence_ids(step, 0, rank, accum=1, world=world, batch=1)))
+        idx, targets = (t.to(device) for t in data.batch(sequence_ids(step, 0, rank, accum=1, world=world,
+                                                                              batch=args.batch)))
         t0 = time.perf_counter()
         losses.append(train_step(idx, targets, lr_at(step, peak, args.steps // 2)))
         if cuda:
@@ -300,10 +334,11 @@ def worker(args: argparse.Namespace) -> None:
         times.append(time.perf_counter() - t0)
 
     # results: the slowest rank per step, the global mean loss, memory maximum over ranks
-    t = torch.tensor(times, dtype=torch.float64)
+    t = torch.tensor(times, dtype=torch.float64, device=device)  # NCCL reduces device tensors only
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    lt = torch.tensor(losses, dtype=torch.float64)
+    lt = torch.tensor(losses, dtype=torch.float64, device=device)
     dist.all_reduce(lt)
+    t, lt = t.cpu(), lt.cpu()
     mem = {"mem_bytes": int(torch.cuda.max_memory_allocated(device)) if cuda else _peak_rss_bytes() - rss0,
            "accountant_peak": engine.mem.report()["peak"] if engine is not None else None}
     mems: list[Any] = [None] * world
@@ -315,6 +350,8 @@ def worker(args: argparse.Namespace) -> None:
         result = {
             "config": config, "world": world, "cluster": cluster.name, "backend": backend, **info,
             "step_ms": statistics.median(step_times[args.warmup:]) * 1e3,
+            "tflops_per_rank": spec.flops_per_token() * spec.seq_len * args.batch
+            / (statistics.median(step_times[args.warmup:]) * 1e12),
             "step_times_ms": [x * 1e3 for x in step_times],
             "losses": (lt / world).tolist(),
             "mem_kind": "torch.cuda.max_memory_allocated" if cuda else "peak-RSS increase",

@@ -245,7 +245,7 @@ class ZeroEngine:
         the gradients down to that global norm when they exceed it, as Megatron and DeepSpeed do."""
         self._wait_inflight()
         bits, qa = self.s.grad_bits, self.s.quantize_above
-        sq = torch.zeros((), dtype=torch.float64)
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for b in self.buckets:  # in place: the optimizer's gradient may be a view of the grad shard
             g = self.comm.reduce_scatter(b.grad_shard, self.go_range, bits=bits, quantize_above=qa, in_place=True)
             g = self.comm.all_reduce(g, self.replica_range, bits=bits, quantize_above=qa, in_place=True)

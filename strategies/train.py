@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         poisoned = maybe_fault(topo.rank, step)
         engine.counter.reset()
         t0 = time.perf_counter()
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device=device)  # NCCL reduces device tensors only
         for micro in range(accum):
             ids = sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=mbs)
             idx, targets = (t.to(device) for t in data.batch(ids))
