@@ -289,7 +289,7 @@ def worker(args: argparse.Namespace) -> None:
         def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
             loss = engine.forward_backward(idx, targets, loss_scale=1.0 / world)
             engine.step(lr=lr)
-            return loss
+            return float(loss)
     else:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
