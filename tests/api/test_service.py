@@ -130,7 +130,7 @@ def test_local_executor_end_to_end_and_upload(sqlite_url, launcher, tmp_path):
     ("gpt-mini", "local:2x2", 6, "measured"), ("gpt-7b", "dgx-h100:2", 3, "proxy-verified")])
 def test_measured_studies_through_the_service(sqlite_url, launcher, model, cluster, trials, evidence):
     """gpt-mini on local:2x2, and gpt-7b on dgx-h100:2 through its proxy, with the local executor
-    through the service: every trial trains healthily, the polled job names its phase while it runs,
+    through the service: no trial fails (a slower one may be pruned), the polled job names its phase while it runs,
     and the answer states the leaders' intervals."""
     server = launcher.serve(sqlite_url)
     body = {"model": model, "cluster": cluster, "executor": "local", "budget": {"trials": trials}}
@@ -151,7 +151,11 @@ def test_measured_studies_through_the_service(sqlite_url, launcher, model, clust
     rec = httpx.get(f"{server.url}/v1/recommendations/{job['recommendation_id']}").json()
     assert rec["evidence"] == evidence and rec["metrics"]["health"]["verdict"] == "ok"
     statuses = rows(sqlite_url, "SELECT status, reason FROM zt_trials")
-    assert len(statuses) >= trials and all(st == "complete" for st, _ in statuses), statuses
+    # every trial trains to its end or is stopped early because its step times already lose to the best
+    # trial's (the pruner's verdict on a slower strategy, or on a noisy machine): none fails
+    assert len(statuses) >= trials and statuses.count(("complete", None)) >= 1, statuses
+    assert all(st == "complete" or (st == "pruned" and "worse than the study's best" in (why or ""))
+               for st, why in statuses), statuses
     lead = next(lead for lead in rec["metrics"]["leaders"] if lead["trial_id"] == rec["trial_id"])
     assert lead["interval"][0] <= lead["value"] <= lead["interval"][1]
 
