@@ -26,8 +26,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "V100": 125.0, "MI250X": 191.5}
-"""Dense 16-bit TFLOPS by device name (NVIDIA H100/H200 SXM, A100, V100 datasheets; one MI250X GCD)."""
+from zerotune.strategies.costmodel.hardware import DEVICES  # noqa: E402
+
+SAME_PEAK = {"H200": "H100"}
+"""Devices without a profile whose dense 16-bit peak is a profiled one's (H200 SXM: 989 TFLOPS, as the H100 SXM)."""
+
+
+def peak_of(name: str) -> float | None:
+    """The datasheet dense 16-bit peak of the device ``name`` names (the cost model's profiles), else None."""
+    keys = [*DEVICES, *SAME_PEAK]
+    key = next((k for k in keys if k in name), None)
+    return DEVICES[SAME_PEAK.get(key, key)].peak_tflops if key else None
 
 
 def layer_gemms(tokens: int, hidden: int) -> list[tuple[str, int, int, int]]:
@@ -77,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    peak = args.peak_tflops or next((v for k, v in PEAKS.items() if k in name), None)
+    peak = args.peak_tflops or peak_of(name)
     dtype = torch.bfloat16 if cuda else torch.float32
     rows = []
     print(f"{name}, {str(dtype).removeprefix('torch.')}, peak {peak} TFLOPS; one layer's 12 GEMMs (fwd, dgrad, wgrad)")

@@ -148,14 +148,14 @@ def launch(args: argparse.Namespace) -> int:
                 t0, busy0, ours0 = time.perf_counter(), _machine_busy_s(), _children_cpu_s()
                 env = {"MALLOC_MMAP_THRESHOLD_": str(args.mmap_threshold)} if args.mmap_threshold else None
                 res = run_torchrun(world, target, module=False, stream=False, timeout_s=args.timeout, env=env)
-                if out.is_file() and not res.ok:
-                    # rank 0 writes the result after every rank's timings and memory are gathered, before the
-                    # last barrier: a launch that fails after it failed in teardown (seen: gloo with FSDP2
-                    # aborting one rank at exit, "terminate called without an active exception")
-                    why = f"timed out after {args.timeout:.0f}s" if res.timed_out else f"exit {res.returncode}"
-                    print(f"          warning: the launch ended with {why} after rank 0 wrote the result, which "
-                          f"stands; last output:\n{res.output[-600:]}", file=sys.stderr, flush=True)
+                why = f"timed out after {args.timeout:.0f}s" if res.timed_out else f"exit {res.returncode}"
                 if out.is_file():
+                    if not res.ok:
+                        # rank 0 writes the result after every rank's timings and memory are gathered, before
+                        # the last barrier: a launch that fails after it failed in teardown (seen: gloo with
+                        # FSDP2 aborting one rank at exit, "terminate called without an active exception")
+                        print(f"          warning: the launch ended with {why} after rank 0 wrote the result, "
+                              f"which stands; last output:\n{res.output[-600:]}", file=sys.stderr, flush=True)
                     results[world][config] = json.loads(out.read_text())
                     r = results[world][config]
                     busy1, wall = _machine_busy_s(), time.perf_counter() - t0
@@ -166,7 +166,6 @@ def launch(args: argparse.Namespace) -> int:
                           f"{r.get('others_cpu_pct', float('nan')):.0f}% of the CPU", file=sys.stderr, flush=True)
                 else:
                     failed = True
-                    why = f"timed out after {args.timeout:.0f}s" if res.timed_out else f"exit {res.returncode}"
                     print(f"bench: {config} on {world} ranks failed ({why}); last output:\n"
                           f"{res.output[-3000:]}", file=sys.stderr)
     print(f"\nwall time {time.perf_counter() - t_all:.0f}s", file=sys.stderr)
@@ -354,11 +353,11 @@ def worker(args: argparse.Namespace) -> None:
         engine.close()
     if rank == 0:
         step_times = t.tolist()
+        step_s = statistics.median(step_times[args.warmup:])
         result = {
             "config": config, "world": world, "cluster": cluster.name, "backend": backend, **info,
-            "step_ms": statistics.median(step_times[args.warmup:]) * 1e3,
-            "tflops_per_rank": spec.flops_per_token() * spec.seq_len * args.batch
-            / (statistics.median(step_times[args.warmup:]) * 1e12),
+            "step_ms": step_s * 1e3,
+            "tflops_per_rank": spec.flops_per_token() * spec.seq_len * args.batch / step_s / 1e12,
             "step_times_ms": [x * 1e3 for x in step_times],
             "losses": (lt / world).tolist(),
             "mem_kind": "torch.cuda.max_memory_allocated" if cuda else "peak-RSS increase",

@@ -170,9 +170,8 @@ class ZeroEngine:
         Returns:
             the unscaled loss, a 0-dim tensor on the device: reading it (``float``) waits for the device,
             so a caller sums the micro-steps' losses and reads them once a step. On a GPU a read per
-            micro-step stops the host from queueing the next one while this one runs: gpt-1.3b at one
-            2,048-token sequence per micro-step spends about as long launching kernels as the H200
-            spends running them.
+            micro-step stops the host from queueing the next one while this one runs (gpt-1.3b on one
+            H200, 2 sequences per micro-step: 0.394 s per step with a read per micro-step, 0.332 without).
         """
         root, blocks = self.buckets[0], self.buckets[1:]
         seen: set[int] = set()
