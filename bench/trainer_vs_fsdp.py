@@ -52,6 +52,13 @@ memory for every config, paid in page faults (step time).
 
 On one CPU the ranks share cores and "links" are shared memory: times show the cost of the
 algorithms and of their Python overhead, not of a real fabric.
+
+``--profile`` runs one more step after the timed ones under ``torch.profiler`` (not timed) and adds
+two columns per config: on GPU the CUDA kernels (and memcpy/memset) the step launches and the sum
+of their device time; on CPU the ATen operators it dispatches and their summed self CPU time. A
+step whose wall time is well above its kernels' time while the kernels are many and short is bound
+by the host's launching, not by the device (``kernel ms`` sums every stream: with communication
+streams busy it can exceed the wall time).
 """
 
 from __future__ import annotations
@@ -90,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES",
                    help="glibc's MALLOC_MMAP_THRESHOLD_ for every launch (CPU): allocations this large are mapped "
                         "and returned when freed; lower resident memory, more page faults")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one extra step: kernels (CPU: operators) launched and their summed time")
     p.add_argument("--json-out", default=None, help="also write every config's result (per-step times, losses) here")
     # internal: what one torchrun launch runs
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)
@@ -142,7 +151,7 @@ def launch(args: argparse.Namespace) -> int:
                 target = [__file__, "--config", config, "--cluster", cluster, "--result", str(out),
                           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
                           "--timeout", str(args.timeout), "--batch", str(args.batch), "--dtype", args.dtype,
-                          *[a for s in args.set for a in ("--set", s)]]
+                          *(["--profile"] if args.profile else []), *[a for s in args.set for a in ("--set", s)]]
                 print(f"[{time.perf_counter() - t_all:6.1f}s] {config:<6} on {world} ranks ({cluster}) ...",
                       file=sys.stderr, flush=True)
                 t0, busy0, ours0 = time.perf_counter(), _machine_busy_s(), _children_cpu_s()
@@ -203,7 +212,8 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
     if any_row.get("hsdp_mesh"):
         print(f"HSDP mesh (replicate, shard) = {tuple(any_row['hsdp_mesh'])}")
     head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'TFLOPS':>8}{'ours/FSDP2':>12}{'vs DDP':>8}"
-            f"{'mem MiB':>10}{'mem ours/FSDP2':>16}{'acct MiB':>10}{'loss first->last':>20}{'others':>8}")
+            f"{'mem MiB':>10}{'mem ours/FSDP2':>16}{'acct MiB':>10}{'loss first->last':>20}{'others':>8}"
+            + (f"{'kernels':>9}{'kernel ms':>11}" if any_row.get("profile") else ""))
     print(head)
     print("-" * len(head))
     ddp = rows.get("ddp", {}).get("step_ms")
@@ -220,8 +230,14 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
         loss = f"{r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
         others = f"{r['others_cpu_pct']:.0f}%" if r.get("others_cpu_pct") is not None else ""
         tflops = f"{r['tflops_per_rank']:.3g}" if "tflops_per_rank" in r else ""
+        prof = r.get("profile")
+        launched = f"{prof['launches']:>9}{prof['busy_ms']:>11.1f}" if prof else ""
         print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{tflops:>8}{ratio:>12}{vs_ddp:>8}"
-              f"{r['mem_bytes'] / 2**20:>10.1f}{mem_ratio:>16}{acct:>10}{loss:>20}{others:>8}")
+              f"{r['mem_bytes'] / 2**20:>10.1f}{mem_ratio:>16}{acct:>10}{loss:>20}{others:>8}{launched}")
+    if any_row.get("profile"):
+        unit = "CUDA kernels, memcpy and memset" if any_row["backend"] == "nccl" else "ATen operators"
+        print(f"(kernels: {unit} launched by one profiled step, rank 0; kernel ms: their summed "
+              f"{'device' if any_row['backend'] == 'nccl' else 'self CPU'} time)")
 
 
 # -- the rank side -----------------------------------------------------------------------------
@@ -339,6 +355,12 @@ def worker(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
 
+    if args.profile:  # one more step, untimed, under the profiler
+        idx, targets = (t.to(device) for t in data.batch(sequence_ids(args.steps, 0, rank, accum=1, world=world,
+                                                                              batch=args.batch)))
+        info["profile"] = profile_step(lambda: train_step(idx, targets, lr_at(args.steps, peak, args.steps // 2)),
+                                       cuda)
+
     # results: the slowest rank per step, the global mean loss, memory maximum over ranks
     t = torch.tensor(times, dtype=torch.float64, device=device)  # NCCL reduces device tensors only
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -369,6 +391,33 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.result).write_text(json.dumps(result, indent=2))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def profile_step(step: Any, cuda: bool) -> dict[str, Any]:
+    """Run ``step`` once under ``torch.profiler``: on GPU the kernels, copies and memsets it put on the
+    device and their summed device time; on CPU the ATen operators it dispatched (every call, nested
+    ones included) and their summed self CPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        if cuda:
+            t = getattr(e, "self_device_time_total", None)
+            t = getattr(e, "self_cuda_time_total", 0.0) if t is None else t
+            if t > 0:
+                rows.append((e.key, e.count, t))
+        elif e.key.startswith("aten::"):
+            rows.append((e.key, e.count, e.self_cpu_time_total))
+    rows.sort(key=lambda r: -r[2])
+    return {"launches": sum(r[1] for r in rows), "busy_ms": sum(r[2] for r in rows) / 1e3,
+            "unit": "device kernels" if cuda else "aten operators",
+            "top": [{"name": k[:160], "count": n, "ms": t / 1e3} for k, n, t in rows[:25]]}
 
 
 if __name__ == "__main__":

@@ -13,11 +13,11 @@ from tests.support import ROOT
 BENCH = ROOT / "bench" / "trainer_vs_fsdp.py"
 
 
-def test_the_bench_runs_one_rank_and_two_and_both_engines_train_the_same_model(tmp_path):
+def test_the_bench_runs_one_rank_and_two_and_both_engines_train_the_same_model_and_profile_a_step(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--worlds", "1,2", "--configs", "zero3,fsdp2,hsdp",
                            "--model", "gpt-tiny", "--steps", "3", "--warmup", "1", "--batch", "2",
-                           "--timeout", "120", "--json-out", str(out)],
+                           "--timeout", "120", "--profile", "--json-out", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
@@ -31,7 +31,13 @@ def test_the_bench_runs_one_rank_and_two_and_both_engines_train_the_same_model(t
         for r in rows.values():
             assert r["dtype"] == "float32" and r["device"] == "cpu" and r["world"] == int(world)
             assert r["tflops_per_rank"] > 0 and len(r["step_times_ms"]) == 3
+            prof = r["profile"]  # one more step under torch.profiler: on CPU, the operators it dispatched
+            assert prof["unit"] == "aten operators" and prof["launches"] > 50 and prof["busy_ms"] > 0
+            assert all(t["name"].startswith("aten::") and t["count"] >= 1 for t in prof["top"])
+            assert prof["launches"] >= sum(t["count"] for t in prof["top"])
+            assert len(r["losses"]) == 3  # the profiled step is not timed or reported as a training step
     assert "2 sequence(s) per rank per step" in proc.stdout and "TFLOPS" in proc.stdout
+    assert "kernel ms" in proc.stdout and "ATen operators launched by one profiled step" in proc.stdout
 
 
 @pytest.mark.parametrize("world", ["3", "0"])

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The one-GPU figures in one go (bench/data/h200-1gpu/report.txt was made the same way):
+#
+#     OUT=results bash bench/one_gpu.sh            # from the repository root, on a machine with one GPU
+#
+# 1. the GEMM ceiling at a transformer layer's shapes (bench/gemm_efficiency.py);
+# 2. our engine vs FSDP2 vs DDP on gpt-1.3b at 1 and 4 sequences per step, each with one profiled step
+#    (kernels launched and their device time: is a step bound by the host or by the device?);
+# 3. zerotune train's micro-batch sweep (1, 2, 4, 8 sequences per micro-step, 8 per step), whose
+#    run.json files the cost model's tests compare with.
+# Each part writes into $OUT as it finishes, so a run cut short keeps what it measured.
+set -uo pipefail
+OUT=${OUT:-bench/data/one-gpu}
+MODEL=${MODEL:-gpt-1.3b}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
+
+log "$(nvidia-smi -L 2>/dev/null | head -1)"
+$PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' \
+    2>&1 | tee -a "$OUT/log.txt"
+# a cluster file for the device in hand: one level of one rank, the device's profile (peak, memory)
+$PY - "$OUT/one-gpu.json" <<'EOF'
+import json, sys, torch
+from zerotune.strategies.costmodel.hardware import DEVICES
+name = torch.cuda.get_device_name(0)
+key = next((k for k in DEVICES if k in name), "H100")  # the H200's peak is the H100's (989 dense bf16)
+d = DEVICES[key]
+json.dump({"name": "one-gpu", "levels": [{"name": "node", "size": 1, "bandwidth_gbps": 450.0, "latency_us": 3.4}],
+           "device": name, "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+           "peak_tflops": d.peak_tflops}, open(sys.argv[1], "w"))
+EOF
+
+log "gemm efficiency"
+timeout 150 $PY bench/gemm_efficiency.py --json-out "$OUT/gemm-efficiency.json" 2>&1 | tee "$OUT/gemm.txt"
+
+for batch in 1 4; do
+  log "trainer vs FSDP2 vs DDP, $MODEL, batch $batch, profiled"
+  timeout 200 $PY bench/trainer_vs_fsdp.py --worlds 1 --model "$MODEL" --configs zero3,fsdp2,ddp --steps 8 \
+      --warmup 3 --batch $batch --profile --json-out "$OUT/trainer_vs_fsdp-b$batch.json" 2>&1 \
+      | tee "$OUT/trainer_vs_fsdp-b$batch.txt"
+done
+
+for mbs in 1 2 4 8; do
+  log "zerotune train $MODEL zero3 micro-batch $mbs"
+  timeout 120 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m zerotune.strategies.train \
+      --model "$MODEL" --cluster "$OUT/one-gpu.json" --strategy zero3 --set micro_batch_size=$mbs \
+      --steps 6 --warmup 2 --global-batch 8 --out "$OUT/train-$MODEL-zero3-mbs$mbs.json" 2>&1 \
+      | tail -4 | tee -a "$OUT/log.txt"
+done
+log "done"
