@@ -6,7 +6,8 @@
 Configs (every one trains the same ``--model`` GPT, ``strategies.model.build_gpt(spec, seed=0)``,
 on the same data, ``--batch`` sequences per rank per step (default 1), with ``zerotune train``'s
 recipe: AdamW with betas (0.9, 0.95), peak learning rate ``strategies.train.default_lr`` and linear
-warm-up over half the steps, no clipping). ``--dtype`` (default ``auto``: bf16 on GPU, fp32 on CPU)
+warm-up over half the steps, no clipping; every config's AdamW is torch's fused update on a GPU and
+the unfused one on CPU, as our engine's). ``--dtype`` (default ``auto``: bf16 on GPU, fp32 on CPU)
 is the compute and communication dtype of every config alike: our engine's ``dtype`` (bf16 weights
 and gradients, fp32 master shards), FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (fp32
 sharded parameters, bf16 gathers and reduce-scatters), DDP under ``torch.autocast`` (fp32 weights
@@ -332,7 +333,9 @@ def worker(args: argparse.Namespace) -> None:
                 fully_shard(block, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
             fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
             info["what"] = "FSDP2 full shard" if config == "fsdp2" else f"FSDP2 HSDP {tuple(mesh.shape)}"
-        optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, foreach=False, betas=BETAS)
+        # the engine's AdamW rule (strategies/engine.py): torch's fused update on a GPU, the unfused one on CPU
+        fused = {"fused": True} if cuda else {"foreach": False}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, betas=BETAS, **fused)
 
         def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
             with autocast:
