@@ -57,10 +57,11 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--db", help="also store it in this database (SQLAlchemy URL), where studies on the cluster find "
                                 "it (the newest stored for a cluster is what its next study predicts with)")
     p.add_argument("--bandwidths", choices=["auto", "shared", "per-level", "measured"], default="auto",
-                   help="fit one effective bandwidth shared by all levels or one per level (auto: shared where "
-                        "every run had all its ranks on one host, whose levels cross the same transport), or read "
-                        "each level's off the runs' own clocks (measured: run.json's bytes over seconds per level; "
-                        "only the scalars are then fitted to step times)")
+                   help="fit one effective bandwidth shared by all levels or one per level, or read each level's "
+                        "off the runs' own clocks (measured: run.json's bytes over seconds per level; only the "
+                        "scalars are then fitted to step times). auto: measured where every run timed gloo "
+                        "collectives with its ranks over hosts or emulated namespaces; else shared where every run "
+                        "had all its ranks on one host (its levels crossed one transport), else per level")
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -166,7 +167,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return ExitStatus.SUCCESS
 
 def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from zerotune.strategies.calibration import Measurement, fit, fit_options, save_calibration
+    from zerotune.strategies.calibration import Measurement, bandwidths_from_clocks, fit, fit_options, save_calibration
 
     fields, start = fit_options(args.fit, args.fix)  # refuse bad options before reading any run
     runs = []
@@ -177,9 +178,12 @@ def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             from zerotune.errors import SpecError
 
             raise SpecError("run", path, f"cannot read a run.json: {exc}") from None
-    tie = {"auto": None, "shared": True, "per-level": False, "measured": None}[args.bandwidths]
+    mode = args.bandwidths
+    if mode == "auto" and bandwidths_from_clocks(runs):
+        mode = "measured"  # gloo runs over hosts or namespaces: each level's seconds are its own links'
+    tie = {"auto": None, "shared": True, "per-level": False, "measured": None}[mode]
     calib, stats = fit(runs, name=args.name, fields=fields, start=start, tie_levels=tie,
-                       bandwidths="measured" if args.bandwidths == "measured" else True)
+                       bandwidths="measured" if mode == "measured" else True)
     # --db first (it refuses a name stored there already): where studies look for it, the newest stored
     # for a cluster being what its next study predicts with
     stored = _store_calibration(args.db, calib, runs, stats) if args.db else None

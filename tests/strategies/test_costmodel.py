@@ -22,6 +22,7 @@ from zerotune.strategies.calibration import (
     load_calibration,
     measured_all_to_all_efficiency,
     measured_level_efficiencies,
+    predicted_step_time,
     save_calibration,
 )
 from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
@@ -261,17 +262,19 @@ def test_calibrate_cli_fits_what_it_is_told_and_holds_the_rest(tmp_path, monkeyp
     assert "a calibration of that name is stored in --db already" in capsys.readouterr().err
 
 
-def test_bandwidths_read_off_the_runs_own_clocks(tmp_path, monkeypatch, capsys):
-    """run.json's seconds per level: each level's bytes over its seconds, less the launch and hops the model
-    charges apart, is its achieved bandwidth; the fit then holds those and fits only the scalars. all-to-all
-    seconds (gloo's pairwise sends) are read apart, as a share of the ring's rate."""
+def _clocked_runs(tmp_path, efficiency, start, consistent=False, **run_fields):
+    """Kept fidelity runs given seconds per level as links of ``efficiency`` would take (all-to-alls 7x a
+    ring's time for their bytes), plus the launch and hops ``start`` charges; run.json fields replaced by
+    ``run_fields``; with ``consistent``, step times too are the model's under ``start`` with those links.
+    Returns the measurements and the run.json files written."""
     cluster = parse_cluster("local:2x2x2")
-    efficiency = (0.5, 0.25, 0.1)
-    start = Calibration(overlap=0.0, latency_scale=40.0)  # latency large enough to matter on these runs
+    truth = dataclasses.replace(start, bandwidth_efficiency=efficiency, all_to_all_efficiency=1 / 7)
     runs, files = [], []
     for k, path in enumerate(sorted(FIDELITY_RUNS.glob("run*.json"))[:8]):
-        run = json.loads(path.read_text())
+        run = {**json.loads(path.read_text()), **run_fields}
         m = Measurement.from_run(run)
+        if consistent:
+            run["step_time_s"] = predicted_step_time(m, truth)
         accum = accumulation_steps(m.cluster, m.strategy, m.global_batch)
         latency = {a2a: step_latency(m.model, m.cluster, m.strategy, start, elem_bytes=m.elem_bytes, accum=accum,
                                      block=m.quant_block, all_to_all=a2a) for a2a in (False, True)}
@@ -286,6 +289,47 @@ def test_bandwidths_read_off_the_runs_own_clocks(tmp_path, monkeypatch, capsys):
         runs.append(Measurement.from_run({**run, "seconds_per_level": seconds}))
         files.append(tmp_path / f"run{k}.json")
         files[-1].write_text(json.dumps({**run, "seconds_per_level": seconds}))
+    return runs, files
+
+
+def test_a_refit_reads_the_bandwidths_off_the_clocks_of_gloo_runs_spread_over_hosts(tmp_path, monkeypatch, capsys):
+    """Where every run timed gloo collectives (blocking: the seconds are the collective's) with its ranks
+    over hosts or emulated namespaces, a study's refit and ``calibrate`` take each level's bandwidth from the
+    clocks instead of fitting it; NCCL runs (seconds = issue time) and one-host runs (one transport under
+    every level) keep the fitted bandwidths."""
+    from zerotune.strategies.calibration import bandwidths_from_clocks, refit
+
+    efficiency, start = (0.5, 0.25, 0.1), Calibration(overlap=0.0, latency_scale=40.0)
+    spread = {"host": {"name": "n0", "cpus": 2, "local_ranks": 2}, "backend": "gloo"}  # 2 ranks per namespace
+    (tmp_path / "nccl").mkdir(), (tmp_path / "one-host").mkdir()
+    runs, files = _clocked_runs(tmp_path, efficiency, start, consistent=True, **spread)
+    assert bandwidths_from_clocks(runs) and not any(m.one_host for m in runs)
+    calib, report = refit(runs, name="clocks", start=start)
+    assert "read off the runs' own per-level seconds" in report["fit"]["held"]["bandwidth_efficiency"]
+    assert report["fit"]["bandwidths"].startswith("from the runs")
+    # the first pass takes off the start's latency, the second the refit's: the links' own rates
+    assert calib.bandwidth_efficiency == pytest.approx(efficiency, rel=0.05)
+    assert report["after"]["rows"]["median"] < 0.05
+    nccl, _ = _clocked_runs(tmp_path / "nccl", efficiency, start, consistent=True, **{**spread, "backend": "nccl"})
+    one_host, _ = _clocked_runs(tmp_path / "one-host", efficiency, start)  # the kept runs: 8 ranks on one host
+    assert not bandwidths_from_clocks(nccl) and not bandwidths_from_clocks(one_host)
+    assert not bandwidths_from_clocks([*runs, nccl[0]])  # every run, or none
+    _, fitted = refit(nccl, name="issue-times", start=start)
+    assert not fitted["fit"]["bandwidths"].startswith("from the runs")
+    assert "read off" not in fitted["fit"]["held"].get("bandwidth_efficiency", "")
+    monkeypatch.setenv("ZEROTUNE_DATA_DIR", str(tmp_path))
+    capsys.readouterr()
+    assert main(["calibrate", *map(str, files), "--name", "auto-clocks"]) == 0  # --bandwidths auto
+    assert json.loads(capsys.readouterr().out)["fit"]["bandwidths"].startswith("from the runs")
+
+
+def test_bandwidths_read_off_the_runs_own_clocks(tmp_path, monkeypatch, capsys):
+    """run.json's seconds per level: each level's bytes over its seconds, less the launch and hops the model
+    charges apart, is its achieved bandwidth; the fit then holds those and fits only the scalars. all-to-all
+    seconds (gloo's pairwise sends) are read apart, as a share of the ring's rate."""
+    efficiency = (0.5, 0.25, 0.1)
+    start = Calibration(overlap=0.0, latency_scale=40.0)  # latency large enough to matter on these runs
+    runs, files = _clocked_runs(tmp_path, efficiency, start)
     assert measured_level_efficiencies(runs, start) == pytest.approx(efficiency, rel=1e-9)
     lower = measured_level_efficiencies(runs)  # the clocks' seconds as they are: latency read as slow links
     assert all(lo < eff * 0.98 for lo, eff in zip(lower, efficiency, strict=True)), lower
