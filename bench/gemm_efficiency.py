@@ -26,17 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from zerotune.strategies.costmodel.hardware import DEVICES  # noqa: E402
-
-SAME_PEAK = {"H200": "H100"}
-"""Devices without a profile whose dense 16-bit peak is a profiled one's (H200 SXM: 989 TFLOPS, as the H100 SXM)."""
-
-
-def peak_of(name: str) -> float | None:
-    """The datasheet dense 16-bit peak of the device ``name`` names (the cost model's profiles), else None."""
-    keys = [*DEVICES, *SAME_PEAK]
-    key = next((k for k in keys if k in name), None)
-    return DEVICES[SAME_PEAK.get(key, key)].peak_tflops if key else None
+from zerotune.strategies.costmodel.hardware import peak_tflops_of  # noqa: E402
 
 
 def layer_gemms(tokens: int, hidden: int) -> list[tuple[str, int, int, int]]:
@@ -86,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    peak = args.peak_tflops or peak_of(name)
+    peak = args.peak_tflops or peak_tflops_of(name)
     dtype = torch.bfloat16 if cuda else torch.float32
     rows = []
     print(f"{name}, {str(dtype).removeprefix('torch.')}, peak {peak} TFLOPS; one layer's 12 GEMMs (fwd, dgrad, wgrad)")

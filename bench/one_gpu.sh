@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The one-GPU figures in one go (bench/data/h200-1gpu/report.txt was made the same way):
+# The one-GPU figures in one go (bench/data/h100-1gpu/report.txt came from this script; the H200's
+# report from the same commands run one by one):
 #
 #     OUT=results bash bench/one_gpu.sh            # from the repository root, on a machine with one GPU
+#     PEAK_TFLOPS=312 OUT=results bash bench/one_gpu.sh   # a device without a profile: give its dense bf16 peak
 #
 # 1. the GEMM ceiling at a transformer layer's shapes (bench/gemm_efficiency.py);
 # 2. our engine vs FSDP2 vs DDP on gpt-1.3b at 1 and 4 sequences per step, each with one profiled step
@@ -20,20 +22,22 @@ log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
 log "$(nvidia-smi -L 2>/dev/null | head -1)"
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' \
     2>&1 | tee -a "$OUT/log.txt"
-# a cluster file for the device in hand: one level of one rank, the device's profile (peak, memory)
-$PY - "$OUT/one-gpu.json" <<'EOF'
+# a cluster file for the device in hand: one level of one rank, its datasheet peak and its memory
+$PY - "$OUT/one-gpu.json" "${PEAK_TFLOPS:-}" <<'EOF' || exit 2
 import json, sys, torch
-from zerotune.strategies.costmodel.hardware import DEVICES
+from zerotune.strategies.costmodel.hardware import peak_tflops_of
 name = torch.cuda.get_device_name(0)
-key = next((k for k in DEVICES if k in name), "H100")  # the H200's peak is the H100's (989 dense bf16)
-d = DEVICES[key]
+peak = float(sys.argv[2]) if sys.argv[2] else peak_tflops_of(name)
+if peak is None:
+    sys.exit(f"one_gpu.sh: no profile names {name!r}: set PEAK_TFLOPS to its dense bf16 peak")
 json.dump({"name": "one-gpu", "levels": [{"name": "node", "size": 1, "bandwidth_gbps": 450.0, "latency_us": 3.4}],
            "device": name, "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
-           "peak_tflops": d.peak_tflops}, open(sys.argv[1], "w"))
+           "peak_tflops": peak}, open(sys.argv[1], "w"))
 EOF
 
 log "gemm efficiency"
-timeout 150 $PY bench/gemm_efficiency.py --json-out "$OUT/gemm-efficiency.json" 2>&1 | tee "$OUT/gemm.txt"
+timeout 150 $PY bench/gemm_efficiency.py ${PEAK_TFLOPS:+--peak-tflops $PEAK_TFLOPS} \
+    --json-out "$OUT/gemm-efficiency.json" 2>&1 | tee "$OUT/gemm.txt"
 
 for batch in 1 4; do
   log "trainer vs FSDP2 vs DDP, $MODEL, batch $batch, profiled"

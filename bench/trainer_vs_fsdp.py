@@ -279,7 +279,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch._dynamo  # noqa: F401
     from torch.distributed.fsdp import fully_shard
 
-    from zerotune.strategies.engine import ZeroEngine
+    from zerotune.strategies.engine import ZeroEngine, adamw_options
 
     # communication setup first (process groups / mesh), so the memory baseline excludes it
     if config in OURS:
@@ -333,9 +333,8 @@ def worker(args: argparse.Namespace) -> None:
                 fully_shard(block, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
             fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
             info["what"] = "FSDP2 full shard" if config == "fsdp2" else f"FSDP2 HSDP {tuple(mesh.shape)}"
-        # the engine's AdamW rule (strategies/engine.py): torch's fused update on a GPU, the unfused one on CPU
-        fused = {"fused": True} if cuda else {"foreach": False}
-        optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, betas=BETAS, **fused)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, betas=BETAS,
+                                      **adamw_options(device))  # the engine's rule: fused on a GPU
 
         def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
             with autocast:
@@ -348,10 +347,14 @@ def worker(args: argparse.Namespace) -> None:
             return float(loss.item())
 
     data = TokenSource(spec.vocab, spec.seq_len, seed=0)
+
+    def batch_of(step: int) -> tuple[torch.Tensor, ...]:
+        ids = sequence_ids(step, 0, rank, accum=1, world=world, batch=args.batch)
+        return tuple(t.to(device) for t in data.batch(ids))
+
     losses, times = [], []
     for step in range(args.steps):
-        idx, targets = (t.to(device) for t in data.batch(sequence_ids(step, 0, rank, accum=1, world=world,
-                                                                              batch=args.batch)))
+        idx, targets = batch_of(step)
         t0 = time.perf_counter()
         losses.append(train_step(idx, targets, lr_at(step, peak, args.steps // 2)))
         if cuda:
@@ -359,8 +362,7 @@ def worker(args: argparse.Namespace) -> None:
         times.append(time.perf_counter() - t0)
 
     if args.profile:  # one more step, untimed, under the profiler
-        idx, targets = (t.to(device) for t in data.batch(sequence_ids(args.steps, 0, rank, accum=1, world=world,
-                                                                              batch=args.batch)))
+        idx, targets = batch_of(args.steps)
         info["profile"] = profile_step(lambda: train_step(idx, targets, lr_at(args.steps, peak, args.steps // 2)),
                                        cuda)
 

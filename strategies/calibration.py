@@ -70,15 +70,16 @@ class Measurement:
         host = run.get("host")
         one_host = (host["local_ranks"] >= run["world_size"] if host and "world_size" in run
                     else str(run["cluster"].get("name", "")).startswith("local:"))
+        gloo = run.get("backend") == "gloo"
         return cls(model=ModelSpec.from_dict(run["model"]), cluster=ClusterSpec.from_dict(run["cluster"]),
                    strategy=Strategy.from_dict(run["strategy"]), step_time_s=float(run["step_time_s"]),
                    elem_bytes=2 if run.get("dtype") in ("bfloat16", "float16") else 4,
                    global_batch=run.get("global_batch"), quant_block=run.get("config", {}).get("quant_block", 2048),
-                   oversubscribed=run.get("backend") == "gloo" and "host" in run
+                   oversubscribed=gloo and "host" in run
                    and run["host"]["local_ranks"] > run["host"]["cpus"], one_host=one_host,
                    level_traffic=_level_traffic(run, RATE_KINDS),
                    all_to_all_traffic=_level_traffic(run, ("all_to_all",)),
-                   timed_collectives=run.get("backend") == "gloo")
+                   timed_collectives=gloo)
 
 
 def bandwidths_from_clocks(measurements: Sequence[Measurement]) -> bool:
@@ -88,8 +89,8 @@ def bandwidths_from_clocks(measurements: Sequence[Measurement]) -> bool:
     own links'. On emulated clusters the clocks' bandwidths predicted held-out runs better than fitted
     ones in each of four analyses (two-level: Spearman 0.972 vs 0.953; frontier-like, three campaigns:
     0.871 vs 0.760, 0.939 vs 0.859 and 0.938 vs 0.879; bench/data/emulated-2core/report.txt), and they
-    leave the runs' degrees of freedom to the scalars. Ranks all on one host keep the fitted, shared bandwidth: their
-    "levels" crossed one transport."""
+    leave the runs' degrees of freedom to the scalars. Ranks all on one host keep the fitted, shared
+    bandwidth: their "levels" crossed one transport."""
     return bool(measurements) and all(m.timed_collectives and m.level_traffic and not m.one_host
                                       for m in measurements)
 
@@ -387,16 +388,15 @@ def refit(measurements: Sequence[Measurement], *, name: str, start: Calibration 
     order = [f for f in REFIT_ORDER if f in fields]
     keep, slots = order[:1], budget - len(order[:1])  # compute first: what a short run mostly measures
     tie = all(m.one_host for m in measurements) or len(busy) + 1 > budget
-    clocks = bandwidths_from_clocks(measurements)
-    n_bw = 0 if clocks else (1 if tie else len(busy)) if busy else 0
+    clocks = bandwidths_from_clocks(measurements)  # then no bandwidth is fitted: none takes a slot
+    n_bw = 0 if clocks or not busy else 1 if tie else len(busy)
     with_bw: bool | str = "measured" if clocks else slots >= n_bw
     slots -= n_bw if with_bw else 0
     keep += order[1:1 + max(0, slots)]
     for f in fields:
         if f not in keep:
-            held[f] = f"{n} runs: fitted only the {len(keep) + n_bw * bool(with_bw)} most telling factors"
+            held[f] = f"{n} runs: fitted only the {len(keep) + (n_bw if with_bw else 0)} most telling factors"
     if clocks:
-        tie = False
         held["bandwidth_efficiency"] = ("read off the runs' own per-level seconds (gloo collectives, ranks over "
                                         "hosts or namespaces), not fitted")
     elif not with_bw:

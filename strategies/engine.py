@@ -40,6 +40,15 @@ from zerotune.strategies.topology import Topology
 from zerotune.strategies.volume import QUANT_BLOCK
 
 
+def adamw_options(device: torch.device) -> dict[str, bool]:
+    """How ``torch.optim.AdamW`` runs on ``device``: fused on a GPU (a multi-tensor kernel reads master,
+    gradient and both moments once and writes them once, ~28 bytes an element), unfused elsewhere. The
+    unfused update runs a kernel per operation (lerp, mul, addcmul, sqrt, div, add, addcdiv), each a pass
+    over the fp32 shards: on an H200, 22 of the 72 ms of device time of a gpt-1.3b step at one sequence,
+    10.3 ms fused (bench/data/h200-1gpu/profile, fused-adamw)."""
+    return {"fused": True} if device.type == "cuda" else {"foreach": False}
+
+
 class ZeroEngine:
     """Trains a GPT from ``ModelSpec`` with ``Strategy`` on the ranks of ``topo``."""
 
@@ -62,13 +71,8 @@ class ZeroEngine:
         self.model = build_gpt(spec, seed=seed, dtype=dtype).to(self.device)
         units = dict(unit_params(self.model))
         self.buckets = [self._build_bucket(b, [p for u in b.units for p in units[u]]) for b in self.plan.buckets]
-        # on a GPU, torch's fused AdamW: one kernel per master shard reads master, gradient and both moments
-        # once and writes them once (~28 bytes an element); the unfused update runs a kernel per operation
-        # (lerp, mul, addcmul, sqrt, div, add, addcdiv), each a pass over fp32 shards: on an H200, 22 of the
-        # 72 ms of device time of a gpt-1.3b step at one sequence (bench/data/h200-1gpu/profile)
-        fused = {"fused": True} if self.device.type == "cuda" else {"foreach": False}
         self.optimizer = torch.optim.AdamW([b.master for b in self.buckets], lr=lr, weight_decay=weight_decay,
-                                           betas=betas, **fused)
+                                           betas=betas, **adamw_options(self.device))
         self.grad_clip = grad_clip
         self._comm_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotune-comm")
         self._inflight: list[Future] = []

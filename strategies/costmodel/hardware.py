@@ -306,6 +306,16 @@ DEVICES: dict[str, Device] = {
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
 }
 
+SAME_PEAK = {"H200": "H100"}
+"""Devices without a profile whose dense 16-bit peak is a profiled one's (H200 SXM: 989 TFLOPS, as the H100 SXM)."""
+
+
+def peak_tflops_of(name: str) -> float | None:
+    """The datasheet dense 16-bit peak of the device ``name`` names (``torch.cuda.get_device_name``: a
+    profile's key, or a ``SAME_PEAK`` alias, in it), else None."""
+    key = next((k for k in (*DEVICES, *SAME_PEAK) if k in name), None)
+    return DEVICES[SAME_PEAK.get(key, key)].peak_tflops if key else None
+
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
                         rings: str = "hierarchical", outer_reduce: str = "boundary") -> Calibration:

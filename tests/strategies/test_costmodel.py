@@ -268,6 +268,7 @@ def _clocked_runs(tmp_path, efficiency, start, consistent=False, **run_fields):
     ``run_fields``; with ``consistent``, step times too are the model's under ``start`` with those links.
     Returns the measurements and the run.json files written."""
     cluster = parse_cluster("local:2x2x2")
+    tmp_path.mkdir(exist_ok=True)
     truth = dataclasses.replace(start, bandwidth_efficiency=efficiency, all_to_all_efficiency=1 / 7)
     runs, files = [], []
     for k, path in enumerate(sorted(FIDELITY_RUNS.glob("run*.json"))[:8]):
@@ -301,7 +302,6 @@ def test_a_refit_reads_the_bandwidths_off_the_clocks_of_gloo_runs_spread_over_ho
 
     efficiency, start = (0.5, 0.25, 0.1), Calibration(overlap=0.0, latency_scale=40.0)
     spread = {"host": {"name": "n0", "cpus": 2, "local_ranks": 2}, "backend": "gloo"}  # 2 ranks per namespace
-    (tmp_path / "nccl").mkdir(), (tmp_path / "one-host").mkdir()
     runs, files = _clocked_runs(tmp_path, efficiency, start, consistent=True, **spread)
     assert bandwidths_from_clocks(runs) and not any(m.one_host for m in runs)
     calib, report = refit(runs, name="clocks", start=start)
