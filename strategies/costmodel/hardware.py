@@ -99,9 +99,27 @@ STREAM_FRACTION = 0.85
 QUANT_BYTES_PER_ELEM = 3.0
 """Block quantization reads a 16-bit element and writes one 8-bit code (dequantization the reverse):
 ~3 bytes of HBM traffic per element; the fp32 scale per 2048-element block is negligible."""
-ADAMW_BYTES_PER_ELEM = 30.0
+ADAMW_BYTES_PER_ELEM = 28.0
 """An fp32 AdamW update reads master, gradient, exp_avg, exp_avg_sq (4 × 4 B) and writes master,
-exp_avg, exp_avg_sq (3 × 4 B) and the 16-bit copy (2 B): 30 bytes per element, memory-bound."""
+exp_avg, exp_avg_sq (3 × 4 B): 28 bytes per element, memory-bound (torch's fused AdamW is one pass)."""
+
+
+def step_pass_bytes(elem_bytes: int, clip: bool = True) -> float:
+    """HBM bytes per optimizer-shard element of the step's passes around the AdamW update, as
+    ``engine.step`` makes them: the reduced ``elem_bytes`` gradient upcast to fp32 (read + write; none
+    in fp32), its norm (read 4 B), the clip's scaling (read + write 4 B, when clipping), the gradient
+    shard zeroed (write), and the updated master cast to ``elem_bytes`` for the gathers (read 4 B +
+    write). 16-bit training with clipping: 6 + 4 + 8 + 2 + 6 = 26 B. DeepSpeed's stage-3 step (unscale
+    and clip, the fp16 copy) and FSDP2 with ``clip_grad_norm_`` make the same passes."""
+    upcast = elem_bytes + 4 if elem_bytes < 4 else 0
+    return upcast + 4 + (8 if clip else 0) + elem_bytes + 4 + elem_bytes
+
+
+STEP_BYTES_PER_ELEM = ADAMW_BYTES_PER_ELEM + step_pass_bytes(2)
+"""A 16-bit step with clipping moves 54 bytes per optimizer-shard element: AdamW's 28 and the 26 of
+the passes around it. An H200 profile of the engine's step (gpt-1.3b at world 1, no clipping:
+``bench/data/h200-1gpu/fused-adamw/b1.json``) spent 10.3 ms in the fused AdamW and 8.5 ms in the
+upcast, norm, zeroing and cast over 1.31e9 elements."""
 MEGATRON_MFU_PER_GEMM = (0.52 / 0.869 + 0.47 / 0.803) / 2
 """Transformer training reaches ~0.59 of the device's best GEMM rate: A100 0.52 of 0.869
 [megatron-sc21, mamf], H100 0.47 of 0.803 [megatron-core, mamf] — two devices within 2% of each
@@ -148,7 +166,8 @@ class Calibration:
     quant_elems_per_s: float = 1e11
     """Elements quantized or dequantized per second."""
     optimizer_elems_per_s: float = 5e10
-    """fp32 AdamW elements updated per second."""
+    """Optimizer-shard elements stepped per second: the fp32 AdamW update and the passes around it
+    (upcast, norm, clip, zeroing, the 16-bit cast: ``STEP_BYTES_PER_ELEM``)."""
     overlap: float = 1.0
     """1 = the simulated schedule (communication hidden behind compute), 0 = everything serialized."""
     step_overhead_s: float = 0.0
@@ -243,7 +262,7 @@ class Device:
     peak_tflops: float
     memory_gib: float
     hbm_gbps: float
-    """Datasheet memory bandwidth, GB/s: sets the rate of the memory-bound kernels (quantization, AdamW)."""
+    """Datasheet memory bandwidth, GB/s: sets the rate of the memory-bound kernels (quantization, optimizer step)."""
     megatron_efficiency: float
     pytorch_efficiency: float | None
     source: str
@@ -328,7 +347,7 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     return Calibration(name=name, compute_efficiency=d.efficiency(stack),
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
-                       optimizer_elems_per_s=memory_bound / ADAMW_BYTES_PER_ELEM,
+                       optimizer_elems_per_s=memory_bound / STEP_BYTES_PER_ELEM,
                        collective_launch_us=RING_PROTOCOLS[d.protocols]["Simple"][0],
                        overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
                        outer_reduce=outer_reduce, protocols=d.protocols)

@@ -5,7 +5,8 @@ computes before it), the forward pass with gathers ``prefetch_buckets`` ahead, t
 backward pass last bucket first — its first gather exposed, each reduce group's reduce-scatter
 queued after the group's last bucket, the root's reduction exposed at the end. The step is
 A micro-steps, then the step-boundary collectives (serial: nothing left to compute), the AdamW
-update of the optimizer shard, and a fixed overhead. Under ``Calibration.outer_reduce = "backward"``
+update of the optimizer shard with the passes around it (``hardware.STEP_BYTES_PER_ELEM``), and a
+fixed overhead. Under ``Calibration.outer_reduce = "backward"``
 a one-micro-step step queues the gradient reduction beyond ``grad_span`` (reduce-scatter to
 ``optim_span``, all-reduce across its replicas) after each reduce group in backward, as DeepSpeed's
 ``overlap_comm`` and DDP's buckets do; the boundary keeps the gathers of the updated weights.

@@ -538,3 +538,37 @@ def test_predicted_peak_memory_is_within_5_percent_of_a_gpu_allocators_peak(path
     # without the transient the model was 3.2-10.6% under: the term is what brings it within 5%
     without = p["memory_bytes"]["peak"] - head_backward_transient(model, s, 2)
     assert without < measured
+
+
+def test_the_step_is_charged_the_memory_passes_a_gpu_profile_of_the_engine_shows():
+    """One profiled step of the engine on one H200 (gpt-1.3b, bf16, torch's fused AdamW, no clipping;
+    ``bench/data/h200-1gpu/fused-adamw/b1.json``): its AdamW kernel and the passes around it (the
+    gradient's upcast and norm, the gradient shard zeroed, the new weights cast to bf16) against the
+    bytes ``hardware`` charges, at ``STREAM_FRACTION`` of the H200's datasheet 4.8 TB/s."""
+    from zerotune.strategies.costmodel.hardware import (
+        ADAMW_BYTES_PER_ELEM,
+        STEP_BYTES_PER_ELEM,
+        STREAM_FRACTION,
+        step_pass_bytes,
+    )
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "data" / "h200-1gpu" / "fused-adamw" / "b1.json"
+    run = json.loads(path.read_text())["1"]["zero3"]
+    assert run["device"] == "NVIDIA H200" and run["dtype"] == "bfloat16" and run["world"] == 1
+    top = run["profile"]["top"]
+
+    def kernel_ms(*needles: str) -> float:
+        found = [t for t in top if any(n in t["name"] for n in needles)]
+        assert found, needles
+        return sum(t["ms"] for t in found)
+
+    adamw = kernel_ms("FusedOpti")
+    passes = kernel_ms("NormTwoOps", "direct_copy_kernel", "bfloat16_copy_kernel", "FillFunctor<c10::BFloat16>")
+    elems = parse_model("gpt-1.3b").num_params()
+    rate = STREAM_FRACTION * 4800e9  # bytes/s
+    assert abs(elems * ADAMW_BYTES_PER_ELEM / rate / 1e-3 / adamw - 1) <= 0.15, adamw
+    charged = elems * (ADAMW_BYTES_PER_ELEM + step_pass_bytes(2, clip=False)) / rate / 1e-3
+    assert abs(charged / (adamw + passes) - 1) <= 0.25, (charged, adamw + passes)
+    # the AdamW update alone (the model's charge before the passes were counted) is 40% or more under
+    assert elems * 30 / rate / 1e-3 < 0.6 * (adamw + passes)
+    assert step_pass_bytes(2) == 26 and step_pass_bytes(4, clip=False) == 16 and STEP_BYTES_PER_ELEM == 54
