@@ -19,7 +19,8 @@ links per level), its levels' bandwidths given directly as the emulated rates (`
    strategy's time is the median of its rounds' step times. Then once on loopback (no emulation).
 2. 5x2 cross-validation: each half of the strategies calibrates the model (compute efficiency,
    quantization throughput and one bandwidth per level: the links differ, so levels are not tied;
-   the bandwidths either fitted to the step times or read off the runs' per-level seconds), the
+   the bandwidths either fitted to the step times or read off the runs' per-level seconds, and then
+   the quantization rate too off their seconds in (de)quantization), the
    other half is predicted. Prints Spearman and median relative error over the held-out halves
    (goals >= 0.9 and <= 10%), and measured vs predicted ZeRO++ / ZeRO-3.
 3. The ranking on loopback against the emulated one: Spearman between them as measured, and whether
@@ -75,7 +76,8 @@ MODES: dict[str, dict[str, Any]] = {
     "read off the runs' per-level seconds": {"bandwidths": "measured"},
 }
 """Two ways to calibrate the links: least squares on step times (one efficiency per level), or each
-level's bytes over its seconds as run.json records them (``measured_level_efficiencies``)."""
+level's bytes over its seconds as run.json records them (``measured_level_efficiencies``; with them the
+quantization rate, elements over seconds, where the runs recorded it: ``measured_quant_rate``)."""
 
 
 def label(i: int) -> str:

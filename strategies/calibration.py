@@ -61,6 +61,8 @@ class Measurement:
     timed_collectives: bool = False
     """The per-level seconds are the collectives' own durations: gloo blocks until a collective is
     done; NCCL returns once it is queued on a stream, so its seconds are the host's issue time only."""
+    quant_traffic: tuple[int, float] = (0, 0.0)
+    """(elements quantized + dequantized, seconds in those calls) per step (run.json's ``quantization``)."""
 
     @classmethod
     def from_run(cls, run: dict[str, Any], source: str = "run.json") -> Measurement:
@@ -79,7 +81,9 @@ class Measurement:
                    and run["host"]["local_ranks"] > run["host"]["cpus"], one_host=one_host,
                    level_traffic=_level_traffic(run, RATE_KINDS),
                    all_to_all_traffic=_level_traffic(run, ("all_to_all",)),
-                   timed_collectives=gloo)
+                   timed_collectives=gloo,
+                   quant_traffic=(int((run.get("quantization") or {}).get("elements", 0)),
+                                  float((run.get("quantization") or {}).get("seconds", 0.0))))
 
 
 def bandwidths_from_clocks(measurements: Sequence[Measurement]) -> bool:
@@ -93,6 +97,18 @@ def bandwidths_from_clocks(measurements: Sequence[Measurement]) -> bool:
     bandwidth: their "levels" crossed one transport."""
     return bool(measurements) and all(m.timed_collectives and m.level_traffic and not m.one_host
                                       for m in measurements)
+
+
+def measured_quant_rate(measurements: Sequence[Measurement]) -> float | None:
+    """Elements block-(de)quantized per second, read off the runs' own clocks: the elements over the
+    seconds spent quantizing, summed over the gloo runs that quantized (on CPU the calls return when
+    done; NCCL runs time only the launch). None where no such run recorded any (then the rate is
+    fitted to step times, or held)."""
+    timed = [m.quant_traffic for m in measurements if m.timed_collectives and m.quant_traffic[0] > 0
+             and m.quant_traffic[1] > 0]
+    if not timed:
+        return None
+    return sum(n for n, _ in timed) / sum(s for _, s in timed)
 
 
 RATE_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -213,6 +229,8 @@ def identifiable_fields(measurements: Sequence[Measurement]) -> tuple[list[str],
     for field in FITTABLE:
         if field == "quant_elems_per_s" and not any(m.strategy.quantized for m in measurements):
             held[field] = "no run quantizes"
+        elif field == "quant_elems_per_s" and measured_quant_rate(measurements) is not None:
+            held[field] = "read off the runs' own seconds in (de)quantization, not fitted"
         elif field == "optimizer_elems_per_s" and len(
                 {state_memory(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes)["optim_states"]
                  for m in measurements}) < 2:
@@ -240,8 +258,9 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         name: the calibration's name.
         start: initial values (nominal by default).
         fields: the scalar fields to fit (default: ``identifiable_fields``, the ones the runs can
-            tell apart; the others stay at ``start``, overlap at 0 where ranks outnumbered CPUs);
-            bandwidth efficiencies of every level that carries traffic in the data are always fitted.
+            tell apart; the others stay at ``start``, overlap at 0 where ranks outnumbered CPUs, the
+            quantization rate at what gloo runs' clocks read, ``measured_quant_rate``); bandwidth
+            efficiencies of every level that carries traffic in the data are always fitted.
         tie_levels: fit one effective bandwidth (bytes/s) shared by every level instead of one per
             level (default: where every run had all its ranks on one host, as ``local:`` runs do:
             their "levels" are names for subgroups, and every collective crossed the same shared
@@ -249,7 +268,8 @@ def fit(measurements: Sequence[Measurement], *, name: str = "fitted", start: Cal
         bandwidths: False holds every level's bandwidth at ``start`` (too few runs to fit them too);
             ``"measured"`` sets them, and the all-to-all's share of them, from the runs' own per-level
             seconds (``measured_level_efficiencies``, ``measured_all_to_all_efficiency``) and holds them
-            there, so only the scalars are fitted to step times. The clocks' seconds hold each
+            there, so only the scalars are fitted to step times (the quantization rate too is then read
+            off the runs' clocks, ``measured_quant_rate``, where they quantized). The clocks' seconds hold each
             collective's launch and hops too, which the model charges apart: the first pass takes off what
             ``start`` charges for them, a second what the first pass fitted (latency_scale among its
             scalars), so the latency is not paid twice.
@@ -281,6 +301,10 @@ def _fit(measurements: Sequence[Measurement], *, name: str, start: Calibration |
         fields, held = identifiable_fields(measurements)
         if "overlap" in held:
             base = dataclasses.replace(base, overlap=0.0)
+    quant_rate = measured_quant_rate(measurements)
+    if quant_rate is not None and (bandwidths == "measured" or "quant_elems_per_s" in held):
+        base = dataclasses.replace(base, quant_elems_per_s=quant_rate)
+        fields = [f for f in fields if f != "quant_elems_per_s"]
     if bandwidths == "measured":
         base = dataclasses.replace(base, bandwidth_efficiency=measured_level_efficiencies(measurements, latency),
                                    all_to_all_efficiency=measured_all_to_all_efficiency(measurements, latency))
@@ -383,6 +407,9 @@ def refit(measurements: Sequence[Measurement], *, name: str, start: Calibration 
     fields, held = identifiable_fields(measurements)
     if "overlap" in held:
         start = dataclasses.replace(start, overlap=0.0)
+    quant_rate = measured_quant_rate(measurements)
+    if quant_rate is not None:
+        start = dataclasses.replace(start, quant_elems_per_s=quant_rate)
     levels = measurements[0].cluster.num_levels
     busy = {lv for m in measurements for lv in range(1, levels + 1) if m.cluster.levels[lv - 1].size > 1}
     order = [f for f in REFIT_ORDER if f in fields]

@@ -64,11 +64,22 @@ class ByteCounter:
         self.bytes: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.calls: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.seconds: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.quant_elements = 0
+        """Elements block-quantized plus elements dequantized (as ``costmodel`` counts them)."""
+        self.quant_seconds = 0.0
+        """Wall seconds in those (de)quantization calls (on GPU, their issue time only)."""
 
     def add(self, level: str, kind: str, nbytes: int, seconds: float = 0.0) -> None:
         self.bytes[level][kind] += nbytes
         self.calls[level][kind] += 1
         self.seconds[level][kind] += seconds
+
+    def add_quant(self, elements: int, seconds: float) -> None:
+        self.quant_elements += elements
+        self.quant_seconds += seconds
+
+    def quant_dict(self) -> dict[str, float]:
+        return {"elements": self.quant_elements, "seconds": self.quant_seconds}
 
     def seconds_dict(self) -> dict[str, dict[str, float]]:
         return {lv: dict(kinds) for lv, kinds in self.seconds.items() if any(kinds.values())}
@@ -80,6 +91,7 @@ class ByteCounter:
         self.bytes.clear()
         self.calls.clear()
         self.seconds.clear()
+        self.quant_elements, self.quant_seconds = 0, 0.0
 
 
 class Communicator:
@@ -120,6 +132,20 @@ class Communicator:
         else:
             raise AssertionError(kind)
         self.counter.add(self.topo.level_name(levels[1]), kind, sent, time.perf_counter() - start)
+
+    def _quantize(self, x: torch.Tensor, bits: int) -> torch.Tensor:
+        """``quant.quantize`` of ``x`` (rows of its last dim), booking its elements and seconds."""
+        start = time.perf_counter()
+        payload = quant.quantize(x, bits, self.block)
+        self.counter.add_quant(x.numel(), time.perf_counter() - start)
+        return payload
+
+    def _dequantize(self, payload: torch.Tensor, numel: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+        """``quant.dequantize`` of each payload row to ``numel`` elements, booking them and its seconds."""
+        start = time.perf_counter()
+        out = quant.dequantize(payload, numel, bits, dtype, self.block)
+        self.counter.add_quant(out.numel(), time.perf_counter() - start)
+        return out
 
     # -- gloo: the same collectives without gloo's full-size temporaries ----------------------
     def _by_roots(self, group: Any, full: torch.Tensor) -> bool:
@@ -220,10 +246,10 @@ class Communicator:
         total = c * math.prod(self.topo.size(r) for r in order)
         if out is not None and not quantized and out.numel() == total and out.dtype == dtype and order:
             return self._gather_in_place(shard, order, out)
-        buf = quant.quantize(shard.reshape(1, c), bits, self.block) if quantized else shard.reshape(1, c)
+        buf = self._quantize(shard.reshape(1, c), bits) if quantized else shard.reshape(1, c)
         for i, levels in enumerate(order):
             if i == len(quantized) and quantized:  # leaving the quantized (outer) levels
-                buf = quant.dequantize(buf, c, bits, dtype, self.block)
+                buf = self._dequantize(buf, c, bits, dtype)
             total = self.topo.size(levels) * buf.numel()
             last = i == len(order) - 1 and len(quantized) < len(order)
             dest = out if last and out is not None and out.numel() == total and out.dtype == buf.dtype \
@@ -231,7 +257,7 @@ class Communicator:
             self._primitive("all_gather", levels, dest, buf.contiguous().view(-1))
             buf = dest.view(self.topo.size(levels), *buf.shape)
         if len(quantized) == len(order):
-            buf = quant.dequantize(buf, c, bits, dtype, self.block)
+            buf = self._dequantize(buf, c, bits, dtype)
         return buf.reshape(*buf.shape[:-2], c)  # drop the leading 1
 
     def _gather_in_place(self, shard: torch.Tensor, order: list[LevelRange], out: torch.Tensor) -> torch.Tensor:
@@ -290,10 +316,10 @@ class Communicator:
             out = buf[i * m:(i + 1) * m] if in_place else buf.new_empty(m)
             self._primitive("reduce_scatter", levels, out, buf)
             return out
-        payload = quant.quantize(buf.view(s, m), bits, self.block)  # (s, bytes): one payload per peer
+        payload = self._quantize(buf.view(s, m), bits)  # (s, bytes): one payload per peer
         received = torch.empty_like(payload)
         self._primitive("all_to_all", levels, received, payload)
-        parts = quant.dequantize(received, m, bits, torch.float32, self.block)  # (s, m)
+        parts = self._dequantize(received, m, bits, torch.float32)  # (s, m)
         return parts.sum(dim=0).to(buf.dtype)
 
     # -- all-reduce ---------------------------------------------------------------------------

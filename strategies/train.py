@@ -55,6 +55,14 @@ def seconds_per_level(steps: list[dict[str, dict[str, float]]], warmup: int) -> 
     return out
 
 
+def quantization_per_step(steps: list[dict[str, float]], warmup: int) -> dict[str, float]:
+    """Rank 0's block (de)quantization per step: elements (quantized + dequantized, as the cost model
+    counts them) and wall seconds in those calls, each the median over the timed steps."""
+    timed = steps[warmup:] or steps
+    return {"elements": int(statistics.median(q["elements"] for q in timed)) if timed else 0,
+            "seconds": statistics.median(q["seconds"] for q in timed) if timed else 0.0}
+
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """The arguments shared by ``zerotune train`` and ``python -m zerotune.strategies.train``."""
     p.add_argument("--model", default="gpt-tiny", help="model preset or JSON file")
@@ -233,6 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     losses, grad_norms, step_times = [], [], []
     step_bytes: dict[str, dict[str, int]] = {}
     step_seconds: list[dict[str, dict[str, float]]] = []
+    step_quant: list[dict[str, float]] = []
     for step in range(args.steps):
         poisoned = maybe_fault(topo.rank, step)
         engine.counter.reset()
@@ -249,6 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         step_times.append(time.perf_counter() - t0)
         step_bytes = engine.counter.as_dict()
         step_seconds.append(engine.counter.seconds_dict())
+        step_quant.append(engine.counter.quant_dict())
         if poisoned:
             total.fill_(math.nan)
         dist.all_reduce(total)  # logging only; not part of the strategy's bytes
@@ -282,6 +292,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "tflops_per_rank": model_spec.flops_per_token() * tokens / world / step_time / 1e12,
         "bytes_per_level": step_bytes,
         "seconds_per_level": seconds_per_level(step_seconds, args.warmup),
+        "quantization": quantization_per_step(step_quant, args.warmup),
         "memory_bytes": {k: max(m[k] for m in memories) for k in memory},
         "loss": losses,
         "grad_norm": grad_norms,

@@ -74,6 +74,13 @@ def _volume(sched: Schedule, costs: Costs, accum: int) -> Volume:
     return {name: dict(kinds) for name, kinds in known.items()}  # a copy: callers own their result
 
 
+def _quant_elements(sched: Schedule, costs: Costs, accum: int) -> int:
+    """Elements block-quantized plus dequantized per rank per optimizer step (``Costs.quant_elems``
+    over the step's quantized collectives): what run.json's ``quantization.elements`` counts."""
+    return sum(times * costs.quant_elems(op, lo, hi, numel)
+               for (op, (lo, hi), numel, bits), times in sched.counts(accum).items() if bits < 16)
+
+
 def step_latency(model: ModelSpec, cluster: ClusterSpec, s: Strategy, calib: Calibration, *, elem_bytes: int,
                  accum: int = 1, block: int = QUANT_BLOCK, all_to_all: bool = False) -> dict[str, float]:
     """Seconds per optimizer step the engine's ring collectives (with ``all_to_all``: its quantized
@@ -177,6 +184,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         "tokens_per_s": global_tokens / step_s,
         "tflops_per_rank": model.flops_per_token() * global_tokens / world / step_s / 1e12,
         "bytes_per_level": _volume(sched, costs, accum),
+        "quantization": {"elements": _quant_elements(sched, costs, accum)},
         "memory_bytes": memory, "feasible": feasible, "headroom_bytes": capacity - memory["peak"],
         "grad_accum_steps": accum, "global_batch": world * mbs * accum, "calibration": calib.name,
         "error_band": error_band(calib, world),

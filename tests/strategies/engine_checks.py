@@ -42,7 +42,7 @@ def main() -> None:
         engine = ZeroEngine(spec, strategy, topo, dtype=dtype, lr=case.get("lr", 3e-3), seed=0,
                             quant_block=case.get("quant_block", 2048))
         data = TokenSource(spec.vocab, spec.seq_len, seed=0)
-        losses, norms, step_bytes = [], [], {}
+        losses, norms, step_bytes, step_quant = [], [], {}, 0
         for step in range(steps):
             engine.counter.reset()
             total = torch.zeros((), dtype=torch.float64)
@@ -50,15 +50,16 @@ def main() -> None:
                 ids = sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=strategy.micro_batch_size)
                 total += engine.forward_backward(*data.batch(ids), loss_scale=1.0 / (world * accum))
             norms.append(engine.step())
-            step_bytes = engine.counter.as_dict()
+            step_bytes, step_quant = engine.counter.as_dict(), engine.counter.quant_elements
             dist.all_reduce(total)
             losses.append(float(total) / (world * accum))
         memory = engine.mem.report()
         params = engine.full_parameters()
         engine.close()
         if topo.rank == 0:
-            torch.save({"losses": losses, "grad_norms": norms, "bytes": step_bytes, "memory": memory,
-                        "params": params, "strategy": strategy.to_dict()}, out_dir / f"{case['name']}.pt")
+            torch.save({"losses": losses, "grad_norms": norms, "bytes": step_bytes,
+                        "quant_elements": step_quant, "memory": memory, "params": params,
+                        "strategy": strategy.to_dict()}, out_dir / f"{case['name']}.pt")
     (out_dir / f"rank{topo.rank}.json").write_text(json.dumps({"rank": topo.rank}))
     dist.barrier()
     dist.destroy_process_group()

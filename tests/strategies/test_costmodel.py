@@ -100,6 +100,9 @@ def test_predicted_bytes_equal_measured_bytes_exactly(grid_runs):
         p = predict(model, cluster, s, elem_bytes=4, global_batch=cluster.world_size * s.micro_batch_size * accum,
                     block=case.get("quant_block", 2048))
         assert p["bytes_per_level"] == want, case["name"]
+        # the (de)quantized elements the model charges at quant_elems_per_s are the ones the engine ran
+        assert p["quantization"]["elements"] == result["quant_elements"], case["name"]
+    assert any(r["quant_elements"] for _, r in runs)  # the grid quantizes
 
 
 def test_predicted_state_memory_equals_the_accountant(grid_runs):
@@ -572,3 +575,38 @@ def test_the_step_is_charged_the_memory_passes_a_gpu_profile_of_the_engine_shows
     # the AdamW update alone (the model's charge before the passes were counted) is 40% or more under
     assert elems * 30 / rate / 1e-3 < 0.6 * (adamw + passes)
     assert step_pass_bytes(2) == 26 and step_pass_bytes(4, clip=False) == 16 and STEP_BYTES_PER_ELEM == 54
+
+
+def test_the_quantization_rate_is_read_off_the_runs_clocks_where_gloo_timed_it(tmp_path):
+    """run.json's ``quantization`` (elements and the seconds in those calls): gloo runs' rate is the
+    elements over the seconds, which a fit holds instead of fitting it to step times; NCCL runs (issue
+    times only) and runs without the record leave it to the fit."""
+    from zerotune.strategies.calibration import measured_quant_rate, refit
+
+    rate, truth = 3e7, Calibration(overlap=0.0, compute_efficiency=0.3, quant_elems_per_s=3e7)
+    runs, gloo = [], []
+    for path in sorted(FIDELITY_RUNS.glob("run*.json")):
+        run = json.loads(path.read_text())
+        m = Measurement.from_run(run)
+        p = predict(m.model, m.cluster, m.strategy, elem_bytes=m.elem_bytes, global_batch=m.global_batch,
+                    calibration=truth, block=m.quant_block)
+        elements = p["quantization"]["elements"]
+        run = {**run, "step_time_s": p["step_time_s"], "backend": "gloo",
+               "quantization": {"elements": elements, "seconds": elements / rate}}
+        gloo.append(Measurement.from_run(run))
+        runs.append(run)
+    assert sum(1 for m in gloo if m.quant_traffic[0]) >= 2  # the kept runs include quantizing strategies
+    assert measured_quant_rate(gloo) == pytest.approx(rate)
+    fields, held = identifiable_fields(gloo)
+    assert "quant_elems_per_s" not in fields and "read off" in held["quant_elems_per_s"]
+    calib, stats = fit(gloo, name="quant-clocks")
+    assert calib.quant_elems_per_s == pytest.approx(rate) and "quant_elems_per_s" not in stats["fitted"]
+    assert stats["median_rel_error"] < 0.01  # the rest fitted around it reproduces the step times
+    refitted, report = refit(gloo, name="quant-refit", start=Calibration(overlap=0.0))
+    assert refitted.quant_elems_per_s == pytest.approx(rate)
+    assert "read off" in report["fit"]["held"]["quant_elems_per_s"]
+    # issue times (NCCL) and runs.json of before carry no rate: the fit keeps the field
+    nccl = [Measurement.from_run({**r, "backend": "nccl"}) for r in runs]
+    older = [Measurement.from_run({k: v for k, v in r.items() if k != "quantization"}) for r in runs]
+    for ms in (nccl, older):
+        assert measured_quant_rate(ms) is None and "quant_elems_per_s" in identifiable_fields(ms)[0]

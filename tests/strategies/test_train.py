@@ -12,8 +12,9 @@ import time
 import pytest
 
 from tests.support import ROOT
+from zerotune.strategies.calibration import Measurement, measured_quant_rate
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.costmodel import state_memory, step_volume
+from zerotune.strategies.costmodel import predict, state_memory, step_volume
 from zerotune.strategies.health import health
 
 RUN_FIELDS = {"status", "world_size", "steps", "step_time_s", "tokens_per_s", "tflops_per_rank", "bytes_per_level",
@@ -49,6 +50,12 @@ def test_train_writes_run_json(tmp_path):
     assert all(0 < t < run["step_time_s"] for kinds in run["seconds_per_level"].values() for t in kinds.values())
     mem = state_memory(model, cluster, s, elem_bytes=4)
     assert {k: run["memory_bytes"][k] for k in mem} == mem
+    # ZeRO++ quantizes: the elements are the model's count, their seconds a part of the step
+    quant = run["quantization"]
+    assert quant["elements"] == predict(model, cluster, s, elem_bytes=4, global_batch=16)["quantization"]["elements"]
+    assert quant["elements"] > 0 and 0 < quant["seconds"] < run["step_time_s"]
+    rate = measured_quant_rate([Measurement.from_run(run)])
+    assert rate == pytest.approx(quant["elements"] / quant["seconds"])
 
 
 def test_diverging_run_is_reported_diverged(tmp_path):
