@@ -145,7 +145,8 @@ def analyse(name: str, points: dict[int, Measurement], loopback: dict[int, Measu
             if k == 0:
                 per_level = ", ".join(f"{e:.3g}" for e in calib.bandwidth_efficiency)
                 print(f"   bandwidths {mode}; calibrated on {len(train_ids)}: bandwidth efficiency per level "
-                      f"{per_level}, compute {calib.compute_efficiency:.3g}")
+                      f"{per_level}, compute {calib.compute_efficiency:.3g}, quantization "
+                      f"{calib.quant_elems_per_s:.3g} elements/s")
                 for i, p, m in zip(held, pred, meas, strict=True):
                     print(f"   {label(i):<50} measured {m:7.3f} s  predicted {p:7.3f} s  {p / m - 1:+6.1%}")
         print(f"   over {len(rho)} held-out halves: Spearman mean {statistics.fmean(rho):.3f} (min {min(rho):.3f}; "

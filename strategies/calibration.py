@@ -91,8 +91,9 @@ def bandwidths_from_clocks(measurements: Sequence[Measurement]) -> bool:
     rather than fit them to step times: every run timed its collectives (gloo) per level and spread
     its ranks over hosts or network namespaces (an emulated cluster), so each level's seconds are its
     own links'. On emulated clusters the clocks' bandwidths predicted held-out runs better than fitted
-    ones in each of four analyses (two-level: Spearman 0.972 vs 0.953; frontier-like, three campaigns:
-    0.871 vs 0.760, 0.939 vs 0.859 and 0.938 vs 0.879; bench/data/emulated-2core/report.txt), and they
+    ones in each of five analyses (two-level: Spearman 0.972 vs 0.953; frontier-like, four campaigns:
+    0.871 vs 0.760, 0.939 vs 0.859, 0.938 vs 0.879 and, with the quantization rate read off the clocks
+    too, 0.913 vs 0.866; bench/data/emulated-2core/report.txt), and they
     leave the runs' degrees of freedom to the scalars. Ranks all on one host keep the fitted, shared
     bandwidth: their "levels" crossed one transport."""
     return bool(measurements) and all(m.timed_collectives and m.level_traffic and not m.one_host
