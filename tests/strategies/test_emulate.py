@@ -6,6 +6,7 @@ reason, except under CI=true, where they fail: CI runs as root and must exercise
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -71,6 +72,28 @@ def test_plan_names_every_group_bridge_and_link_under_its_owner():
         emulate.plan(cluster, 2.0)
     with pytest.raises(UsageError, match="nothing to emulate"):
         emulate.plan(parse_cluster("local:4"), 0.01)
+
+
+def test_with_netem_each_link_is_delayed_by_its_levels_latency_then_rate_limited(monkeypatch):
+    """Where the kernel has ``sch_netem`` (not this one: ``has_netem`` is False here), a link's qdiscs are a
+    netem root delaying by the level's latency over the scale, with the tbf rate limit as its child; the
+    tc command lines are checked as they would run."""
+    cluster = parse_cluster("local:2x2x2")
+    p = emulate.plan(cluster, 0.01, owner=7, netem=True)
+    lk = next(lk for lk in p.links if lk.level == 3)
+    assert lk.delay_us == pytest.approx(cluster.levels[2].latency_us / 0.01) and not p.notes
+    assert "sch_netem" in " ".join(emulate.plan(cluster, 0.01, owner=7).notes)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(emulate, "_run", lambda cmd, check=True: ran.append(cmd))
+    emulate._shape("zt7-g0", "eth0", lk)
+    rate = f"{int(lk.rate_bps)}bit"
+    assert ran[0] == ["tc", "-n", "zt7-g0", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem", "delay",
+                      f"{lk.delay_us:.0f}us"]
+    assert ran[1][:11] == ["tc", "-n", "zt7-g0", "qdisc", "add", "dev", "eth0", "parent", "1:", "handle", "2:"]
+    assert ran[1][11:14] == ["tbf", "rate", rate] and len(ran) == 2
+    ran.clear()
+    emulate._shape("zt7-g0", "eth0", dataclasses.replace(lk, delay_us=0.0))  # without netem: tbf at the root
+    assert len(ran) == 1 and ran[0][7:11] == ["root", "tbf", "rate", rate]
 
 
 def test_scale_matches_the_targets_compute_to_communication_ratio():
