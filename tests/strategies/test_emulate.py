@@ -140,8 +140,11 @@ def test_a_failing_rank_leaves_nothing_behind(net):
     assert _sets(pre) == []
 
 
-RUNNER = ("import sys, time\nfrom zerotune.strategies import emulate\nfrom zerotune.strategies.catalog import "
-          "parse_cluster\nwith emulate.emulation(parse_cluster('local:1x2'), 0.01) as p:\n"
+RUNNER = ("import signal, sys, time\nfrom zerotune.strategies import emulate\nfrom zerotune.strategies.catalog import "
+          "parse_cluster\n"
+          # Ctrl-C raises KeyboardInterrupt even where the launching shell ignored SIGINT (a background job)
+          "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+          "with emulate.emulation(parse_cluster('local:1x2'), 0.01) as p:\n"
           "    print(p.prefix, flush=True)\n    time.sleep(120)\n")
 
 
