@@ -73,6 +73,7 @@ class Measurement:
         one_host = (host["local_ranks"] >= run["world_size"] if host and "world_size" in run
                     else str(run["cluster"].get("name", "")).startswith("local:"))
         gloo = run.get("backend") == "gloo"
+        quant = run.get("quantization") or {}
         return cls(model=ModelSpec.from_dict(run["model"]), cluster=ClusterSpec.from_dict(run["cluster"]),
                    strategy=Strategy.from_dict(run["strategy"]), step_time_s=float(run["step_time_s"]),
                    elem_bytes=2 if run.get("dtype") in ("bfloat16", "float16") else 4,
@@ -82,8 +83,7 @@ class Measurement:
                    level_traffic=_level_traffic(run, RATE_KINDS),
                    all_to_all_traffic=_level_traffic(run, ("all_to_all",)),
                    timed_collectives=gloo,
-                   quant_traffic=(int((run.get("quantization") or {}).get("elements", 0)),
-                                  float((run.get("quantization") or {}).get("seconds", 0.0))))
+                   quant_traffic=(int(quant.get("elements", 0)), float(quant.get("seconds", 0.0))))
 
 
 def bandwidths_from_clocks(measurements: Sequence[Measurement]) -> bool:

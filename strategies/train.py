@@ -59,8 +59,8 @@ def quantization_per_step(steps: list[dict[str, float]], warmup: int) -> dict[st
     """Rank 0's block (de)quantization per step: elements (quantized + dequantized, as the cost model
     counts them) and wall seconds in those calls, each the median over the timed steps."""
     timed = steps[warmup:] or steps
-    return {"elements": int(statistics.median(q["elements"] for q in timed)) if timed else 0,
-            "seconds": statistics.median(q["seconds"] for q in timed) if timed else 0.0}
+    return {"elements": int(statistics.median(q["elements"] for q in timed)),
+            "seconds": statistics.median(q["seconds"] for q in timed)}
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:

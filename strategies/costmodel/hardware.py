@@ -119,7 +119,7 @@ STEP_BYTES_PER_ELEM = ADAMW_BYTES_PER_ELEM + step_pass_bytes(2)
 """A 16-bit step with clipping moves 54 bytes per optimizer-shard element: AdamW's 28 and the 26 of
 the passes around it. An H200 profile of the engine's step (gpt-1.3b at world 1, no clipping:
 ``bench/data/h200-1gpu/fused-adamw/b1.json``) spent 10.3 ms in the fused AdamW and 8.5 ms in the
-upcast, norm, zeroing and cast over 1.31e9 elements."""
+upcast, norm, zeroing and cast over 1.32e9 elements."""
 MEGATRON_MFU_PER_GEMM = (0.52 / 0.869 + 0.47 / 0.803) / 2
 """Transformer training reaches ~0.59 of the device's best GEMM rate: A100 0.52 of 0.869
 [megatron-sc21, mamf], H100 0.47 of 0.803 [megatron-core, mamf] — two devices within 2% of each

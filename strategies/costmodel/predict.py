@@ -57,28 +57,32 @@ def step_volume(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_byt
     return _volume(sched, costs_for(cluster, Calibration(), elem_bytes, s.quantize_above, block), accum)
 
 
-def _volume(sched: Schedule, costs: Costs, accum: int) -> Volume:
+def _step_totals(sched: Schedule, costs: Costs, accum: int) -> tuple[Volume, int]:
+    """One optimizer step's bytes per rank by level and kind, and its elements block-quantized plus
+    dequantized (``Costs.quant_elems`` over the quantized collectives: what run.json's
+    ``quantization.elements`` counts), in one pass over the step's collectives, cached per schedule."""
     key = (sched.key, accum)
     known = costs.step_volumes.get(key)
     if known is None:
         flat: dict[tuple[str, str], int] = {}
+        quant = 0
         for c, times in sched.counts(accum).items():
             for lk, n in costs.flat_volume(c):
                 flat[lk] = flat.get(lk, 0) + n * times
-        known = {}
+            op, (lo, hi), numel, bits = c
+            if bits < 16:
+                quant += times * costs.quant_elems(op, lo, hi, numel)
+        volume: Volume = {}
         for (name, kind), n in flat.items():
-            known.setdefault(name, {})[kind] = n
+            volume.setdefault(name, {})[kind] = n
         if len(costs.step_volumes) > 100_000:
             costs.step_volumes.clear()
-        costs.step_volumes[key] = known
-    return {name: dict(kinds) for name, kinds in known.items()}  # a copy: callers own their result
+        known = costs.step_volumes[key] = (volume, quant)
+    return known
 
 
-def _quant_elements(sched: Schedule, costs: Costs, accum: int) -> int:
-    """Elements block-quantized plus dequantized per rank per optimizer step (``Costs.quant_elems``
-    over the step's quantized collectives): what run.json's ``quantization.elements`` counts."""
-    return sum(times * costs.quant_elems(op, lo, hi, numel)
-               for (op, (lo, hi), numel, bits), times in sched.counts(accum).items() if bits < 16)
+def _volume(sched: Schedule, costs: Costs, accum: int) -> Volume:
+    return {name: dict(kinds) for name, kinds in _step_totals(sched, costs, accum)[0].items()}  # callers own it
 
 
 def step_latency(model: ModelSpec, cluster: ClusterSpec, s: Strategy, calib: Calibration, *, elem_bytes: int,
@@ -184,7 +188,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         "tokens_per_s": global_tokens / step_s,
         "tflops_per_rank": model.flops_per_token() * global_tokens / world / step_s / 1e12,
         "bytes_per_level": _volume(sched, costs, accum),
-        "quantization": {"elements": _quant_elements(sched, costs, accum)},
+        "quantization": {"elements": _step_totals(sched, costs, accum)[1]},
         "memory_bytes": memory, "feasible": feasible, "headroom_bytes": capacity - memory["peak"],
         "grad_accum_steps": accum, "global_batch": world * mbs * accum, "calibration": calib.name,
         "error_band": error_band(calib, world),

@@ -85,7 +85,7 @@ class Costs:
         self._vol: dict[Coll, Volume] = {}
         self._flat: dict[Coll, tuple[tuple[tuple[str, str], int], ...]] = {}
         self._time: dict[Coll, float] = {}
-        self.step_volumes: dict[tuple, Volume] = {}
+        self.step_volumes: dict[tuple, tuple[Volume, int]] = {}
         """Step volumes by (schedule, accumulation): strategies that differ only in what moves no bytes
         (prefetch, micro-batch at a fixed accumulation, checkpointing) share one."""
 
