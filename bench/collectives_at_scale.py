@@ -45,12 +45,14 @@ WITHIN = 0.15
 
 def perlmutter(gpus: int) -> tuple[ClusterSpec, Calibration]:
     """Perlmutter's GPU nodes: 4 A100 joined pairwise by 4 NVLink3 links (100 GB/s per direction to each
-    peer, the ring's hop), one 25 GB/s Slingshot-11 NIC per GPU; NCCL's network hop latency, and the
-    Slingshot busbw share measured with RCCL on LUMI-G (no NCCL figure on Slingshot was found)."""
+    peer, the ring's hop), one 25 GB/s Slingshot-11 NIC per GPU, one AMD EPYC 7763 host (``HOSTS``
+    "amd-cpu-nic"); NCCL's network hop latency, and the Slingshot busbw share measured with RCCL on
+    LUMI-G (no NCCL figure on Slingshot was found)."""
     cluster = ClusterSpec(name=f"perlmutter:{gpus // 4}", levels=(
         Level("node", 4, 100.0, NVLINK_HOP_US), Level("inter-node", gpus // 4, 25.0, NET_HOP_US)),
         device="NVIDIA A100 40GB", device_memory_gib=40.0, peak_tflops=312.0)
-    calib = profile_calibration("perlmutter", "A100", ("nvlink3-nvswitch", "slingshot-11"))
+    calib = profile_calibration("perlmutter", "A100", ("nvlink3-nvswitch", "slingshot-11"),
+                                host="amd-cpu-nic")
     return cluster, run_by(calib, "deepspeed")
 
 

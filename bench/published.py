@@ -5,8 +5,9 @@
 
 Each ``bench/published/*.toml`` transcribes one source: its ``[source]`` (title, url, what was assumed
 where the source is silent), the clusters (a device and links from ``strategies/costmodel/hardware.py``,
-or a preset), the models, the strategies (a preset and the fields the source's engine used), and the
-published values: ``[[groups]]`` of rows ``[model, micro-batch, value per strategy column]`` and
+or a preset; ``host`` names the node's host design in ``HOSTS`` where the source gives it, else
+NCCL's defaults for an unknown host), the models, the strategies (a preset and the fields the source's
+engine used), and the published values: ``[[groups]]`` of rows ``[model, micro-batch, value per strategy column]`` and
 ``[[compare]]`` ratios of two rows. Every prediction uses the device and link profiles as they are —
 nothing here is fitted to these tables — and the error is (predicted - published) / published.
 
@@ -67,7 +68,7 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
                    for level, lv in zip(cluster.levels, spec["levels"], strict=True))
     cluster = dataclasses.replace(cluster, levels=levels, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops))
     return cluster, profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
-                                        outer_reduce)
+                                        outer_reduce, host=spec.get("host", "unknown"))
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:

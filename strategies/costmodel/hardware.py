@@ -16,8 +16,14 @@ Sources (cited by key below):
   line 523, ``rome_model_74`` (8 GCDs, 4 NUMA nodes, 4 NICs, the MI250X 4/2/1-link xGMI matrix:
   Frontier's node, matched by layout, as no model there names a system) selects ``tuning=3``; RCCL has
   no per-architecture latency table, and LL128 is off unless a model or ``RCCL_LL128_FORCE_ENABLE``
-  turns it on. Not modelled: the per-message-size ``ringCorrectionFactor`` and the 2-6 µs network
-  overhead RCCL adds to each intra-node hop of a multi-node ring.
+  turns it on. Not modelled: the per-message-size ``ringCorrectionFactor``.
+- [nccl-netoverhead] NVIDIA/nccl ``src/graph/tuning.cc`` (v2.19-2.27; ROCm/rccl carries the same
+  code): "Inter-node rings still have to launch nsteps * net overhead": in a ring that spans 2+
+  nodes every step, intra-node ones included, costs at least ``getNetOverhead`` (1 µs on Intel or
+  unknown hosts, 2 µs on AMD hosts), three times that under Simple; LL's bus bandwidth is
+  ``min(llMaxBw, busBw * .5)``, with ``llMaxBws`` by GPU (one node: Volta 39, Ampere 87.7, Hopper 141
+  GB/s) or by host CPU (2 nodes / more: Intel 39 / 20.4, AMD 22.5 / 19.0 GB/s); LL128 is enabled by
+  default only where the ring's NIC sits on the GPU's PCIe switch (``typeInter <= PATH_PXB``).
 - [nccl-tests#212] NVIDIA, on 8×H100: "450GB/s is the line rate. With the protocol overhead (~20%)
   NCCL can get an effective NVLink bandwidth of 370GB/s" (busbw of all-gather/reduce-scatter).
 - [nccl-tests#290] NVIDIA: "For NDR @ 400Gbps you should see 46-48GB/s per NIC".
@@ -92,6 +98,32 @@ RCCL_RING_PROTOCOLS: dict[str, tuple[float, float, float, float]] = {
 ``NCCL_RING_PROTOCOLS``: LL at a fifth of Simple's bus bandwidth, LL128 off."""
 RING_PROTOCOLS = {"nccl": NCCL_RING_PROTOCOLS, "rccl": RCCL_RING_PROTOCOLS}
 """Each collective library's protocol table (``Calibration.protocols``), each with its Simple row."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """What a node's host side adds to its library's multi-node rings [nccl-netoverhead]."""
+
+    net_overhead_us: float
+    """Per-step network post overhead (``getNetOverhead``): 1 µs Intel or unknown, 2 µs AMD."""
+    ll_max_busbw_gbps: tuple[float, float]
+    """LL's bus-bandwidth cap on 2 nodes and on more (``llMaxBws`` by CPU vendor), GB/s."""
+    nic_beside_gpu: bool
+    """The NICs sit on the GPUs' PCIe switches (NCCL's LL128 condition); False where they hang off the CPU."""
+    source: str
+
+
+HOSTS: dict[str, Host] = {
+    "intel": Host(1.0, (39.0, 20.4), True, "Intel Xeon host, NICs on the GPUs' PCIe switches (DGX-1/2, DGX H100, "
+                  "AWS p3dn/p4d, Azure NDv2/NDv4 node designs)"),
+    "amd": Host(2.0, (22.5, 19.0), True, "AMD EPYC host, NICs on the GPUs' PCIe switches (DGX A100)"),
+    "amd-cpu-nic": Host(2.0, (22.5, 19.0), False, "AMD EPYC host whose NICs share no PCIe switch with the GPUs: "
+                        "Perlmutter's GPU node (1 EPYC 7763, 4 A100, 4 Slingshot-11 NICs; docs.nersc.gov/systems/"
+                        "perlmutter/architecture). The PCIe path is not printed there: an inference from the "
+                        "switchless HPE Cray EX blade design, stated as such"),
+    "unknown": Host(1.0, (39.0, 20.4), True, "NCCL's defaults for a host it does not recognise"),
+}
+"""Host designs by key (``profile_calibration``'s ``host``)."""
 OVERLAP_SLOWDOWN = 0.19
 """Compute beside running collectives is 18.9% slower on average [overlap-2507.03114]."""
 STREAM_FRACTION = 0.85
@@ -191,6 +223,14 @@ class Calibration:
     and gloo runs are); ``nccl``: each collective the fastest of NCCL's ring protocols
     (``NCCL_RING_PROTOCOLS``), as NCCL picks them — the profiles of NVIDIA devices; ``rccl``: the
     fastest of RCCL's (``RCCL_RING_PROTOCOLS``) — the MI250X profile."""
+    net_overhead_us: float = 0.0
+    """Per-step network post overhead of the library's multi-node rings (``Host.net_overhead_us``):
+    with ``protocols`` nccl or rccl, every step of a ring spanning 2+ nodes costs at least this (three
+    times it under Simple) [nccl-netoverhead]. 0 for fitted calibrations and gloo."""
+    ll_max_busbw_gbps: tuple[float, ...] = ()
+    """LL's bus-bandwidth cap, GB/s, for a ring on 1 node, 2 nodes, more (``Device``/``Host``); empty = none."""
+    ll128: bool = True
+    """Whether the library may run LL128 (``Host.nic_beside_gpu``): NCCL enables it by default only then."""
     outer_reduce: str = "boundary"
     """Where a one-micro-step step reduces gradients beyond ``grad_span``: ``boundary`` (zerotune's
     engine: after the backward pass, serial) or ``backward`` (queued after each reduce group while
@@ -214,6 +254,7 @@ class Calibration:
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
         data = dict(data)
         data["bandwidth_efficiency"] = tuple(data.get("bandwidth_efficiency", ()))
+        data["ll_max_busbw_gbps"] = tuple(data.get("ll_max_busbw_gbps", ()))
         if isinstance(data.get("measured_error"), dict):
             data["measured_error"] = MeasuredError(**data["measured_error"])
         return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
@@ -269,6 +310,8 @@ class Device:
     protocols: str = "nccl"
     """How its collective library picks protocols (``Calibration.protocols``): ``nccl`` for NVIDIA,
     ``rccl`` for AMD; also sets the base latency of its collectives (the Simple row's)."""
+    ll_max_busbw_gbps: float | None = None
+    """NCCL's cap on LL's bus bandwidth inside one node (``llMaxBws``, by GPU generation) [nccl-netoverhead]."""
 
     def efficiency(self, stack: str) -> float:
         if stack not in STACKS:
@@ -315,11 +358,11 @@ ENGINE_STACK = "pytorch"
 DEVICES: dict[str, Device] = {
     "V100": Device("NVIDIA V100 32GB", 125.0, 32.0, 900.0, 50 / 125, 30 / 125,
                    "[ds-zero3-offload]: DeepSpeed 50 of 125 TFLOPS; 'standard data parallel training with PyTorch "
-                   "can only achieve 30 TFlops per GPU'"),
+                   "can only achieve 30 TFlops per GPU'", ll_max_busbw_gbps=39.0),
     "A100": Device("NVIDIA A100 80GB", 312.0, 80.0, 2039.0, 0.52, 0.57,
-                   "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU"),
+                   "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU", ll_max_busbw_gbps=87.7),
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
-                   "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU"),
+                   "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU", ll_max_busbw_gbps=141.0),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
@@ -337,12 +380,16 @@ def peak_tflops_of(name: str) -> float | None:
 
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
-                        rings: str = "hierarchical", outer_reduce: str = "boundary") -> Calibration:
+                        rings: str = "hierarchical", outer_reduce: str = "boundary",
+                        host: str = "unknown") -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
     for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
     runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
-    reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: at the boundary)."""
-    d = DEVICES[device]
+    reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: at the boundary),
+    on nodes of the ``host`` design (a key of ``HOSTS``)."""
+    if host not in HOSTS:
+        raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
+    d, h = DEVICES[device], HOSTS[host]
     memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s
     return Calibration(name=name, compute_efficiency=d.efficiency(stack),
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
@@ -350,7 +397,9 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                        optimizer_elems_per_s=memory_bound / STEP_BYTES_PER_ELEM,
                        collective_launch_us=RING_PROTOCOLS[d.protocols]["Simple"][0],
                        overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
-                       outer_reduce=outer_reduce, protocols=d.protocols)
+                       outer_reduce=outer_reduce, protocols=d.protocols, net_overhead_us=h.net_overhead_us,
+                       ll_max_busbw_gbps=(d.ll_max_busbw_gbps, *h.ll_max_busbw_gbps) if d.ll_max_busbw_gbps else (),
+                       ll128=h.nic_beside_gpu)
 
 
 def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...]) -> ClusterSpec:
@@ -368,8 +417,12 @@ PROFILES: dict[str, tuple[str, tuple[tuple[str, int, str], ...]]] = {
 """The cluster presets: device and (level, size, link) innermost first; the outermost size is set by ``NAME:N``."""
 
 
+PRESET_HOSTS: dict[str, str] = {"frontier": "amd", "dgx-h100": "intel"}
+"""The host design of each preset's node (``HOSTS``): Frontier, one AMD EPYC 7A53 per node with the NICs on
+the MI250X packages [olcf-frontier]; DGX H100, two Intel Xeon Platinum 8480C (NVIDIA DGX H100 user guide)."""
+
 PRESET_CALIBRATIONS: dict[str, Calibration] = {
-    base: profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels))
+    base: profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels), host=PRESET_HOSTS[base])
     for base, (device, levels) in PROFILES.items()}
 """The calibration each cluster preset carries, by preset name."""
 NOMINAL = Calibration()

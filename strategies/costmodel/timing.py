@@ -38,7 +38,11 @@ Gradient collectives at bits < 16 stay hierarchical (ZeRO++'s qgZ is a hierarchi
 design). The bytes booked per level (``volume.py``) are the engine's; only the seconds differ.
 **The protocol** (``Calibration.protocols``): NCCL times each collective under its Simple, LL128
 and LL protocols and runs the fastest (``hardware.NCCL_RING_PROTOCOLS``: smaller base and hop
-latencies for less bandwidth), so a latency-bound ring over a large group runs LL or LL128. The
+latencies for less bandwidth), so a latency-bound ring over a large group runs LL or LL128. A ring
+over 2+ nodes pays the host's network post overhead on every node-link step (``Calibration.
+net_overhead_us``, three times it under Simple), LL's bus bandwidth is capped
+(``Calibration.ll_max_busbw_gbps``) and LL128 runs only where ``Calibration.ll128``, as both libraries'
+tuners have it (``hardware`` [nccl-netoverhead]). The
 profiles of NVIDIA devices choose so (both kinds of ring); fitted calibrations, gloo runs and RCCL
 (whose tables were not sourced) are charged Simple's latencies throughout.
 
@@ -136,7 +140,7 @@ class Costs:
             sent = (ranks - 1) * (quantized_nbytes(numel, bits, self.block) if bits < 16 else numel * self.e)
         else:
             sent = _STEPS[op] * (ranks - 1) * (numel // ranks) * self.e
-        slowest, below = 0.0, 1
+        slowest, below, nodes = 0.0, 1, 1
         hops: list[tuple[int, float]] = []  # (ring steps at the level, its Simple hop latency)
         for level in range(lo, hi + 1):
             lv = self.cluster.levels[level - 1]
@@ -144,8 +148,9 @@ class Costs:
                 hops.append((_STEPS[op] * (ranks // below - ranks // (below * lv.size)), lv.latency_us))
                 rate = below * lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)
                 slowest = max(slowest, sent / rate)
+                nodes *= lv.size if self._network(lv.latency_us) else 1
             below *= sizes[level - 1]
-        return self._fastest(hops, slowest)
+        return self._fastest(hops, slowest, sent, nodes)
 
     def _level_rings(self, c: Coll) -> float:
         """Seconds on the wire of one collective run as one ring per level, one level after the other."""
@@ -159,8 +164,15 @@ class Costs:
             kinds = vol.get(lv.name, {})
             sent = sum(kinds.values()) + (1 / calib.all_to_all_efficiency - 1) * kinds.get("all_to_all", 0)
             t += self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)],
-                               sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)))
+                               sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)),
+                               sent, lv.size if self._network(lv.latency_us) else 1)
         return t
+
+    def _network(self, hop_us: float) -> bool:
+        """Whether a level whose hop latency is ``hop_us`` joins nodes: its hop is at least the network
+        hop of the library's Simple row (only asked under ``protocols`` nccl or rccl)."""
+        table = RING_PROTOCOLS.get(self.calib.protocols)
+        return table is not None and hop_us >= table["Simple"][2]
 
     def ring_latency(self, c: Coll, all_to_all: bool = False) -> tuple[tuple[str, float], ...]:
         """(level, seconds) of one collective that do not depend on its bytes — each level ring's launch and
@@ -178,22 +190,37 @@ class Costs:
                 out.append((lv.name, launch + _STEPS[op] * (lv.size - 1) * lv.latency_us * alpha))
         return tuple(out)
 
-    def _fastest(self, hops: list[tuple[int, float]], wire_s: float) -> float:
-        """One ring's seconds: launch + Σ steps · hop latency + ``wire_s`` (its bytes at the Simple rate), under
-        the Simple protocol, or the fastest of NCCL's or RCCL's (``Calibration.protocols``). The launch and a
-        level's own hop latency are scaled to a protocol by their ratio to the Simple row of the library's
-        table: the network's where the hop is that row's network latency or more, the node link's below."""
+    def _fastest(self, hops: list[tuple[int, float]], wire_s: float, sent: float = 0.0, nodes: int = 1) -> float:
+        """One ring's seconds: launch + Σ steps · hop latency + ``wire_s`` (its ``sent`` bytes per rank at the
+        Simple rate), under the Simple protocol, or the fastest of NCCL's or RCCL's
+        (``Calibration.protocols``). The launch and a level's own hop latency are scaled to a protocol by
+        their ratio to the Simple row of the library's table: the network's where the hop is that row's
+        network latency or more, the node link's below. As the library's tuner has it
+        [``hardware`` nccl-netoverhead], a ring over 2+ ``nodes`` pays at least the host's network post
+        overhead on every node-link step (three times it under Simple), LL's bus bandwidth is capped
+        (``Calibration.ll_max_busbw_gbps``), and LL128 runs only where ``Calibration.ll128``."""
         calib = self.calib
         alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
         if calib.protocols == "simple":
             return launch + sum(steps * hop for steps, hop in hops) * alpha + wire_s
         table = RING_PROTOCOLS[calib.protocols]
         base_ref, node_ref, net_ref, _ = table["Simple"]
+        caps = calib.ll_max_busbw_gbps
         best = math.inf
-        for base, node, net, bw in table.values():
-            t = launch * base / base_ref + wire_s / bw
+        for name, (base, node, net, bw) in table.items():
+            if name == "LL128" and not calib.ll128:
+                continue
+            wire = wire_s / bw
+            if name == "LL" and caps and sent:
+                wire = max(wire, sent / (caps[min(nodes, 3) - 1] * 1e9))
+            floor = calib.net_overhead_us * (3 if name == "Simple" else 1) * 1e-6 if nodes > 1 else 0.0
+            t = launch * base / base_ref + wire
             for steps, hop in hops:
-                t += steps * hop * alpha * (net / net_ref if hop >= net_ref else node / node_ref)
+                if hop >= net_ref:
+                    t += steps * hop * alpha * net / net_ref
+                else:
+                    lat = hop * alpha * node / node_ref
+                    t += steps * (lat if lat > floor else floor)
             best = t if t < best else best
         return best
 

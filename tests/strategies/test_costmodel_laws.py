@@ -17,6 +17,7 @@ from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import at_scale
 from zerotune.strategies.costmodel.hardware import (
     DEVICES,
+    HOSTS,
     LINKS,
     NCCL_RING_BASE_US,
     NCCL_RING_PROTOCOLS,
@@ -155,16 +156,18 @@ def test_a_flat_ring_pays_a_hop_per_rank_of_the_whole_group():
     """NCCL's ring latency (tuning.cc): base + (nRanks - nNodes) NVLink hops + (nNodes - 1) network hops, for the one
     ring DeepSpeed and FSDP run over their whole group; zerotune's per-level rings pay (nodes - 1) + (8 - 1). A tiny
     message runs with NCCL's LL protocol (the fastest its tuner predicts), Simple's latencies where a calibration
-    charges those throughout."""
+    charges those throughout. Across nodes every NVLink step costs at least the host's network post overhead
+    (NCCL's getNetOverhead: 1 us on a host it does not know, as AMSP's)."""
     base, nvlink, net, _ = NCCL_RING_PROTOCOLS["LL"]
     for nodes in (2, 16, 128):
         flat_cluster, flat = a800(nodes, "flat")
         hier_cluster, hier = a800(nodes, "hierarchical")
+        assert flat.net_overhead_us == HOSTS["unknown"].net_overhead_us == 1.0
         tiny = ("all_gather", (1, 2), 4, 16)
         world = 8 * nodes
-        want = (base + (world - nodes) * nvlink + (nodes - 1) * net) * 1e-6
+        want = (base + (world - nodes) * max(nvlink, 1.0) + (nodes - 1) * net) * 1e-6
         assert costs_for(flat_cluster, flat, 2, 1, 2048).time(tiny) == pytest.approx(want, rel=1e-2)
-        per_level = (2 * base + 7 * nvlink + (nodes - 1) * net) * 1e-6
+        per_level = (2 * base + 7 * nvlink + (nodes - 1) * net) * 1e-6  # the node's own ring stays on one node
         assert costs_for(hier_cluster, hier, 2, 1, 2048).time(tiny) == pytest.approx(per_level, rel=1e-2)
         simple = costs_for(flat_cluster, dataclasses.replace(flat, protocols="simple"), 2, 1, 2048).time(tiny)
         assert simple == pytest.approx(
@@ -173,6 +176,51 @@ def test_a_flat_ring_pays_a_hop_per_rank_of_the_whole_group():
     assert want / per_level > 2
     ar = costs_for(flat_cluster, flat, 2, 1, 2048).time(("all_reduce", (1, 2), 1024, 16))
     assert ar == pytest.approx(2 * want - base * 1e-6, rel=1e-2)
+
+
+def test_a_multi_node_ring_pays_the_hosts_network_overhead_on_every_step():
+    """NCCL's tuner (tuning.cc, "inter-node rings still have to launch nsteps * net overhead"): once a ring spans 2+
+    nodes each of its NVLink steps costs at least the host's post overhead, 3x under Simple: 6 us on an AMD host
+    against NVLink's 3.4, 3 us (below it) on an Intel one; inside one node nothing changes. LL's bus bandwidth is
+    capped at llMaxBw (19.0 GB/s on 3+ AMD-hosted nodes), and LL128 runs only where the NICs share the GPUs' PCIe
+    switch, so a large all-gather over 512 Perlmutter-like nodes runs Simple."""
+    def ring(host: str, nodes: int, ll128: bool | None = None):
+        links = ("nvlink3-nvswitch", "slingshot-11")
+        cluster = profile_cluster("p", "A100", (("node", 4, links[0]), ("inter-node", nodes, links[1])))
+        net = dataclasses.replace(cluster.levels[1], bandwidth_gbps=25.0, latency_us=NET_HOP_US)  # NCCL's hop
+        cluster = dataclasses.replace(cluster, levels=(cluster.levels[0], net))
+        calib = profile_calibration("p", "A100", links, rings="flat", host=host)
+        return cluster, calib if ll128 is None else dataclasses.replace(calib, ll128=ll128)
+
+    numel = 2**20  # 2 MiB shard per rank: bandwidth-bound, Simple where LL128 is off
+    big = ("all_gather", (1, 2), numel, 16)
+    for nodes in (4, 64):
+        intel, amd = (costs_for(*ring(h, nodes, ll128=False), 2, 1, 2048).time(big) for h in ("intel", "amd"))
+        steps = 4 * nodes - nodes
+        assert amd - intel == pytest.approx(steps * (3 * 2.0 - NVLINK_HOP_US) * 1e-6, rel=1e-6)
+    one_intel, one_amd = (costs_for(*ring(h, 1), 2, 1, 2048).time(big) for h in ("intel", "amd-cpu-nic"))
+    assert one_intel == one_amd
+    # 256 and 512 MiB gathered over 2,048 GPUs on 512 nodes: Simple with 6 us NVLink steps, or LL at its 19 GB/s cap,
+    # whichever is faster; LL128 (off here) would have been both the fastest and far from the PCCL measurements
+    cluster, calib = ring("amd-cpu-nic", 512)
+    assert calib.ll_max_busbw_gbps == (87.7, 22.5, 19.0) and not calib.ll128
+    ll_base, ll_nvlink, ll_net, ll_bw = NCCL_RING_PROTOCOLS["LL"]
+    chosen = []
+    for mib in (256, 512):
+        numel = mib * 2**19 // 2048
+        coll = ("all_gather", (1, 2), numel, 16)
+        t = costs_for(cluster, calib, 2, 1, 2048).time(coll)
+        sent = 2047 * numel * 2
+        wire = sent / (4 * cluster.levels[1].bandwidth_gbps * 1e9 * calib.level_efficiency(2))
+        simple = (NCCL_RING_BASE_US + 1536 * 3 * 2.0 + 511 * NET_HOP_US) * 1e-6 + wire
+        ll = (ll_base + 1536 * max(ll_nvlink, 2.0) + 511 * ll_net) * 1e-6 + max(wire / ll_bw, sent / 19.0e9)
+        assert t == pytest.approx(min(simple, ll), rel=1e-6)
+        chosen.append("Simple" if simple < ll else "LL")
+        with_ll128 = costs_for(cluster, dataclasses.replace(calib, ll128=True), 2, 1, 2048).time(coll)
+        assert with_ll128 < 0.75 * t
+    assert chosen == ["LL", "Simple"]  # LL's cap makes Simple win as the message grows
+    with pytest.raises(ValueError, match="host='arm'"):
+        profile_calibration("p", "A100", ("nvlink3-nvswitch",), host="arm")
 
 
 def test_a_flat_ring_is_as_fast_as_its_slowest_link_class():
@@ -185,7 +233,7 @@ def test_a_flat_ring_is_as_fast_as_its_slowest_link_class():
     nic = 8 * 12.5e9 * LINKS["ib-hdr-200"].efficiency
     nvlink = LINKS["nvlink3-nvswitch"].bandwidth_gbps * 1e9 * LINKS["nvlink3-nvswitch"].efficiency
     assert sent / nic > sent / nvlink
-    latency = (NCCL_RING_BASE_US + 112 * NVLINK_HOP_US + 15 * NET_HOP_US) * 1e-6
+    latency = (NCCL_RING_BASE_US + 112 * max(NVLINK_HOP_US, 3 * 1.0) + 15 * NET_HOP_US) * 1e-6
     assert t == pytest.approx(latency + sent / nic, rel=1e-6)
     hier_cluster, hier = a800(16, "hierarchical")
     h = costs_for(hier_cluster, hier, 2, 1, 2048).time(("all_gather", (1, 2), numel, 16))
@@ -305,8 +353,9 @@ def test_published_bench_reproduces_its_tables():
 
 def test_vendor_collectives_at_scale_hold_the_ring_model_to_its_range():
     """bench/collectives_at_scale.py: measured RCCL / NCCL all-gathers and reduce-scatters at 32-2,048 GPUs (the PCCL
-    paper) beside one flat ring of the model. NCCL on up to 128 GPUs is within 15%; beyond, both libraries fall
-    behind an α-β ring (RCCL off a cliff past 16 Frontier nodes), which the bench prints rather than fits."""
+    paper) beside one flat ring of the model. NCCL on Perlmutter is within 15% up to 256 GPUs and within 30% at every
+    scale once multi-node rings pay the host's network overhead on each step (without it: 2.5x slower than the model
+    at 2,048); RCCL falls off a cliff past 16 Frontier nodes, which the bench prints rather than fits."""
     out = subprocess.run([sys.executable, "bench/collectives_at_scale.py", "--json"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -319,7 +368,8 @@ def test_vendor_collectives_at_scale_hold_the_ring_model_to_its_range():
         rccl = next(s["ms"][-1] for s in table["series"] if s["library"] == "RCCL" and s["collective"] == "all_gather"
                     and s["mb"] == int(mb))
         assert rccl / check["ms_2048"][mb] == pytest.approx(speedup, rel=0.03)
-    small_nccl = [r for r in result["rows"] if r["library"] == "NCCL" and r["gpus"] <= 128]
-    assert small_nccl and all(abs(r["error"]) <= 0.15 for r in small_nccl)
+    nccl = [r for r in result["rows"] if r["library"] == "NCCL"]
+    assert len(nccl) == 28 and all(abs(r["error"]) <= 0.15 for r in nccl if r["gpus"] <= 256)
+    assert all(abs(r["error"]) <= 0.30 for r in nccl)
     by = {(s["library"], s["gpus"]): s["measured_over_predicted"] for s in result["summary"]}
-    assert by[("RCCL", 2048)] > 3 * by[("RCCL", 128)] and by[("NCCL", 2048)] > 1.5 * by[("NCCL", 128)]
+    assert by[("RCCL", 2048)] > 3 * by[("RCCL", 128)] and by[("NCCL", 2048)] < 1.3
