@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support import ROOT
 from zerotune.api.cli import main
 from zerotune.errors import SpecError
 from zerotune.strategies.calibration import (
@@ -610,3 +611,22 @@ def test_the_quantization_rate_is_read_off_the_runs_clocks_where_gloo_timed_it(t
     older = [Measurement.from_run({k: v for k, v in r.items() if k != "quantization"}) for r in runs]
     for ms in (nccl, older):
         assert measured_quant_rate(ms) is None and "quant_elems_per_s" in identifiable_fields(ms)[0]
+
+
+def test_predict_rate_bench_times_warm_search_and_unseen_predictions():
+    """bench/predict_rate.py prints predictions per second of the three workloads it names, over the tuner's real
+    search space; it measures and asserts nothing about speed. Bad flags exit 2 with one line naming them."""
+    out = subprocess.run([sys.executable, "bench/predict_rate.py", "--seconds", "0.05", "--limit", "300", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout)
+    assert [(r["model"], r["cluster"]) for r in results] == [("gpt-neox-20b", "frontier:48"),
+                                                             ("gpt-neox-20b", "dgx-h100:16")]
+    for r in results:
+        assert r["space_size"] == 300 and 16 <= r["search_calls"] <= 300
+        assert r["warm_calls"] >= 16 and r["unseen_calls"] >= 16
+        assert all(r[k] > 0 for k in ("warm_per_s", "search_per_s", "unseen_per_s"))
+    assert "3level-b" in results[0]["warm_strategies"] and "3level-b" not in results[1]["warm_strategies"]
+    bad = subprocess.run([sys.executable, "bench/predict_rate.py", "--limit", "0"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "--limit=0: must be >= 1"
