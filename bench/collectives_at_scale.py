@@ -28,14 +28,11 @@ sys.path.insert(0, str(ROOT))
 from zerotune.strategies.catalog import parse_cluster  # noqa: E402
 from zerotune.strategies.costmodel import calibration_for  # noqa: E402
 from zerotune.strategies.costmodel.hardware import (  # noqa: E402
-    NET_HOP_US,
-    NVLINK_HOP_US,
     Calibration,
-    profile_calibration,
     run_by,
 )
 from zerotune.strategies.costmodel.timing import costs_for  # noqa: E402
-from zerotune.strategies.spec import ClusterSpec, Level  # noqa: E402
+from zerotune.strategies.spec import ClusterSpec  # noqa: E402
 
 TABLES = ROOT / "bench" / "published" / "collectives"
 MIB = 2**20
@@ -44,16 +41,10 @@ WITHIN = 0.15
 
 
 def perlmutter(gpus: int) -> tuple[ClusterSpec, Calibration]:
-    """Perlmutter's GPU nodes: 4 A100 joined pairwise by 4 NVLink3 links (100 GB/s per direction to each
-    peer, the ring's hop), one 25 GB/s Slingshot-11 NIC per GPU, one AMD EPYC 7763 host (``HOSTS``
-    "amd-cpu-nic"); NCCL's network hop latency, and the Slingshot busbw share measured with RCCL on
-    LUMI-G (no NCCL figure on Slingshot was found)."""
-    cluster = ClusterSpec(name=f"perlmutter:{gpus // 4}", levels=(
-        Level("node", 4, 100.0, NVLINK_HOP_US), Level("inter-node", gpus // 4, 25.0, NET_HOP_US)),
-        device="NVIDIA A100 40GB", device_memory_gib=40.0, peak_tflops=312.0)
-    calib = profile_calibration("perlmutter", "A100", ("nvlink3-nvswitch", "slingshot-11"),
-                                host="amd-cpu-nic")
-    return cluster, run_by(calib, "deepspeed")
+    """The ``perlmutter`` preset: 4 A100 joined pairwise by NVLink3, one Slingshot-11 NIC per GPU, an AMD host
+    whose NICs share no PCIe switch with the GPUs (``hardware.PROFILES`` and ``PRESET_HOSTS``, with sources)."""
+    cluster = parse_cluster(f"perlmutter:{gpus // 4}")
+    return cluster, run_by(calibration_for(cluster), "deepspeed")
 
 
 def frontier(gpus: int) -> tuple[ClusterSpec, Calibration]:

@@ -51,6 +51,12 @@ Sources (cited by key below):
   on 128 A100 and 0.37 on 96 H100 (its larger models and bench/published/ibm_fsdp.toml hold the rest).
 - [overlap-2507.03114] Lee et al., "Characterizing Compute-Communication Overlap" (arXiv
   2507.03114): compute overlapped with collectives runs 18.9% slower on average (A100, H100, MI250).
+- [nersc-perlmutter] NERSC, docs.nersc.gov/systems/perlmutter/architecture: GPU nodes with 1 AMD EPYC
+  7763, 4 A100 (40 GB on 1,536 nodes, 80 GB on 256) joined by third-generation NVLink (4 links, 100 GB/s
+  per direction, between each pair), 4 HPE Slingshot-11 NICs (200 Gb/s each, one per GPU).
+- [dgx-a100] NVIDIA DGX A100 user guide: 8 A100 on NVSwitch (12 NVLink3 links each), 8 single-port
+  ConnectX-6 200 Gb/s HDR NICs for the compute fabric, each on a PCIe switch with a pair of GPUs, 2
+  AMD EPYC 7742 hosts.
 - [stream-azure] Azure/AI-benchmarking-guide ND H100 v5 / ND A100 v4 results: STREAM copy/triad
   reach 87-89% (H100) and 79-83% (A100) of datasheet HBM bandwidth.
 - Peaks: NVIDIA V100 / A100 / H100 SXM datasheets (125 / 312 / 989 dense 16-bit TFLOPS; HBM 900 /
@@ -335,6 +341,9 @@ LINKS: dict[str, Link] = {
                              "A100: 12 NVLink3 × 25 GB/s per direction [nccl-tests#212]"),
     "nvlink4-nvswitch": Link(450.0, NVLINK_EFFICIENCY, NVLINK_HOP_US,
                              "H100: 18 NVLink4, 450 GB/s per direction; busbw 370 [nccl-tests#212]"),
+    "nvlink3-4gpu": Link(100.0, NVLINK_EFFICIENCY, NVLINK_HOP_US,
+                         "4 A100 joined pairwise by 4 NVLink3 links, 100 GB/s per direction to each peer (the "
+                         "ring's hop) [nersc-perlmutter]"),
     "ib-edr-100": Link(12.5, 0.8, NET_HOP_US,
                        "one 100 Gb/s EDR/HDR100 link; ~40 of 50 GB/s on 4×EDR [nccl-tests#29]"),
     "ib-hdr-200": Link(25.0, 0.93, NET_HOP_US,
@@ -346,6 +355,10 @@ LINKS: dict[str, Link] = {
     "xgmi-node": Link(50.0, XGMI_EFFICIENCY, XGMI_HOP_US,
                       "GCDs of different MI250X in a node, 50-100 GB/s: the ring's slowest hop, 50 [olcf-frontier]; "
                       "0.75 achieved [mi250x-ifabric]"),
+    "slingshot-11-gpu-nic": Link(25.0, SLINGSHOT_EFFICIENCY, NET_HOP_US,
+                                 "one 200 Gb/s Slingshot-11 NIC per GPU [nersc-perlmutter]; the Slingshot busbw share "
+                                 "measured with RCCL on LUMI-G [lumi-rccl] (no NCCL figure on Slingshot was found); "
+                                 "NCCL's network hop [nccl-tuning]"),
     "slingshot-11": Link(12.5, SLINGSHOT_EFFICIENCY, SLINGSHOT_HOP_US,
                          "4 × 25 GB/s Slingshot-11 NICs per 8 GCDs [olcf-frontier]; RCCL busbw 85 of 100 GB/s "
                          "per node on LUMI-G, Frontier's node design [lumi-rccl]"),
@@ -361,6 +374,9 @@ DEVICES: dict[str, Device] = {
                    "can only achieve 30 TFlops per GPU'", ll_max_busbw_gbps=39.0),
     "A100": Device("NVIDIA A100 80GB", 312.0, 80.0, 2039.0, 0.52, 0.57,
                    "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU", ll_max_busbw_gbps=87.7),
+    "A100-40GB": Device("NVIDIA A100 40GB", 312.0, 40.0, 1555.0, 0.52, 0.57,
+                        "the A100's efficiencies ([megatron-sc21], [ibm-fsdp]); 40 GB HBM2 at 1,555 GB/s "
+                        "(A100 datasheet)", ll_max_busbw_gbps=87.7),
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU", ll_max_busbw_gbps=141.0),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
@@ -413,13 +429,17 @@ PROFILES: dict[str, tuple[str, tuple[tuple[str, int, str], ...]]] = {
     "frontier": ("MI250X", (("gcd-pair", 2, "xgmi-gcd-pair"), ("node", 4, "xgmi-node"),
                             ("inter-node", 1, "slingshot-11"))),
     "dgx-h100": ("H100", (("node", 8, "nvlink4-nvswitch"), ("inter-node", 1, "ib-ndr-400"))),
+    "dgx-a100": ("A100", (("node", 8, "nvlink3-nvswitch"), ("inter-node", 1, "ib-hdr-200"))),
+    "perlmutter": ("A100-40GB", (("node", 4, "nvlink3-4gpu"), ("inter-node", 1, "slingshot-11-gpu-nic"))),
 }
 """The cluster presets: device and (level, size, link) innermost first; the outermost size is set by ``NAME:N``."""
 
 
-PRESET_HOSTS: dict[str, str] = {"frontier": "amd", "dgx-h100": "intel"}
+PRESET_HOSTS: dict[str, str] = {"frontier": "amd", "dgx-h100": "intel", "dgx-a100": "amd", "perlmutter": "amd-cpu-nic"}
 """The host design of each preset's node (``HOSTS``): Frontier, one AMD EPYC 7A53 per node with the NICs on
-the MI250X packages [olcf-frontier]; DGX H100, two Intel Xeon Platinum 8480C (NVIDIA DGX H100 user guide)."""
+the MI250X packages [olcf-frontier]; DGX H100, two Intel Xeon Platinum 8480C (NVIDIA DGX H100 user guide);
+DGX A100, two AMD EPYC 7742 with the NICs on the GPUs' PCIe switches [dgx-a100]; Perlmutter, one AMD EPYC
+7763 [nersc-perlmutter] (the NIC placement: ``HOSTS["amd-cpu-nic"]``)."""
 
 PRESET_CALIBRATIONS: dict[str, Calibration] = {
     base: profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels), host=PRESET_HOSTS[base])

@@ -501,7 +501,10 @@ def test_the_fallback_is_a_valid_deepspeed_zero3_config():
                 zero["zero_hpz_partition_size"]) == (3, 500_000_000, 50_000_000, 1)
         assert not zero["zero_quantized_weights"] and not zero["zero_quantized_gradients"]
         assert rec["exports"]["fsdp"]["reshard_after_forward"] is True
-    for name, per_node in PRESET_DEVICES_PER_NODE.items():  # the client's table agrees with the catalog
+    from zerotune.strategies.catalog import CLUSTERS
+
+    assert set(PRESET_DEVICES_PER_NODE) == set(CLUSTERS)  # the client's table agrees with the catalog
+    for name, per_node in PRESET_DEVICES_PER_NODE.items():
         assert parse_cluster(f"{name}:3").world_size == 3 * per_node
     from zerotune.api.prologue import EXECUTORS, RUNNERS
     from zerotune.tuner.executors import NAMES

@@ -96,6 +96,16 @@ def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
     assert DEVICES["MI250X"].efficiency("pytorch") == DEVICES["MI250X"].megatron_efficiency  # none published
     with pytest.raises(ValueError, match="stack='jax'"):
         h100.efficiency("jax")
+    # every preset carries the profile of its device, links and host: the A100 presets differ in NIC placement
+    for name, host in (("frontier", "amd"), ("dgx-h100", "intel"), ("dgx-a100", "amd"), ("perlmutter", "amd-cpu-nic")):
+        c = calibration_for(parse_cluster(f"{name}:4"))
+        assert c.name == f"{name}-profile" and c.net_overhead_us == HOSTS[host].net_overhead_us
+        assert c.ll128 == HOSTS[host].nic_beside_gpu
+    perlmutter = parse_cluster("perlmutter:2")
+    assert (perlmutter.world_size, perlmutter.device_memory_gib, [lv.bandwidth_gbps for lv in perlmutter.levels]) == (
+        8, 40.0, [100.0, 25.0])
+    assert calibration_for(parse_cluster("dgx-a100:2")).ll_max_busbw_gbps == (87.7, 22.5, 19.0)
+    assert calibration_for(parse_cluster("dgx-h100:2")).ll_max_busbw_gbps == (141.0, 39.0, 20.4)
 
 
 def test_tiny_messages_are_latency_bound_and_large_ones_bandwidth_bound():
