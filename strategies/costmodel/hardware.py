@@ -17,6 +17,11 @@ Sources (cited by key below):
   Frontier's node, matched by layout, as no model there names a system) selects ``tuning=3``; RCCL has
   no per-architecture latency table, and LL128 is off unless a model or ``RCCL_LL128_FORCE_ENABLE``
   turns it on. Not modelled: the per-message-size ``ringCorrectionFactor``.
+- [nccl-tree] NVIDIA/nccl ``src/graph/tuning.cc`` (v2.2x, with Blackwell rows): Tree ``baseLat`` LL /
+  LL128 / Simple 6.8 / 14.0 / 8.4 µs, Tree ``hwLat`` NVLink .6 / 1.25 / 4.0 and network 5.0 / 8.5 / 14 µs,
+  the tree all-reduce's busBw refinements and latency formula, ``treeCorrectionFactor``, and in
+  ``ncclTopoGetAlgoTime`` the ring's "plateau effect": a multi-node Simple ring all-reduce pays its
+  latency 1.9 times before compute capability 8.0 (Volta) and 1.4 times from it on.
 - [nccl-netoverhead] NVIDIA/nccl ``src/graph/tuning.cc`` (v2.19-2.27; ROCm/rccl carries the same
   code): "Inter-node rings still have to launch nsteps * net overhead": in a ring that spans 2+
   nodes every step, intra-node ones included, costs at least ``getNetOverhead`` (1 µs on Intel or
@@ -103,6 +108,23 @@ RCCL_RING_PROTOCOLS: dict[str, tuple[float, float, float, float]] = {
 """RCCL's ring protocols on a Frontier-like node as its tuner models them [rccl-tuning], in the layout of
 ``NCCL_RING_PROTOCOLS``: LL at a fifth of Simple's bus bandwidth, LL128 off."""
 RING_PROTOCOLS = {"nccl": NCCL_RING_PROTOCOLS, "rccl": RCCL_RING_PROTOCOLS}
+NCCL_TREE_PROTOCOLS: dict[str, tuple[float, float, float, float]] = {
+    "Simple": (8.4, 4.0, 14.0, 0.92),
+    "LL128": (14.0, 1.25, 8.5, 0.92 * 120 / 128),
+    "LL": (6.8, 0.6, 5.0, 0.92 / 3.8),
+}
+"""NCCL's tree all-reduce [nccl-tree], in the layout of ``NCCL_RING_PROTOCOLS``: (``baseLat`` µs, tree
+``hwLat`` over NVLink µs, over the network µs, bus bandwidth as a fraction of the ring's Simple busbw:
+``busBw * .92``, then LL128 ``* 120/128`` and LL ``/ 3.8`` capped at ``llMaxBw``). Its latency is
+``base + 2 · ((ranks per node − 1) · NVLink + log2(nodes) · network)`` and its algorithm bandwidth half
+the bus bandwidth, so it beats the ring on small all-reduces across many nodes and loses on large ones."""
+NCCL_TREE_CORRECTION: dict[str, tuple[float, ...]] = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}
+"""NCCL's ``treeCorrectionFactor`` [nccl-tree]: the tree's bandwidth multiplier by message size, powers
+of two from 64 B (index ``log2(bytes / 64)``) to 256 MB; 1 beyond."""
 """Each collective library's protocol table (``Calibration.protocols``), each with its Simple row."""
 
 
@@ -237,6 +259,8 @@ class Calibration:
     """LL's bus-bandwidth cap, GB/s, for a ring on 1 node, 2 nodes, more (``Device``/``Host``); empty = none."""
     ll128: bool = True
     """Whether the library may run LL128 (``Host.nic_beside_gpu``): NCCL enables it by default only then."""
+    ring_plateau: float = 1.0
+    """NCCL's multi-node Simple ring all-reduce pays its latency this many times (``Device.ring_plateau``)."""
     outer_reduce: str = "boundary"
     """Where a one-micro-step step reduces gradients beyond ``grad_span``: ``boundary`` (zerotune's
     engine: after the backward pass, serial) or ``backward`` (queued after each reduce group while
@@ -318,6 +342,8 @@ class Device:
     ``rccl`` for AMD; also sets the base latency of its collectives (the Simple row's)."""
     ll_max_busbw_gbps: float | None = None
     """NCCL's cap on LL's bus bandwidth inside one node (``llMaxBws``, by GPU generation) [nccl-netoverhead]."""
+    ring_plateau: float = 1.0
+    """NCCL's ring all-reduce plateau for its compute capability: 1.9 on Volta, 1.4 from Ampere on [nccl-tree]."""
 
     def efficiency(self, stack: str) -> float:
         if stack not in STACKS:
@@ -371,14 +397,17 @@ ENGINE_STACK = "pytorch"
 DEVICES: dict[str, Device] = {
     "V100": Device("NVIDIA V100 32GB", 125.0, 32.0, 900.0, 50 / 125, 30 / 125,
                    "[ds-zero3-offload]: DeepSpeed 50 of 125 TFLOPS; 'standard data parallel training with PyTorch "
-                   "can only achieve 30 TFlops per GPU'", ll_max_busbw_gbps=39.0),
+                   "can only achieve 30 TFlops per GPU'", ll_max_busbw_gbps=39.0,
+                   ring_plateau=1.9),
     "A100": Device("NVIDIA A100 80GB", 312.0, 80.0, 2039.0, 0.52, 0.57,
-                   "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU", ll_max_busbw_gbps=87.7),
+                   "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU", ll_max_busbw_gbps=87.7,
+                   ring_plateau=1.4),
     "A100-40GB": Device("NVIDIA A100 40GB", 312.0, 40.0, 1555.0, 0.52, 0.57,
                         "the A100's efficiencies ([megatron-sc21], [ibm-fsdp]); 40 GB HBM2 at 1,555 GB/s "
-                        "(A100 datasheet)", ll_max_busbw_gbps=87.7),
+                        "(A100 datasheet)", ll_max_busbw_gbps=87.7, ring_plateau=1.4),
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
-                   "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU", ll_max_busbw_gbps=141.0),
+                   "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU", ll_max_busbw_gbps=141.0,
+                   ring_plateau=1.4),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
@@ -415,7 +444,7 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                        overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
                        outer_reduce=outer_reduce, protocols=d.protocols, net_overhead_us=h.net_overhead_us,
                        ll_max_busbw_gbps=(d.ll_max_busbw_gbps, *h.ll_max_busbw_gbps) if d.ll_max_busbw_gbps else (),
-                       ll128=h.nic_beside_gpu)
+                       ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau)
 
 
 def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...]) -> ClusterSpec:

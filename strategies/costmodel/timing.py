@@ -42,7 +42,10 @@ latencies for less bandwidth), so a latency-bound ring over a large group runs L
 over 2+ nodes pays the host's network post overhead on every node-link step (``Calibration.
 net_overhead_us``, three times it under Simple), LL's bus bandwidth is capped
 (``Calibration.ll_max_busbw_gbps``) and LL128 runs only where ``Calibration.ll128``, as both libraries'
-tuners have it (``hardware`` [nccl-netoverhead]). The
+tuners have it (``hardware`` [nccl-netoverhead]). An all-reduce under NCCL's protocols runs as a ring
+or as NCCL's tree, whichever its model says is faster (``Costs._tree``: log2(nodes) network hops where
+the ring pays nodes − 1, at half the bus bandwidth; ``hardware`` [nccl-tree]), and a multi-node Simple
+ring all-reduce pays its latency ``Calibration.ring_plateau`` times. The
 profiles of NVIDIA devices choose so (both kinds of ring); fitted calibrations, gloo runs and RCCL
 (whose tables were not sourced) are charged Simple's latencies throughout.
 
@@ -61,6 +64,8 @@ from __future__ import annotations
 import math
 
 from zerotune.strategies.costmodel.hardware import (
+    NCCL_TREE_CORRECTION,
+    NCCL_TREE_PROTOCOLS,
     RING_PROTOCOLS,
     Calibration,
 )
@@ -141,6 +146,7 @@ class Costs:
         else:
             sent = _STEPS[op] * (ranks - 1) * (numel // ranks) * self.e
         slowest, below, nodes = 0.0, 1, 1
+        node_hop = net_hop = 0.0
         hops: list[tuple[int, float]] = []  # (ring steps at the level, its Simple hop latency)
         for level in range(lo, hi + 1):
             lv = self.cluster.levels[level - 1]
@@ -148,9 +154,16 @@ class Costs:
                 hops.append((_STEPS[op] * (ranks // below - ranks // (below * lv.size)), lv.latency_us))
                 rate = below * lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)
                 slowest = max(slowest, sent / rate)
-                nodes *= lv.size if self._network(lv.latency_us) else 1
+                if self._network(lv.latency_us):
+                    nodes *= lv.size
+                    net_hop = max(net_hop, lv.latency_us)
+                else:
+                    node_hop = max(node_hop, lv.latency_us)
             below *= sizes[level - 1]
-        return self._fastest(hops, slowest, sent, nodes)
+        ring = self._fastest(hops, slowest, sent, nodes, op == "all_reduce")
+        if op != "all_reduce" or calib.protocols != "nccl" or not slowest:
+            return ring
+        return min(ring, self._tree(ranks, nodes, numel * self.e, sent / slowest, node_hop, net_hop))
 
     def _level_rings(self, c: Coll) -> float:
         """Seconds on the wire of one collective run as one ring per level, one level after the other."""
@@ -163,10 +176,43 @@ class Costs:
                 continue
             kinds = vol.get(lv.name, {})
             sent = sum(kinds.values()) + (1 / calib.all_to_all_efficiency - 1) * kinds.get("all_to_all", 0)
-            t += self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)],
-                               sent / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)),
-                               sent, lv.size if self._network(lv.latency_us) else 1)
+            rate = lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)
+            network = self._network(lv.latency_us)
+            nodes = lv.size if network else 1
+            ring = self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)], sent / rate, sent, nodes,
+                                 op == "all_reduce")
+            if op == "all_reduce" and calib.protocols == "nccl" and sent:
+                buffer = sent * lv.size / (2 * (lv.size - 1))  # a ring all-reduce sends 2(s - 1)/s of it
+                ring = min(ring, self._tree(lv.size, nodes, buffer, rate, 0.0 if network else lv.latency_us,
+                                            lv.latency_us if network else 0.0))
+            t += ring
         return t
+
+    def _tree(self, ranks: int, nodes: int, nbytes: float, busbw: float, node_hop: float, net_hop: float) -> float:
+        """Seconds of an ``nbytes`` all-reduce over ``ranks`` on ``nodes`` as NCCL's tree runs it, under the
+        fastest of its protocols (``hardware.NCCL_TREE_PROTOCOLS``, ``NCCL_TREE_CORRECTION``): base +
+        2 · ((ranks per node − 1) · NVLink hop + log2(nodes) · network hop), and the buffer at half the
+        tree's bus bandwidth (a fraction of the ring's Simple ``busbw``, bytes/s). The levels' own hop
+        latencies (``node_hop``, ``net_hop``) scale the table's as the ring's do."""
+        calib = self.calib
+        alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
+        base_ref, node_ref, net_ref, _ = RING_PROTOCOLS["nccl"]["Simple"]
+        per_node, depth = ranks // nodes, nodes.bit_length() - 1
+        caps = calib.ll_max_busbw_gbps
+        size_index = (int(nbytes) >> 6).bit_length() - 1
+        best = math.inf
+        for name, (base, node, net, fraction) in NCCL_TREE_PROTOCOLS.items():
+            if name == "LL128" and not calib.ll128:
+                continue
+            bw = busbw * fraction
+            if name == "LL" and caps:
+                bw = min(bw, caps[min(nodes, 3) - 1] * 1e9)
+            if 0 <= size_index < len(NCCL_TREE_CORRECTION[name]):
+                bw *= NCCL_TREE_CORRECTION[name][size_index]
+            hops = (per_node - 1) * node_hop * node / node_ref + depth * net_hop * net / net_ref
+            t = launch * base / base_ref + 2 * hops * alpha + nbytes / (0.5 * bw)
+            best = t if t < best else best
+        return best
 
     def _network(self, hop_us: float) -> bool:
         """Whether a level whose hop latency is ``hop_us`` joins nodes: its hop is at least the network
@@ -190,7 +236,8 @@ class Costs:
                 out.append((lv.name, launch + _STEPS[op] * (lv.size - 1) * lv.latency_us * alpha))
         return tuple(out)
 
-    def _fastest(self, hops: list[tuple[int, float]], wire_s: float, sent: float = 0.0, nodes: int = 1) -> float:
+    def _fastest(self, hops: list[tuple[int, float]], wire_s: float, sent: float = 0.0, nodes: int = 1,
+                 all_reduce: bool = False) -> float:
         """One ring's seconds: launch + Σ steps · hop latency + ``wire_s`` (its ``sent`` bytes per rank at the
         Simple rate), under the Simple protocol, or the fastest of NCCL's or RCCL's
         (``Calibration.protocols``). The launch and a level's own hop latency are scaled to a protocol by
@@ -198,7 +245,8 @@ class Costs:
         network latency or more, the node link's below. As the library's tuner has it
         [``hardware`` nccl-netoverhead], a ring over 2+ ``nodes`` pays at least the host's network post
         overhead on every node-link step (three times it under Simple), LL's bus bandwidth is capped
-        (``Calibration.ll_max_busbw_gbps``), and LL128 runs only where ``Calibration.ll128``."""
+        (``Calibration.ll_max_busbw_gbps``), LL128 runs only where ``Calibration.ll128``, and an
+        ``all_reduce`` ring across nodes pays its Simple latency ``Calibration.ring_plateau`` times."""
         calib = self.calib
         alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
         if calib.protocols == "simple":
@@ -214,13 +262,16 @@ class Costs:
             if name == "LL" and caps and sent:
                 wire = max(wire, sent / (caps[min(nodes, 3) - 1] * 1e9))
             floor = calib.net_overhead_us * (3 if name == "Simple" else 1) * 1e-6 if nodes > 1 else 0.0
-            t = launch * base / base_ref + wire
+            lat = launch * base / base_ref
             for steps, hop in hops:
                 if hop >= net_ref:
-                    t += steps * hop * alpha * net / net_ref
+                    lat += steps * hop * alpha * net / net_ref
                 else:
-                    lat = hop * alpha * node / node_ref
-                    t += steps * (lat if lat > floor else floor)
+                    step = hop * alpha * node / node_ref
+                    lat += steps * (step if step > floor else floor)
+            if all_reduce and nodes > 1 and name == "Simple":
+                lat *= calib.ring_plateau
+            t = lat + wire
             best = t if t < best else best
         return best
 

@@ -21,6 +21,7 @@ from zerotune.strategies.costmodel.hardware import (
     LINKS,
     NCCL_RING_BASE_US,
     NCCL_RING_PROTOCOLS,
+    NCCL_TREE_PROTOCOLS,
     NET_HOP_US,
     NVLINK_HOP_US,
     RCCL_RING_BASE_US,
@@ -182,10 +183,49 @@ def test_a_flat_ring_pays_a_hop_per_rank_of_the_whole_group():
         simple = costs_for(flat_cluster, dataclasses.replace(flat, protocols="simple"), 2, 1, 2048).time(tiny)
         assert simple == pytest.approx(
             (NCCL_RING_BASE_US + (world - nodes) * NVLINK_HOP_US + (nodes - 1) * NET_HOP_US) * 1e-6, rel=1e-2)
-    # at 1,024 GPUs the flat ring's latency is over 2x the hierarchy's; an all-reduce pays every hop twice
+    # at 1,024 GPUs the flat ring's latency is over 2x the hierarchy's
     assert want / per_level > 2
-    ar = costs_for(flat_cluster, flat, 2, 1, 2048).time(("all_reduce", (1, 2), 1024, 16))
-    assert ar == pytest.approx(2 * want - base * 1e-6, rel=1e-2)
+
+
+def test_an_all_reduce_runs_as_nccls_tree_or_ring_whichever_is_faster():
+    """NCCL's tree all-reduce (tuning.cc): base + 2 ((ranks per node - 1) NVLink hops + log2(nodes) network hops) at
+    half the bus bandwidth, against the ring's 2 (R - 1) hops at its full bus bandwidth. A small all-reduce over 128
+    nodes runs LL on the tree in ~85 us where the ring would pay ~2.5 ms; a 1 GiB one runs the Simple ring, whose
+    multi-node latency NCCL counts 1.4 times on Ampere (the 'plateau effect', 1.9 on Volta)."""
+    cluster, flat = a800(128, "flat")
+    costs = costs_for(cluster, flat, 2, 1, 2048)
+    base, nvlink, net, _ = NCCL_TREE_PROTOCOLS["LL"]
+    tiny = costs.time(("all_reduce", (1, 2), 1024, 16))
+    tree_latency = (base + 2 * (7 * nvlink + 7 * net)) * 1e-6  # 8 GPUs per node, log2(128) = 7
+    assert tiny == pytest.approx(tree_latency, rel=0.02)
+    ring_base, ring_nvlink, ring_net, _ = NCCL_RING_PROTOCOLS["LL"]
+    ring_latency = (ring_base + 2 * (896 * max(ring_nvlink, 1.0) + 127 * ring_net)) * 1e-6
+    assert ring_latency > 25 * tiny
+    # a 1 GiB buffer: on 2 nodes the ring's full bus bandwidth wins (its latency counted 1.4x, the plateau); on 128
+    # nodes the ring's 2,046 steps cost more than the tree's halved bandwidth, and NCCL's model picks the tree
+    numel = 2**29
+    nic = 8 * 12.5e9 * LINKS["ib-hdr-200"].efficiency
+    assert flat.ring_plateau == 1.4 and DEVICES["V100"].ring_plateau == 1.9
+    two, two_calib = a800(2, "flat")
+    t2 = costs_for(two, two_calib, 2, 1, 2048).time(("all_reduce", (1, 2), numel, 16))
+    simple_2 = (NCCL_RING_BASE_US + 2 * (14 * max(NVLINK_HOP_US, 3.0) + 1 * NET_HOP_US)) * 1e-6
+    assert t2 == pytest.approx(1.4 * simple_2 + 2 * 15 * (numel // 16) * 2 / nic, rel=1e-6)
+    big = costs.time(("all_reduce", (1, 2), numel, 16))
+    base_s, nvlink_s, net_s, fraction = NCCL_TREE_PROTOCOLS["Simple"]
+    tree = (base_s + 2 * (7 * nvlink_s + 7 * net_s)) * 1e-6 + numel * 2 / (0.5 * fraction * nic)
+    assert big == pytest.approx(tree, rel=1e-6)  # 1 GiB is past treeCorrectionFactor's 256 MB: no correction
+    ring = 1.4 * (NCCL_RING_BASE_US + 2 * (896 * max(NVLINK_HOP_US, 3.0) + 127 * NET_HOP_US)) * 1e-6 + (
+        2 * 1023 * (numel // 1024) * 2 / nic)
+    assert ring > 1.3 * big
+    # a single node's all-reduce pays no plateau, and RCCL's profile (no sourced tree table) runs rings only
+    one, _ = a800(1, "flat")
+    one_t = costs_for(one, flat, 2, 1, 2048).time(("all_reduce", (1, 2), numel, 16))
+    nvl = LINKS["nvlink3-nvswitch"]
+    assert one_t == pytest.approx((NCCL_RING_BASE_US + 14 * NVLINK_HOP_US) * 1e-6
+                                  + 2 * 7 * (numel // 8) * 2 / (nvl.bandwidth_gbps * 1e9 * nvl.efficiency), rel=1e-6)
+    frontier = parse_cluster("frontier:128")
+    rccl = costs_for(frontier, calibration_for(frontier), 2, 1, 2048)
+    assert rccl.time(("all_reduce", (3, 3), 1024, 16)) > 127 * 2 * RCCL_RING_PROTOCOLS["LL"][2] * 1e-6
 
 
 def test_a_multi_node_ring_pays_the_hosts_network_overhead_on_every_step():
