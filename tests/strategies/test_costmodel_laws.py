@@ -102,6 +102,7 @@ def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
         c = calibration_for(parse_cluster(f"{name}:4"))
         assert c.name == f"{name}-profile" and c.net_overhead_us == HOSTS[host].net_overhead_us
         assert c.ll128 == HOSTS[host].nic_beside_gpu
+        assert Calibration.from_dict(json.loads(json.dumps(c.to_dict()))) == c  # stored and loaded intact
     perlmutter = parse_cluster("perlmutter:2")
     assert (perlmutter.world_size, perlmutter.device_memory_gib, [lv.bandwidth_gbps for lv in perlmutter.levels]) == (
         8, 40.0, [100.0, 25.0])
