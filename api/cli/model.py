@@ -158,12 +158,25 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     rings = f", run by {args.runner}" if args.runner else ""
     print(f"{model.name} ({count_label(model.num_params())} params), calibration {rows[0]['calibration']}{rings}")
     print(f"{'cluster':<14}{'strategy':<10}{'ranks':>6}{'TFLOPS/rank':>12}{'scaling':>9}{'step s':>9}"
-          f"{'tokens/s':>11}{'mem GiB':>9}  {'fits':<5}{'x-node GB':>10}")
+          f"{'tokens/s':>11}{'mem GiB':>9}  {'fits':<5}{'x-node GB':>10}  {'error':>9}")
+    bands: dict[str, list[str]] = {}
     for p in rows:
         fits = "yes" if p["feasible"] else f"no ({p['overflow']['category']})"
+        band = p["error_band"]
+        error = f"{band['row_median']:.0%}/{band['row_p90']:.0%}" if band else "-"
+        if band:
+            note = (f"figures {band['row_median']:.0%} median, {band['row_p90']:.0%} p90; comparisons of two "
+                    f"strategies {band['comparison_median']:.0%} median, {band['comparison_p90']:.0%} p90 "
+                    f"({band['source']})")
+            bands.setdefault(note, []).append(p["cluster"])
         print(f"{p['cluster']:<14}{p['strategy']:<10}{p['world_size']:>6}{p['tflops_per_rank']:>12.1f}"
               f"{p['scaling_efficiency']:>9.2f}{p['step_time_s']:>9.3f}{p['tokens_per_s']:>11.0f}"
-              f"{p['memory_bytes']['peak'] / GIB:>9.1f}  {fits:<5}{p['cross_node_bytes'] / 1e9:>10.2f}")
+              f"{p['memory_bytes']['peak'] / GIB:>9.1f}  {fits:<5}{p['cross_node_bytes'] / 1e9:>10.2f}  {error:>9}")
+    for note, clusters in bands.items():
+        print(f"error on {', '.join(dict.fromkeys(clusters))}: {note}")
+    if any(p["error_band"] is None for p in rows):
+        print("error '-': nothing measured this calibration's error; fit one on measured runs with "
+              "'zerotune calibrate' to get its band")
     return ExitStatus.SUCCESS
 
 def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:

@@ -406,7 +406,16 @@ def test_predict_cli_sweep_table_and_json(capsys):
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:1,2,48", "--strategy", "zero3",
                  "--strategy", "zero1"]) == 0
     out = capsys.readouterr().out
-    assert out.count("frontier:") == 6 and "TFLOPS/rank" in out and "no (params)" in out
+    assert sum(line.startswith("frontier:") for line in out.splitlines()) == 6 and "no (params)" in out
+    # every row states its error: the published band near its scale, one footnote per band naming its source
+    band = predict(parse_model("gpt-neox-20b"), parse_cluster("frontier:48"),
+                   build_strategy("zero3", parse_cluster("frontier:48")))["error_band"]
+    row48 = next(line for line in out.splitlines() if line.startswith("frontier:48   zero3"))
+    assert row48.endswith(f"{band['row_median']:.0%}/{band['row_p90']:.0%}")
+    assert f"error on frontier:48: figures {band['row_median']:.0%} median" in out and "bench/published.py" in out
+    assert main(["predict", "--model", "gpt-mini", "--cluster", "local:2x2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[2].endswith(" -") and "'zerotune calibrate'" in out
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--strategy", "zeropp",
                  "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
