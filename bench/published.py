@@ -171,7 +171,23 @@ def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[di
         return [[r["gpus"], round(r["error"], 4)] for r in group]
     return {"rows": band_of([r["error"] for r in rows]), "comparisons": band_of([r["error"] for r in ratios]),
             "tables": sorted(t.name for t in tables if t.role == "agreement"),
-            "items": {"rows": items(rows), "comparisons": items(ratios)}}
+            "items": {"rows": items(rows), "comparisons": items(ratios)}, "collectives": collectives_error()}
+
+
+def collectives_error() -> dict[str, Any]:
+    """How much slower each vendor library's flat rings ran than the model's, by GPU count (median over the
+    sizes and collectives measured: ``bench/collectives_at_scale.py``): what a prediction of flat rings at
+    that scale should expect beyond its band."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import collectives_at_scale as bench  # noqa: PLC0415 (a sibling bench script, not a package)
+
+    summary = bench.summary(bench.rows(sorted(bench.TABLES.glob("*.toml"))))
+    out: dict[str, Any] = {"source": "bench/collectives_at_scale.py (RCCL on Frontier, NCCL on Perlmutter: the PCCL "
+                                     "paper, arXiv 2504.18658)", "measured_over_predicted": {}}
+    for s in summary:
+        out["measured_over_predicted"].setdefault(s["library"].lower(), []).append(
+            [s["gpus"], s["measured_over_predicted"]])
+    return out
 
 
 def _print(tables: list[Table], result: dict[str, Any]) -> None:

@@ -19,6 +19,11 @@ it holds ``MIN_ITEMS`` (or every item). The band names the range it read.
 
 A preset's profile keeps its band whichever runner's collectives it is charged (``hardware.run_by``):
 most published rows were run by DeepSpeed or FSDP, and each table names how its engine ran them.
+Where a preset's prediction runs flat rings (``--runner deepspeed`` or ``fsdp``) at a scale where its
+vendor library's collectives were measured more than 15% off the model's ring
+(``bench/collectives_at_scale.py``, stored as ``collectives`` by the same ``--write-error``), the band
+also says so (``collectives``: the library, the GPU count, the measured ratio): RCCL's flat rings past
+16 Frontier nodes ran 3-7x the model's time, which no band of strategy figures shows.
 A prediction with another calibration (the nominal one of a ``local:`` or custom cluster) has no
 published band; a calibration refitted from measured trials (``strategies.calibration.refit``)
 carries the error those trials show under cross-validation.
@@ -39,6 +44,8 @@ SCALE_WINDOW = 2
 """Items measured on W/2 .. 2W GPUs (one doubling either way) speak for a prediction on W."""
 MIN_ITEMS = 8
 """Fewer items than this at the prediction's scale: the window widens (a median of three is no band)."""
+COLLECTIVES_WITHIN = 0.15
+"""A library's measured collectives within this of the model's ring add nothing to a band (the published goal)."""
 
 
 def band_of(errors: list[float]) -> dict[str, Any]:
@@ -94,7 +101,29 @@ def _band(calibration: Calibration, world: int | None) -> dict[str, Any] | None:
 
     def where(span: tuple[int, int] | None) -> str:
         return "" if span is None else f" on {span[0]}-{span[1]} GPUs"
-    return {"row_median": rows["median"], "row_p90": rows["p90"],
+    band = {"row_median": rows["median"], "row_p90": rows["p90"],
             "comparison_median": pairs["median"], "comparison_p90": pairs["p90"],
             "source": f"bench/published.py: {rows['count']} published figures{where(row_range)} and "
                       f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(err['tables'])})"}
+    slower = _collectives(err, calibration, world)
+    if slower is not None:
+        band["collectives"] = slower
+    return band
+
+
+def _collectives(err: dict[str, Any], calibration: Calibration, world: int | None) -> dict[str, Any] | None:
+    """Where a prediction runs its library's flat rings (DeepSpeed's and FSDP's) at a scale whose vendor
+    collectives were measured more than ``COLLECTIVES_WITHIN`` off the model's ring: the measured ratio
+    at the largest measured GPU count not above ``world`` (``model_error.json``'s ``collectives``)."""
+    measured = err.get("collectives", {})
+    scales = measured.get("measured_over_predicted", {}).get(calibration.protocols)
+    if calibration.rings != "flat" or not scales or world is None:
+        return None
+    below = [(g, r) for g, r in scales if g <= world]
+    if not below:
+        return None
+    gpus, ratio = max(below)
+    if abs(ratio - 1) <= COLLECTIVES_WITHIN:
+        return None
+    return {"library": calibration.protocols.upper(), "gpus": gpus, "measured_over_predicted": ratio,
+            "source": measured["source"]}

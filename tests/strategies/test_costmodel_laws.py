@@ -28,6 +28,7 @@ from zerotune.strategies.costmodel.hardware import (
     RCCL_RING_PROTOCOLS,
     profile_calibration,
     profile_cluster,
+    run_by,
 )
 from zerotune.strategies.costmodel.timing import costs_for
 from zerotune.strategies.spec import ModelSpec
@@ -371,6 +372,30 @@ def test_the_error_band_is_read_at_the_predictions_scale():
     mid, span = at_scale(items, 128)  # 3 near: widened a doubling each way at a time, to 16..1024: every item
     assert mid["count"] == len(items) and span == (16, 1024)
     assert at_scale(items, None)[1] is None and at_scale([], 8)[0]["count"] == 0
+
+
+def test_a_band_says_where_the_vendor_library_ran_slower_than_the_ring_model():
+    """Flat rings (the DeepSpeed and FSDP runners) at a scale whose vendor collectives were measured more than 15% off
+    the model's ring, slower or faster, carry that ratio in their band (bench/collectives_at_scale.py, stored in
+    model_error.json); zerotune's per-level rings and scales where the library held to the ring do not."""
+    stored = json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text())["collectives"]
+    ratios = {lib: dict(map(tuple, scales)) for lib, scales in stored["measured_over_predicted"].items()}
+
+    def band(cluster_name: str, runner: str) -> dict:
+        cluster = parse_cluster(cluster_name)
+        calib = run_by(calibration_for(cluster), runner)
+        strategy = build_strategy("zero3", cluster)
+        return predict(parse_model("gpt-7b"), cluster, strategy, calibration=calib)["error_band"]
+
+    frontier = band("frontier:48", "deepspeed")["collectives"]  # 384 GCDs: the last measured scale below is 256
+    assert (frontier["library"], frontier["gpus"]) == ("RCCL", 256)
+    assert frontier["measured_over_predicted"] == ratios["rccl"][256] > 2
+    assert "collectives" not in band("frontier:48", "zerotune")  # per-level rings: not what was measured
+    small = band("frontier:4", "deepspeed")["collectives"]  # 32 GCDs: RCCL ran faster than the ring model
+    assert (small["gpus"], small["measured_over_predicted"]) == (32, ratios["rccl"][32]) and ratios["rccl"][32] < 0.85
+    assert abs(ratios["nccl"][32] - 1) <= 0.15 and "collectives" not in band("dgx-h100:4", "fsdp")
+    big = band("dgx-h100:128", "fsdp")["collectives"]
+    assert (big["library"], big["gpus"], big["measured_over_predicted"]) == ("NCCL", 1024, ratios["nccl"][1024])
 
 
 def test_published_bench_reproduces_its_tables():
