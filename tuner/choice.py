@@ -279,6 +279,9 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
     decision: dict[str, Any] = {"band": band, "lossy": lossy, "shortlist": [],
                                 "margin_vs_band": None if band is None or margin is None else
                                 ("beyond" if margin > band else "within")}
+    slower = ((metrics or {}).get("error_band") or {}).get("collectives") if evidence == "predicted" else None
+    if slower:  # the runner's flat rings at a scale where its vendor library was measured off the model's ring
+        decision["collectives"] = slower
     if decision["margin_vs_band"] == "within":
         seen: set[tuple] = set()
         floor = (value or 0.0) * (1 - (band or 0.0))

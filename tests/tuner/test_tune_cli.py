@@ -40,6 +40,15 @@ def test_tune_with_the_model_executor_prints_a_recommendation(tmp_path):
     s = fsdp["strategy"]
     assert fsdp["runner"] == "fsdp" and s["param_span"] == s["grad_span"] == s["optim_span"]
     assert s["weight_bits"] == s["grad_bits"] == 16
+    assert "collectives" not in fsdp["decision"]  # NCCL on 64 GPUs held to the ring model
+    # DeepSpeed on 48 Frontier nodes: its flat RCCL rings were measured far slower than the model's at that scale
+    r = zerotune("tune", "--model", "gpt-13b", "--cluster", "frontier:48", "--trials", "6", "--db", db,
+                 "--workdir", str(tmp_path), "--seed", "0", "--runner", "deepspeed", "--full")
+    assert r.returncode == 0, r.stderr[-2000:]
+    ds = json.loads(r.stdout)
+    assert ds["evidence"] == "predicted" and ds["decision"]["collectives"]["library"] == "RCCL"
+    assert ds["decision"]["collectives"]["measured_over_predicted"] > 2
+    assert "RCCL's flat rings over 256 GPUs were measured at" in r.stderr and "optimistic" in r.stderr
 
 
 def test_tune_rejects_bad_input_with_one_line(tmp_path):
