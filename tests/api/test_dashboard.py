@@ -30,6 +30,8 @@ ARTIFACTS = ROOT / "artifacts" / "dashboard"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 FINISHED = {"model": "gpt-125m", "cluster": "frontier:2", "executor": "model", "budget": {"trials": 20}}
+DEEPSPEED_AT_SCALE = {"model": "gpt-1.3b", "cluster": "frontier:48", "executor": "model", "runner": "deepspeed",
+                      "budget": {"trials": 6}}
 CATEGORIES = ("params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations")
 
 
@@ -71,6 +73,7 @@ class Seeded:
     db: str
     finished: int = 0
     recommendation: int = 0
+    at_scale: int = 0
     running: int = 0
     running_job: int = 0
     failed_only: int = 0
@@ -214,8 +217,11 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
         r = httpx.post(f"{first.url}/v1/recommendations", json=FINISHED, params={"wait": 120}, timeout=150)
         assert r.status_code == 200, r.text
         rec = r.json()
+        r = httpx.post(f"{first.url}/v1/recommendations", json=DEEPSPEED_AT_SCALE, params={"wait": 120}, timeout=150)
+        assert r.status_code == 200, r.text
+        at_scale = r.json()["id"]
         first.stop()
-        seeded = Seeded(url="", db=db, finished=rec["study_id"], recommendation=rec["id"])
+        seeded = Seeded(url="", db=db, finished=rec["study_id"], recommendation=rec["id"], at_scale=at_scale)
         seeded.trials["best"], seeded.trials["runner-up"] = rec["trial_id"], rec["runner_up_trial_id"]
         seed_running_and_failed(db, seeded)
         server = launcher.serve(db, workers=0)
@@ -327,7 +333,7 @@ def test_study_pages_render_every_chart(tab: Tab, seeded: Seeded) -> None:
     tab.open("/")  # redirects
     assert tab.page.url.endswith("/dashboard")
     rows = tab.page.locator("#studies tbody tr")
-    assert rows.count() == 4
+    assert rows.count() == 5  # the four seeded studies and the DeepSpeed-at-scale one
     assert tab.page.locator(f'tr[data-study="{seeded.finished}"] .js-rec a').get_attribute("href") \
         == f"/dashboard/recommendations/{seeded.recommendation}"
     tab.shot("studies")
@@ -484,6 +490,14 @@ def test_recommendation_and_compare(tab: Tab, seeded: Seeded) -> None:
     assert page.locator("#shortlist li").count() == len(decision["shortlist"])
     if decision["lossy"]:
         assert decision["lossy"]["why"] in page.locator("#lossy").inner_text()
+    assert page.locator("#collectives").count() == 0  # zerotune's per-level rings on 2 nodes: nothing to add
+    # DeepSpeed's flat RCCL rings on 48 Frontier nodes: the answer says they were measured far slower than modelled
+    at_scale = api(seeded, f"/v1/recommendations/{seeded.at_scale}")
+    slower = at_scale["metrics"]["decision"]["collectives"]
+    assert (slower["library"], slower["gpus"]) == ("RCCL", 256) and slower["measured_over_predicted"] > 2
+    caveat = tab.open(f"/dashboard/recommendations/{seeded.at_scale}").locator("#collectives").inner_text()
+    assert f"{slower['measured_over_predicted']:.2f}x the model's time" in caveat and "optimistic" in caveat
+    page = tab.open(f"/dashboard/recommendations/{rec['id']}")
     from zerotune.api.prologue import (
         notes_of,  # the notes `zerotune recommend` prints: DeepSpeed's, FSDP2's, the precision
     )
