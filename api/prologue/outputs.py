@@ -145,8 +145,9 @@ def env_lines(values: Mapping[str, Any]) -> list[str]:
 
 
 def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
-    """What the ``fmt`` config does differently from the measured strategy (the exports' own notes), and
-    in which precision the measurement ran when that is not the export's."""
+    """What the ``fmt`` config does differently from the measured strategy (the exports' own notes), in
+    which precision the measurement ran when that is not the export's, and where the answer's collectives
+    were measured off the model at its scale (``metrics.decision.collectives``)."""
     exports = rec.get("exports") or {}
     fsdp = exports.get("fsdp") or {}
     deepspeed = [f"DeepSpeed: {n}" for n in exports.get("deepspeed_notes") or []]
@@ -159,7 +160,15 @@ def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
                  f"{measured} on {(rec.get('metrics') or {}).get('device', 'another device')}: its memory and time "
                  "figures are for that precision"]
     picked = {"deepspeed": deepspeed, "fsdp": fsdp_notes, "env": deepspeed + fsdp_notes}.get(fmt, [])
-    return picked + dtype
+    slower = ((rec.get("metrics") or {}).get("decision") or {}).get("collectives")
+    caveat = []
+    if slower:  # the answer's runner runs flat rings at a scale its vendor library was measured off the model
+        ratio = slower["measured_over_predicted"]
+        caveat = [f"model: {slower['library']}'s flat rings over {slower['gpus']} GPUs were measured at {ratio:.2f}x "
+                  f"the model's time ({slower['source']}): this answer's predicted communication is "
+                  f"{'optimistic' if ratio > 1 else 'pessimistic'} by as much; measure its shortlist (--executor "
+                  "slurm) before trusting the margin"]
+    return picked + dtype + caveat
 
 
 def _precision(name: str) -> str:

@@ -577,3 +577,18 @@ def test_notes_name_the_precision_the_measurement_ran_in():
     assert notes_of(rec, "fsdp")[0] == "FSDP2: x" and len(notes_of(rec, "env")) == 3
     same = {**rec, "metrics": {"dtype": "bfloat16"}}
     assert notes_of(same, "zerotune") == []
+
+
+def test_notes_say_where_the_answers_collectives_were_measured_off_the_model():
+    from zerotune.api.prologue import notes_of
+
+    slower = {"library": "RCCL", "gpus": 256, "measured_over_predicted": 2.92,
+              "source": "bench/collectives_at_scale.py"}
+    rec = {"metrics": {"dtype": "bfloat16", "decision": {"collectives": slower}}, "exports": {"zerotune": {}}}
+    for fmt in ("zerotune", "deepspeed", "fsdp", "env"):
+        (note,) = notes_of(rec, fmt)
+        assert note.startswith("model: RCCL's flat rings over 256 GPUs were measured at 2.92x the model's time")
+        assert "optimistic" in note and "--executor slurm" in note
+    faster = {**rec, "metrics": {"decision": {"collectives": {**slower, "measured_over_predicted": 0.79}}}}
+    assert "pessimistic" in notes_of(faster, "deepspeed")[0]
+    assert notes_of({"metrics": {"decision": {"band": 0.07}}}, "deepspeed") == []
