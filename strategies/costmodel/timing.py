@@ -166,9 +166,11 @@ class Costs:
         return min(ring, self._tree(ranks, nodes, numel * self.e, sent / slowest, node_hop, net_hop))
 
     def _level_rings(self, c: Coll) -> float:
-        """Seconds on the wire of one collective run as one ring per level, one level after the other."""
-        op, (lo, hi), _, _ = c
+        """Seconds on the wire of one collective run as one ring per level, one level after the other (a
+        16-bit all-reduce as NCCL's tree where that is faster; a quantized one is the engine's own exchange)."""
+        op, (lo, hi), _, bits = c
         vol, calib = self.volume(c), self.calib
+        tree = op == "all_reduce" and bits >= 16 and calib.protocols == "nccl"
         t = 0.0
         for level in range(lo, hi + 1):
             lv = self.cluster.levels[level - 1]
@@ -181,7 +183,7 @@ class Costs:
             nodes = lv.size if network else 1
             ring = self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)], sent / rate, sent, nodes,
                                  op == "all_reduce")
-            if op == "all_reduce" and calib.protocols == "nccl" and sent:
+            if tree and sent:
                 buffer = sent * lv.size / (2 * (lv.size - 1))  # a ring all-reduce sends 2(s - 1)/s of it
                 ring = min(ring, self._tree(lv.size, nodes, buffer, rate, 0.0 if network else lv.latency_us,
                                             lv.latency_us if network else 0.0))
