@@ -160,7 +160,7 @@ class Costs:
                 else:
                     node_hop = max(node_hop, lv.latency_us)
             below *= sizes[level - 1]
-        ring = self._fastest(hops, slowest, sent, nodes, op == "all_reduce")
+        ring = self._fastest(hops, slowest, sent, nodes, op == "all_reduce", nodes > 1 and ranks == nodes)
         if op != "all_reduce" or calib.protocols != "nccl" or not slowest:
             return ring
         return min(ring, self._tree(ranks, nodes, numel * self.e, sent / slowest, node_hop, net_hop))
@@ -182,7 +182,7 @@ class Costs:
             network = self._network(lv.latency_us)
             nodes = lv.size if network else 1
             ring = self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)], sent / rate, sent, nodes,
-                                 op == "all_reduce")
+                                 op == "all_reduce", network)
             if tree and sent:
                 buffer = sent * lv.size / (2 * (lv.size - 1))  # a ring all-reduce sends 2(s - 1)/s of it
                 ring = min(ring, self._tree(lv.size, nodes, buffer, rate, 0.0 if network else lv.latency_us,
@@ -239,7 +239,7 @@ class Costs:
         return tuple(out)
 
     def _fastest(self, hops: list[tuple[int, float]], wire_s: float, sent: float = 0.0, nodes: int = 1,
-                 all_reduce: bool = False) -> float:
+                 all_reduce: bool = False, one_per_node: bool = False) -> float:
         """One ring's seconds: launch + Σ steps · hop latency + ``wire_s`` (its ``sent`` bytes per rank at the
         Simple rate), under the Simple protocol, or the fastest of NCCL's or RCCL's
         (``Calibration.protocols``). The launch and a level's own hop latency are scaled to a protocol by
@@ -248,7 +248,9 @@ class Costs:
         [``hardware`` nccl-netoverhead], a ring over 2+ ``nodes`` pays at least the host's network post
         overhead on every node-link step (three times it under Simple), LL's bus bandwidth is capped
         (``Calibration.ll_max_busbw_gbps``), LL128 runs only where ``Calibration.ll128``, and an
-        ``all_reduce`` ring across nodes pays its Simple latency ``Calibration.ring_plateau`` times."""
+        ``all_reduce`` ring across nodes pays its Simple latency ``Calibration.ring_plateau`` times. A ring
+        with ``one_per_node`` rank pays NCCL's tree network latency on each hop ("with ppn=1 latencies are
+        fully exposed": ``NCCL_TREE_PROTOCOLS``' network column); RCCL's has no sourced tree table."""
         calib = self.calib
         alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
         if calib.protocols == "simple":
@@ -257,9 +259,12 @@ class Costs:
         base_ref, node_ref, net_ref, _ = table["Simple"]
         caps = calib.ll_max_busbw_gbps
         best = math.inf
+        exposed = one_per_node and calib.protocols == "nccl"
         for name, (base, node, net, bw) in table.items():
             if name == "LL128" and not calib.ll128:
                 continue
+            if exposed:
+                net = NCCL_TREE_PROTOCOLS[name][2]
             wire = wire_s / bw
             if name == "LL" and caps and sent:
                 wire = max(wire, sent / (caps[min(nodes, 3) - 1] * 1e9))

@@ -180,13 +180,15 @@ def test_a_flat_ring_pays_a_hop_per_rank_of_the_whole_group():
         world = 8 * nodes
         want = (base + (world - nodes) * max(nvlink, 1.0) + (nodes - 1) * net) * 1e-6
         assert costs_for(flat_cluster, flat, 2, 1, 2048).time(tiny) == pytest.approx(want, rel=1e-2)
-        per_level = (2 * base + 7 * nvlink + (nodes - 1) * net) * 1e-6  # the node's own ring stays on one node
+        # the node's own ring stays on one node; the inter-node ring has one rank per node, whose hops NCCL charges
+        # its tree's network latency ("with ppn=1 latencies are fully exposed")
+        per_level = (2 * base + 7 * nvlink + (nodes - 1) * NCCL_TREE_PROTOCOLS["LL"][2]) * 1e-6
         assert costs_for(hier_cluster, hier, 2, 1, 2048).time(tiny) == pytest.approx(per_level, rel=1e-2)
         simple = costs_for(flat_cluster, dataclasses.replace(flat, protocols="simple"), 2, 1, 2048).time(tiny)
         assert simple == pytest.approx(
             (NCCL_RING_BASE_US + (world - nodes) * NVLINK_HOP_US + (nodes - 1) * NET_HOP_US) * 1e-6, rel=1e-2)
-    # at 1,024 GPUs the flat ring's latency is over 2x the hierarchy's
-    assert want / per_level > 2
+    # at 1,024 GPUs the flat ring's latency is nearly twice the hierarchy's
+    assert want / per_level > 1.8
 
 
 def test_an_all_reduce_runs_as_nccls_tree_or_ring_whichever_is_faster():
