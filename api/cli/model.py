@@ -128,6 +128,7 @@ def _sweep(text: str) -> list[str]:
     return [text]
 
 def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from zerotune.api.prologue import collectives_caveat
     from zerotune.strategies.calibration import load_calibration
     from zerotune.strategies.costmodel import GIB, calibration_for, cross_node_bytes, predict
     from zerotune.strategies.costmodel.hardware import run_by
@@ -168,13 +169,8 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             note = (f"figures {band['row_median']:.0%} median, {band['row_p90']:.0%} p90; comparisons of two "
                     f"strategies {band['comparison_median']:.0%} median, {band['comparison_p90']:.0%} p90 "
                     f"({band['source']})")
-            slower = band.get("collectives")
-            if slower:
-                ratio = slower["measured_over_predicted"]
-                then = ("expect communication to take that much longer" if ratio > 1 else
-                        "the model charges its communication that much too long")
-                note += (f"; beyond it, {slower['library']}'s flat rings over {slower['gpus']} GPUs were measured at "
-                         f"{ratio:.2f}x the model's time ({slower['source']}): {then}")
+            if band.get("collectives"):
+                note += f"; beyond it, {collectives_caveat(band['collectives'], advice=False)}"
             bands.setdefault(note, []).append(p["cluster"])
         print(f"{p['cluster']:<14}{p['strategy']:<10}{p['world_size']:>6}{p['tflops_per_rank']:>12.1f}"
               f"{p['scaling_efficiency']:>9.2f}{p['step_time_s']:>9.3f}{p['tokens_per_s']:>11.0f}"

@@ -129,11 +129,9 @@ def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calib
     if d.get("lossy") and d["lossy"]["kept"] == "unquantized":
         print(f"zerotune: {d['lossy']['why']}", file=sys.stderr)
     if d.get("collectives"):
-        c = d["collectives"]
-        print(f"zerotune: {c['library']}'s flat rings over {c['gpus']} GPUs were measured at "
-              f"{c['measured_over_predicted']:.2f}x the model's time ({c['source']}): this prediction's "
-              f"communication is {'optimistic' if c['measured_over_predicted'] > 1 else 'pessimistic'} by as much; "
-              "measure the shortlist (--executor slurm) before trusting the margin", file=sys.stderr)
+        from zerotune.api.prologue import collectives_caveat
+
+        print(f"zerotune: {collectives_caveat(d['collectives'])}", file=sys.stderr)
     if rec.get("refit") and "error" not in rec["refit"]:
         r = rec["refit"]
         print(f"zerotune: the measured runs refitted calibration {r['name']}: median error "

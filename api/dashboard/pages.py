@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from zerotune.api import queries
-from zerotune.api.prologue import notes_of
+from zerotune.api.prologue import collectives_caveat, notes_of
 from zerotune.api.schemas import StudyPublic, TrialDetailPublic
 from zerotune.db import repository as repo
 from zerotune.db.models import Recommendation, Request, Study, Trial
@@ -255,6 +255,8 @@ def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]
     notes = notes_of({"metrics": metrics, "exports": rec.exports or {}}, "env")
     return {"rec": rec, "request": request_summary(request), "evidence": evidence, "exports": exports,
             "notes": notes, "verification": metrics.get("verification"), "decision": metrics.get("decision"),
+            "collectives": collectives_caveat(slower) if (slower := (metrics.get("decision") or {}).get(
+                "collectives")) else None,
             "band": metrics.get("error_band") or {}, "refit": refit_of(session, row.study_id),
             "shortlist_note": metrics.get("measured_shortlist"), "leaders": metrics.get("leaders") or [],
             "remeasured": metrics.get("remeasured") or [], "front": metrics.get("front") or [],

@@ -161,14 +161,18 @@ def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
                  "figures are for that precision"]
     picked = {"deepspeed": deepspeed, "fsdp": fsdp_notes, "env": deepspeed + fsdp_notes}.get(fmt, [])
     slower = ((rec.get("metrics") or {}).get("decision") or {}).get("collectives")
-    caveat = []
-    if slower:  # the answer's runner runs flat rings at a scale its vendor library was measured off the model
-        ratio = slower["measured_over_predicted"]
-        caveat = [f"model: {slower['library']}'s flat rings over {slower['gpus']} GPUs were measured at {ratio:.2f}x "
-                  f"the model's time ({slower['source']}): this answer's predicted communication is "
-                  f"{'optimistic' if ratio > 1 else 'pessimistic'} by as much; measure its shortlist (--executor "
-                  "slurm) before trusting the margin"]
-    return picked + dtype + caveat
+    return picked + dtype + ([f"model: {collectives_caveat(slower)}"] if slower else [])
+
+
+def collectives_caveat(slower: Mapping[str, Any], advice: bool = True) -> str:
+    """The sentence every client prints for an ``error_band.collectives`` / ``decision.collectives``: the
+    runner's flat rings at a scale where its vendor library was measured off the model's ring; with
+    ``advice``, what to do before trusting a predicted margin."""
+    ratio = slower["measured_over_predicted"]
+    said = (f"{slower['library']}'s flat rings over {slower['gpus']} GPUs were measured at {ratio:.2f}x the model's "
+            f"time ({slower['source']}): this prediction's communication is "
+            f"{'optimistic' if ratio > 1 else 'pessimistic'} by as much")
+    return said + ("; measure its shortlist (--executor slurm) before trusting the margin" if advice else "")
 
 
 def _precision(name: str) -> str:

@@ -200,21 +200,23 @@ class Costs:
         alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
         base_ref, node_ref, net_ref, _ = RING_PROTOCOLS["nccl"]["Simple"]
         per_node, depth = ranks // nodes, nodes.bit_length() - 1
-        caps = calib.ll_max_busbw_gbps
         size_index = (int(nbytes) >> 6).bit_length() - 1
         best = math.inf
         for name, (base, node, net, fraction) in NCCL_TREE_PROTOCOLS.items():
             if name == "LL128" and not calib.ll128:
                 continue
-            bw = busbw * fraction
-            if name == "LL" and caps:
-                bw = min(bw, caps[min(nodes, 3) - 1] * 1e9)
+            bw = busbw * fraction if name != "LL" else min(busbw * fraction, self._ll_cap(nodes))
             if 0 <= size_index < len(NCCL_TREE_CORRECTION[name]):
                 bw *= NCCL_TREE_CORRECTION[name][size_index]
             hops = (per_node - 1) * node_hop * node / node_ref + depth * net_hop * net / net_ref
             t = launch * base / base_ref + 2 * hops * alpha + nbytes / (0.5 * bw)
             best = t if t < best else best
         return best
+
+    def _ll_cap(self, nodes: int) -> float:
+        """LL's bus-bandwidth cap (bytes/s) for a collective on ``nodes`` (1, 2, more); inf where none is set."""
+        caps = self.calib.ll_max_busbw_gbps
+        return caps[min(nodes, 3) - 1] * 1e9 if caps else math.inf
 
     def _network(self, hop_us: float) -> bool:
         """Whether a level whose hop latency is ``hop_us`` joins nodes: its hop is at least the network
@@ -257,7 +259,6 @@ class Costs:
             return launch + sum(steps * hop for steps, hop in hops) * alpha + wire_s
         table = RING_PROTOCOLS[calib.protocols]
         base_ref, node_ref, net_ref, _ = table["Simple"]
-        caps = calib.ll_max_busbw_gbps
         best = math.inf
         exposed = one_per_node and calib.protocols == "nccl"
         for name, (base, node, net, bw) in table.items():
@@ -266,8 +267,8 @@ class Costs:
             if exposed:
                 net = NCCL_TREE_PROTOCOLS[name][2]
             wire = wire_s / bw
-            if name == "LL" and caps and sent:
-                wire = max(wire, sent / (caps[min(nodes, 3) - 1] * 1e9))
+            if name == "LL" and sent:
+                wire = max(wire, sent / self._ll_cap(nodes))
             floor = calib.net_overhead_us * (3 if name == "Simple" else 1) * 1e-6 if nodes > 1 else 0.0
             lat = launch * base / base_ref
             for steps, hop in hops:
