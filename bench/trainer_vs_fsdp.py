@@ -59,7 +59,10 @@ two columns per config: on GPU the CUDA kernels (and memcpy/memset) the step lau
 of their device time; on CPU the ATen operators it dispatches and their summed self CPU time. A
 step whose wall time is well above its kernels' time while the kernels are many and short is bound
 by the host's launching, not by the device (``kernel ms`` sums every stream: with communication
-streams busy it can exceed the wall time).
+streams busy it can exceed the wall time). On GPU it also prints, per config, how long the device
+waited for the host (the timed step minus the union of its kernels' intervals) and the host's
+operators and CUDA runtime calls with the most self time; ``--trace-dir DIR`` keeps rank 0's
+profile of that step as a Chrome trace.
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "and returned when freed; lower resident memory, more page faults")
     p.add_argument("--profile", action="store_true",
                    help="profile one extra step: kernels (CPU: operators) launched and their summed time")
+    p.add_argument("--trace-dir", default=None, metavar="DIR",
+                   help="with --profile on a GPU: also write rank 0's host + device profile of the extra step as a "
+                        "Chrome trace, DIR/CONFIG-wWORLD-bBATCH.json (open it in Perfetto or chrome://tracing)")
     p.add_argument("--json-out", default=None, help="also write every config's result (per-step times, losses) here")
     # internal: what one torchrun launch runs
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)
@@ -152,7 +158,9 @@ def launch(args: argparse.Namespace) -> int:
                 target = [__file__, "--config", config, "--cluster", cluster, "--result", str(out),
                           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
                           "--timeout", str(args.timeout), "--batch", str(args.batch), "--dtype", args.dtype,
-                          *(["--profile"] if args.profile else []), *[a for s in args.set for a in ("--set", s)]]
+                          *(["--profile"] if args.profile else []),
+                          *(["--trace-dir", str(Path(args.trace_dir).resolve())] if args.trace_dir else []),
+                          *[a for s in args.set for a in ("--set", s)]]
                 print(f"[{time.perf_counter() - t_all:6.1f}s] {config:<6} on {world} ranks ({cluster}) ...",
                       file=sys.stderr, flush=True)
                 t0, busy0, ours0 = time.perf_counter(), _machine_busy_s(), _children_cpu_s()
@@ -239,6 +247,17 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
         unit = "CUDA kernels, memcpy and memset" if any_row["backend"] == "nccl" else "ATen operators"
         print(f"(kernels: {unit} launched by one profiled step, rank 0; kernel ms: their summed "
               f"{'device' if any_row['backend'] == 'nccl' else 'self CPU'} time)")
+    for config in CONFIGS:  # where the wall time goes when the device waits (GPU profiles only)
+        prof = (rows.get(config) or {}).get("profile") or {}
+        if "device_busy_ms" in prof:
+            top = ", ".join(f"{h['name']} {h['ms']:.1f} ms x{h['count']}" for h in prof.get("host_top", [])[:6])
+            wait = rows[config]["step_ms"] - prof["device_busy_ms"]
+            print(f"{config}: device busy {prof['device_busy_ms']:.1f} ms of the {rows[config]['step_ms']:.1f} ms "
+                  f"step, "
+                  f"so it waits {wait:.1f} ms for the host; host (profiled again with the CPU, slower) "
+                  f"{prof.get('host_ms', float('nan')):.1f} ms of operator and runtime self time, most in: {top}")
+        elif prof.get("timeline_error"):
+            print(f"{config}: no device timeline ({prof['timeline_error']})")
 
 
 # -- the rank side -----------------------------------------------------------------------------
@@ -363,8 +382,10 @@ def worker(args: argparse.Namespace) -> None:
 
     if args.profile:  # one more step, untimed, under the profiler
         idx, targets = batch_of(args.steps)
+        trace = (str(Path(args.trace_dir) / f"{config}-w{world}-b{args.batch}.json")
+                 if args.trace_dir and rank == 0 else None)
         info["profile"] = profile_step(lambda: train_step(idx, targets, lr_at(args.steps, peak, args.steps // 2)),
-                                       cuda)
+                                       cuda, trace)
 
     # results: the slowest rank per step, the global mean loss, memory maximum over ranks
     t = torch.tensor(times, dtype=torch.float64, device=device)  # NCCL reduces device tensors only
@@ -398,10 +419,19 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def profile_step(step: Any, cuda: bool) -> dict[str, Any]:
+def profile_step(step: Any, cuda: bool, trace: str | None = None) -> dict[str, Any]:
     """Run ``step`` once under ``torch.profiler``: on GPU the kernels, copies and memsets it put on the
     device and their summed device time; on CPU the ATen operators it dispatched (every call, nested
-    ones included) and their summed self CPU time."""
+    ones included) and their summed self CPU time.
+
+    On GPU it then answers where a step's wall time goes when the device is not busy:
+    ``device_busy_ms`` is the union of the kernels' intervals on every stream (overlapping streams count
+    once), so a timed step's wall time minus it is what the device waited for the host (the profiled
+    step's own wall time would not do: the profiler slows the host, 150 ms for an 83 ms step of
+    gpt-1.3b on an H100). A second step is profiled on the host as well
+    (``ProfilerActivity.CPU``, which slows the host, so read its times as shares, not absolutes):
+    ``host_top`` lists the operators and CUDA runtime calls with the most self CPU time and ``host_ms``
+    sums them; ``trace`` names a file for that profile as a Chrome trace."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -420,10 +450,37 @@ def profile_step(step: Any, cuda: bool) -> dict[str, Any]:
         elif e.key.startswith("aten::"):
             rows.append((e.key, e.count, e.self_cpu_time_total))
     rows.sort(key=lambda r: -r[2])
-    return {"launches": sum(r[1] for r in rows), "busy_ms": sum(r[2] for r in rows) / 1e3,
-            "unit": "device kernels" if cuda else "aten operators",
-            "top": [{"name": k[:160], "count": n, "ms": t / 1e3} for k, n, t in rows[:25]]}
-
+    out: dict[str, Any] = {
+        "launches": sum(r[1] for r in rows), "busy_ms": sum(r[2] for r in rows) / 1e3,
+        "unit": "device kernels" if cuda else "aten operators",
+        "top": [{"name": k[:160], "count": n, "ms": t / 1e3} for k, n, t in rows[:25]]}
+    if not cuda:
+        return out
+    try:  # the device's timeline: a profiler that changes its event API loses these figures, not the run
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
+        busy, cur_s, cur_e = 0.0, 0.0, 0.0  # the union of the intervals, merged in start order
+        for i, (s0, e0) in enumerate(spans):
+            if i == 0 or s0 > cur_e:
+                busy += cur_e - cur_s
+                cur_s, cur_e = s0, e0
+            else:
+                cur_e = max(cur_e, e0)
+        busy += cur_e - cur_s
+        out["device_busy_ms"] = busy / 1e3
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as host_prof:
+            step()
+            torch.cuda.synchronize()
+        if trace:
+            Path(trace).parent.mkdir(parents=True, exist_ok=True)
+            host_prof.export_chrome_trace(trace)
+        host = sorted(((e.key, e.count, e.self_cpu_time_total) for e in host_prof.key_averages()
+                       if e.self_cpu_time_total > 0), key=lambda r: -r[2])
+        out["host_ms"] = sum(r[2] for r in host) / 1e3
+        out["host_top"] = [{"name": k[:160], "count": n, "ms": t / 1e3} for k, n, t in host[:20]]
+    except Exception as exc:  # noqa: BLE001 - keep the kernels' figures, say why the rest is missing
+        out["timeline_error"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 if __name__ == "__main__":
     ns = parse_args()

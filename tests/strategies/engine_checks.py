@@ -2,7 +2,8 @@
 
     torchrun --standalone --nproc-per-node 8 tests/strategies/engine_checks.py local:2x2x2 CASES OUT_DIR
 
-CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr", "by_roots"}. For each,
+CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr", "by_roots", "inline"}
+("inline": collectives on the main thread, as the engine runs them on a GPU). For each,
 every rank trains gpt-tiny and rank 0 saves losses, grad norms, counted bytes, the memory report
 and the final full parameters to OUT_DIR/<name>.pt; each rank writes rank<r>.json when done.
 """
@@ -40,7 +41,7 @@ def main() -> None:
         # gloo's broadcast / reduce collectives serve buffers from 1 MiB on; gpt-tiny's are smaller
         comm_module.BY_ROOTS_MIN_BYTES = 0 if case.get("by_roots") else DEFAULT_BY_ROOTS
         engine = ZeroEngine(spec, strategy, topo, dtype=dtype, lr=case.get("lr", 3e-3), seed=0,
-                            quant_block=case.get("quant_block", 2048))
+                            quant_block=case.get("quant_block", 2048), inline_comm=case.get("inline"))
         data = TokenSource(spec.vocab, spec.seq_len, seed=0)
         losses, norms, step_bytes, step_quant = [], [], {}, 0
         for step in range(steps):

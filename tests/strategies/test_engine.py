@@ -16,6 +16,7 @@ import torch
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import state_memory, step_volume
+from zerotune.strategies.engine import InlineExecutor
 from zerotune.strategies.reference import train_reference
 from zerotune.strategies.spec import Strategy
 
@@ -39,6 +40,8 @@ def cases_8() -> list[dict]:
          "steps": STEPS},
         {"name": "3level-a-ckpt-prefetch2", "strategy": "3level-a",
          "set": {**SMALL, "activation_checkpointing": True, "prefetch_buckets": 2}, "steps": STEPS},
+        {"name": "3level-a-ckpt-prefetch2-inline", "strategy": "3level-a", "inline": True,
+         "set": {**SMALL, "activation_checkpointing": True, "prefetch_buckets": 2}, "steps": STEPS},
         {"name": "zeropp-ckpt-accum2", "strategy": "zeropp", "accum": 2,
          "set": {**SMALL, "weight_bits": 16, "grad_bits": 16, "activation_checkpointing": True}, "steps": STEPS},
         {"name": "zeropp-q", "strategy": "zeropp", "set": SMALL, "steps": 30, "quant_block": 256},
@@ -51,7 +54,8 @@ def cases_8() -> list[dict]:
 
 def cases_4() -> list[dict]:
     return [{"name": n, "strategy": p, "set": {**SMALL, **o}, "steps": STEPS} for n, (p, o) in UNQUANTIZED.items()] + [
-        {"name": "zero3-by-roots", "strategy": "zero3", "set": SMALL, "steps": STEPS, "by_roots": True}]
+        {"name": "zero3-by-roots", "strategy": "zero3", "set": SMALL, "steps": STEPS, "by_roots": True},
+        {"name": "zero3-inline", "strategy": "zero3", "set": SMALL, "steps": STEPS, "inline": True}]
 
 
 TOPOLOGIES = {"local:2x2x2": cases_8, "local:2x2": cases_4}
@@ -111,6 +115,30 @@ def test_unquantized_strategies_match_the_reference(runs):
         want = torch.cat([v.flatten() for v in ref_params.values()])
         assert rel(got, want) <= TOL, f"{name}: parameters differ by {rel(got, want):.2e} relative"
         assert float((got - want).abs().max()) <= 1e-4, name
+
+
+def test_collectives_on_the_callers_thread_train_exactly_as_on_the_comm_thread(runs):
+    """On a GPU the engine issues its collectives inline (InlineExecutor): the same collectives in the
+    same order as the communication thread's, so the same losses, norms, bytes and parameters."""
+    _, results = runs
+    pairs = [(n, n.removesuffix("-inline")) for n in results if n.endswith("-inline")]
+    assert pairs
+    for inline, threaded in pairs:
+        a, b = results[inline][1], results[threaded][1]
+        assert a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"], inline
+        assert a["bytes"] == b["bytes"], inline
+        for k, v in b["params"].items():
+            assert torch.equal(a["params"][k], v), (inline, k)
+
+
+def test_inline_executor_hands_back_results_and_errors_as_a_pool_does():
+    ex = InlineExecutor()
+    assert ex.submit(lambda a, b=0: a + b, 2, b=3).result() == 5
+    fut = ex.submit(lambda: 1 / 0)
+    assert fut.done()
+    with pytest.raises(ZeroDivisionError):
+        fut.result()
+    ex.shutdown(wait=True)
 
 
 def test_accumulation_and_checkpointing_do_not_change_results(runs8):
