@@ -266,6 +266,11 @@ class Calibration:
     engine: after the backward pass, serial) or ``backward`` (queued after each reduce group while
     backward runs on: DeepSpeed's ``overlap_comm``, DDP's and HSDP's bucketed all-reduce, AMSP's
     "AR overlap"). With gradient accumulation both reduce once, at the boundary."""
+    host_s_per_layer: float = 0.0
+    """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
+    to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is
+    shorter waits for the host (``RUNNER_HOST_S_PER_LAYER``). 0 = never host-bound: fitted calibrations,
+    whose compute efficiency already holds the host they ran on."""
     measured_error: MeasuredError | None = None
     """A fitted calibration's cross-validated error on the runs it came from (its predictions' band)."""
 
@@ -300,12 +305,29 @@ zerotune's engine, and the exported configs as DeepSpeed (the export sets ``over
 (it reduces across replicas in its post-backward hook) run them."""
 
 
+RUNNER_HOST_S_PER_LAYER: dict[str, float] = {
+    "zerotune": (77.2 - 19.1) / 24 * 1e-3,
+    "fsdp": ((109.6 + 102.4) / 2 - 14.0) / 24 * 1e-3,
+    "deepspeed": 0.0,
+}
+"""Each runner's host floor per transformer block (``Calibration.host_s_per_layer``), measured on one H100
+machine's host (bench/data/h100-1gpu-fused: ``bench/trainer_vs_fsdp.py --worlds 1 --model gpt-1.3b
+--batch 1``, 24 blocks, AdamW fused). At one sequence of 2,048 tokens these steps are host-bound: the
+device waits between many short kernels (the profile's gaps) and the step ends one optimizer phase after
+the host's last backward launch. So a block costs the host (step - optimizer phase) / 24:
+zerotune's engine (collectives on the caller's thread) 77.2 ms with a 19.1 ms optimizer phase, 2.4 ms;
+FSDP2 (fully_shard per block) 109.6 and 102.4 ms in two runs with a 14.0 ms fused AdamW, 3.8 ms.
+DeepSpeed's was not measured: 0, never host-bound. Another host's single-thread speed moves these."""
+
+
 def run_by(calib: Calibration, runner: str) -> Calibration:
-    """``calib`` with the collectives of ``runner`` (a key of ``RUNNERS``)."""
+    """``calib`` with the collectives of ``runner`` (a key of ``RUNNERS``), and, for a device profile
+    (``protocols`` nccl or rccl), the runner's host floor; a fitted calibration keeps its own."""
     if runner not in RUNNERS:
         raise ValueError(f"runner={runner!r}: must be one of {sorted(RUNNERS)}")
     rings, outer_reduce = RUNNERS[runner]
-    return dataclasses.replace(calib, rings=rings, outer_reduce=outer_reduce)
+    host = RUNNER_HOST_S_PER_LAYER[runner] if calib.protocols != "simple" else calib.host_s_per_layer
+    return dataclasses.replace(calib, rings=rings, outer_reduce=outer_reduce, host_s_per_layer=host)
 
 
 @dataclass(frozen=True)
@@ -426,12 +448,13 @@ def peak_tflops_of(name: str) -> float | None:
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
                         rings: str = "hierarchical", outer_reduce: str = "boundary",
-                        host: str = "unknown") -> Calibration:
+                        host: str = "unknown", host_s_per_layer: float = 0.0) -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
     for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
     runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
     reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: at the boundary),
-    on nodes of the ``host`` design (a key of ``HOSTS``)."""
+    on nodes of the ``host`` design (a key of ``HOSTS``), whose host issues a block's kernels in
+    ``host_s_per_layer`` at least (``Calibration.host_s_per_layer``)."""
     if host not in HOSTS:
         raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
     d, h = DEVICES[device], HOSTS[host]
@@ -444,7 +467,7 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                        overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
                        outer_reduce=outer_reduce, protocols=d.protocols, net_overhead_us=h.net_overhead_us,
                        ll_max_busbw_gbps=(d.ll_max_busbw_gbps, *h.ll_max_busbw_gbps) if d.ll_max_busbw_gbps else (),
-                       ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau)
+                       ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau, host_s_per_layer=host_s_per_layer)
 
 
 def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...]) -> ClusterSpec:
@@ -471,9 +494,10 @@ DGX A100, two AMD EPYC 7742 with the NICs on the GPUs' PCIe switches [dgx-a100];
 7763 [nersc-perlmutter] (the NIC placement: ``HOSTS["amd-cpu-nic"]``)."""
 
 PRESET_CALIBRATIONS: dict[str, Calibration] = {
-    base: profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels), host=PRESET_HOSTS[base])
+    base: profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels), host=PRESET_HOSTS[base],
+                              host_s_per_layer=RUNNER_HOST_S_PER_LAYER["zerotune"])
     for base, (device, levels) in PROFILES.items()}
-"""The calibration each cluster preset carries, by preset name."""
+"""The calibration each cluster preset carries, by preset name: zerotune's engine running on it."""
 NOMINAL = Calibration()
 
 

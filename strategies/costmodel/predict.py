@@ -151,6 +151,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     rate = cluster.peak_tflops * 1e12 * calib.compute_efficiency
     tokens = mbs * model.seq_len
     per_block = (2 * block_numel(model) + 4 * model.hidden * model.seq_len) * tokens / rate
+    # the host floor: a block's forward and backward cannot take less than the host needs to issue
+    # them (a third of it per forward pass: the backward is two, a recompute one more)
+    device_block = per_block
+    per_block = max(per_block, calib.host_s_per_layer / 3)
     head = 2 * root_numel(model) * tokens / rate
     bwd_factor = 3.0 if s.activation_checkpointing else 2.0  # + a forward recompute
     kappa = calib.overlap_slowdown
@@ -169,6 +173,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
                                bwd_runs, kappa)
     comm = (comm if comm > t else t) + root_r
     compute_s = per_block * sched.total_units * (1 + bwd_factor) + 3 * head
+    host_wait_s = (per_block - device_block) * sched.total_units * (1 + bwd_factor)
     comm_s = (root_f + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
               + sum(k * r_of[m] for m, k in sched.group_counts))
     overlapped = t if t > comm else comm
@@ -195,7 +200,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         "breakdown": {"compute_s": accum * compute_s, "comm_s": accum * comm_s,
                       "exposed_comm_s": accum * max(0.0, micro_s - compute_s - slowdown_s),
                       "overlap_slowdown_s": accum * slowdown_s, "boundary_s": boundary_s,
-                      "optimizer_s": optimizer_s, "overhead_s": calib.step_overhead_s},
+                      "optimizer_s": optimizer_s, "overhead_s": calib.step_overhead_s,
+                      "host_wait_s": accum * host_wait_s},
     }
     if not feasible:
         out["overflow"] = overflow(memory, cluster.device_memory_gib)
