@@ -8,7 +8,9 @@
 # 1. the GEMM ceiling at a transformer layer's shapes (bench/gemm_efficiency.py);
 # 2. our engine vs FSDP2 vs DDP on gpt-1.3b at 1 and 4 sequences per step, each with one profiled step
 #    (kernels launched and their device time: is a step bound by the host or by the device?);
-# 3. zerotune train's micro-batch sweep (1, 2, 4, 8 sequences per micro-step, 8 per step), whose
+# 3. our engine's collectives on a thread and inline, side by side at one sequence (where the host
+#    sets the pace), twice each;
+# 4. zerotune train's micro-batch sweep (1, 2, 4, 8 sequences per micro-step, 8 per step), whose
 #    run.json files the cost model's tests compare with.
 # Each part writes into $OUT as it finishes, so a run cut short keeps what it measured.
 set -uo pipefail
@@ -44,6 +46,12 @@ for batch in 1 4; do
   timeout 200 $PY bench/trainer_vs_fsdp.py --worlds 1 --model "$MODEL" --configs zero3,fsdp2,ddp --steps 8 \
       --warmup 3 --batch $batch --profile --json-out "$OUT/trainer_vs_fsdp-b$batch.json" 2>&1 \
       | tee "$OUT/trainer_vs_fsdp-b$batch.txt"
+done
+
+for comm in thread inline thread inline; do  # side by side, alternating: the machine's drift hits both
+  log "our engine, gpt-1.3b, batch 1, collectives on a $comm"
+  timeout 100 $PY bench/trainer_vs_fsdp.py --worlds 1 --model "$MODEL" --configs zero3 --steps 8 --warmup 3 \
+      --batch 1 --comm-thread $comm 2>&1 | grep -E "^zero3 " | tee -a "$OUT/comm-thread.txt"
 done
 
 for mbs in 1 2 4 8; do

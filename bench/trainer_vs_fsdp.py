@@ -103,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "and returned when freed; lower resident memory, more page faults")
     p.add_argument("--profile", action="store_true",
                    help="profile one extra step: kernels (CPU: operators) launched and their summed time")
+    p.add_argument("--comm-thread", choices=["auto", "thread", "inline"], default="auto",
+                   help="where our engine issues its collectives: auto (inline on a GPU, a thread on CPU), "
+                        "thread or inline (to compare the two on one machine)")
     p.add_argument("--trace-dir", default=None, metavar="DIR",
                    help="with --profile on a GPU: also write rank 0's host + device profile of the extra step as a "
                         "Chrome trace, DIR/CONFIG-wWORLD-bBATCH.json (open it in Perfetto or chrome://tracing)")
@@ -160,6 +163,7 @@ def launch(args: argparse.Namespace) -> int:
                           "--timeout", str(args.timeout), "--batch", str(args.batch), "--dtype", args.dtype,
                           *(["--profile"] if args.profile else []),
                           *(["--trace-dir", str(Path(args.trace_dir).resolve())] if args.trace_dir else []),
+                          "--comm-thread", args.comm_thread,
                           *[a for s in args.set for a in ("--set", s)]]
                 print(f"[{time.perf_counter() - t_all:6.1f}s] {config:<6} on {world} ranks ({cluster}) ...",
                       file=sys.stderr, flush=True)
@@ -324,8 +328,11 @@ def worker(args: argparse.Namespace) -> None:
     engine, peak = None, default_lr(spec)
     if config in OURS:
         strategy = build_strategy(config, cluster, **parse_overrides(args.set))
-        engine = ZeroEngine(spec, strategy, topo, dtype=dtype, device=device, lr=peak, seed=0, betas=BETAS)
-        info["what"] = f"ours {config} ({len(engine.buckets)} buckets)"
+        inline = {"auto": None, "thread": False, "inline": True}[args.comm_thread]
+        engine = ZeroEngine(spec, strategy, topo, dtype=dtype, device=device, lr=peak, seed=0, betas=BETAS,
+                            inline_comm=inline)
+        info["what"] = f"ours {config} ({len(engine.buckets)} buckets" + (
+            f", {args.comm_thread})" if args.comm_thread != "auto" else ")")
         info["strategy"] = strategy.to_dict()
 
         def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
