@@ -247,9 +247,12 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         engine.counter.reset()
         t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float64, device=device)  # NCCL reduces device tensors only
-        for micro in range(accum):
-            ids = sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=mbs)
-            idx, targets = (t.to(device) for t in data.batch(ids))
+        # every micro-batch of the step on the device first: a copy from pageable host memory waits for
+        # the device's queue to drain, so one per micro-step would stall the host at each micro-step
+        # instead of once, where the last step's end already waited
+        batches = [tuple(t.to(device) for t in data.batch(
+            sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=mbs))) for micro in range(accum)]
+        for idx, targets in batches:
             total += engine.forward_backward(idx, targets, loss_scale=1.0 / (world * accum))
         grad_norm = engine.step(lr=lr_at(step, lr, lr_warmup))
         status.update(f"at step {step + 1}/{args.steps}")
