@@ -177,6 +177,12 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
               f"{p['memory_bytes']['peak'] / GIB:>9.1f}  {fits:<5}{p['cross_node_bytes'] / 1e9:>10.2f}  {error:>9}")
     for note, clusters in bands.items():
         print(f"error on {', '.join(dict.fromkeys(clusters))}: {note}")
+    for p in rows:  # a prediction that is mostly the host's pace says how to leave it
+        wait, mbs = p["breakdown"]["host_wait_s"], p["global_batch"] // (p["world_size"] * p["grad_accum_steps"])
+        if wait > 0.05 * p["step_time_s"]:
+            print(f"host-bound on {p['cluster']} {p['strategy']}: {wait / p['step_time_s']:.0%} of the step waits for "
+                  f"the host to issue a block's kernels ({mbs} sequence(s) per micro-step are too "
+                  f"little device work per block); more sequences per micro-step (--set micro_batch_size=N) hide it")
     if any(p["error_band"] is None for p in rows):
         print("error '-': nothing measured this calibration's error; fit one on measured runs with "
               "'zerotune calibrate' to get its band")

@@ -434,6 +434,13 @@ def test_predict_cli_sweep_table_and_json(capsys):
     assert flat["bytes_per_level"] == p["bytes_per_level"] and flat["step_time_s"] != p["step_time_s"]
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--runner", "fsdp"]) == 0
     assert "run by fsdp" in capsys.readouterr().out
+    assert "host-bound" not in out
+    # a small model at one sequence per micro-step: the table says it waits for the host, and how to leave it
+    assert main(["predict", "--model", "gpt-1.3b", "--cluster", "dgx-h100:1", "--set", "micro_batch_size=1"]) == 0
+    out = capsys.readouterr().out
+    assert "host-bound on dgx-h100:1 zero3: " in out and "--set micro_batch_size=N" in out
+    assert main(["predict", "--model", "gpt-1.3b", "--cluster", "dgx-h100:1", "--set", "micro_batch_size=4"]) == 0
+    assert "host-bound" not in capsys.readouterr().out
     # a batch the strategy cannot run is refused, not rounded to another training
     assert main(["predict", "--model", "gpt-7b", "--cluster", "dgx-h100:8", "--global-batch", "100"]) == 2
     assert "global_batch=100: must be a multiple of world size x micro_batch_size = 64 x 1 = 64" in \
