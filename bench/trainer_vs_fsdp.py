@@ -441,6 +441,7 @@ def profile_step(step: Any, cuda: bool, trace: str | None = None) -> dict[str, A
     sums them; ``trace`` names a file for that profile as a Chrome trace."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+    from trace_phases import union_us  # a sibling bench script: this file's folder is on sys.path
 
     activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
     with profile(activities=[activity]) as prof:
@@ -464,17 +465,9 @@ def profile_step(step: Any, cuda: bool, trace: str | None = None) -> dict[str, A
     if not cuda:
         return out
     try:  # the device's timeline: a profiler that changes its event API loses these figures, not the run
-        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                       if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start)
-        busy, cur_s, cur_e = 0.0, 0.0, 0.0  # the union of the intervals, merged in start order
-        for i, (s0, e0) in enumerate(spans):
-            if i == 0 or s0 > cur_e:
-                busy += cur_e - cur_s
-                cur_s, cur_e = s0, e0
-            else:
-                cur_e = max(cur_e, e0)
-        busy += cur_e - cur_s
-        out["device_busy_ms"] = busy / 1e3
+        spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
+                 if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start]
+        out["device_busy_ms"] = union_us(spans) / 1e3
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as host_prof:
             step()
             torch.cuda.synchronize()

@@ -17,10 +17,12 @@ S_{P+1..G} pieces by the index over levels P+1..G (its *grad shard*); each of th
   is never quantized), drop secondary shards.
 
 The root unit (embeddings + final LayerNorm, tied to the head) stays gathered from the start of
-forward to the end of backward. All collectives run in order on one communication thread, so
-prefetches overlap compute and every rank issues the same sequence. On a GPU that thread is the
-caller's own (``InlineExecutor``): NCCL queues a collective and returns, so a thread adds nothing but
-the hand-offs between two threads that share the GIL.
+forward to the end of backward. All collectives run in order on one communication thread, so every
+rank issues the same sequence and, on CPU (gloo, whose collectives block their caller), prefetches
+overlap compute. On a GPU that thread is the caller's own (``InlineExecutor``): NCCL queues a
+collective and returns, so a thread adds nothing but the hand-offs between two threads that share the
+GIL. NCCL also makes the issuing stream wait for each collective, and the engine issues them on the
+compute stream, so on a GPU its prefetches and reductions do not yet overlap compute (no side stream).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class InlineExecutor:
     of the GIL. The main thread holds the GIL while it launches a block's kernels, so a prefetch
     submitted to the thread runs only once the main thread blocks on it. On one H100 (gpt-1.3b, one
     sequence, 25 buckets; bench/trainer_vs_fsdp.py --profile --trace-dir) the device waited 17 ms of an
-    86 ms step for the host, and 18 ms of the forward's host time lay outside any operator (DDP: 6).
+    86 ms step for the host, and the forward's Python took 14.6 ms of its host time under the profiler
+    against DDP's 4.7 (``python bench/trace_phases.py bench/data/h100-1gpu-fused/trace/*.json.gz``).
     """
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:

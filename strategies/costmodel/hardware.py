@@ -313,11 +313,13 @@ RUNNER_HOST_S_PER_LAYER: dict[str, float] = {
 """Each runner's host floor per transformer block (``Calibration.host_s_per_layer``), measured on one H100
 machine's host (bench/data/h100-1gpu-fused: ``bench/trainer_vs_fsdp.py --worlds 1 --model gpt-1.3b
 --batch 1``, 24 blocks, AdamW fused). At one sequence of 2,048 tokens these steps are host-bound: the
-device waits between many short kernels (the profile's gaps) and the step ends one optimizer phase after
-the host's last backward launch. So a block costs the host (step - optimizer phase) / 24:
-zerotune's engine (collectives on the caller's thread) 77.2 ms with a 19.1 ms optimizer phase, 2.4 ms;
-FSDP2 (fully_shard per block) 109.6 and 102.4 ms in two runs with a 14.0 ms fused AdamW, 3.8 ms.
-DeepSpeed's was not measured: 0, never host-bound. Another host's single-thread speed moves these."""
+device waits between many short kernels (over 300 gaps of 50 µs or more in a step) and the step ends
+one optimizer phase after the host's last backward launch. So a block costs the host (timed step -
+optimizer phase) / 24, the optimizer phase being the device time from the fused AdamW's first kernel on
+(``python bench/trace_phases.py bench/data/h100-1gpu-fused/trace/*.json.gz``): zerotune's engine
+(collectives on the caller's thread) 77.2 ms with a 19.1 ms phase, 2.4 ms; FSDP2 (fully_shard per block)
+109.6 and 102.4 ms in two runs with a 14.0 ms phase, 3.8 ms. DeepSpeed's was not measured: 0, never
+host-bound. Another host's single-thread speed moves these."""
 
 
 def run_by(calib: Calibration, runner: str) -> Calibration:

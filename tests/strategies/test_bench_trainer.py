@@ -47,3 +47,28 @@ def test_a_world_that_is_not_one_or_a_power_of_two_is_refused(world):
     proc = subprocess.run([sys.executable, str(BENCH), "--worlds", world, "--model", "gpt-tiny"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode != 0 and f"world size {world} must be 1 or a power of 2" in proc.stderr
+
+
+def test_trace_phases_splits_a_kept_gpu_trace_into_forward_backward_and_optimizer():
+    """bench/trace_phases.py on the H100 traces kept in the repository: the phases tile the device's span
+    (their busy and gap times add up to it), and what the report states of them holds: every config's
+    step has hundreds of short device gaps, our engine's forward leaves the device idle longer than it
+    keeps it busy while DDP's does not, and our forward's host time holds more Python than DDP's."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import trace_phases
+
+    kept = ROOT / "bench" / "data" / "h100-1gpu-fused" / "trace"
+    r = {p.name.split("-")[0]: trace_phases.phases(trace_phases.load(p)) for p in sorted(kept.glob("*.json.gz"))}
+    assert set(r) == {"zero3", "fsdp2", "ddp"}
+    for config, x in r.items():
+        assert list(x["phases"]) == ["forward", "backward", "optimizer"], config
+        tiled = sum(v["busy_ms"] + v["gaps_ms"] for v in x["phases"].values())
+        assert tiled == pytest.approx(x["span_ms"], rel=1e-6) and x["busy_ms"] <= x["span_ms"]
+        assert sum(v["busy_ms"] for v in x["phases"].values()) == pytest.approx(x["busy_ms"], rel=1e-6)
+        assert x["gaps_over_50us"] > 300 and 0 < x["forward_python_ms"] < x["forward_host_ms"]
+    ours, ddp = r["zero3"]["phases"]["forward"], r["ddp"]["phases"]["forward"]
+    assert ours["gaps_ms"] > ours["busy_ms"] and ddp["gaps_ms"] < ddp["busy_ms"]
+    assert r["zero3"]["forward_python_ms"] > 2 * r["ddp"]["forward_python_ms"]
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "trace_phases.py"),
+                          *map(str, sorted(kept.glob("*.gz")))], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0 and "zero3-w1-b1" in out.stdout, out.stderr
