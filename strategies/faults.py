@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import resource
@@ -17,37 +18,77 @@ from typing import Any
 from zerotune.errors import SpecError
 
 ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+# What a rank raises when a *peer* died: gloo's and NCCL's words for a lost connection, an aborted
+# communicator or a collective that timed out. Such an error is a symptom, never the cause.
+PEER_SYMPTOM = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker|DistBackendError"
+    r"|NCCL communicator was aborted|ncclRemoteError|Watchdog caught collective operation timeout"
+    r"|Timed out waiting .* for (?:a )?peer", re.I)
 
 
 def failure_reason(out: Path, output: str, timed_out: bool, limit: float) -> str:
-    """Which rank failed and why.
+    """Which rank failed and why, cause before symptoms.
 
-    A rank killed by a signal (torchrun's "Root Cause" names it; its peers then fail inside
-    collectives) is named with the signal and the memory it last held; else the first error file
-    written (``<out>.rank<r>.err``); else the launcher's last words."""
+    When one rank fails its peers fail after it: inside a collective (an error naming a lost
+    connection) or, when the collective's own thread gets the error, by SIGABRT — and torchrun's
+    "Root Cause" is the first *observed* failure, which can be such a peer. So, in order: a rank
+    killed by SIGKILL (what the kernel's out-of-memory killer sends; torchrun stops peers with
+    SIGTERM), named with the memory it last held; else the first error a rank wrote
+    (``<out>.rank<r>.err``) that is not a peer's symptom; else any other signal torchrun names; else
+    the first symptom written; else the launcher's last words."""
     if timed_out:
         return f"timed out after {limit:g} s; every rank was killed"
     m = ROOT_CAUSE.search(output)
-    if m and int(m.group(2)) < 0:
-        rank, signum = int(m.group(1)), -int(m.group(2))
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        reason = f"rank {rank} killed by {name}"
-        if signum == signal.SIGKILL:
-            reason += " — out of memory?"
-        status = _read_json(Path(f"{out}.rank{rank}.status"))
-        if status.get("max_rss_bytes"):
-            reason += (f" (resident memory {status['max_rss_bytes'] / 2**30:.2f} GiB when last recorded, "
-                       f"{status.get('phase', '')})").replace(" )", ")")
-        return reason
-    errors = [e for e in map(_read_json, out.parent.glob(out.name + ".rank*.err")) if e]
-    if errors:
-        first = min(errors, key=lambda e: (e.get("time", 0.0), e.get("rank", 0)))
-        return f"rank {first['rank']} failed: {first['error']}"
+    signalled = (int(m.group(1)), -int(m.group(2))) if m and int(m.group(2)) < 0 else None
+    causes, symptoms = rank_errors(out)
+    if signalled and (signalled[1] == signal.SIGKILL or not causes):
+        return _killed(out, *signalled)
+    if causes or symptoms:
+        return first_rank_error(out)
     lines = [ln for ln in output.splitlines() if ln.strip()]
     return lines[-1] if lines else "torchrun exited without output"
+
+
+def rank_errors(out: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """The errors ranks wrote (``<out>.rank<r>.err``), earliest first, as (rank, error) pairs split
+    into causes and peers' symptoms (``PEER_SYMPTOM``). Unreadable files are skipped."""
+    written = []
+    for path in out.parent.glob(out.name + ".rank*.err"):
+        err = _read_json(path)
+        if err.get("error"):
+            try:
+                written.append((float(err.get("time", math.inf)), int(err.get("rank", 0)), str(err["error"])))
+            except (TypeError, ValueError):
+                continue
+    written.sort()
+    causes = [(rank, error) for _, rank, error in written if not PEER_SYMPTOM.search(error)]
+    symptoms = [(rank, error) for _, rank, error in written if PEER_SYMPTOM.search(error)]
+    return causes, symptoms
+
+
+def first_rank_error(out: Path) -> str:
+    """``rank R failed: Error: msg``: the first error a rank wrote that is not a peer's symptom, else
+    the first symptom; "" when no rank wrote one."""
+    causes, symptoms = rank_errors(out)
+    if not (causes or symptoms):
+        return ""
+    rank, error = (causes or symptoms)[0]
+    return f"rank {rank} failed: {error}"
+
+
+def _killed(out: Path, rank: int, signum: int) -> str:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    reason = f"rank {rank} killed by {name}"
+    if signum == signal.SIGKILL:
+        reason += " — out of memory?"
+    status = _read_json(Path(f"{out}.rank{rank}.status"))
+    if status.get("max_rss_bytes"):
+        reason += (f" (resident memory {status['max_rss_bytes'] / 2**30:.2f} GiB when last recorded, "
+                   f"{status.get('phase', '')})").replace(" )", ")")
+    return reason
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from tests.support import ROOT
 from zerotune.strategies.calibration import Measurement, measured_quant_rate
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import predict, state_memory, step_volume
+from zerotune.strategies.faults import failure_reason
 from zerotune.strategies.health import health
 
 RUN_FIELDS = {"status", "world_size", "steps", "step_time_s", "tokens_per_s", "tflops_per_rank", "bytes_per_level",
@@ -75,6 +76,42 @@ def test_crashing_rank_is_named(tmp_path):
     assert "rank 2 failed: RuntimeError: injected crash on rank 2 at step 1" in r.stderr
     run = json.loads(out.read_text())
     assert run["status"] == "failed" and "rank 2" in run["error"]
+
+
+GLOO_PEER = ("RuntimeError: [third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+             "[127.0.0.1]:438. This is typically caused by a remote worker crashing.")
+
+
+def _torchrun_root_cause(rank: int, exitcode: int) -> str:
+    return ("Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-26_10:00:00\n  host      : node\n"
+            f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {exitcode} (pid: 4242)\n")
+
+
+@pytest.mark.parametrize("exitcode, expect", [
+    (-6, "rank 2 failed: RuntimeError: injected crash"),  # a peer that aborted first is a symptom
+    (-9, "rank 3 killed by SIGKILL — out of memory? (resident memory 0.50 GiB when last recorded, at step 1/4)"),
+])
+def test_the_cause_is_named_before_its_symptoms(tmp_path, exitcode, expect):
+    """When rank 2 raises, its peers fail after it: one inside a collective (gloo's lost connection),
+    one by SIGABRT when the collective's thread gets the error, and torchrun may observe that SIGABRT
+    first. The raising rank is named; a SIGKILL (the out-of-memory killer's signal) still wins."""
+    out = tmp_path / "run.json"
+    (tmp_path / "run.json.rank0.err").write_text(json.dumps({"rank": 0, "time": 9.0, "error": GLOO_PEER}))
+    (tmp_path / "run.json.rank1.err").write_text(json.dumps({"rank": 1, "time": 10.0, "error": GLOO_PEER}))
+    (tmp_path / "run.json.rank2.err").write_text(
+        json.dumps({"rank": 2, "time": 11.0, "error": "RuntimeError: injected crash"}))
+    (tmp_path / "run.json.rank3.status").write_text(
+        json.dumps({"rank": 3, "phase": "at step 1/4", "max_rss_bytes": 2**29}))
+    assert failure_reason(out, _torchrun_root_cause(3, exitcode), False, 60) == expect
+
+
+def test_without_a_cause_the_signal_then_the_symptom_is_named(tmp_path):
+    out = tmp_path / "run.json"
+    (tmp_path / "run.json.rank0.err").write_text(json.dumps({"rank": 0, "time": 9.0, "error": GLOO_PEER}))
+    assert failure_reason(out, _torchrun_root_cause(3, -11), False, 60) == "rank 3 killed by SIGSEGV"
+    assert failure_reason(out, "torchrun: something else\n", False, 60) == f"rank 0 failed: {GLOO_PEER}"
+    assert failure_reason(tmp_path / "none.json", "a\nlast words\n", False, 60) == "last words"
+    assert failure_reason(out, "", True, 60) == "timed out after 60 s; every rank was killed"
 
 
 def test_hung_run_times_out_and_is_killed(tmp_path):

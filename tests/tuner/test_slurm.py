@@ -20,8 +20,9 @@ import pytest
 
 from tests.slurm.cluster import PARTITION, LocalSlurm, unavailable_reason
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.faults import first_rank_error
 from zerotune.tuner.executors.base import Executor, TrialSpec
-from zerotune.tuner.executors.slurm import REPO_ROOT, SlurmExecutor, first_rank_error
+from zerotune.tuner.executors.slurm import REPO_ROOT, SlurmExecutor
 from zerotune.tuner.executors.slurm_commands import SlurmCommands
 
 SQUEUE = ["squeue", "-h", "-j", "12", "-o", "%T"]
@@ -337,6 +338,9 @@ def test_first_rank_error(tmp_path):
     (tmp_path / "run.json.rank3.err").write_text("not json")
     (tmp_path / "run.json.rank0.err").write_text(json.dumps({"rank": 0, "time": 7.0, "error": "RuntimeError: y"}))
     assert first_rank_error(out) == "rank 2 failed: ValueError: x"
+    peer = "RuntimeError: Connection reset by peer. This is typically caused by a remote worker hanging"
+    (tmp_path / "run.json.rank1.err").write_text(json.dumps({"rank": 1, "time": 1.0, "error": peer}))
+    assert first_rank_error(out) == "rank 2 failed: ValueError: x"  # an earlier peer's symptom is not the cause
 
 
 def test_default_runner_passes_env_and_reports_timeouts(tmp_path):

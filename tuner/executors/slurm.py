@@ -28,7 +28,6 @@ node); the per-level byte counts still follow the ClusterSpec, only the wires di
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -43,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from zerotune.strategies.faults import first_rank_error
 from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
 from zerotune.tuner.executors.slurm_commands import (
     QUEUED_STATES,
@@ -308,19 +308,6 @@ class SlurmExecutor(Executor):
         """The last line the job wrote on stderr (e.g. ``srun: error: …`` or slurmstepd's CANCELLED line)."""
         lines = [ln.strip() for ln in _tail(self._job_files(spec, job_id)[1], 20).splitlines() if ln.strip()]
         return lines[-1] if lines else ""
-
-
-def first_rank_error(out: Path) -> str:
-    """``rank R failed: Error: msg`` from the first ``<out>.rank<r>.err`` written (its peers fail after it)."""
-    errors = []
-    for path in out.parent.glob(out.name + ".rank*.err"):
-        with contextlib.suppress(OSError, json.JSONDecodeError, AttributeError):
-            err = json.loads(path.read_text())
-            errors.append((float(err.get("time", math.inf)), int(err.get("rank", 0)), str(err.get("error", "?"))))
-    if not errors:
-        return ""
-    _, rank, error = min(errors)
-    return f"rank {rank} failed: {error}"
 
 
 def _tail(path: Path, lines: int) -> str:
