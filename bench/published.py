@@ -44,7 +44,7 @@ from typing import Any
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of
+from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
 from zerotune.strategies.costmodel.hardware import OUTER_REDUCE, RINGS, profile_calibration, profile_cluster
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
@@ -128,6 +128,10 @@ class Table:
             self._predicted[row_id] = {**p, "value": value}
         return self._predicted[row_id]
 
+    def device(self, row_id: str) -> str:
+        """The device of the row's cluster (``ClusterSpec.device``: what a prediction's band is matched on)."""
+        return self.clusters[row_id.split("/")[0]][0].device
+
     def value(self, row_id: str) -> float | None:
         return self.rows[row_id][0] if row_id in self.rows else None
 
@@ -139,7 +143,7 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
             p = t.predict(row_id)
             b = p["breakdown"]
             rows.append({"table": t.name, "role": t.role, "id": row_id, "caption": caption, "metric": t.metric,
-                         "gpus": p["world_size"],
+                         "gpus": p["world_size"], "device": t.device(row_id),
                          "published": published, "predicted": p["value"], "error": p["value"] / published - 1,
                          "step_s": p["step_time_s"], "compute_s": b["compute_s"],
                          "exposed_comm_s": b["exposed_comm_s"], "slowdown_s": b["overlap_slowdown_s"],
@@ -151,6 +155,7 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
             predicted = t.predict(c["of"])["value"] / t.predict(c["over"])["value"]
             gpus = max(t.predict(c["of"])["world_size"], t.predict(c["over"])["world_size"])
             ratios.append({"table": t.name, "role": t.role, "of": c["of"], "over": c["over"], "gpus": gpus,
+                           "device": t.device(c["of"]),
                            "caption": c.get("caption", ""), "published": published, "predicted": predicted,
                            "error": predicted / published - 1})
     scored = [r for r in rows if r["role"] == "agreement"]
@@ -167,8 +172,8 @@ def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[di
     """What ``strategies/costmodel/error.py`` serves: the bands of the scored absolute figures and comparisons
     (median and 90th percentile of |error|), and every scored item with the GPUs it ran on, from which a
     prediction reads the band at its own scale."""
-    def items(group: list[dict[str, Any]]) -> list[list[float]]:
-        return [[r["gpus"], round(r["error"], 4)] for r in group]
+    def items(group: list[dict[str, Any]]) -> list[list]:
+        return [[r["gpus"], round(r["error"], 4), r["device"]] for r in group]
     return {"rows": band_of([r["error"] for r in rows]), "comparisons": band_of([r["error"] for r in ratios]),
             "tables": sorted(t.name for t in tables if t.role == "agreement"),
             "items": {"rows": items(rows), "comparisons": items(ratios)}, "collectives": collectives_error()}
@@ -224,6 +229,13 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
         print(f"   {gpus:>5} GPUs: figures median {rows['median']:.1%} p90 {rows['p90']:.1%} ({rows['count']} on "
               f"{row_span[0]}-{row_span[1]}), comparisons median {pairs['median']:.1%} p90 {pairs['p90']:.1%} "
               f"({pairs['count']} on {pair_span[0]}-{pair_span[1]})" if row_span and pair_span else f"   {gpus}: -")
+    print("by device, all scales (a prediction also reads its device's items in its scale's range, if 3 or more, "
+          "and keeps the wider band):")
+    for device in sorted({it[2] for group in items.values() for it in group}):
+        parts = [f"{label} median {b['median']:.1%} p90 {b['p90']:.1%} ({b['count']})"
+                 for label, b in (("figures", on_device(items["rows"], device, None)),
+                                  ("comparisons", on_device(items["comparisons"], device, None))) if b]
+        print(f"   {device}: {', '.join(parts) or 'fewer than 3 items'}")
 
 
 def main(argv: list[str] | None = None) -> int:

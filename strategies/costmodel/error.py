@@ -17,6 +17,13 @@ it was measured on (a comparison of two scales counts at the larger); a predicti
 the items measured within a factor ``SCALE_WINDOW`` of W, widening the window by that factor until
 it holds ``MIN_ITEMS`` (or every item). The band names the range it read.
 
+**And at the prediction's device**: items carry the device they ran on, and where a device has
+``DEVICE_MIN_ITEMS`` or more scored items in the GPU range the scale band read, the band is the wider
+of the two (``device`` says what that device's own items show). A Frontier prediction at 384 GCDs
+reads the V100 ZeRO++ comparisons that dominate that scale (about 8% median) and the seed paper's
+four Frontier comparisons (about 31% median, up to 53% off): a decision between strategies there is
+held to the second, because the model's error on one device is no smaller for being small on another.
+
 A preset's profile keeps its band whichever runner's collectives it is charged (``hardware.run_by``):
 most published rows were run by DeepSpeed or FSDP, and each table names how its engine ran them.
 Where a preset's prediction runs flat rings (``--runner deepspeed`` or ``fsdp``) at a scale where its
@@ -44,6 +51,8 @@ SCALE_WINDOW = 2
 """Items measured on W/2 .. 2W GPUs (one doubling either way) speak for a prediction on W."""
 MIN_ITEMS = 8
 """Fewer items than this at the prediction's scale: the window widens (a median of three is no band)."""
+DEVICE_MIN_ITEMS = 3
+"""Fewer scored items of the prediction's device in its range: no device band (too few to speak for it)."""
 COLLECTIVES_WITHIN = 0.15
 """A library's measured collectives within this of the model's ring add nothing to a band (the published goal)."""
 
@@ -57,17 +66,25 @@ def band_of(errors: list[float]) -> dict[str, Any]:
             "p90": round(errors[min(len(errors) - 1, round(0.9 * (len(errors) - 1)))], 4)}
 
 
-def at_scale(items: list[list[float]], world: int | None) -> tuple[dict[str, Any], tuple[int, int] | None]:
-    """The band of the ``[gpus, error]`` items measured near ``world`` GPUs, and the GPU range it read
-    (None: every item, as for a prediction without a scale)."""
+def at_scale(items: list[list], world: int | None) -> tuple[dict[str, Any], tuple[int, int] | None]:
+    """The band of the ``[gpus, error, device]`` items measured near ``world`` GPUs, and the GPU range it
+    read (None: every item, as for a prediction without a scale)."""
     if world is None or not items:
-        return band_of([e for _, e in items]), None
+        return band_of([it[1] for it in items]), None
     lo = hi = float(world)
     while True:
         lo, hi = lo / SCALE_WINDOW, hi * SCALE_WINDOW
-        near = [(g, e) for g, e in items if lo <= g <= hi]
+        near = [it for it in items if lo <= it[0] <= hi]
         if len(near) >= MIN_ITEMS or len(near) == len(items):
-            return band_of([e for _, e in near]), (int(min(g for g, _ in near)), int(max(g for g, _ in near)))
+            return band_of([it[1] for it in near]), (int(min(it[0] for it in near)), int(max(it[0] for it in near)))
+
+
+def on_device(items: list[list], device: str | None, span: tuple[int, int] | None) -> dict[str, Any] | None:
+    """The band of the items measured on ``device`` within ``span`` GPUs (all GPU counts for None): None for
+    fewer than ``DEVICE_MIN_ITEMS``."""
+    mine = [it[1] for it in items if len(it) > 2 and it[2] == device
+            and (span is None or span[0] <= it[0] <= span[1])]
+    return band_of(mine) if device and len(mine) >= DEVICE_MIN_ITEMS else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -77,16 +94,17 @@ def published_error() -> dict[str, Any] | None:
     return json.loads(ERROR_FILE.read_text()) if ERROR_FILE.exists() else None
 
 
-def error_band(calibration: Calibration, world: int | None = None) -> dict[str, Any] | None:
-    """The band a prediction made with ``calibration`` for ``world`` ranks carries: its measured error for
-    a fitted one, the published one near that scale for a preset's own profile, None otherwise (nothing
-    measured its error). A fresh dict per call."""
-    band = _band(calibration, world)
+def error_band(calibration: Calibration, world: int | None = None, device: str | None = None) -> dict[str, Any] | None:
+    """The band a prediction made with ``calibration`` for ``world`` ranks of ``device`` (a
+    ``ClusterSpec.device``) carries: its measured error for a fitted one, the published one near that
+    scale and on that device for a preset's own profile, None otherwise (nothing measured its error).
+    A fresh dict per call."""
+    band = _band(calibration, world, device)
     return dict(band) if band is not None else None
 
 
 @functools.lru_cache(maxsize=256)
-def _band(calibration: Calibration, world: int | None) -> dict[str, Any] | None:
+def _band(calibration: Calibration, world: int | None, device: str | None) -> dict[str, Any] | None:
     measured = calibration.measured_error
     if measured is not None:
         return {"row_median": measured.row_median, "row_p90": measured.row_p90,
@@ -105,6 +123,20 @@ def _band(calibration: Calibration, world: int | None) -> dict[str, Any] | None:
             "comparison_median": pairs["median"], "comparison_p90": pairs["p90"],
             "source": f"bench/published.py: {rows['count']} published figures{where(row_range)} and "
                       f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(err['tables'])})"}
+    own = {"rows": on_device(err["items"]["rows"], device, row_range),
+           "comparisons": on_device(err["items"]["comparisons"], device, pair_range)}
+    said = []
+    for kind, prefix, label in (("rows", "row", "figures"), ("comparisons", "comparison", "comparisons")):
+        mine = own[kind]
+        if mine is None:
+            continue
+        said.append(f"{mine['count']} {label} {mine['median']:.0%} median, {mine['p90']:.0%} p90")
+        for stat in ("median", "p90"):  # the wider of the scale's and the device's
+            if band[f"{prefix}_{stat}"] is None or mine[stat] > band[f"{prefix}_{stat}"]:
+                band[f"{prefix}_{stat}"] = mine[stat]
+    if said:
+        band["device"] = {"device": device, **{k: v for k, v in own.items() if v is not None}}
+        band["source"] += f"; on {device}: {' and '.join(said)}, the wider band kept"
     slower = _collectives(err, calibration, world)
     if slower is not None:
         band["collectives"] = slower

@@ -196,7 +196,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         "quantization": {"elements": _step_totals(sched, costs, accum)[1]},
         "memory_bytes": memory, "feasible": feasible, "headroom_bytes": capacity - memory["peak"],
         "grad_accum_steps": accum, "global_batch": world * mbs * accum, "calibration": calib.name,
-        "error_band": error_band(calib, world),
+        "error_band": error_band(calib, world, cluster.device),
         "breakdown": {"compute_s": accum * compute_s, "comm_s": accum * comm_s,
                       "exposed_comm_s": accum * max(0.0, micro_s - compute_s - slowdown_s),
                       "overlap_slowdown_s": accum * slowdown_s, "boundary_s": boundary_s,
