@@ -44,7 +44,7 @@ def failure_reason(out: Path, output: str, timed_out: bool, limit: float) -> str
     if signalled and (signalled[1] == signal.SIGKILL or not causes):
         return _killed(out, *signalled)
     if causes or symptoms:
-        return first_rank_error(out)
+        return _named(causes or symptoms)
     lines = [ln for ln in output.splitlines() if ln.strip()]
     return lines[-1] if lines else "torchrun exited without output"
 
@@ -60,9 +60,10 @@ def rank_errors(out: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]
                 written.append((float(err.get("time", math.inf)), int(err.get("rank", 0)), str(err["error"])))
             except (TypeError, ValueError):
                 continue
-    written.sort()
-    causes = [(rank, error) for _, rank, error in written if not PEER_SYMPTOM.search(error)]
-    symptoms = [(rank, error) for _, rank, error in written if PEER_SYMPTOM.search(error)]
+    causes: list[tuple[int, str]] = []
+    symptoms: list[tuple[int, str]] = []
+    for _, rank, error in sorted(written):
+        (symptoms if PEER_SYMPTOM.search(error) else causes).append((rank, error))
     return causes, symptoms
 
 
@@ -70,9 +71,11 @@ def first_rank_error(out: Path) -> str:
     """``rank R failed: Error: msg``: the first error a rank wrote that is not a peer's symptom, else
     the first symptom; "" when no rank wrote one."""
     causes, symptoms = rank_errors(out)
-    if not (causes or symptoms):
-        return ""
-    rank, error = (causes or symptoms)[0]
+    return _named(causes or symptoms) if causes or symptoms else ""
+
+
+def _named(errors: list[tuple[int, str]]) -> str:
+    rank, error = errors[0]
     return f"rank {rank} failed: {error}"
 
 

@@ -450,13 +450,13 @@ def peak_tflops_of(name: str) -> float | None:
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
                         rings: str = "hierarchical", outer_reduce: str = "boundary",
-                        host: str = "unknown", host_s_per_layer: float = 0.0) -> Calibration:
+                        host: str = "unknown") -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
     for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
     runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
     reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: at the boundary),
-    on nodes of the ``host`` design (a key of ``HOSTS``), whose host issues a block's kernels in
-    ``host_s_per_layer`` at least (``Calibration.host_s_per_layer``)."""
+    on nodes of the ``host`` design (a key of ``HOSTS``). No host floor: ``run_by`` gives it the floor of
+    the runner that runs it."""
     if host not in HOSTS:
         raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
     d, h = DEVICES[device], HOSTS[host]
@@ -469,7 +469,7 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                        overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
                        outer_reduce=outer_reduce, protocols=d.protocols, net_overhead_us=h.net_overhead_us,
                        ll_max_busbw_gbps=(d.ll_max_busbw_gbps, *h.ll_max_busbw_gbps) if d.ll_max_busbw_gbps else (),
-                       ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau, host_s_per_layer=host_s_per_layer)
+                       ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau)
 
 
 def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...]) -> ClusterSpec:
@@ -496,8 +496,8 @@ DGX A100, two AMD EPYC 7742 with the NICs on the GPUs' PCIe switches [dgx-a100];
 7763 [nersc-perlmutter] (the NIC placement: ``HOSTS["amd-cpu-nic"]``)."""
 
 PRESET_CALIBRATIONS: dict[str, Calibration] = {
-    base: profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels), host=PRESET_HOSTS[base],
-                              host_s_per_layer=RUNNER_HOST_S_PER_LAYER["zerotune"])
+    base: run_by(profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels),
+                                     host=PRESET_HOSTS[base]), "zerotune")
     for base, (device, levels) in PROFILES.items()}
 """The calibration each cluster preset carries, by preset name: zerotune's engine running on it."""
 NOMINAL = Calibration()
