@@ -21,7 +21,10 @@ ring per level, as zerotune's engine and MiCS's hierarchical all-gather do); a p
 its own calibration (zerotune's engine on that cluster). Its ``outer_reduce`` says where the engine
 reduced gradients beyond their shard group in a one-micro-step step: ``boundary`` (the default, as
 zerotune's engine does) or ``backward`` (overlapped with backward: DeepSpeed's ``overlap_comm``, DDP
-and HSDP buckets), as the source states it.
+and HSDP buckets), as the source states it. Its ``gathers`` says how the engine fetched parameters:
+``bucket`` (the default: one all-gather per bucket, as FSDP and zerotune's engine do) or ``module``
+(one per sub-module, as DeepSpeed ZeRO-3 and the engines built on it do); a strategy column may set its
+own ``gathers`` where its engine is not the table's.
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -45,7 +48,7 @@ from typing import Any
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import OUTER_REDUCE, RINGS, profile_calibration, profile_cluster
+from zerotune.strategies.costmodel.hardware import GATHERS, OUTER_REDUCE, RINGS, profile_calibration, profile_cluster
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +58,7 @@ GOAL = 0.15
 
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
-                  outer_reduce: str) -> tuple[ClusterSpec, Calibration]:
+                  outer_reduce: str, gathers: str) -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
@@ -68,7 +71,7 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
                    for level, lv in zip(cluster.levels, spec["levels"], strict=True))
     cluster = dataclasses.replace(cluster, levels=levels, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops))
     return cluster, profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
-                                        outer_reduce, host=spec.get("host", "unknown"))
+                                        outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:
@@ -89,7 +92,8 @@ class Table:
             raise ValueError(f"{path.name}: source.role={self.role!r}: must be agreement, calibration or reference")
         self.rings = self._choice("collectives", "flat", RINGS)
         self.outer_reduce = self._choice("outer_reduce", "boundary", OUTER_REDUCE)
-        self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce)
+        self.gathers = self._choice("gathers", "bucket", GATHERS)
+        self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers)
                          for k, v in data.get("clusters", {}).items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
@@ -119,6 +123,8 @@ class Table:
             cluster_key, model_key, mbs, strategy_key = row_id.split("/")
             cluster, calib = self.clusters[cluster_key]
             fields = dict(self.strategies[strategy_key])
+            if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
+                calib = dataclasses.replace(calib, gathers=fields.pop("gathers"))
             s = build_strategy(fields, cluster, micro_batch_size=int(mbs))
             p = predict(self.models[model_key], cluster, s, calibration=calib)
             if self.metric == "tokens_per_s_per_gpu":

@@ -30,6 +30,13 @@ def block_numel(spec: ModelSpec) -> int:
     return 4 * h * h + 2 * h * f + 9 * h + f
 
 
+def block_modules(spec: ModelSpec) -> tuple[int, ...]:
+    """Parameters of a block's linear sub-modules, weight and bias: qkv, proj, fc, out (the rest of
+    ``block_numel`` is its two LayerNorms)."""
+    h, f = spec.hidden, spec.ffn
+    return 3 * h * h + 3 * h, h * h + h, h * f + f, f * h + h
+
+
 def root_numel(spec: ModelSpec) -> int:
     """Embeddings (V·h + T·h) and the final LayerNorm (2h)."""
     return spec.vocab * spec.hidden + spec.seq_len * spec.hidden + 2 * spec.hidden

@@ -26,9 +26,9 @@ from zerotune.errors import SpecError
 from zerotune.strategies.costmodel.error import error_band
 from zerotune.strategies.costmodel.hardware import Calibration, calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
-from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
+from zerotune.strategies.costmodel.schedule import Coll, Schedule, build_schedule
 from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
-from zerotune.strategies.plan import block_numel, root_numel
+from zerotune.strategies.plan import block_modules, block_numel, root_numel
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.strategies.volume import QUANT_BLOCK, Volume
 
@@ -120,6 +120,20 @@ def _runs_of(lengths: tuple[int, ...], units: tuple[int, ...], group_end: tuple[
     return r_lengths, r_units, r_groups, last_of(fwd), last_of(bwd)
 
 
+def _by_module(ct: Any, gathers: dict[int, Coll], lengths: tuple[int, ...], units: tuple[int, ...],
+               model: ModelSpec) -> dict[int, float]:
+    """Seconds of each block bucket's gather issued as one all-gather per sub-module
+    (``Calibration.gathers = "module"``): the bucket's shard split in the sub-modules' proportions
+    (``plan.block_modules``, its LayerNorms shared among them), one collective per block and module."""
+    modules = block_modules(model)
+    total = sum(modules)
+    out = {}
+    for n, u in dict(zip(lengths, units, strict=True)).items():
+        op, rng, numel, bits = gathers[n]
+        out[n] = u * sum(ct((op, rng, max(1, round(numel * m / total / u)), bits)) for m in modules)
+    return out
+
+
 def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int | None = None,
             global_batch: int | None = None, calibration: Calibration | None = None,
             block: int = QUANT_BLOCK) -> dict[str, Any]:
@@ -161,7 +175,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them
     p = s.prefetch_buckets
-    root_f, root_r = f_of[sched.root], r_of[sched.root_group] if sched.root_group else 0.0
+    if calib.gathers == "module":  # DeepSpeed: a gather per sub-module, with no prefetch credited
+        p = 0
+        f_of.update(_by_module(ct, sched.fwd, sched.lengths, sched.units, model))
+        b_of.update(_by_module(ct, sched.bwd, sched.lengths, sched.units, model))
+    root_f, root_r = ct(sched.fwd[sched.root]), r_of[sched.root_group] if sched.root_group else 0.0
     r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs_of(sched.lengths, sched.units, sched.group_end, p)
     t, comm, lost_f = pipeline(root_f, root_f, f_of, sched.lengths, per_block, sched.units, None, None, p, fwd_runs,
                                kappa)

@@ -343,8 +343,12 @@ def pipeline(t: float, comm: float, gathers: dict[int, float], lengths: tuple[in
         if limit > nb:
             limit = nb
         while issued < limit:
-            comm = (comm if comm > t else t) + gathers[lengths[issued]]
-            ends[issued] = comm
+            g = gathers[lengths[issued]]
+            if g:
+                comm = (comm if comm > t else t) + g
+                ends[issued] = comm
+            else:  # nothing to gather (a replicated bucket): no place in the queue, nothing to wait for
+                ends[issued] = t
             issued += 1
         e = ends[i]
         if e > t:

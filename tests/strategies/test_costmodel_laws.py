@@ -323,6 +323,37 @@ def test_a_stack_that_reduces_in_backward_hides_the_outer_reduction():
         Calibration(outer_reduce="later")
 
 
+def test_a_gather_per_sub_module_pays_each_ones_latency_on_the_whole_ring():
+    """DeepSpeed ZeRO-3 fetches parameters sub-module by sub-module (four all-gathers per GPT block): the same
+    bytes as one gather per block, four times the latency. On a flat ring that latency grows with the whole
+    group, so the cost of the finer fetch grows with the cluster and shrinks as the messages grow."""
+    model = parse_model("gpt-neox-20b")
+
+    def cost_of_modules(nodes: int, tokens_scale: int = 1) -> float:
+        cluster = parse_cluster(f"frontier:{nodes}")
+        flat = run_by(calibration_for(cluster), "deepspeed")
+        s = build_strategy("zero3", cluster, prefetch_buckets=0, micro_batch_size=tokens_scale)
+        by_module = predict(model, cluster, s, calibration=flat)
+        by_block = predict(model, cluster, s, calibration=dataclasses.replace(flat, gathers="bucket"))
+        assert by_module["bytes_per_level"] == by_block["bytes_per_level"]
+        assert by_module["breakdown"]["compute_s"] == by_block["breakdown"]["compute_s"]
+        return by_module["breakdown"]["comm_s"] - by_block["breakdown"]["comm_s"]
+
+    assert 0 < cost_of_modules(2) < cost_of_modules(16) < cost_of_modules(48)
+    with pytest.raises(ValueError, match="gathers='layer'"):
+        Calibration(gathers="layer")
+
+
+def test_prefetch_depth_does_not_move_a_strategy_that_gathers_nothing():
+    """ZeRO-1/2 keep every parameter on every rank: no gather is issued, so nothing waits behind the gradient
+    reductions in the queue, and the prefetch depth cannot change the step."""
+    cluster = parse_cluster("frontier:8")
+    times = {p: predict(parse_model("gpt-7b"), cluster, build_strategy("zero2", cluster, prefetch_buckets=p,
+                                                                       reduce_bucket_mb=50))["step_time_s"]
+             for p in (0, 1, 3)}
+    assert times[0] == pytest.approx(times[1], rel=1e-12) and times[1] == pytest.approx(times[3], rel=1e-12)
+
+
 def test_half_bandwidth_message_size_matches_a_measured_curve():
     """An 8xH100 all-reduce reaches half its bus bandwidth near 16-17 MB (Azure ND H100 v5 nccl-tests, NCCL 2.18):
     the model's latency and achievable bandwidth put that point within a factor of 2 of it."""
