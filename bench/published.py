@@ -19,9 +19,10 @@ A table's ``collectives`` says how its engine ran a collective over several leve
 default: one NCCL ring over the whole group, as DeepSpeed and FSDP issue it) or ``hierarchical`` (one
 ring per level, as zerotune's engine and MiCS's hierarchical all-gather do); a preset cluster keeps
 its own calibration (zerotune's engine on that cluster). Its ``outer_reduce`` says where the engine
-reduced gradients beyond their shard group in a one-micro-step step: ``boundary`` (the default, as
-zerotune's engine does) or ``backward`` (overlapped with backward: DeepSpeed's ``overlap_comm``, DDP
-and HSDP buckets), as the source states it. Its ``gathers`` says how the engine fetched parameters:
+reduced gradients beyond their shard group: ``boundary`` (the default: after backward, serial, where a
+source does not say it overlapped them) or ``backward`` (overlapped with the final backward: DeepSpeed's
+``overlap_comm``, DDP and HSDP buckets, zerotune's engine), as the source states it. Its ``gathers``
+says how the engine fetched parameters:
 ``bucket`` (the default: one all-gather per bucket, as FSDP and zerotune's engine do) or ``module``
 (one per sub-module, as DeepSpeed ZeRO-3 and the engines built on it do); a strategy column may set its
 own ``gathers`` where its engine is not the table's.

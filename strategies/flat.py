@@ -23,6 +23,9 @@ class FlatBucket:
     grad_shard: torch.Tensor
     master: nn.Parameter
     secondary: torch.Tensor | None = None
+    reduced: torch.Tensor | None = None
+    """The optimizer shard's gradient once reduced beyond the grad span (by the last micro-step's
+    backward); None until then. A view of ``grad_shard``."""
     pending: Future | None = None
     gathered: bool = False
     activations: list[int] = field(default_factory=lambda: [0])

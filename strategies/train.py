@@ -252,8 +252,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         # instead of once, where the last step's end already waited
         batches = [tuple(t.to(device) for t in data.batch(
             sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=mbs))) for micro in range(accum)]
-        for idx, targets in batches:
-            total += engine.forward_backward(idx, targets, loss_scale=1.0 / (world * accum))
+        for micro, (idx, targets) in enumerate(batches):
+            total += engine.forward_backward(idx, targets, loss_scale=1.0 / (world * accum), final=micro == accum - 1)
         grad_norm = engine.step(lr=lr_at(step, lr, lr_warmup))
         status.update(f"at step {step + 1}/{args.steps}")
         if cuda:

@@ -267,11 +267,12 @@ class Calibration:
     """Whether the library may run LL128 (``Host.nic_beside_gpu``): NCCL enables it by default only then."""
     ring_plateau: float = 1.0
     """NCCL's multi-node Simple ring all-reduce pays its latency this many times (``Device.ring_plateau``)."""
-    outer_reduce: str = "boundary"
-    """Where a one-micro-step step reduces gradients beyond ``grad_span``: ``boundary`` (zerotune's
-    engine: after the backward pass, serial) or ``backward`` (queued after each reduce group while
-    backward runs on: DeepSpeed's ``overlap_comm``, DDP's and HSDP's bucketed all-reduce, AMSP's
-    "AR overlap"). With gradient accumulation both reduce once, at the boundary."""
+    outer_reduce: str = "backward"
+    """Where a step reduces gradients beyond ``grad_span``: ``backward`` (queued after each reduce
+    group while the final micro-step's backward runs on: zerotune's engine, DeepSpeed's
+    ``overlap_comm``, DDP's and HSDP's bucketed all-reduce on their accumulation boundary, AMSP's "AR
+    overlap") or ``boundary`` (after the backward pass, serial: engines that reduce in their optimizer
+    step)."""
     gathers: str = "bucket"
     """How a runner fetches a bucket's parameters: ``bucket`` (one all-gather per bucket: zerotune's
     engine, and FSDP2's ``fully_shard`` per block, which gathers a block's parameters into one buffer)
@@ -317,7 +318,7 @@ class Calibration:
 
 
 RUNNERS: dict[str, tuple[str, str, str]] = {
-    "zerotune": ("hierarchical", "boundary", "bucket"),
+    "zerotune": ("hierarchical", "backward", "bucket"),
     "deepspeed": ("flat", "backward", "module"),
     "fsdp": ("flat", "backward", "bucket"),
 }
@@ -471,12 +472,12 @@ def peak_tflops_of(name: str) -> float | None:
 
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
-                        rings: str = "hierarchical", outer_reduce: str = "boundary",
+                        rings: str = "hierarchical", outer_reduce: str = "backward",
                         host: str = "unknown", gathers: str = "bucket") -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
     for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
     runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
-    reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: at the boundary)
+    reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: in the final backward)
     and fetches parameters (``Calibration.gathers``; zerotune's engine: a bucket per all-gather),
     on nodes of the ``host`` design (a key of ``HOSTS``). No host floor: ``run_by`` gives it the floor of
     the runner that runs it."""

@@ -6,10 +6,10 @@ backward pass last bucket first — its first gather exposed, each reduce group'
 queued after the group's last bucket, the root's reduction exposed at the end. The step is
 A micro-steps, then the step-boundary collectives (serial: nothing left to compute), the AdamW
 update of the optimizer shard with the passes around it (``hardware.STEP_BYTES_PER_ELEM``), and a
-fixed overhead. Under ``Calibration.outer_reduce = "backward"``
-a one-micro-step step queues the gradient reduction beyond ``grad_span`` (reduce-scatter to
-``optim_span``, all-reduce across its replicas) after each reduce group in backward, as DeepSpeed's
-``overlap_comm`` and DDP's buckets do; the boundary keeps the gathers of the updated weights.
+fixed overhead. Under ``Calibration.outer_reduce = "backward"`` the step's final micro-step queues
+the gradient reduction beyond ``grad_span`` (reduce-scatter to ``optim_span``, all-reduce across its
+replicas) after each reduce group in backward, as zerotune's engine, DeepSpeed's ``overlap_comm`` and
+DDP's buckets do on their accumulation boundary; the boundary keeps the gathers of the updated weights.
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
 scores and weighted sum); backward twice that (+ a forward recompute with checkpointing); the head
@@ -155,12 +155,15 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     f_of = {n: ct(c) for n, c in sched.fwd.items()}
     b_of = {n: ct(c) for n, c in sched.bwd.items()}
     r_of = {m: ct(a) + ct(b) for m, (a, b) in sched.reduce.items()}
-    outer_in_backward = calib.outer_reduce == "backward" and accum == 1
-    if outer_in_backward:  # the group's reduction beyond grad_span, queued in backward with its reduce-scatters
+    outer_in_backward = calib.outer_reduce == "backward"
+    r_final = r_of
+    if outer_in_backward:  # the final micro-step queues each group's reduction beyond grad_span after its own
         size, L = costs.prefix, cluster.num_levels  # noqa: N806
         G, O = s.grad_span, s.optim_span  # noqa: E741, N806
-        r_of = {m: r + ct(("reduce_scatter", (G + 1, O), m // size[G], s.grad_bits))
-                + ct(("all_reduce", (O + 1, L), m // size[O], s.grad_bits)) for m, r in r_of.items()}
+        r_final = {m: r + ct(("reduce_scatter", (G + 1, O), m // size[G], s.grad_bits))
+                   + ct(("all_reduce", (O + 1, L), m // size[O], s.grad_bits)) for m, r in r_of.items()}
+        if r_final == r_of:  # nothing beyond grad_span (ZeRO-2/3 over the whole world)
+            r_final = r_of
 
     rate = cluster.peak_tflops * 1e12 * calib.compute_efficiency
     tokens = mbs * model.seq_len
@@ -179,28 +182,36 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         p = 0
         f_of.update(_by_module(ct, sched.fwd, sched.lengths, sched.units, model))
         b_of.update(_by_module(ct, sched.bwd, sched.lengths, sched.units, model))
-    root_f, root_r = ct(sched.fwd[sched.root]), r_of[sched.root_group] if sched.root_group else 0.0
+    root_f = ct(sched.fwd[sched.root])
     r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs_of(sched.lengths, sched.units, sched.group_end, p)
-    t, comm, lost_f = pipeline(root_f, root_f, f_of, sched.lengths, per_block, sched.units, None, None, p, fwd_runs,
-                               kappa)
-    head_s = 3 * head  # the head's forward and backward
-    if kappa and comm > t:
-        head_s += kappa * min(comm - t, head_s)
-    t += head_s
-    t, comm, lost_b = pipeline(t, comm, b_of, r_lengths, bwd_factor * per_block, r_units, r_of, r_groups, p,
-                               bwd_runs, kappa)
-    comm = (comm if comm > t else t) + root_r
     compute_s = per_block * sched.total_units * (1 + bwd_factor) + 3 * head
     host_wait_s = (per_block - device_block) * sched.total_units * (1 + bwd_factor)
-    comm_s = (root_f + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
-              + sum(k * r_of[m] for m, k in sched.group_counts))
-    overlapped = t if t > comm else comm
-    micro_s = calib.overlap * overlapped + (1 - calib.overlap) * (compute_s + comm_s)
-    slowdown_s = calib.overlap * (lost_f + lost_b + head_s - 3 * head)
+
+    def micro_step(reductions: dict[int, float]) -> tuple[float, float, float]:
+        """(seconds, communication seconds, slow-down seconds) of one micro-step reducing by ``reductions``."""
+        t, comm, lost_f = pipeline(root_f, root_f, f_of, sched.lengths, per_block, sched.units, None, None, p,
+                                   fwd_runs, kappa)
+        head_s = 3 * head  # the head's forward and backward
+        if kappa and comm > t:
+            head_s += kappa * min(comm - t, head_s)
+        t += head_s
+        t, comm, lost_b = pipeline(t, comm, b_of, r_lengths, bwd_factor * per_block, r_units, reductions, r_groups,
+                                   p, bwd_runs, kappa)
+        comm = (comm if comm > t else t) + (reductions[sched.root_group] if sched.root_group else 0.0)
+        comm_s = (root_f + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
+                  + sum(k * reductions[m] for m, k in sched.group_counts))
+        overlapped = t if t > comm else comm
+        micro_s = calib.overlap * overlapped + (1 - calib.overlap) * (compute_s + comm_s)
+        return micro_s, comm_s, calib.overlap * (lost_f + lost_b + head_s - 3 * head)
+
+    # the step's micro-steps: all alike, but for the final one's reductions beyond grad_span
+    final = micro_step(r_final)
+    rest = micro_step(r_of) if accum > 1 and r_final is not r_of else final
+    micros_s, comm_s, slowdown_s = (rest[i] * (accum - 1) + final[i] for i in range(3))
     boundary_s = sum(k * sum(ct(c) for c in sched.boundary[n][2 if outer_in_backward else 0:])
                      for n, k in sched.bucket_counts)
     optimizer_s = sum(n * k for n, k in sched.bucket_counts) / costs.prefix[s.optim_span] / calib.optimizer_elems_per_s
-    step_s = accum * micro_s + boundary_s + optimizer_s + calib.step_overhead_s
+    step_s = micros_s + boundary_s + optimizer_s + calib.step_overhead_s
 
     memory = memory_per_rank(model, sched, cluster.sizes, s, e)
     capacity = int(cluster.device_memory_gib * GIB)
@@ -215,9 +226,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         "memory_bytes": memory, "feasible": feasible, "headroom_bytes": capacity - memory["peak"],
         "grad_accum_steps": accum, "global_batch": world * mbs * accum, "calibration": calib.name,
         "error_band": error_band(calib, world, cluster.device),
-        "breakdown": {"compute_s": accum * compute_s, "comm_s": accum * comm_s,
-                      "exposed_comm_s": accum * max(0.0, micro_s - compute_s - slowdown_s),
-                      "overlap_slowdown_s": accum * slowdown_s, "boundary_s": boundary_s,
+        "breakdown": {"compute_s": accum * compute_s, "comm_s": comm_s,
+                      "exposed_comm_s": max(0.0, micros_s - accum * compute_s - slowdown_s),
+                      "overlap_slowdown_s": slowdown_s, "boundary_s": boundary_s,
                       "optimizer_s": optimizer_s, "overhead_s": calib.step_overhead_s,
                       "host_wait_s": accum * host_wait_s},
     }

@@ -9,9 +9,10 @@ length n and spans P ≤ G ≤ O, hpZ span H (S_k = ranks in span k):
   with hpZ, else the forward gather again;
 - per reduce group of total length m: reduce-scatter over levels 1..P of m, then P+1..G of m/S_P.
 
-Per step and bucket (the step boundary): reduce-scatter over G+1..O of n/S_G and all-reduce over
-O+1..L of n/S_O (both ``grad_bits``), then all-gather over G+1..O of n/S_O and over P+1..G of n/S_G,
-16-bit (the authoritative shard is never quantized).
+Per step and bucket: reduce-scatter over G+1..O of n/S_G and all-reduce over O+1..L of n/S_O (both
+``grad_bits``; the engine runs them in its last micro-step's backward, with the bucket's reduce group),
+then, at the step boundary, all-gather over G+1..O of n/S_O and over P+1..G of n/S_G, 16-bit (the
+authoritative shard is never quantized). ``boundary`` holds all four; where they run is timing's.
 
 Buckets of one length share their collectives, so the schedule is held per distinct length (a
 plan of 44 identical blocks has one forward gather, not 44): cheap to build, cached per strategy.

@@ -2,8 +2,10 @@
 
     torchrun --standalone --nproc-per-node 8 tests/strategies/engine_checks.py local:2x2x2 CASES OUT_DIR
 
-CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr", "by_roots", "inline"}
-("inline": collectives on the main thread, as the engine runs them on a GPU). For each,
+CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr", "by_roots",
+"inline", "outer_at_step", "guard"} ("inline": collectives on the main thread, as the engine runs them on a GPU;
+"outer_at_step": no micro-step is final, so the step reduces beyond the grad span; "guard": after training, try
+a micro-step after a final one). For each,
 every rank trains gpt-tiny and rank 0 saves losses, grad norms, counted bytes, the memory report
 and the final full parameters to OUT_DIR/<name>.pt; each rank writes rank<r>.json when done.
 """
@@ -49,17 +51,27 @@ def main() -> None:
             total = torch.zeros((), dtype=torch.float64)
             for micro in range(accum):
                 ids = sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=strategy.micro_batch_size)
-                total += engine.forward_backward(*data.batch(ids), loss_scale=1.0 / (world * accum))
+                total += engine.forward_backward(*data.batch(ids), loss_scale=1.0 / (world * accum),
+                                                 final=micro == accum - 1 and not case.get("outer_at_step"))
             norms.append(engine.step())
             step_bytes, step_quant = engine.counter.as_dict(), engine.counter.quant_elements
             dist.all_reduce(total)
             losses.append(float(total) / (world * accum))
         memory = engine.mem.report()
         params = engine.full_parameters()
+        guard = None
+        if case.get("guard"):  # a micro-step after the final one is refused before it issues a collective
+            batch = data.batch(sequence_ids(steps, 0, topo.rank, accum=1, world=world, batch=strategy.micro_batch_size))
+            engine.forward_backward(*batch, loss_scale=1.0 / world)
+            try:
+                engine.forward_backward(*batch, loss_scale=1.0 / world)
+            except RuntimeError as exc:
+                guard = str(exc)
+            engine.step()
         engine.close()
         if topo.rank == 0:
             torch.save({"losses": losses, "grad_norms": norms, "bytes": step_bytes,
-                        "quant_elements": step_quant, "memory": memory, "params": params,
+                        "quant_elements": step_quant, "memory": memory, "params": params, "guard": guard,
                         "strategy": strategy.to_dict()}, out_dir / f"{case['name']}.pt")
     (out_dir / f"rank{topo.rank}.json").write_text(json.dumps({"rank": topo.rank}))
     dist.barrier()

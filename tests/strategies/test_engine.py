@@ -44,6 +44,10 @@ def cases_8() -> list[dict]:
          "set": {**SMALL, "activation_checkpointing": True, "prefetch_buckets": 2}, "steps": STEPS},
         {"name": "zeropp-ckpt-accum2", "strategy": "zeropp", "accum": 2,
          "set": {**SMALL, "weight_bits": 16, "grad_bits": 16, "activation_checkpointing": True}, "steps": STEPS},
+        {"name": "3level-a-accum2", "strategy": "3level-a", "set": SMALL, "accum": 2, "steps": STEPS, "guard": True},
+        {"name": "3level-a-accum2-outer-at-step", "strategy": "3level-a", "set": SMALL, "accum": 2, "steps": STEPS,
+         "outer_at_step": True},
+        {"name": "mics-accum2", "strategy": "mics", "set": SMALL, "accum": 2, "steps": STEPS},
         {"name": "zeropp-q", "strategy": "zeropp", "set": SMALL, "steps": 30, "quant_block": 256},
         {"name": "3level-b-q", "strategy": "3level-b", "set": SMALL, "steps": 30, "quant_block": 256},
         {"name": "zero3-bf16", "strategy": "zero3", "set": SMALL, "steps": 2, "dtype": "bf16", "quant_block": 128},
@@ -148,6 +152,20 @@ def test_accumulation_and_checkpointing_do_not_change_results(runs8):
     # accumulation: 2 micro-batches of 2 sequences per rank = one batch of 32 sequences
     assert results["zero3-accum2-mbs2"][1]["losses"] == pytest.approx(
         reference(8, 2, 2, STEPS)[0], rel=TOL)
+
+
+def test_the_final_micro_step_reduces_beyond_the_grad_span_as_the_step_would(runs8):
+    """With accumulation, the last micro-step's backward reduces the grad shards over G+1..O and across
+    replicas while backward runs on: the same collectives on the same sums as the step's, so the same
+    training to the bit; a micro-step after the final one is refused before it issues anything."""
+    _, results = runs8
+    a, b = results["3level-a-accum2"][1], results["3level-a-accum2-outer-at-step"][1]
+    assert a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"] and a["bytes"] == b["bytes"]
+    for k, v in b["params"].items():
+        assert torch.equal(a["params"][k], v), k
+    s = Strategy.from_dict(a["strategy"])
+    assert s.grad_span < s.optim_span  # there was something beyond the grad span to reduce
+    assert "final micro-step" in a["guard"] and "step()" in a["guard"]
 
 
 def test_quantized_strategies_learn_and_stay_near_the_reference(runs8):
