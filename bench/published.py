@@ -18,7 +18,8 @@ measured what the model does not express (tensor or pipeline parallelism): both 
 A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the
 default: one NCCL ring over the whole group, as DeepSpeed and FSDP issue it) or ``hierarchical`` (one
 ring per level, as zerotune's engine and MiCS's hierarchical all-gather do); a preset cluster keeps
-its own calibration (zerotune's engine on that cluster). Its ``outer_reduce`` says where the engine
+its own calibration, run as the table's ``runner`` runs it (``hardware.RUNNERS``; default zerotune's
+engine). Its ``outer_reduce`` says where the engine
 reduced gradients beyond their shard group: ``boundary`` (the default: after backward, serial, where a
 source does not say it overlapped them) or ``backward`` (overlapped with the final backward: DeepSpeed's
 ``overlap_comm``, DDP and HSDP buckets, zerotune's engine), as the source states it. Its ``gathers``
@@ -49,7 +50,15 @@ from typing import Any
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import GATHERS, OUTER_REDUCE, RINGS, profile_calibration, profile_cluster
+from zerotune.strategies.costmodel.hardware import (
+    GATHERS,
+    OUTER_REDUCE,
+    RINGS,
+    RUNNERS,
+    profile_calibration,
+    profile_cluster,
+    run_by,
+)
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,11 +68,11 @@ GOAL = 0.15
 
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
-                  outer_reduce: str, gathers: str) -> tuple[ClusterSpec, Calibration]:
-    """A table's cluster and the calibration its profiles give (a preset carries its own)."""
+                  outer_reduce: str, gathers: str, runner: str) -> tuple[ClusterSpec, Calibration]:
+    """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
-        return cluster, calibration_for(cluster)
+        return cluster, run_by(calibration_for(cluster), runner)
     levels_spec = tuple((lv["name"], lv["size"], lv["link"]) for lv in spec["levels"])
     links = tuple(link for _, _, link in levels_spec)
     cluster = profile_cluster(name, spec["device"], levels_spec)
@@ -94,7 +103,8 @@ class Table:
         self.rings = self._choice("collectives", "flat", RINGS)
         self.outer_reduce = self._choice("outer_reduce", "boundary", OUTER_REDUCE)
         self.gathers = self._choice("gathers", "bucket", GATHERS)
-        self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers)
+        self.runner = self._choice("runner", "zerotune", tuple(RUNNERS))
+        self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner)
                          for k, v in data.get("clusters", {}).items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]

@@ -21,7 +21,7 @@ it holds ``MIN_ITEMS`` (or every item). The band names the range it read.
 ``DEVICE_MIN_ITEMS`` or more scored items in the GPU range the scale band read, the band is the wider
 of the two (``device`` says what that device's own items show). A Frontier prediction at 384 GCDs
 reads the V100 ZeRO++ comparisons that dominate that scale (about 8% median) and the seed paper's
-four Frontier comparisons (about 31% median, up to 53% off): a decision between strategies there is
+four Frontier comparisons (about 25% median, up to 45% off): a decision between strategies there is
 held to the second, because the model's error on one device is no smaller for being small on another.
 
 A preset's profile keeps its band whichever runner's collectives it is charged (``hardware.run_by``):

@@ -425,7 +425,7 @@ def test_a_band_is_no_narrower_than_the_models_error_on_its_device():
     stored = json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text())["items"]["comparisons"]
     near, span = at_scale(stored, 384)
     own = on_device(stored, frontier.device, span)
-    assert own is not None and own["median"] > 2 * near["median"]  # the seed paper's runs, missed by 22-53%
+    assert own is not None and own["median"] > 2 * near["median"]  # the seed paper's runs, missed by 7-45%
     assert band["comparison_median"] == own["median"] and band["device"]["comparisons"] == own
     assert f"on {frontier.device}: {own['count']} comparisons" in band["source"]
     h100 = parse_cluster("dgx-h100:16")  # torchtitan's three items lie outside its comparisons' range
