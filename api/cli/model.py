@@ -38,10 +38,10 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                    help="run dtype (auto: fp32 on CPU clusters, bf16 otherwise)")
     p.add_argument("--calibration", help="a stored calibration name (zerotune calibrate) or its JSON file")
     p.add_argument("--runner", choices=["deepspeed", "fsdp", "zerotune"], default=None,
-                   help="the software that runs the spans: zerotune (its engine: one ring per level, the outer "
-                        "gradient reduction at the step boundary), deepspeed or fsdp (as the exported configs run: "
-                        "one NCCL ring over the whole group, gradients reduced while backward runs); default: the "
-                        "calibration's (zerotune for the presets)")
+                   help="the software that runs the spans: zerotune (its engine: one ring per level, a gather "
+                        "per bucket), deepspeed or fsdp (as the exported configs run: one NCCL ring over the whole "
+                        "group; DeepSpeed gathers per sub-module); all three reduce gradients beyond the grad span "
+                        "in the last micro-step's backward; default: the calibration's (zerotune for the presets)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON (run.json field names)")
     p.set_defaults(func=cmd_predict)
 
