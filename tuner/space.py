@@ -132,6 +132,9 @@ class Space:
     cluster: ClusterSpec
     bucket_mb: tuple[float, ...] = (25.0, 50.0, 100.0, 250.0, 1000.0)
     prefetch: tuple[int, ...] = (0, 1, 2, 4)
+    """Buckets gathered ahead. For the ``deepspeed`` runner only 1: the cost model credits none of
+    DeepSpeed's prefetch (``Calibration.gathers``), so it cannot rank depths, and 0 would export a
+    config with prefetching off (``stage3_prefetch_bucket_size`` 0) on no evidence."""
     micro_batch_sizes: tuple[int, ...] = MICRO_BATCH_SIZES
     checkpointing: tuple[bool, ...] = (False, True)
     bits: tuple[int, ...] = BITS
@@ -143,6 +146,8 @@ class Space:
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
             raise SpecError("runner", self.runner, f"must be one of {list(RUNNERS)}")
+        if self.runner == "deepspeed":
+            object.__setattr__(self, "prefetch", (1,))
         if self.global_batch is not None:
             object.__setattr__(self, "micro_batch_sizes",
                                micro_batches_for(self.cluster, self.global_batch, self.micro_batch_sizes))

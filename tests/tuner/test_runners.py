@@ -131,6 +131,8 @@ def test_a_deepspeed_study_searches_deepspeed_and_predicts_its_collectives(tmp_p
     names = {t.strategy.get("name") for t in trials}
     assert {"zero3", "zeropp"} <= names and not names & {"3level-a", "3level-b", "mics"}
     assert all(runner_rule("deepspeed", cluster, Strategy.from_dict(t.strategy)) is None for t in trials)
+    # the model credits none of DeepSpeed's prefetch: one depth is offered, and never 0 (prefetching off)
+    assert {t.strategy["prefetch_buckets"] for t in trials} == {1}
     flat = run_by(calibration_for(cluster), "deepspeed")
     for t in trials:
         if t.status == "complete":  # valued as DeepSpeed runs it: flat rings, gradients reduced in backward
