@@ -104,8 +104,9 @@ class Table:
         self.outer_reduce = self._choice("outer_reduce", "boundary", OUTER_REDUCE)
         self.gathers = self._choice("gathers", "bucket", GATHERS)
         self.runner = self._choice("runner", "zerotune", tuple(RUNNERS))
+        self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
         self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner)
-                         for k, v in data.get("clusters", {}).items()}
+                         for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)
@@ -121,6 +122,13 @@ class Table:
                     self.compares.append({"of": row_id, "over": ids[0], "caption": group["caption"]})
         self.compares += data.get("compare", [])
         self._predicted: dict[str, dict[str, Any]] = {}
+
+    def how(self) -> str:
+        """How the table's engine ran, as its predictions charge it."""
+        if all("preset" in spec for spec in self.cluster_specs.values()):
+            return f"cluster presets, run by {self.runner}"
+        return (f"{self.stack} stack, {self.rings} rings, a gather per {self.gathers}, "
+                f"outer reduction {'in backward' if self.outer_reduce == 'backward' else 'at the boundary'}")
 
     def _choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
         value = self.source.get(key, default)
@@ -217,7 +225,7 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
         role = {"agreement": "", "calibration": "  [a source of the profiles' constants: not scored]",
                 "reference": "  [runs the model does not express: not scored]"}[t.role]
         print(f"\n== {t.name}: {t.source['title']}{role}\n   {t.source['url']}\n   {t.source['cluster']}"
-              f"\n   stack: {t.stack}")
+              f"\n   run as: {t.how()}")
         print(f"   {'row (cluster/model/micro-batch/strategy)':<42}{'published':>10}{'predicted':>10}{'error':>8}"
               f"{'step s':>8}{'compute':>8}{'exposed':>8}{'slowdn':>8}{'bound.':>8}")
         for r in (r for r in result["rows"] if r["table"] == t.name):

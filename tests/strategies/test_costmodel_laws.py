@@ -488,6 +488,31 @@ def test_published_bench_reproduces_its_tables():
     assert bad.returncode == 2 and "--table=nope: no such table" in bad.stderr
 
 
+def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monkeypatch):
+    """A table names its engine's runner (for preset clusters) and how it gathers; a column whose engine
+    gathered otherwise overrides it; an unknown value is refused by name."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    amsp = published.Table(ROOT / "bench" / "published" / "amsp_paper.toml")
+    assert amsp.gathers == "module" and amsp.strategies["amsp_7b"]["gathers"] == "bucket"
+    halfnode, calib = amsp.clusters["a800-1024-halfnode"]
+    fields = {k: v for k, v in amsp.strategies["amsp_13b"].items() if k != "gathers"}
+    s, model = build_strategy(fields, halfnode, micro_batch_size=1), amsp.models["llama-13b"]
+    by_block = predict(model, halfnode, s, calibration=dataclasses.replace(calib, gathers="bucket"))["step_time_s"]
+    by_module = predict(model, halfnode, s, calibration=calib)["step_time_s"]
+    assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] == by_block != by_module
+    frontier = published.Table(ROOT / "bench" / "published" / "frontier_3level.toml")
+    assert frontier.runner == "deepspeed" and frontier.how() == "cluster presets, run by deepspeed"
+    assert frontier.clusters["frontier48"][1] == run_by(calibration_for(parse_cluster("frontier:48")), "deepspeed")
+    text = (ROOT / "bench" / "published" / "frontier_3level.toml").read_text()
+    for key, line in (("runner", 'runner = "nope"'), ("gathers", 'runner = "deepspeed"\ngathers = "nope"')):
+        bad = tmp_path / f"bad_{key}.toml"
+        bad.write_text(text.replace('runner = "deepspeed"', line))
+        with pytest.raises(ValueError, match=f"source.{key}='nope': must be one of"):
+            published.Table(bad)
+
+
 def test_vendor_collectives_at_scale_hold_the_ring_model_to_its_range():
     """bench/collectives_at_scale.py: measured RCCL / NCCL all-gathers and reduce-scatters at 32-2,048 GPUs (the PCCL
     paper) beside one flat ring of the model. NCCL on Perlmutter is within 15% up to 256 GPUs and within 30% at every
