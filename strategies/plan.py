@@ -24,17 +24,16 @@ from zerotune.strategies.volume import pad_to
 BYTES_PER_16BIT = 2
 
 
-def block_numel(spec: ModelSpec) -> int:
-    """Parameters of one block: 4h² + 2hf + 9h + f (see ``ModelSpec.num_params``)."""
-    h, f = spec.hidden, spec.ffn
-    return 4 * h * h + 2 * h * f + 9 * h + f
-
-
 def block_modules(spec: ModelSpec) -> tuple[int, ...]:
-    """Parameters of a block's linear sub-modules, weight and bias: qkv, proj, fc, out (the rest of
-    ``block_numel`` is its two LayerNorms)."""
+    """Parameters of a block's linear sub-modules, weight and bias: qkv, proj, fc, out."""
     h, f = spec.hidden, spec.ffn
     return 3 * h * h + 3 * h, h * h + h, h * f + f, f * h + h
+
+
+def block_numel(spec: ModelSpec) -> int:
+    """Parameters of one block: its linear sub-modules and two LayerNorms, 4h² + 2hf + 9h + f (see
+    ``ModelSpec.num_params``)."""
+    return sum(block_modules(spec)) + 4 * spec.hidden
 
 
 def root_numel(spec: ModelSpec) -> int:

@@ -285,8 +285,8 @@ class Calibration:
     large data-parallel group is made of. No prefetch is credited to ``module``: DeepSpeed's published
     ZeRO-3 and ZeRO++ figures show the gathers exposed. Crediting ``fetch_sub_module``'s prefetch as
     written (the next sub-modules' gathers, up to the prefetch window, running beside the current one's
-    compute) puts 41 of bench/published.py's 102 figures within 15% instead of 62, every DeepSpeed row
-    over-predicted (the ZeRO++ blog's ZeRO-3 rows by up to 62%)."""
+    compute) put 41 of bench/published.py's 102 figures within 15%, where the model without it had 62
+    when this was decided, every DeepSpeed row over-predicted (the ZeRO++ blog's ZeRO-3 rows by up to 62%)."""
     host_s_per_layer: float = 0.0
     """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
     to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is

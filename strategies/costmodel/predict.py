@@ -156,14 +156,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     b_of = {n: ct(c) for n, c in sched.bwd.items()}
     r_of = {m: ct(a) + ct(b) for m, (a, b) in sched.reduce.items()}
     outer_in_backward = calib.outer_reduce == "backward"
-    r_final = r_of
-    if outer_in_backward:  # the final micro-step queues each group's reduction beyond grad_span after its own
-        size, L = costs.prefix, cluster.num_levels  # noqa: N806
-        G, O = s.grad_span, s.optim_span  # noqa: E741, N806
-        r_final = {m: r + ct(("reduce_scatter", (G + 1, O), m // size[G], s.grad_bits))
-                   + ct(("all_reduce", (O + 1, L), m // size[O], s.grad_bits)) for m, r in r_of.items()}
-        if r_final == r_of:  # nothing beyond grad_span (ZeRO-2/3 over the whole world)
-            r_final = r_of
+    # the final micro-step queues each group's reduction beyond grad_span after its own reduce-scatters
+    outer_of = {m: ct(a) + ct(b) for m, (a, b) in sched.outer.items()} if outer_in_backward else {}
+    r_final = {m: r + outer_of[m] for m, r in r_of.items()} if any(outer_of.values()) else r_of
 
     rate = cluster.peak_tflops * 1e12 * calib.compute_efficiency
     tokens = mbs * model.seq_len
@@ -187,16 +182,18 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     compute_s = per_block * sched.total_units * (1 + bwd_factor) + 3 * head
     host_wait_s = (per_block - device_block) * sched.total_units * (1 + bwd_factor)
 
+    t0, comm0, lost_f = pipeline(root_f, root_f, f_of, sched.lengths, per_block, sched.units, None, None, p,
+                                 fwd_runs, kappa)
+    head_s = 3 * head  # the head's forward and backward
+    if kappa and comm0 > t0:
+        head_s += kappa * min(comm0 - t0, head_s)
+    t0 += head_s
+
     def micro_step(reductions: dict[int, float]) -> tuple[float, float, float]:
-        """(seconds, communication seconds, slow-down seconds) of one micro-step reducing by ``reductions``."""
-        t, comm, lost_f = pipeline(root_f, root_f, f_of, sched.lengths, per_block, sched.units, None, None, p,
-                                   fwd_runs, kappa)
-        head_s = 3 * head  # the head's forward and backward
-        if kappa and comm > t:
-            head_s += kappa * min(comm - t, head_s)
-        t += head_s
-        t, comm, lost_b = pipeline(t, comm, b_of, r_lengths, bwd_factor * per_block, r_units, reductions, r_groups,
-                                   p, bwd_runs, kappa)
+        """(seconds, communication seconds, slow-down seconds) of one micro-step reducing by ``reductions``
+        (the forward pass and the head, alike in every micro-step, are timed once, above)."""
+        t, comm, lost_b = pipeline(t0, comm0, b_of, r_lengths, bwd_factor * per_block, r_units, reductions,
+                                   r_groups, p, bwd_runs, kappa)
         comm = (comm if comm > t else t) + (reductions[sched.root_group] if sched.root_group else 0.0)
         comm_s = (root_f + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
                   + sum(k * reductions[m] for m, k in sched.group_counts))

@@ -56,6 +56,9 @@ class Schedule(NamedTuple):
     """The two reduce-scatters of a reduce group, by group length."""
     boundary: dict[int, tuple[Coll, Coll, Coll, Coll]]
     """The step-boundary collectives of a bucket, by bucket length (root included)."""
+    outer: dict[int, tuple[Coll, Coll]]
+    """The reduction beyond grad_span of a reduce group's grad shards, by group length: the first two of
+    ``boundary``, timed with the group when the final backward runs them (bytes count ``boundary``'s)."""
     block_counts: tuple[tuple[int, int], ...]
     """(length, number of block buckets of that length)."""
     group_counts: tuple[tuple[int, int], ...]
@@ -99,20 +102,25 @@ def _build(model: ModelSpec, sizes: tuple[int, ...], allgather_bucket_mb: float,
     wb, gb = bits
     size = [math.prod(sizes[:k]) for k in range(L + 1)]
     root, lengths, units, group_end, root_group = _plan_facts(model, size[L], allgather_bucket_mb, reduce_bucket_mb)
-    fwd, bwd, boundary, reduce = {}, {}, {}, {}
+    fwd, bwd, boundary, reduce, outer = {}, {}, {}, {}, {}
+
+    def beyond_grad_span(n: int) -> tuple[Coll, Coll]:
+        return ("reduce_scatter", (G + 1, O), n // size[G], gb), ("all_reduce", (O + 1, L), n // size[O], gb)
+
     for n in {root, *lengths}:
         fwd[n] = ("all_gather", (1, P), n // size[P], wb)
         bwd[n] = fwd[n] if H is None else ("all_gather", (1, H), n // size[H], 16)
-        boundary[n] = (("reduce_scatter", (G + 1, O), n // size[G], gb), ("all_reduce", (O + 1, L), n // size[O], gb),
-                       ("all_gather", (G + 1, O), n // size[O], 16), ("all_gather", (P + 1, G), n // size[G], 16))
+        boundary[n] = (*beyond_grad_span(n), ("all_gather", (G + 1, O), n // size[O], 16),
+                       ("all_gather", (P + 1, G), n // size[G], 16))
     groups = [m for m in (*group_end, root_group) if m]
     for m in set(groups):
         reduce[m] = (("reduce_scatter", (1, P), m, gb), ("reduce_scatter", (P + 1, G), m // size[P], gb))
+        outer[m] = beyond_grad_span(m)
     key = (model, sizes, allgather_bucket_mb, reduce_bucket_mb, spans, bits)
     blocks = tuple(Counter(lengths).items())
     buckets = Counter(dict(blocks))
     buckets[root] += 1
-    return Schedule(key, root, lengths, units, group_end, root_group, fwd, bwd, reduce, boundary,
+    return Schedule(key, root, lengths, units, group_end, root_group, fwd, bwd, reduce, boundary, outer,
                     blocks, tuple(Counter(groups).items()), tuple(buckets.items()), sum(units))
 
 
