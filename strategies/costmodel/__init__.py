@@ -18,13 +18,19 @@ from typing import Any
 
 from zerotune.strategies.costmodel.hardware import Calibration, MeasuredError, calibration_for
 from zerotune.strategies.costmodel.memory import GIB, activation_memory, state_memory
-from zerotune.strategies.costmodel.predict import accumulation_steps, predict, step_latency, step_volume
+from zerotune.strategies.costmodel.predict import (
+    accumulation_steps,
+    predict,
+    step_calls,
+    step_latency,
+    step_volume,
+)
 from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
 from zerotune.strategies.spec import ClusterSpec
 
 __all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_steps", "activation_memory",
            "build_schedule", "calibration_for", "clear_caches", "cross_node_bytes", "predict", "scaling_efficiency",
-           "state_memory", "step_latency", "step_volume"]
+           "state_memory", "step_calls", "step_latency", "step_volume"]
 
 
 def clear_caches() -> None:

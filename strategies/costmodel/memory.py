@@ -72,7 +72,7 @@ def memory_per_rank(model: ModelSpec, sched: Schedule, sizes: tuple[int, ...], s
                     elem_bytes: int) -> dict[str, int]:
     """Every category and their sum ``peak`` (see the module docstring)."""
     memory = schedule_state_memory(sched, sizes, s, elem_bytes)
-    group = max(max(sched.group_end, default=0), sched.root_group)
+    group = max(sum(g) for g in (*sched.group_end, sched.root_group))
     gathered = (sched.root + (1 + s.prefetch_buckets) * max(sched.lengths, default=0)) if s.param_span else 0
     memory["comm_buffers"] = (gathered + 2 * group) * elem_bytes
     memory["activations"] = activation_memory(model, s, elem_bytes) + head_backward_transient(model, s, elem_bytes)

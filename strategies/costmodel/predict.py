@@ -26,7 +26,7 @@ from zerotune.errors import SpecError
 from zerotune.strategies.costmodel.error import error_band
 from zerotune.strategies.costmodel.hardware import Calibration, calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
-from zerotune.strategies.costmodel.schedule import Coll, Schedule, build_schedule
+from zerotune.strategies.costmodel.schedule import Coll, Group, Schedule, build_schedule
 from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
 from zerotune.strategies.plan import block_modules, block_numel, root_numel
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
@@ -55,6 +55,20 @@ def step_volume(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_byt
     """Bytes sent per rank per optimizer step, by level and collective kind."""
     sched = build_schedule(model, cluster, s)
     return _volume(sched, costs_for(cluster, Calibration(), elem_bytes, s.quantize_above, block), accum)
+
+
+def step_calls(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int, accum: int = 1,
+               block: int = QUANT_BLOCK) -> dict[str, dict[str, int]]:
+    """Collectives issued per rank per optimizer step, by level and kind: one for each level a collective of
+    the schedule moves bytes on, as the engine issues its primitives (each pays a launch and its hops)."""
+    sched = build_schedule(model, cluster, s)
+    costs = costs_for(cluster, Calibration(), elem_bytes, s.quantize_above, block)
+    out: dict[str, dict[str, int]] = {}
+    for c, times in sched.counts(accum).items():
+        for (name, kind), _ in costs.flat_volume(c):
+            kinds = out.setdefault(name, {})
+            kinds[kind] = kinds.get(kind, 0) + times
+    return out
 
 
 def _step_totals(sched: Schedule, costs: Costs, accum: int) -> tuple[Volume, int]:
@@ -99,8 +113,8 @@ def step_latency(model: ModelSpec, cluster: ClusterSpec, s: Strategy, calib: Cal
 
 
 @functools.lru_cache(maxsize=4096)
-def _runs_of(lengths: tuple[int, ...], units: tuple[int, ...], group_end: tuple[int, ...],
-             p: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], list[int], list[int]]:
+def _runs_of(lengths: tuple[int, ...], units: tuple[int, ...], group_end: tuple[Group, ...],
+             p: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Group, ...], list[int], list[int]]:
     """For the backward pass: bucket lengths, units and group ends in backward order; and for both
     passes of ``pipeline``, the last iteration of each iteration's run of identical inputs (units
     computed, the length gathered ahead, the group reduced). Iterations that issue no gather never
@@ -154,11 +168,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     ct = costs.time
     f_of = {n: ct(c) for n, c in sched.fwd.items()}
     b_of = {n: ct(c) for n, c in sched.bwd.items()}
-    r_of = {m: ct(a) + ct(b) for m, (a, b) in sched.reduce.items()}
+    r_of = {g: ct(a) + ct(b) for g, (a, b) in sched.reduce.items()}
     outer_in_backward = calib.outer_reduce == "backward"
     # the final micro-step queues each group's reduction beyond grad_span after its own reduce-scatters
-    outer_of = {m: ct(a) + ct(b) for m, (a, b) in sched.outer.items()} if outer_in_backward else {}
-    r_final = {m: r + outer_of[m] for m, r in r_of.items()} if any(outer_of.values()) else r_of
+    outer_of = {g: sum(ct(c) for c in cs) for g, cs in sched.outer.items()} if outer_in_backward else {}
+    r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
 
     rate = cluster.peak_tflops * 1e12 * calib.compute_efficiency
     tokens = mbs * model.seq_len
@@ -189,14 +203,14 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         head_s += kappa * min(comm0 - t0, head_s)
     t0 += head_s
 
-    def micro_step(reductions: dict[int, float]) -> tuple[float, float, float]:
+    def micro_step(reductions: dict[Group, float]) -> tuple[float, float, float]:
         """(seconds, communication seconds, slow-down seconds) of one micro-step reducing by ``reductions``
         (the forward pass and the head, alike in every micro-step, are timed once, above)."""
         t, comm, lost_b = pipeline(t0, comm0, b_of, r_lengths, bwd_factor * per_block, r_units, reductions,
                                    r_groups, p, bwd_runs, kappa)
         comm = (comm if comm > t else t) + (reductions[sched.root_group] if sched.root_group else 0.0)
         comm_s = (root_f + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
-                  + sum(k * reductions[m] for m, k in sched.group_counts))
+                  + sum(k * reductions[g] for g, k in sched.group_counts))
         overlapped = t if t > comm else comm
         micro_s = calib.overlap * overlapped + (1 - calib.overlap) * (compute_s + comm_s)
         return micro_s, comm_s, calib.overlap * (lost_f + lost_b + head_s - 3 * head)

@@ -31,6 +31,9 @@ from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 Coll = tuple[str, tuple[int, int], int, int]
 """One collective: (op, (first level, last level), numel, bits). ``numel`` is the shard for
 all-gathers and the buffer otherwise; levels lo > hi means "nothing to do"."""
+Group = tuple[int, ...]
+"""A reduce group: the padded lengths of its buckets (the engine reduces them as one buffer, then, in the
+final micro-step, each bucket's shard beyond grad_span on its own); () where no group ends."""
 
 
 class Schedule(NamedTuple):
@@ -44,25 +47,26 @@ class Schedule(NamedTuple):
     """Block bucket padded lengths, forward order."""
     units: tuple[int, ...]
     """Transformer blocks in each block bucket."""
-    group_end: tuple[int, ...]
-    """Length of the reduce group that ends at each block bucket (0: none ends there)."""
-    root_group: int
-    """Length of the group ending at the root (the last reduction of the backward pass)."""
+    group_end: tuple[Group, ...]
+    """The reduce group that ends at each block bucket (() where none ends there)."""
+    root_group: Group
+    """The group ending at the root (the last reduction of the backward pass)."""
     fwd: dict[int, Coll]
     """Forward gather by bucket length (root included)."""
     bwd: dict[int, Coll]
     """Backward gather by block bucket length."""
-    reduce: dict[int, tuple[Coll, Coll]]
-    """The two reduce-scatters of a reduce group, by group length."""
+    reduce: dict[Group, tuple[Coll, Coll]]
+    """The two reduce-scatters of a reduce group, of its total length."""
     boundary: dict[int, tuple[Coll, Coll, Coll, Coll]]
     """The step-boundary collectives of a bucket, by bucket length (root included)."""
-    outer: dict[int, tuple[Coll, Coll]]
-    """The reduction beyond grad_span of a reduce group's grad shards, by group length: the first two of
-    ``boundary``, timed with the group when the final backward runs them (bytes count ``boundary``'s)."""
+    outer: dict[Group, tuple[Coll, ...]]
+    """The reduction beyond grad_span of a reduce group's grad shards, bucket by bucket as the engine runs
+    it (``_reduce_outer``): the first two of each member's ``boundary``, timed with the group when the final
+    backward runs them (bytes count ``boundary``'s)."""
     block_counts: tuple[tuple[int, int], ...]
     """(length, number of block buckets of that length)."""
-    group_counts: tuple[tuple[int, int], ...]
-    """(length, number of reduce groups of that length), the root's group included."""
+    group_counts: tuple[tuple[Group, int], ...]
+    """(group, number of reduce groups alike), the root's group included."""
 
     bucket_counts: tuple[tuple[int, int], ...]
     """(length, number of buckets) with the root counted: what memory and the boundary walk."""
@@ -79,8 +83,8 @@ class Schedule(NamedTuple):
                 out[self.bwd[n]] += k_blocks * accum
             for c in self.boundary[n]:
                 out[c] += k
-        for m, k in self.group_counts:
-            for c in self.reduce[m]:
+        for g, k in self.group_counts:
+            for c in self.reduce[g]:
                 out[c] += k * accum
         return out
 
@@ -88,10 +92,10 @@ class Schedule(NamedTuple):
 @functools.lru_cache(maxsize=4096)
 def _plan_facts(model: ModelSpec, world: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> tuple:
     plan = plan_buckets(model, world, allgather_bucket_mb, reduce_bucket_mb)
-    ends = {g[-1]: sum(plan.buckets[i].padded for i in g) for g in plan.reduce_groups}
+    ends = {g[-1]: tuple(plan.buckets[i].padded for i in g) for g in plan.reduce_groups}
     blocks = plan.block_buckets
     return (plan.buckets[0].padded, tuple(b.padded for b in blocks), tuple(len(b.units) for b in blocks),
-            tuple(ends.get(b.index, 0) for b in blocks), ends[0])
+            tuple(ends.get(b.index, ()) for b in blocks), ends[0])
 
 
 @functools.lru_cache(maxsize=16384)
@@ -112,10 +116,11 @@ def _build(model: ModelSpec, sizes: tuple[int, ...], allgather_bucket_mb: float,
         bwd[n] = fwd[n] if H is None else ("all_gather", (1, H), n // size[H], 16)
         boundary[n] = (*beyond_grad_span(n), ("all_gather", (G + 1, O), n // size[O], 16),
                        ("all_gather", (P + 1, G), n // size[G], 16))
-    groups = [m for m in (*group_end, root_group) if m]
-    for m in set(groups):
-        reduce[m] = (("reduce_scatter", (1, P), m, gb), ("reduce_scatter", (P + 1, G), m // size[P], gb))
-        outer[m] = beyond_grad_span(m)
+    groups = [g for g in (*group_end, root_group) if g]
+    for g in set(groups):
+        m = sum(g)
+        reduce[g] = (("reduce_scatter", (1, P), m, gb), ("reduce_scatter", (P + 1, G), m // size[P], gb))
+        outer[g] = tuple(c for n in g for c in beyond_grad_span(n))
     key = (model, sizes, allgather_bucket_mb, reduce_bucket_mb, spans, bits)
     blocks = tuple(Counter(lengths).items())
     buckets = Counter(dict(blocks))

@@ -69,7 +69,7 @@ from zerotune.strategies.costmodel.hardware import (
     RING_PROTOCOLS,
     Calibration,
 )
-from zerotune.strategies.costmodel.schedule import Coll
+from zerotune.strategies.costmodel.schedule import Coll, Group
 from zerotune.strategies.spec import ClusterSpec
 from zerotune.strategies.volume import (
     Volume,
@@ -318,7 +318,7 @@ def clear() -> None:
 
 
 def pipeline(t: float, comm: float, gathers: dict[int, float], lengths: tuple[int, ...], compute: float,
-             units: tuple[int, ...], reductions: dict[int, float] | None, groups: tuple[int, ...] | None, p: int,
+             units: tuple[int, ...], reductions: dict[Group, float] | None, groups: tuple[Group, ...] | None, p: int,
              runs: list[int], slowdown: float = 0.0) -> tuple[float, float, float]:
     """Simulate one pass over the buckets: returns (compute stream end, queue end, seconds of slow-down).
 

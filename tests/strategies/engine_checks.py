@@ -45,7 +45,7 @@ def main() -> None:
         engine = ZeroEngine(spec, strategy, topo, dtype=dtype, lr=case.get("lr", 3e-3), seed=0,
                             quant_block=case.get("quant_block", 2048), inline_comm=case.get("inline"))
         data = TokenSource(spec.vocab, spec.seq_len, seed=0)
-        losses, norms, step_bytes, step_quant = [], [], {}, 0
+        losses, norms, step_bytes, step_quant, step_calls = [], [], {}, 0, {}
         for step in range(steps):
             engine.counter.reset()
             total = torch.zeros((), dtype=torch.float64)
@@ -55,6 +55,7 @@ def main() -> None:
                                                  final=micro == accum - 1 and not case.get("outer_at_step"))
             norms.append(engine.step())
             step_bytes, step_quant = engine.counter.as_dict(), engine.counter.quant_elements
+            step_calls = {lv: dict(kinds) for lv, kinds in engine.counter.calls.items() if any(kinds.values())}
             dist.all_reduce(total)
             losses.append(float(total) / (world * accum))
         memory = engine.mem.report()
@@ -70,7 +71,7 @@ def main() -> None:
             engine.step()
         engine.close()
         if topo.rank == 0:
-            torch.save({"losses": losses, "grad_norms": norms, "bytes": step_bytes,
+            torch.save({"losses": losses, "grad_norms": norms, "bytes": step_bytes, "calls": step_calls,
                         "quant_elements": step_quant, "memory": memory, "params": params, "guard": guard,
                         "strategy": strategy.to_dict()}, out_dir / f"{case['name']}.pt")
     (out_dir / f"rank{topo.rank}.json").write_text(json.dumps({"rank": topo.rank}))

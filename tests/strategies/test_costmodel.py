@@ -8,6 +8,7 @@ import random
 import statistics
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from zerotune.strategies.costmodel import (
     Calibration,
     accumulation_steps,
     activation_memory,
+    build_schedule,
     cross_node_bytes,
     predict,
     state_memory,
@@ -128,6 +130,26 @@ def test_activation_estimate_equals_the_accountant(grid_runs):
 
 NEOX = parse_model("gpt-neox-20b")
 FRONTIER48 = parse_cluster("frontier:48")
+
+
+def test_the_final_backward_times_the_outer_reduction_bucket_by_bucket():
+    """The engine reduces each bucket's grad shard beyond grad_span on its own (``_reduce_outer``), so the schedule
+    times a reduce group's outer reduction as its members' collectives (each one's first two boundary
+    collectives): a group of k buckets pays k launches and hops, and every bucket is reduced once."""
+    cluster, model = parse_cluster("frontier:48"), parse_model("gpt-7b")
+    multi = False
+    for preset in ("3level-a", "mics", "zero2", "zero3"):
+        s = build_strategy({"preset": preset, "reduce_bucket_mb": 2000}, cluster)
+        sched = build_schedule(model, cluster, s)
+        members: Counter[int] = Counter()
+        for g, k in sched.group_counts:
+            assert sched.outer[g] == tuple(c for n in g for c in sched.boundary[n][:2]), preset
+            assert sched.reduce[g][0][2] == sum(g)  # the in-group reduce-scatter is one buffer
+            for n in g:
+                members[n] += k
+            multi |= len(g) > 1
+        assert members == Counter(dict(sched.bucket_counts)), preset
+    assert multi, "no reduce group of several buckets was exercised"
 
 
 def test_zero3_vs_zeropp_cross_node_volume_is_3m_vs_075m():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.costmodel import state_memory, step_volume
+from zerotune.strategies.costmodel import state_memory, step_calls, step_volume
 from zerotune.strategies.engine import InlineExecutor
 from zerotune.strategies.reference import train_reference
 from zerotune.strategies.spec import Strategy
@@ -188,6 +188,19 @@ def test_counted_bytes_equal_the_closed_form(runs):
         want = step_volume(model, cluster, s, elem_bytes=elem, accum=case.get("accum", 1),
                            block=case.get("quant_block", 2048))
         assert result["bytes"] == want, name
+
+
+def test_counted_collectives_equal_the_schedules(runs):
+    """The model charges a launch and a ring's hops per collective, so the engine must issue exactly the
+    schedule's collectives, level by level and kind by kind (the beyond-grad-span reduction bucket by bucket)."""
+    cluster, results = runs
+    model = parse_model("gpt-tiny")
+    for name, (case, result) in results.items():
+        s = Strategy.from_dict(result["strategy"])
+        elem = 2 if case.get("dtype") == "bf16" else 4
+        want = step_calls(model, cluster, s, elem_bytes=elem, accum=case.get("accum", 1),
+                          block=case.get("quant_block", 2048))
+        assert result["calls"] == want, name
 
 
 def test_zeropp_cross_node_bytes_are_a_quarter_of_zero3(runs8):
