@@ -283,11 +283,12 @@ class Calibration:
     ``stage3_param_persistence_threshold``, 1e5 by default, and stay gathered). The bytes are the
     same; a block pays four collectives' latency instead of one, which is what a ring over a whole
     large data-parallel group is made of. No prefetch is credited to ``module``: DeepSpeed's published
-    ZeRO-3 and ZeRO++ figures show the gathers exposed, and its developers' own timelines of ZeRO-3 found
-    "the prefetching only partially overlaps with computation" (deepspeedai/DeepSpeed#1170). Crediting ``fetch_sub_module``'s prefetch as
-    written (the next sub-modules' gathers, up to the prefetch window, running beside the current one's
-    compute) put 41 of bench/published.py's 102 figures within 15%, where the model without it had 62
-    when this was decided, every DeepSpeed row over-predicted (the ZeRO++ blog's ZeRO-3 rows by up to 62%)."""
+    ZeRO-3 and ZeRO++ figures show the gathers exposed, and its developers' own timelines of ZeRO-3
+    found "the prefetching only partially overlaps with computation" (deepspeedai/DeepSpeed#1170).
+    Crediting ``fetch_sub_module``'s prefetch as written (the next sub-modules' gathers, up to the
+    prefetch window, running beside the current one's compute) put 41 of bench/published.py's 102
+    figures within 15%, where the model without it had 62 when this was decided, every DeepSpeed row
+    over-predicted (the ZeRO++ blog's ZeRO-3 rows by up to 62%)."""
     host_s_per_layer: float = 0.0
     """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
     to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is

@@ -72,9 +72,8 @@ def memory_per_rank(model: ModelSpec, sched: Schedule, sizes: tuple[int, ...], s
                     elem_bytes: int) -> dict[str, int]:
     """Every category and their sum ``peak`` (see the module docstring)."""
     memory = schedule_state_memory(sched, sizes, s, elem_bytes)
-    group = max(sum(g) for g in (*sched.group_end, sched.root_group))
     gathered = (sched.root + (1 + s.prefetch_buckets) * max(sched.lengths, default=0)) if s.param_span else 0
-    memory["comm_buffers"] = (gathered + 2 * group) * elem_bytes
+    memory["comm_buffers"] = (gathered + 2 * sched.largest_group) * elem_bytes
     memory["activations"] = activation_memory(model, s, elem_bytes) + head_backward_transient(model, s, elem_bytes)
     memory["peak"] = sum(memory.values())
     return memory

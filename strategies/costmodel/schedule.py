@@ -72,6 +72,8 @@ class Schedule(NamedTuple):
     """(length, number of buckets) with the root counted: what memory and the boundary walk."""
     total_units: int
     """Transformer blocks in all block buckets (the model's layers)."""
+    largest_group: int
+    """The length of the longest reduce group (the reduction buffer that memory holds)."""
 
     def counts(self, accum: int) -> Counter[Coll]:
         """Every collective of one optimizer step with how often it runs (``accum`` micro-steps)."""
@@ -126,7 +128,8 @@ def _build(model: ModelSpec, sizes: tuple[int, ...], allgather_bucket_mb: float,
     buckets = Counter(dict(blocks))
     buckets[root] += 1
     return Schedule(key, root, lengths, units, group_end, root_group, fwd, bwd, reduce, boundary, outer,
-                    blocks, tuple(Counter(groups).items()), tuple(buckets.items()), sum(units))
+                    blocks, tuple(Counter(groups).items()), tuple(buckets.items()), sum(units),
+                    max(sum(g) for g in groups))
 
 
 def build_schedule(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Schedule:

@@ -49,19 +49,18 @@ ring all-reduce pays its latency ``Calibration.ring_plateau`` times. The
 profiles of NVIDIA devices choose so (both kinds of ring); fitted calibrations, gloo runs and RCCL
 (whose tables were not sourced) are charged Simple's latencies throughout.
 
-**The pipeline** (``pipeline``) is the engine's own dependency structure: one FIFO communication
-thread and one compute stream. It is also DeepSpeed's and FSDP's, though they issue gathers and
-reductions on CUDA streams of their own: NCCL launches each kernel of a communicator after the one
-before it, whatever the stream (``ncclLaunchPrepare`` makes the launch stream wait on the
-communicator's ``deviceStream``: NVIDIA/nccl ``src/enqueue.cc`` at 01e6dd91), so the collectives of
-one data-parallel group run one at a time, in launch order. (Collectives on different communicators,
-such as ZeRO++'s secondary-group gathers, may run side by side; the model queues them too.) Iteration i issues the gathers of buckets up to i + prefetch (each
-starts when the queue is free and the compute stream has reached the point that issues it), waits
-for bucket i's gather, computes bucket i, then queues its group's reduction. Compute that runs
-while the queue is busy is slowed by ``overlap_slowdown`` (collectives take SMs/CUs and memory
-bandwidth from the kernels beside them): a compute span of c seconds that overlaps w seconds of
-queued communication takes c + κ·w. The first gathers, the last reduction and everything at the
-step boundary are exposed by construction.
+**The pipeline** (``pipeline``) is the engine's own dependency structure: one FIFO communication thread and one
+compute stream. It is also DeepSpeed's and FSDP's, though they issue gathers and reductions on CUDA streams of
+their own: NCCL launches each kernel of a communicator after the one before it, whatever the stream
+(``ncclLaunchPrepare`` makes the launch stream wait on the communicator's ``deviceStream``: NVIDIA/nccl
+``src/enqueue.cc`` at 01e6dd91), so the collectives of one data-parallel group run one at a time, in launch
+order. (Collectives on different communicators, such as ZeRO++'s secondary-group gathers, may run side by side;
+the model queues them too.) Iteration i issues the gathers of buckets up to i + prefetch (each starts when the
+queue is free and the compute stream has reached the point that issues it), waits for bucket i's gather,
+computes bucket i, then queues its group's reduction. Compute that runs while the queue is busy is slowed by
+``overlap_slowdown`` (collectives take SMs/CUs and memory bandwidth from the kernels beside them): a compute
+span of c seconds that overlaps w seconds of queued communication takes c + κ·w. The first gathers, the last
+reduction and everything at the step boundary are exposed by construction.
 """
 
 from __future__ import annotations
