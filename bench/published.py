@@ -186,11 +186,16 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
     scored = [r for r in rows if r["role"] == "agreement"]
     scored_ratios = [r for r in ratios if r["role"] == "agreement"]
     errors = [abs(r["error"]) for r in scored + scored_ratios] or [math.nan]
+    by_table: dict[str, list[int]] = {}  # table -> [within the goal, scored]
+    for r in scored + scored_ratios:
+        tally = by_table.setdefault(r["table"], [0, 0])
+        tally[0] += abs(r["error"]) <= GOAL
+        tally[1] += 1
     return {"rows": rows, "ratios": ratios, "error": model_error(tables, scored, scored_ratios),
             "summary": {"rows": len(scored), "ratios": len(scored_ratios),
                         "calibration_rows": len(rows) - len(scored) + len(ratios) - len(scored_ratios),
                         "within_goal": sum(e <= GOAL for e in errors), "median_abs_error": statistics.median(errors),
-                        "max_abs_error": max(errors)}}
+                        "max_abs_error": max(errors), "by_table": dict(sorted(by_table.items()))}}
 
 
 def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> dict[str, Any]:
@@ -246,6 +251,7 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
           f"±{GOAL:.0%} (goal: all); median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}  "
           f"(* = outside the goal; seconds are per optimizer step: compute, exposed communication, slow-down of "
           f"compute beside collectives, step boundary)")
+    print("within the goal, by table: " + ", ".join(f"{name} {ok}/{n}" for name, (ok, n) in s["by_table"].items()))
     items = result["error"]["items"]
     print("the band a prediction carries, by its scale (strategies/costmodel/error.py):")
     for gpus in (16, 128, 384, 1024):

@@ -479,6 +479,13 @@ def test_published_bench_reproduces_its_tables():
     assert {r["table"] for r in result["rows"]} | {r["table"] for r in result["ratios"]} == tables
     assert all(math.isfinite(r["predicted"]) and r["predicted"] > 0 for r in result["rows"] + result["ratios"])
     assert result["summary"]["median_abs_error"] <= 0.15, result["summary"]
+    # the tally by table covers every scored item once and agrees with the total
+    summary = result["summary"]
+    by_table = summary["by_table"]
+    scored = [r for r in result["rows"] + result["ratios"] if r["role"] == "agreement"]
+    assert sum(n for _, n in by_table.values()) == len(scored) == summary["rows"] + summary["ratios"]
+    assert sum(ok for ok, _ in by_table.values()) == summary["within_goal"]
+    assert set(by_table) == {r["table"] for r in scored} == set(result["error"]["tables"])
     # the comparisons keep their direction: ZeRO++ over ZeRO-3 is predicted > 1 wherever it was measured > 1
     for r in result["ratios"]:
         if r["table"] == "zeropp_blog":
