@@ -42,6 +42,9 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                         "per bucket), deepspeed or fsdp (as the exported configs run: one NCCL ring over the whole "
                         "group; DeepSpeed gathers per sub-module); all three reduce gradients beyond the grad span "
                         "in the last micro-step's backward; default: the calibration's (zerotune for the presets)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also print where each step's seconds go: compute, communication left exposed, the "
+                        "slow-down of compute beside collectives, the step boundary, the optimizer update")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON (run.json field names)")
     p.set_defaults(func=cmd_predict)
 
@@ -177,6 +180,8 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
               f"{p['memory_bytes']['peak'] / GIB:>9.1f}  {fits:<5}{p['cross_node_bytes'] / 1e9:>10.2f}  {error:>9}")
     for note, clusters in bands.items():
         print(f"error on {', '.join(dict.fromkeys(clusters))}: {note}")
+    if args.breakdown:
+        _print_breakdown(rows)
     for p in rows:  # a prediction that is mostly the host's pace says how to leave it
         wait, mbs = p["breakdown"]["host_wait_s"], p["global_batch"] // (p["world_size"] * p["grad_accum_steps"])
         if wait > 0.05 * p["step_time_s"]:
@@ -187,6 +192,27 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print("error '-': nothing measured this calibration's error; fit one on measured runs with "
               "'zerotune calibrate' to get its band")
     return ExitStatus.SUCCESS
+
+BREAKDOWN = (("compute", "compute_s"), ("exposed", "exposed_comm_s"), ("slowdn", "overlap_slowdown_s"),
+             ("bound.", "boundary_s"), ("optim.", "optimizer_s"), ("fixed", "overhead_s"))
+"""The breakdown's terms, which add up to the step (``predict``): (column, key)."""
+
+
+def _print_breakdown(rows: list[dict[str, Any]]) -> None:
+    """Each prediction's step split into the terms that add up to it, and its communication, with the term beyond
+    compute that costs most: what drives the difference between two rows."""
+    print("where each step goes, seconds: compute (host wait included), communication not hidden behind it, the "
+          "slow-down of compute beside collectives, the step boundary, the optimizer update, fixed overhead; "
+          "comm = every collective's time, hidden or not")
+    print(f"{'cluster':<14}{'strategy':<10}{'step s':>9}" + "".join(f"{c:>9}" for c, _ in BREAKDOWN)
+          + f"{'comm':>9}  most beyond compute")
+    for p in rows:
+        b = p["breakdown"]
+        beyond = max(BREAKDOWN[1:], key=lambda term: b[term[1]])
+        most = f"{beyond[0]} {b[beyond[1]] / p['step_time_s']:.0%}" if b[beyond[1]] > 0 else "-"
+        print(f"{p['cluster']:<14}{p['strategy']:<10}{p['step_time_s']:>9.3f}"
+              + "".join(f"{b[k]:>9.3f}" for _, k in BREAKDOWN) + f"{b['comm_s']:>9.3f}  {most}")
+
 
 def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.strategies.calibration import Measurement, bandwidths_from_clocks, fit, fit_options, save_calibration

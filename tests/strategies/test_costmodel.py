@@ -463,6 +463,20 @@ def test_predict_cli_sweep_table_and_json(capsys):
     assert "host-bound on dgx-h100:1 zero3: " in out and "--set micro_batch_size=N" in out
     assert main(["predict", "--model", "gpt-1.3b", "--cluster", "dgx-h100:1", "--set", "micro_batch_size=4"]) == 0
     assert "host-bound" not in capsys.readouterr().out
+    # --breakdown: each row's terms add up to its step, and the row names the term beyond compute that costs most
+    assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:2,48", "--strategy", "zero3",
+                 "--strategy", "3level-b", "--runner", "deepspeed", "--breakdown"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = out.index(next(line for line in out if line.startswith("cluster ") and "most beyond compute" in line))
+    rows = [line.split() for line in out[head + 1:head + 5]]
+    assert [r[:2] for r in rows] == [["frontier:2", "zero3"], ["frontier:48", "zero3"],
+                                     ["frontier:2", "3level-b"], ["frontier:48", "3level-b"]]
+    names = ["compute", "exposed", "slowdn", "bound.", "optim.", "fixed"]
+    for r in rows:
+        step, terms = float(r[2]), [float(x) for x in r[3:9]]
+        assert sum(terms) == pytest.approx(step, abs=0.004), r
+        beyond = max(range(1, 6), key=lambda i: terms[i])
+        assert r[10] == names[beyond] and r[11] == f"{terms[beyond] / step:.0%}", r
     # a batch the strategy cannot run is refused, not rounded to another training
     assert main(["predict", "--model", "gpt-7b", "--cluster", "dgx-h100:8", "--global-batch", "100"]) == 2
     assert "global_batch=100: must be a multiple of world size x micro_batch_size = 64 x 1 = 64" in \
