@@ -16,6 +16,7 @@ other end of the network, as FSDP keeps its root unit unsharded); then one unit 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from zerotune.strategies.spec import ModelSpec
@@ -61,35 +62,63 @@ class Plan:
     """Root first, then block buckets in forward order."""
     reduce_groups: tuple[tuple[int, ...], ...]
     """Bucket indices reduced together, in the order the reductions are issued."""
+    padded: tuple[int, ...]
+    """Every bucket's ``padded`` length, root first (what the cost model's schedule reads)."""
+    blocks: tuple[int, ...]
+    """Transformer blocks in each block bucket, forward order."""
 
     @property
     def block_buckets(self) -> tuple[Bucket, ...]:
         return self.buckets[1:]
 
 
-def plan_buckets(spec: ModelSpec, world_size: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> Plan:
-    """The bucket plan of ``spec`` for ``world_size`` ranks (see the module docstring)."""
+@functools.lru_cache(maxsize=64)
+def _block_names(layers: int) -> tuple[str, ...]:
+    return tuple(f"block{i}" for i in range(layers))
+
+
+def blocks_per_bucket(per_block: int, allgather_bucket_mb: float) -> int:
+    """The most whole blocks of ``per_block`` parameters whose 16-bit bytes fit ``allgather_bucket_mb``, at least
+    one (a block larger than the bucket is a bucket of its own)."""
     cap = allgather_bucket_mb * 1e6 / BYTES_PER_16BIT
+    k = max(1, int(cap // per_block))
+    while k > 1 and k * per_block > cap:  # the float division's rounding, settled against the exact products
+        k -= 1
+    while (k + 1) * per_block <= cap:
+        k += 1
+    return k
+
+
+@functools.lru_cache(maxsize=1024)
+def _buckets(spec: ModelSpec, world_size: int, k: int) -> tuple[tuple[Bucket, ...], tuple[int, ...], tuple[int, ...]]:
+    """The root's bucket, then the blocks ``k`` to a bucket (the last holds the rest), padded for ``world_size``; their
+    padded lengths; the blocks in each block bucket."""
     per_block = block_numel(spec)
-    buckets = [Bucket(0, ("root",), root_numel(spec), pad_to(root_numel(spec), world_size))]
-    current: list[str] = []
-    for i in range(spec.layers):
-        if current and (len(current) + 1) * per_block > cap:
-            n = len(current) * per_block
-            buckets.append(Bucket(len(buckets), tuple(current), n, pad_to(n, world_size)))
-            current = []
-        current.append(f"block{i}")
-    n = len(current) * per_block
-    buckets.append(Bucket(len(buckets), tuple(current), n, pad_to(n, world_size)))
+    names = _block_names(spec.layers)
+    root = root_numel(spec)
+    buckets = [Bucket(0, ("root",), root, pad_to(root, world_size))]
+    for start in range(0, spec.layers, k):
+        units = names[start:start + k]
+        n = len(units) * per_block
+        buckets.append(Bucket(len(buckets), units, n, pad_to(n, world_size)))
+    return tuple(buckets), tuple(b.padded for b in buckets), tuple(len(b.units) for b in buckets[1:])
+
+
+def plan_buckets(spec: ModelSpec, world_size: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> Plan:
+    """The bucket plan of ``spec`` for ``world_size`` ranks (see the module docstring). Bucket sizes that hold the
+    same number of blocks share their buckets (memoized): only the reduce groups are cut for each call."""
+    buckets, padded, blocks = _buckets(spec, world_size, blocks_per_bucket(block_numel(spec), allgather_bucket_mb))
 
     reduce_cap = reduce_bucket_mb * 1e6 / BYTES_PER_16BIT
     groups: list[tuple[int, ...]] = []
     group: list[int] = []
-    for b in reversed(buckets[1:]):
-        if group and sum(buckets[i].padded for i in group) + b.padded > reduce_cap:
+    size = 0
+    for i in range(len(padded) - 1, 0, -1):
+        if group and size + padded[i] > reduce_cap:
             groups.append(tuple(group))
-            group = []
-        group.append(b.index)
+            group, size = [], 0
+        group.append(i)
+        size += padded[i]
     groups.append(tuple(group))
     groups.append((0,))
-    return Plan(tuple(buckets), tuple(groups))
+    return Plan(buckets, tuple(groups), padded, blocks)

@@ -94,10 +94,9 @@ class Schedule(NamedTuple):
 @functools.lru_cache(maxsize=4096)
 def _plan_facts(model: ModelSpec, world: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> tuple:
     plan = plan_buckets(model, world, allgather_bucket_mb, reduce_bucket_mb)
-    ends = {g[-1]: tuple(plan.buckets[i].padded for i in g) for g in plan.reduce_groups}
-    blocks = plan.block_buckets
-    return (plan.buckets[0].padded, tuple(b.padded for b in blocks), tuple(len(b.units) for b in blocks),
-            tuple(ends.get(b.index, ()) for b in blocks), ends[0])
+    padded = plan.padded
+    ends = {g[-1]: tuple([padded[i] for i in g]) for g in plan.reduce_groups}
+    return (padded[0], padded[1:], plan.blocks, tuple([ends.get(i, ()) for i in range(1, len(padded))]), ends[0])
 
 
 @functools.lru_cache(maxsize=16384)
@@ -122,7 +121,7 @@ def _build(model: ModelSpec, sizes: tuple[int, ...], allgather_bucket_mb: float,
     for g in set(groups):
         m = sum(g)
         reduce[g] = (("reduce_scatter", (1, P), m, gb), ("reduce_scatter", (P + 1, G), m // size[P], gb))
-        outer[g] = tuple(c for n in g for c in beyond_grad_span(n))
+        outer[g] = tuple(c for n in g for c in boundary[n][:2])
     key = (model, sizes, allgather_bucket_mb, reduce_bucket_mb, spans, bits)
     blocks = tuple(Counter(lengths).items())
     buckets = Counter(dict(blocks))

@@ -244,3 +244,57 @@ def test_zero3_state_memory_is_16_psi_over_n():
     n = cluster.world_size
     assert mem["params"] + mem["grads"] + mem["optim_states"] == 16 * psi // n
     assert psi - model.num_params() < len(plan_buckets(model, n, 25, 25).buckets) * n
+
+
+def _plain_plan(spec, world, allgather_mb, reduce_mb):
+    """The bucket plan written plainly (the module docstring of ``plan.py``, one block at a time): the reference."""
+    from zerotune.strategies.plan import block_numel, root_numel
+
+    def pad(n):
+        return -(-n // world) * world
+
+    cap, per_block = allgather_mb * 1e6 / 2, block_numel(spec)
+    buckets, current = [((("root",), root_numel(spec)))], []
+    for i in range(spec.layers):
+        if current and (len(current) + 1) * per_block > cap:
+            buckets.append((tuple(current), len(current) * per_block))
+            current = []
+        current.append(f"block{i}")
+    buckets.append((tuple(current), len(current) * per_block))
+    padded = [pad(n) for _, n in buckets]
+    groups, group = [], []
+    for i in range(len(buckets) - 1, 0, -1):
+        if group and sum(padded[j] for j in group) + padded[i] > reduce_mb * 1e6 / 2:
+            groups.append(tuple(group))
+            group = []
+        group.append(i)
+    return [(i, units, n, padded[i]) for i, (units, n) in enumerate(buckets)], [*groups, tuple(group), (0,)]
+
+
+def test_the_bucket_plan_is_the_plain_cut_of_the_model():
+    """``plan_buckets`` (memoized by blocks per bucket, shared by the engine and the cost model) cuts every model,
+    world and pair of bucket sizes as the plain one-block-at-a-time loop does, caps at exact multiples of a block
+    included, and its lengths and block counts are its buckets'."""
+    import random
+
+    from zerotune.strategies.plan import block_numel, plan_buckets
+    from zerotune.strategies.spec import ModelSpec
+
+    rng = random.Random(0)
+    cases = []
+    for _ in range(3000):
+        h = rng.choice([64, 256, 1024, 4096, 6144])
+        model = ModelSpec(name="m", layers=rng.randint(1, 80), hidden=h, heads=h // 64, vocab=rng.choice([512, 50257]),
+                          seq_len=rng.choice([128, 2048]))
+        cases.append((model, rng.choice([1, 2, 16, 384]), rng.uniform(0.01, 5000), rng.uniform(0.01, 9000)))
+    edge = parse_model("gpt-neox-20b")
+    for k in (1, 2, 3):
+        mb = k * block_numel(edge) * 2 / 1e6
+        cases += [(edge, 16, a, a) for a in (mb, mb * (1 - 1e-15), mb * (1 + 1e-15))]
+    for model, world, ag, rs in cases:
+        plan = plan_buckets(model, world, ag, rs)
+        buckets, groups = _plain_plan(model, world, ag, rs)
+        assert [(b.index, b.units, b.numel, b.padded) for b in plan.buckets] == buckets, (model, world, ag, rs)
+        assert list(plan.reduce_groups) == groups, (model, world, ag, rs)
+        assert plan.padded == tuple(b.padded for b in plan.buckets)
+        assert plan.blocks == tuple(len(b.units) for b in plan.block_buckets)
