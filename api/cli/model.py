@@ -210,8 +210,8 @@ def _print_breakdown(rows: list[dict[str, Any]]) -> None:
         b = p["breakdown"]
         beyond = max(BREAKDOWN[1:], key=lambda term: b[term[1]])
         most = f"{beyond[0]} {b[beyond[1]] / p['step_time_s']:.0%}" if b[beyond[1]] > 0 else "-"
-        print(f"{p['cluster']:<14}{p['strategy']:<10}{p['step_time_s']:>9.3f}"
-              + "".join(f"{b[k]:>9.3f}" for _, k in BREAKDOWN) + f"{b['comm_s']:>9.3f}  {most}")
+        print(f"{p['cluster']:<14}{p['strategy']:<10} {p['step_time_s']:>8.4g}"
+              + "".join(f" {b[k]:>8.4g}" for _, k in BREAKDOWN) + f" {b['comm_s']:>8.4g}  {most}")
 
 
 def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
