@@ -193,6 +193,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
               "'zerotune calibrate' to get its band")
     return ExitStatus.SUCCESS
 
+
 BREAKDOWN = (("compute", "compute_s"), ("exposed", "exposed_comm_s"), ("slowdn", "overlap_slowdown_s"),
              ("bound.", "boundary_s"), ("optim.", "optimizer_s"), ("fixed", "overhead_s"))
 """The breakdown's terms, which add up to the step (``predict``): (column, key)."""

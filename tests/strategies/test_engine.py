@@ -179,27 +179,27 @@ def test_quantized_strategies_learn_and_stay_near_the_reference(runs8):
         assert worst < 0.03, f"{name}: {worst:.4f} relative loss gap to the reference"
 
 
-def test_counted_bytes_equal_the_closed_form(runs):
+def _the_schedules(runs, count):
+    """(case name, what the engine counted, what ``count`` — ``step_volume`` or ``step_calls`` — says the schedule
+    of that case's strategy, dtype, accumulation and quantization block holds), for each engine case of ``runs``."""
     cluster, results = runs
     model = parse_model("gpt-tiny")
     for name, (case, result) in results.items():
         s = Strategy.from_dict(result["strategy"])
         elem = 2 if case.get("dtype") == "bf16" else 4
-        want = step_volume(model, cluster, s, elem_bytes=elem, accum=case.get("accum", 1),
-                           block=case.get("quant_block", 2048))
+        yield name, result, count(model, cluster, s, elem_bytes=elem, accum=case.get("accum", 1),
+                                  block=case.get("quant_block", 2048))
+
+
+def test_counted_bytes_equal_the_closed_form(runs):
+    for name, result, want in _the_schedules(runs, step_volume):
         assert result["bytes"] == want, name
 
 
 def test_counted_collectives_equal_the_schedules(runs):
     """The model charges a launch and a ring's hops per collective, so the engine must issue exactly the
     schedule's collectives, level by level and kind by kind (the beyond-grad-span reduction bucket by bucket)."""
-    cluster, results = runs
-    model = parse_model("gpt-tiny")
-    for name, (case, result) in results.items():
-        s = Strategy.from_dict(result["strategy"])
-        elem = 2 if case.get("dtype") == "bf16" else 4
-        want = step_calls(model, cluster, s, elem_bytes=elem, accum=case.get("accum", 1),
-                          block=case.get("quant_block", 2048))
+    for name, result, want in _the_schedules(runs, step_calls):
         assert result["calls"] == want, name
 
 
