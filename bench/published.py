@@ -110,6 +110,7 @@ class Table:
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)
+        self.accumulation: dict[str, int] = {}  # id -> micro-batches per optimizer step (the group's)
         self.compares: list[dict[str, Any]] = []
         columns = list(self.strategies)
         for group in data.get("groups", []):
@@ -118,6 +119,7 @@ class Table:
                 ids = [f"{group['cluster']}/{model}/{mbs}/{column}" for column, _ in present]
                 for row_id, (_, value) in zip(ids, present, strict=True):
                     self.rows[row_id] = (float(value), group["caption"])
+                    self.accumulation[row_id] = int(group.get("accumulation", 1))
                 for row_id in ids[1:]:
                     self.compares.append({"of": row_id, "over": ids[0], "caption": group["caption"]})
         self.compares += data.get("compare", [])
@@ -145,7 +147,9 @@ class Table:
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 calib = dataclasses.replace(calib, gathers=fields.pop("gathers"))
             s = build_strategy(fields, cluster, micro_batch_size=int(mbs))
-            p = predict(self.models[model_key], cluster, s, calibration=calib)
+            accum = self.accumulation.get(row_id, 1)
+            p = predict(self.models[model_key], cluster, s, calibration=calib,
+                        global_batch=cluster.world_size * s.micro_batch_size * accum if accum > 1 else None)
             if self.metric == "tokens_per_s_per_gpu":
                 value = p["tokens_per_s"] / p["world_size"]
             else:

@@ -520,6 +520,25 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
             published.Table(bad)
 
 
+def test_a_group_sets_its_micro_batches_per_step(monkeypatch):
+    """A group's ``accumulation`` is predicted as that many micro-batches per optimizer step (the global batch
+    the source ran), and a group without one as a single micro-step."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    table = published.Table(ROOT / "bench" / "published" / "llm_foundry.toml")
+    row = "a100-40g-x8/mpt-13b/4/fsdp_ckpt"
+    assert table.accumulation[row] == 16 and table.accumulation["a100-40g-x16/mpt-13b/10/fsdp_ckpt"] == 1
+    cluster, calib = table.clusters["a100-40g-x8"]
+    s = build_strategy(table.strategies["fsdp_ckpt"], cluster, micro_batch_size=4)
+    model = table.models["mpt-13b"]
+    accumulated = predict(model, cluster, s, calibration=calib, global_batch=8 * 4 * 16)
+    assert table.predict(row)["step_time_s"] == accumulated["step_time_s"]
+    one = predict(model, cluster, s, calibration=calib)
+    assert accumulated["step_time_s"] > 15 * one["step_time_s"]  # 16 micro-steps, one optimizer step
+    assert table.predict(row)["value"] == pytest.approx(accumulated["tokens_per_s"] / 8)
+
+
 def test_vendor_collectives_at_scale_hold_the_ring_model_to_its_range():
     """bench/collectives_at_scale.py: measured RCCL / NCCL all-gathers and reduce-scatters at 32-2,048 GPUs (the PCCL
     paper) beside one flat ring of the model. NCCL on Perlmutter is within 15% up to 256 GPUs and within 30% at every
