@@ -113,13 +113,17 @@ class Table:
         self.accumulation: dict[str, int] = {}  # id -> micro-batches per optimizer step (the group's)
         self.compares: list[dict[str, Any]] = []
         columns = list(self.strategies)
-        for group in data.get("groups", []):
+        for i, group in enumerate(data.get("groups", [])):
+            accumulation = group.get("accumulation", 1)
+            if not isinstance(accumulation, int) or isinstance(accumulation, bool) or accumulation < 1:
+                raise ValueError(f"{path.name}: groups[{i}].accumulation={accumulation!r}: must be a whole number "
+                                 f">= 1 (micro-batches per optimizer step)")
             for model, mbs, *values in group["rows"]:
                 present = [(c, v) for c, v in zip(columns, values, strict=False) if v != "-"]  # "-": no figure
                 ids = [f"{group['cluster']}/{model}/{mbs}/{column}" for column, _ in present]
                 for row_id, (_, value) in zip(ids, present, strict=True):
                     self.rows[row_id] = (float(value), group["caption"])
-                    self.accumulation[row_id] = int(group.get("accumulation", 1))
+                    self.accumulation[row_id] = accumulation
                 for row_id in ids[1:]:
                     self.compares.append({"of": row_id, "over": ids[0], "caption": group["caption"]})
         self.compares += data.get("compare", [])
