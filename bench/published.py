@@ -206,15 +206,26 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
                         "max_abs_error": max(errors), "by_table": dict(sorted(by_table.items()))}}
 
 
+def is_scaling(ratio: dict[str, Any]) -> bool:
+    """A comparison of one strategy column at two scales (weak scaling), not of two strategies."""
+    return ratio["of"].split("/")[-1] == ratio["over"].split("/")[-1]
+
+
 def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> dict[str, Any]:
-    """What ``strategies/costmodel/error.py`` serves: the bands of the scored absolute figures and comparisons
-    (median and 90th percentile of |error|), and every scored item with the GPUs it ran on, from which a
-    prediction reads the band at its own scale."""
+    """What ``strategies/costmodel/error.py`` serves: the bands of the scored absolute figures, of the
+    comparisons of two strategies (a decision's error) and of one strategy's scaling (median and 90th
+    percentile of |error|), and every scored item with the GPUs it ran on, from which a prediction reads the
+    band at its own scale. Scaling ratios are kept apart: the same strategy at two sizes is an easier
+    ratio than two strategies side by side, and would narrow the band a recommendation's margin is held to."""
     def items(group: list[dict[str, Any]]) -> list[list]:
         return [[r["gpus"], round(r["error"], 4), r["device"]] for r in group]
-    return {"rows": band_of([r["error"] for r in rows]), "comparisons": band_of([r["error"] for r in ratios]),
+    pairs = [r for r in ratios if not is_scaling(r)]
+    scaling = [r for r in ratios if is_scaling(r)]
+    return {"rows": band_of([r["error"] for r in rows]), "comparisons": band_of([r["error"] for r in pairs]),
+            "scaling": band_of([r["error"] for r in scaling]),
             "tables": sorted(t.name for t in tables if t.role == "agreement"),
-            "items": {"rows": items(rows), "comparisons": items(ratios)}, "collectives": collectives_error()}
+            "items": {"rows": items(rows), "comparisons": items(pairs), "scaling": items(scaling)},
+            "collectives": collectives_error()}
 
 
 def collectives_error() -> dict[str, Any]:
@@ -266,8 +277,12 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
         rows, row_span = at_scale(items["rows"], gpus)
         pairs, pair_span = at_scale(items["comparisons"], gpus)
         print(f"   {gpus:>5} GPUs: figures median {rows['median']:.1%} p90 {rows['p90']:.1%} ({rows['count']} on "
-              f"{row_span[0]}-{row_span[1]}), comparisons median {pairs['median']:.1%} p90 {pairs['p90']:.1%} "
-              f"({pairs['count']} on {pair_span[0]}-{pair_span[1]})" if row_span and pair_span else f"   {gpus}: -")
+              f"{row_span[0]}-{row_span[1]}), comparisons of two strategies median {pairs['median']:.1%} p90 "
+              f"{pairs['p90']:.1%} ({pairs['count']} on {pair_span[0]}-{pair_span[1]})"
+              if row_span and pair_span else f"   {gpus}: -")
+    scaling = band_of([it[1] for it in items["scaling"]])
+    print(f"   one strategy at two scales (weak scaling; not a decision's band): median {scaling['median']:.1%} "
+          f"p90 {scaling['p90']:.1%} ({scaling['count']})")
     print("by device, all scales (a prediction also reads its device's items in its scale's range, if 3 or more, "
           "and keeps the wider band):")
     for device in sorted({it[2] for group in items.values() for it in group}):

@@ -495,6 +495,12 @@ def test_published_bench_reproduces_its_tables():
                 int(r["of"].split("/")[2]), int(r["over"].split("/")[2]))]
     assert len(weak) >= 12 and {r["table"] for r in weak} >= {"llm_foundry", "torchtitan_h100", "fsdp_paper"}
     assert all(abs(r["error"]) <= 0.10 for r in weak), [(r["of"], r["error"]) for r in weak if abs(r["error"]) > 0.1]
+    # the band a decision is held to reads comparisons of two strategies only: one strategy's scaling is kept apart
+    scored_ratios = [r for r in result["ratios"] if r["role"] == "agreement"]
+    two = [r for r in scored_ratios if r["of"].split("/")[-1] != r["over"].split("/")[-1]]
+    items = result["error"]["items"]
+    assert len(items["comparisons"]) == len(two) and len(items["scaling"]) == len(scored_ratios) - len(two) >= 14
+    assert sorted(it[1] for it in items["comparisons"]) == sorted(round(r["error"], 4) for r in two)
     # the comparisons keep their direction: ZeRO++ over ZeRO-3 is predicted > 1 wherever it was measured > 1
     for r in result["ratios"]:
         if r["table"] == "zeropp_blog":
