@@ -30,8 +30,10 @@ own ``gathers`` where its engine is not the table's.
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
-``tokens_per_s_per_gpu``. A group with several strategy columns compares every column with the
-first; "-" marks a column the source has no figure for.
+``tokens_per_s_per_gpu``, and ``samples_per_s`` (sequences per second of the whole cluster). A table with
+``scored = "ratios"`` has its ratios scored and its figures printed only (a source whose absolute figures
+leave out part of the step, as DeepSpeed's autotuner metric does). A group with several strategy columns
+compares every column with the first; "-" marks a column the source has no figure for.
 Goal: every row and ratio within ±15%.
 """
 
@@ -65,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 TABLES = ROOT / "bench" / "published"
 GOAL = 0.15
+METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "samples_per_s")
 
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
@@ -100,6 +103,9 @@ class Table:
         self.role = self.source.get("role", "agreement")
         if self.role not in ("agreement", "calibration", "reference"):
             raise ValueError(f"{path.name}: source.role={self.role!r}: must be agreement, calibration or reference")
+        self.scored = self._choice("scored", "all", ("all", "ratios"))
+        if self.metric not in METRICS:
+            raise ValueError(f"{path.name}: source.metric={self.metric!r}: must be one of {list(METRICS)}")
         self.rings = self._choice("collectives", "flat", RINGS)
         self.outer_reduce = self._choice("outer_reduce", "boundary", OUTER_REDUCE)
         self.gathers = self._choice("gathers", "bucket", GATHERS)
@@ -156,6 +162,8 @@ class Table:
                         global_batch=cluster.world_size * s.micro_batch_size * accum if accum > 1 else None)
             if self.metric == "tokens_per_s_per_gpu":
                 value = p["tokens_per_s"] / p["world_size"]
+            elif self.metric == "samples_per_s":
+                value = p["tokens_per_s"] / self.models[model_key].seq_len
             else:
                 value = p["tflops_per_rank"] * (4 / 3 if self.flops == "hardware" and s.activation_checkpointing else 1)
             self._predicted[row_id] = {**p, "value": value}
@@ -175,7 +183,8 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
         for row_id, (published, caption) in t.rows.items():
             p = t.predict(row_id)
             b = p["breakdown"]
-            rows.append({"table": t.name, "role": t.role, "id": row_id, "caption": caption, "metric": t.metric,
+            role = t.role if t.scored == "all" else "reference"  # a ratios-only source's figures are shown
+            rows.append({"table": t.name, "role": role, "id": row_id, "caption": caption, "metric": t.metric,
                          "gpus": p["world_size"], "device": t.device(row_id),
                          "published": published, "predicted": p["value"], "error": p["value"] / published - 1,
                          "step_s": p["step_time_s"], "compute_s": b["compute_s"],
@@ -281,8 +290,9 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
               f"{pairs['p90']:.1%} ({pairs['count']} on {pair_span[0]}-{pair_span[1]})"
               if row_span and pair_span else f"   {gpus}: -")
     scaling = band_of([it[1] for it in items["scaling"]])
-    print(f"   one strategy at two scales (weak scaling; not a decision's band): median {scaling['median']:.1%} "
-          f"p90 {scaling['p90']:.1%} ({scaling['count']})")
+    if scaling["count"]:
+        print(f"   one strategy at two scales (weak scaling; not a decision's band): median {scaling['median']:.1%} "
+              f"p90 {scaling['p90']:.1%} ({scaling['count']})")
     print("by device, all scales (a prediction also reads its device's items in its scale's range, if 3 or more, "
           "and keeps the wider band):")
     for device in sorted({it[2] for group in items.values() for it in group}):

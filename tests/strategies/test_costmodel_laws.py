@@ -560,6 +560,31 @@ def test_a_group_sets_its_micro_batches_per_step(tmp_path, monkeypatch):
             published.Table(bad)
 
 
+def test_a_source_of_ratios_only_is_scored_on_its_ratios(tmp_path, monkeypatch):
+    """DeepSpeed's autotuner times only its own forward, backward and step: its figures are printed, its ratios
+    between ZeRO stages scored; ``samples_per_s`` is sequences per second of the cluster; a bad ``scored`` or
+    ``metric`` is refused by name."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    path = ROOT / "bench" / "published" / "ds_autotuning.toml"
+    table = published.Table(path)
+    assert table.scored == "ratios" and table.metric == "samples_per_s"
+    result = published.evaluate([table])
+    assert result["rows"] and all(r["role"] == "reference" for r in result["rows"])
+    assert result["summary"]["rows"] == 0 and result["summary"]["ratios"] == len(result["ratios"]) == 7
+    assert result["summary"]["by_table"]["ds_autotuning"][1] == 7
+    row = table.predict("dgx2/gpt2-xl/1/z3")
+    assert row["value"] == pytest.approx(row["tokens_per_s"] / 1024)
+    text = path.read_text()
+    for key, line in (("scored", 'scored = "rows"'), ("metric", 'metric = "mfu"')):
+        bad = tmp_path / f"bad_{key}.toml"
+        bad.write_text(text.replace('scored = "ratios"', line) if key == "scored"
+                       else text.replace('metric = "samples_per_s"', line))
+        with pytest.raises(ValueError, match=f"source.{key}=.*must be one of"):
+            published.Table(bad)
+
+
 def test_vendor_collectives_at_scale_hold_the_ring_model_to_its_range():
     """bench/collectives_at_scale.py: measured RCCL / NCCL all-gathers and reduce-scatters at 32-2,048 GPUs (the PCCL
     paper) beside one flat ring of the model. NCCL on Perlmutter is within 15% up to 256 GPUs and within 30% at every
