@@ -47,7 +47,7 @@ import statistics
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
@@ -68,6 +68,20 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = ROOT / "bench" / "published"
 GOAL = 0.15
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "samples_per_s")
+
+
+class RowId(NamedTuple):
+    """The parts of a row id ``cluster/model/micro-batch/strategy``."""
+
+    cluster: str
+    model: str
+    mbs: int
+    strategy: str
+
+    @classmethod
+    def parse(cls, row_id: str) -> RowId:
+        cluster, model, mbs, strategy = row_id.split("/")
+        return cls(cluster, model, int(mbs), strategy)
 
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
@@ -98,14 +112,13 @@ class Table:
         self.path, self.name = path, path.stem
         data = tomllib.loads(path.read_text())
         self.source = data["source"]
-        self.metric, self.flops = self.source["metric"], self.source.get("flops", "model")
+        self.flops = self.source.get("flops", "model")
         self.stack = self.source.get("stack", "pytorch")
         self.role = self.source.get("role", "agreement")
         if self.role not in ("agreement", "calibration", "reference"):
             raise ValueError(f"{path.name}: source.role={self.role!r}: must be agreement, calibration or reference")
+        self.metric = self._choice("metric", "", METRICS)
         self.scored = self._choice("scored", "all", ("all", "ratios"))
-        if self.metric not in METRICS:
-            raise ValueError(f"{path.name}: source.metric={self.metric!r}: must be one of {list(METRICS)}")
         self.rings = self._choice("collectives", "flat", RINGS)
         self.outer_reduce = self._choice("outer_reduce", "boundary", OUTER_REDUCE)
         self.gathers = self._choice("gathers", "bucket", GATHERS)
@@ -151,19 +164,19 @@ class Table:
     def predict(self, row_id: str) -> dict[str, Any]:
         """The prediction for ``cluster/model/micro-batch/strategy``, with the table's metric as ``value``."""
         if row_id not in self._predicted:
-            cluster_key, model_key, mbs, strategy_key = row_id.split("/")
-            cluster, calib = self.clusters[cluster_key]
-            fields = dict(self.strategies[strategy_key])
+            key = RowId.parse(row_id)
+            cluster, calib = self.clusters[key.cluster]
+            model = self.models[key.model]
+            fields = dict(self.strategies[key.strategy])
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 calib = dataclasses.replace(calib, gathers=fields.pop("gathers"))
-            s = build_strategy(fields, cluster, micro_batch_size=int(mbs))
-            accum = self.accumulation.get(row_id, 1)
-            p = predict(self.models[model_key], cluster, s, calibration=calib,
-                        global_batch=cluster.world_size * s.micro_batch_size * accum if accum > 1 else None)
+            s = build_strategy(fields, cluster, micro_batch_size=key.mbs)
+            p = predict(model, cluster, s, calibration=calib,
+                        global_batch=cluster.world_size * key.mbs * self.accumulation.get(row_id, 1))
             if self.metric == "tokens_per_s_per_gpu":
                 value = p["tokens_per_s"] / p["world_size"]
             elif self.metric == "samples_per_s":
-                value = p["tokens_per_s"] / self.models[model_key].seq_len
+                value = p["tokens_per_s"] / model.seq_len
             else:
                 value = p["tflops_per_rank"] * (4 / 3 if self.flops == "hardware" and s.activation_checkpointing else 1)
             self._predicted[row_id] = {**p, "value": value}
@@ -171,7 +184,7 @@ class Table:
 
     def device(self, row_id: str) -> str:
         """The device of the row's cluster (``ClusterSpec.device``: what a prediction's band is matched on)."""
-        return self.clusters[row_id.split("/")[0]][0].device
+        return self.clusters[RowId.parse(row_id).cluster][0].device
 
     def value(self, row_id: str) -> float | None:
         return self.rows[row_id][0] if row_id in self.rows else None
@@ -217,7 +230,7 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
 
 def is_scaling(ratio: dict[str, Any]) -> bool:
     """A comparison of one strategy column at two scales (weak scaling), not of two strategies."""
-    return ratio["of"].split("/")[-1] == ratio["over"].split("/")[-1]
+    return RowId.parse(ratio["of"]).strategy == RowId.parse(ratio["over"]).strategy
 
 
 def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> dict[str, Any]:
@@ -268,8 +281,8 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
                   f"{r['boundary_s']:>8.2f}{flag}")
         for r in (r for r in result["ratios"] if r["table"] == t.name):
             flag = "" if abs(r["error"]) <= GOAL else "  *"
-            of, over = r["of"].split("/"), r["over"].split("/")
-            label = f"{of[-1]}@{of[0]} / {over[-1]}@{over[0]}"
+            of, over = RowId.parse(r["of"]), RowId.parse(r["over"])
+            label = f"{of.strategy}@{of.cluster} / {over.strategy}@{over.cluster}"
             print(f"   ratio {label:<36}{r['published']:>10.3f}{r['predicted']:>10.3f}{r['error']:>+8.0%}"
                   f"   {r['caption']}{flag}")
     s = result["summary"]
@@ -289,7 +302,7 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
               f"{row_span[0]}-{row_span[1]}), comparisons of two strategies median {pairs['median']:.1%} p90 "
               f"{pairs['p90']:.1%} ({pairs['count']} on {pair_span[0]}-{pair_span[1]})"
               if row_span and pair_span else f"   {gpus}: -")
-    scaling = band_of([it[1] for it in items["scaling"]])
+    scaling = result["error"]["scaling"]
     if scaling["count"]:
         print(f"   one strategy at two scales (weak scaling; not a decision's band): median {scaling['median']:.1%} "
               f"p90 {scaling['p90']:.1%} ({scaling['count']})")

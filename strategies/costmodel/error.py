@@ -3,7 +3,7 @@
 For a cluster predicted with a device profile (every preset), the error is the one the profiles
 reach on published measurements: ``bench/published.py --write-error`` scores every transcribed row
 and strategy comparison and writes ``model_error.json`` beside this module (a test checks that the
-file is what the bench computes from today's model and tables, so it cannot go stale). Two bands:
+file is what the bench computes from today's model and tables, so it cannot go stale). Two bands are served:
 
 - ``rows``: |predicted / published - 1| of absolute figures (TFLOPS or tokens/s per GPU);
 - ``comparisons``: the same for ratios of two strategies measured side by side — the error of a

@@ -456,7 +456,7 @@ def test_a_band_says_where_the_vendor_library_ran_slower_than_the_ring_model():
     assert (big["library"], big["gpus"], big["measured_over_predicted"]) == ("NCCL", 1024, ratios["nccl"][1024])
 
 
-def test_published_bench_reproduces_its_tables():
+def test_published_bench_reproduces_its_tables(monkeypatch):
     """Every transcribed table loads and every row gets a finite prediction; the median error stays within 15%."""
     out = subprocess.run([sys.executable, "bench/published.py", "--json"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
@@ -489,15 +489,18 @@ def test_published_bench_reproduces_its_tables():
     # weak scaling: every published comparison of one model and strategy on two cluster sizes, at micro-batches
     # within 2x of each other, is predicted within 10% (FSDP on 8-512 GPUs, MiCS, Frontier's 3-level): measured
     # at 0.94-1.01, so this holds the model from charging scale what the clusters did not
-    weak = [r for r in result["ratios"] if r["of"].split("/")[1::2] == r["over"].split("/")[1::2]
-            and r["of"].split("/")[0] != r["over"].split("/")[0]
-            and max(int(r["of"].split("/")[2]), int(r["over"].split("/")[2])) < 2 * min(
-                int(r["of"].split("/")[2]), int(r["over"].split("/")[2]))]
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    from published import RowId, is_scaling
+
+    ids = {id(r): (RowId.parse(r["of"]), RowId.parse(r["over"])) for r in result["ratios"]}
+    weak = [r for r in result["ratios"] for of, over in [ids[id(r)]]
+            if (of.model, of.strategy) == (over.model, over.strategy) and of.cluster != over.cluster
+            and max(of.mbs, over.mbs) < 2 * min(of.mbs, over.mbs)]
     assert len(weak) >= 12 and {r["table"] for r in weak} >= {"llm_foundry", "torchtitan_h100", "fsdp_paper"}
     assert all(abs(r["error"]) <= 0.10 for r in weak), [(r["of"], r["error"]) for r in weak if abs(r["error"]) > 0.1]
     # the band a decision is held to reads comparisons of two strategies only: one strategy's scaling is kept apart
     scored_ratios = [r for r in result["ratios"] if r["role"] == "agreement"]
-    two = [r for r in scored_ratios if r["of"].split("/")[-1] != r["over"].split("/")[-1]]
+    two = [r for r in scored_ratios if not is_scaling(r)]
     items = result["error"]["items"]
     assert len(items["comparisons"]) == len(two) and len(items["scaling"]) == len(scored_ratios) - len(two) >= 14
     assert sorted(it[1] for it in items["comparisons"]) == sorted(round(r["error"], 4) for r in two)
