@@ -5,6 +5,8 @@
 - ``timing``: seconds of one collective (α-β with ring step counts, launch cost and achievable
   bandwidth) and the engine's bucket pipeline (prefetch, queued reductions, compute slow-down
   beside running collectives, exposed first and last buckets);
+- ``traffic``: FLOPs and memory-bound bytes per token of the model's kernels (the compute time's two
+  parts: matmuls at the device's achievable rate, element-wise kernels and the loss at its HBM rate);
 - ``memory``: bytes per rank by category, the accountant's categories;
 - ``hardware``: ``Calibration`` and the device and link profiles each cluster preset carries, every
   constant with its hardware-level source;

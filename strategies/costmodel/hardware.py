@@ -80,7 +80,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from zerotune.strategies.spec import ClusterSpec, Level
+from zerotune.strategies.costmodel.traffic import step_seconds
+from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
 
 NCCL_RING_BASE_US = 8.4
 """Fixed cost of one ring collective, Simple protocol [nccl-tuning]."""
@@ -234,6 +235,10 @@ class Calibration:
     optimizer_elems_per_s: float = 5e10
     """Optimizer-shard elements stepped per second: the fp32 AdamW update and the passes around it
     (upcast, norm, clip, zeroing, the 16-bit cast: ``STEP_BYTES_PER_ELEM``)."""
+    memory_bytes_per_s: float = 0.0
+    """Rate of the model's memory-bound kernels (LayerNorms, GELU, residual adds, bias gradients, the
+    loss over the vocabulary: ``traffic.traffic``), bytes per second; 0 = not charged apart, their
+    time inside ``compute_efficiency`` (fitted calibrations, which measured it so, and the nominal one)."""
     overlap: float = 1.0
     """1 = the simulated schedule (communication hidden behind compute), 0 = everything serialized."""
     step_overhead_s: float = 0.0
@@ -393,11 +398,32 @@ class Device:
     """NCCL's cap on LL's bus bandwidth inside one node (``llMaxBws``, by GPU generation) [nccl-netoverhead]."""
     ring_plateau: float = 1.0
     """NCCL's ring all-reduce plateau for its compute capability: 1.9 on Volta, 1.4 from Ampere on [nccl-tree]."""
+    measured_on: tuple[tuple[str, ModelSpec, float], ...] = ()
+    """(stack, model, HBM GB/s of the device it ran on) for each efficiency whose source names its model:
+    that figure is a whole step's, memory-bound kernels included, and ``compute_efficiency`` is re-based
+    on it (``gemm_efficiency``). The figures of unnamed models are taken as they are: their sources'
+    models are 10B parameters or more, where the memory-bound share of a step is 1-3%."""
 
     def efficiency(self, stack: str) -> float:
         if stack not in STACKS:
             raise ValueError(f"stack={stack!r}: must be one of {list(STACKS)}")
         return self.pytorch_efficiency if stack == "pytorch" and self.pytorch_efficiency else self.megatron_efficiency
+
+    def source_model(self, stack: str) -> tuple[ModelSpec, float] | None:
+        """The model behind ``efficiency(stack)`` and its device's HBM GB/s, if its source names one."""
+        used = stack if stack == "pytorch" and self.pytorch_efficiency else "megatron"
+        return next(((m, hbm) for k, m, hbm in self.measured_on if k == used), None)
+
+
+def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_bytes_per_s: float) -> float:
+    """The fraction of peak the compute-bound kernels reach in a run of ``model`` whose whole step reached
+    ``mfu``: the step's compute time (this model's FLOPs at ``mfu``) less its memory-bound kernels' time
+    (``traffic.traffic`` in 16-bit at ``memory_bytes_per_s``), so that ``predict`` gives that model the
+    published figure's compute time back, and a model of another shape its own share of memory-bound work."""
+    flops_s = step_seconds(model, 2, peak_tflops * 1e12, 0.0)  # its FLOPs at the whole peak
+    whole = flops_s / mfu
+    kernels = step_seconds(model, 2, peak_tflops * 1e12, memory_bytes_per_s) - flops_s
+    return flops_s / (whole - kernels)
 
 
 NVLINK_EFFICIENCY = 370 / 450
@@ -439,6 +465,16 @@ LINKS: dict[str, Link] = {
                          "per node on LUMI-G, Frontier's node design [lumi-rccl]"),
 }
 
+IBM_FSDP_7B = ModelSpec("llama2-7b", layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, ffn_hidden=16512)
+"""The model of [ibm-fsdp]'s 7B MFU, as bench/published/ibm_fsdp.toml writes it in this model's dense GPT
+(Llama-2-7B: SwiGLU's three matrices as an MLP of width 3f/2, vocab 32,000, 4,096-token sequences)."""
+
+MEGATRON_1T = ModelSpec("megatron-1t", layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
+"""The model of [megatron-sc21]'s 163 TFLOPS per A100 (its Table 1, 1,008B parameters: 128 layers of
+hidden size 25,600, 160 heads, sequence 2,048; vocabulary 51,200)."""
+A100_SOURCES = (("pytorch", IBM_FSDP_7B, 2039.0), ("megatron", MEGATRON_1T, 2039.0))
+"""Both A100 figures were measured on A100 80GB (2,039 GB/s)."""
+
 STACKS = ("pytorch", "megatron")
 """Software stacks with published efficiencies; zerotune's engine is eager PyTorch (``ENGINE_STACK``)."""
 ENGINE_STACK = "pytorch"
@@ -450,13 +486,14 @@ DEVICES: dict[str, Device] = {
                    ring_plateau=1.9),
     "A100": Device("NVIDIA A100 80GB", 312.0, 80.0, 2039.0, 0.52, 0.57,
                    "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU", ll_max_busbw_gbps=87.7,
-                   ring_plateau=1.4),
+                   ring_plateau=1.4, measured_on=A100_SOURCES),
     "A100-40GB": Device("NVIDIA A100 40GB", 312.0, 40.0, 1555.0, 0.52, 0.57,
                         "the A100's efficiencies ([megatron-sc21], [ibm-fsdp]); 40 GB HBM2 at 1,555 GB/s "
-                        "(A100 datasheet)", ll_max_busbw_gbps=87.7, ring_plateau=1.4),
+                        "(A100 datasheet)", ll_max_busbw_gbps=87.7, ring_plateau=1.4,
+                        measured_on=A100_SOURCES),  # both ran on A100 80GB
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU", ll_max_busbw_gbps=141.0,
-                   ring_plateau=1.4),
+                   ring_plateau=1.4, measured_on=(("pytorch", IBM_FSDP_7B, 3350.0),)),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
@@ -487,7 +524,11 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
         raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
     d, h = DEVICES[device], HOSTS[host]
     memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s
-    return Calibration(name=name, compute_efficiency=d.efficiency(stack),
+    efficiency, measured_on = d.efficiency(stack), d.source_model(stack)
+    if measured_on is not None:
+        on, hbm_gbps = measured_on
+        efficiency = gemm_efficiency(efficiency, on, d.peak_tflops, STREAM_FRACTION * hbm_gbps * 1e9)
+    return Calibration(name=name, compute_efficiency=efficiency, memory_bytes_per_s=memory_bound,
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
                        optimizer_elems_per_s=memory_bound / STEP_BYTES_PER_ELEM,

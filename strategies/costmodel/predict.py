@@ -13,8 +13,12 @@ DDP's buckets do on their accumulation boundary; the boundary keeps the gathers 
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
 scores and weighted sum); backward twice that (+ a forward recompute with checkpointing); the head
-2·V·h per token forward. Seconds = FLOPs / (peak · ``compute_efficiency``), the device's achievable
-fraction of peak on a transformer's kernels (``hardware.py``).
+2·V·h per token forward (``traffic.block_flops``, ``traffic.head_flops``). Seconds = FLOPs / (peak ·
+``compute_efficiency``), the device's achievable fraction of peak on those compute-bound kernels
+(``hardware.py``), plus the bytes the memory-bound kernels move (LayerNorms, GELU, adds, the loss
+over the vocabulary: ``traffic.traffic``) at ``memory_bytes_per_s`` where the calibration charges them
+apart. A block's forward and backward take at least the host's time to issue them
+(``host_s_per_layer``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from zerotune.strategies.costmodel.hardware import Calibration, calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
 from zerotune.strategies.costmodel.schedule import Coll, Group, Schedule, build_schedule
 from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
-from zerotune.strategies.plan import block_modules, block_numel, root_numel
+from zerotune.strategies.costmodel.traffic import Traffic, block_flops, head_flops, traffic
+from zerotune.strategies.plan import block_modules
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.strategies.volume import QUANT_BLOCK, Volume
 
@@ -175,14 +180,21 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
 
     rate = cluster.peak_tflops * 1e12 * calib.compute_efficiency
+    bps = calib.memory_bytes_per_s
     tokens = mbs * model.seq_len
-    per_block = (2 * block_numel(model) + 4 * model.hidden * model.seq_len) * tokens / rate
+    moved = traffic(model, e) if bps else Traffic(0, 0, 0, 0)
+    recompute = 1 if s.activation_checkpointing else 0  # the backward reruns the forward
+    fwd_block = tokens * (block_flops(model) / rate + (moved.block_fwd / bps if bps else 0.0))
+    bwd_block = tokens * ((2 + recompute) * block_flops(model) / rate
+                          + ((moved.block_bwd + recompute * moved.block_fwd) / bps if bps else 0.0))
     # the host floor: a block's forward and backward cannot take less than the host needs to issue
     # them (a third of it per forward pass: the backward is two, a recompute one more)
-    device_block = per_block
-    per_block = max(per_block, calib.host_s_per_layer / 3)
-    head = 2 * root_numel(model) * tokens / rate
-    bwd_factor = 3.0 if s.activation_checkpointing else 2.0  # + a forward recompute
+    host_wait_s = (max(0.0, calib.host_s_per_layer / 3 - fwd_block)
+                   + max(0.0, calib.host_s_per_layer * (2 + recompute) / 3 - bwd_block)) * sched.total_units
+    fwd_block = max(fwd_block, calib.host_s_per_layer / 3)
+    bwd_block = max(bwd_block, calib.host_s_per_layer * (2 + recompute) / 3)
+    head_fwd = tokens * (head_flops(model) / rate + (moved.root_fwd / bps if bps else 0.0))
+    head_bwd = tokens * (2 * head_flops(model) / rate + (moved.root_bwd / bps if bps else 0.0))
     kappa = calib.overlap_slowdown
 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them
@@ -193,12 +205,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         b_of.update(_by_module(ct, sched.bwd, sched.lengths, sched.units, model))
     root_f = ct(sched.fwd[sched.root])
     r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs_of(sched.lengths, sched.units, sched.group_end, p)
-    compute_s = per_block * sched.total_units * (1 + bwd_factor) + 3 * head
-    host_wait_s = (per_block - device_block) * sched.total_units * (1 + bwd_factor)
+    compute_s = (fwd_block + bwd_block) * sched.total_units + head_fwd + head_bwd
 
-    t0, comm0, lost_f = pipeline(root_f, root_f, f_of, sched.lengths, per_block, sched.units, None, None, p,
+    t0, comm0, lost_f = pipeline(root_f, root_f, f_of, sched.lengths, fwd_block, sched.units, None, None, p,
                                  fwd_runs, kappa)
-    head_s = 3 * head  # the head's forward and backward
+    head_s = head_fwd + head_bwd
     if kappa and comm0 > t0:
         head_s += kappa * min(comm0 - t0, head_s)
     t0 += head_s
@@ -206,14 +217,14 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     def micro_step(reductions: dict[Group, float]) -> tuple[float, float, float]:
         """(seconds, communication seconds, slow-down seconds) of one micro-step reducing by ``reductions``
         (the forward pass and the head, alike in every micro-step, are timed once, above)."""
-        t, comm, lost_b = pipeline(t0, comm0, b_of, r_lengths, bwd_factor * per_block, r_units, reductions,
+        t, comm, lost_b = pipeline(t0, comm0, b_of, r_lengths, bwd_block, r_units, reductions,
                                    r_groups, p, bwd_runs, kappa)
         comm = (comm if comm > t else t) + (reductions[sched.root_group] if sched.root_group else 0.0)
         comm_s = (root_f + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
                   + sum(k * reductions[g] for g, k in sched.group_counts))
         overlapped = t if t > comm else comm
         micro_s = calib.overlap * overlapped + (1 - calib.overlap) * (compute_s + comm_s)
-        return micro_s, comm_s, calib.overlap * (lost_f + lost_b + head_s - 3 * head)
+        return micro_s, comm_s, calib.overlap * (lost_f + lost_b + head_s - head_fwd - head_bwd)
 
     # the step's micro-steps: all alike, but for the final one's reductions beyond grad_span
     final = micro_step(r_final)

@@ -18,6 +18,7 @@ from zerotune.strategies.costmodel.error import at_scale, on_device
 from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     HOSTS,
+    IBM_FSDP_7B,
     LINKS,
     NCCL_RING_BASE_US,
     NCCL_RING_PROTOCOLS,
@@ -26,6 +27,8 @@ from zerotune.strategies.costmodel.hardware import (
     NVLINK_HOP_US,
     RCCL_RING_BASE_US,
     RCCL_RING_PROTOCOLS,
+    STREAM_FRACTION,
+    gemm_efficiency,
     profile_calibration,
     profile_cluster,
     run_by,
@@ -93,7 +96,8 @@ def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
     assert calibration_for(parse_cluster("local:2x2")).name == "nominal"
     # zerotune's engine is eager PyTorch: the H100 preset takes the PyTorch figure, not Megatron's
     h100 = DEVICES["H100"]
-    assert calibration_for(parse_cluster("dgx-h100:2")).compute_efficiency == h100.pytorch_efficiency
+    assert calibration_for(parse_cluster("dgx-h100:2")).compute_efficiency == pytest.approx(
+        gemm_efficiency(h100.pytorch_efficiency, IBM_FSDP_7B, h100.peak_tflops, STREAM_FRACTION * h100.hbm_gbps * 1e9))
     assert h100.efficiency("megatron") > h100.efficiency("pytorch")
     assert DEVICES["MI250X"].efficiency("pytorch") == DEVICES["MI250X"].megatron_efficiency  # none published
     with pytest.raises(ValueError, match="stack='jax'"):

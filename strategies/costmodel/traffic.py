@@ -1,0 +1,89 @@
+"""FLOPs and memory traffic of one token through the model: what sets the compute time.
+
+A step's compute is two kinds of kernel. The matmuls and the attention are compute-bound: their
+FLOPs at the device's achievable rate (``Calibration.compute_efficiency``). Everything else the
+model runs — LayerNorms, the GELU, residual adds, bias gradients, the qkv split's backward, the
+embedding gathers and the loss over the vocabulary — is memory-bound: it moves bytes through HBM
+and does next to no arithmetic, so it costs its bytes at the device's streaming rate
+(``Calibration.memory_bytes_per_s``). Their share is what makes a small model slower per FLOP than
+a large one: a block's matmul FLOPs grow as h² per token and its memory-bound bytes as h, and the
+loss reads and writes V values per token whatever the model's width (at h = 768 and V = 50,368 the
+loss moves as many bytes per token as all twelve blocks' LayerNorms, GELUs and adds together).
+
+The byte counts are the engine's model (``strategies.model``: pre-LN GPT-2 blocks, GELU MLP, tied
+head, ``F.cross_entropy`` on fp32 logits) run eagerly, one kernel per op, each reading its inputs
+and writing its outputs once; views move nothing, index kernels (embedding, NLL) read only the rows
+they index. ``tests/strategies/test_traffic.py`` counts them off the model's own op stream (a
+``TorchDispatchMode`` over a forward and backward) and holds these formulas to that count.
+With ``e`` bytes per activation element (2 in bf16/fp16, 4 in fp32), per token:
+
+- block forward: LayerNorm ×2 (read and write h, fp32 mean and rstd: 2·(2he + 8)), residual add ×2
+  (read 2h, write h: 6he), GELU (read and write f: 2fe) — ``10he + 2fe + 16``;
+- block backward: the residual stream's two gradient sums (6he), LayerNorm ×2 (read gradient and
+  input, write gradient, read mean and rstd: 2·(3he + 8)), GELU's (read gradient and input, write:
+  3fe), the qkv split's (a concatenation: read and write 3h: 6he), bias gradients (read each linear's
+  output gradient: 3h + h + f + h = 5he + fe) — ``23he + 4fe + 16``; a recomputed forward (activation
+  checkpointing) moves the forward's bytes again;
+- root forward: the token gather (read and write h, and the token id: 2he + 8; the position gather
+  is per position, shared by a micro-batch's sequences), the sum of both (2he), the final LayerNorm
+  (2he + 8), then the loss: the logits cast to fp32 (read Ve, write 4V; none in fp32), log-softmax
+  (read 4V, write 4V), NLL (reads the target and its row's one value: 8 + 4) —
+  ``6he + 8V + (4V + Ve)·[e<4] + 28``;
+- root backward: NLL's (writes the 4V gradient, reads the target), log-softmax's (read gradient and
+  output, write: 12V), the cast's (read 4V, write Ve), the final LayerNorm's (3he + 8), the position
+  gradient summed over the micro-batch (read h), the token embedding's gradient (read h and the
+  token id) — ``5he + 16V + (4V + Ve)·[e<4] + 24``.
+
+What is per parameter or per position rather than per token (the embedding tables' gradient writes,
+the LayerNorms' and biases' parameter gradients, the position gather) is left out: the optimizer
+step's passes carry the per-parameter bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerotune.strategies.plan import block_numel, root_numel
+from zerotune.strategies.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes of memory-bound kernels per token, by pass."""
+
+    block_fwd: int
+    block_bwd: int
+    root_fwd: int
+    """Embeddings, final LayerNorm and the loss (the LM head's matmul is compute: ``flops``)."""
+    root_bwd: int
+
+
+def traffic(model: ModelSpec, elem_bytes: int) -> Traffic:
+    """Bytes per token the memory-bound kernels of ``model`` move in HBM (formulas: module docstring)."""
+    h, f, v, e = model.hidden, model.ffn, model.vocab, elem_bytes
+    cast = 1 if e < 4 else 0  # F.cross_entropy(logits.float()): a cast only below fp32
+    return Traffic(block_fwd=10 * h * e + 2 * f * e + 16,
+                   block_bwd=23 * h * e + 4 * f * e + 16,
+                   root_fwd=6 * h * e + 8 * v + cast * (4 * v + v * e) + 28,
+                   root_bwd=5 * h * e + 16 * v + cast * (4 * v + v * e) + 24)
+
+
+def block_flops(model: ModelSpec) -> int:
+    """Forward FLOPs of one block per token: its matmuls (2 per weight) and the attention's scores
+    and weighted sum (4·h·T); the backward is twice that."""
+    return 2 * block_numel(model) + 4 * model.hidden * model.seq_len
+
+
+def head_flops(model: ModelSpec) -> int:
+    """Forward FLOPs of the root per token: the tied LM head's matmul, 2 per embedding element (the
+    position table included, as ``root_numel`` counts it); the backward is twice that."""
+    return 2 * root_numel(model)
+
+
+def step_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float) -> float:
+    """Seconds per token of one forward and backward pass (no recomputation), at ``flops_per_s`` on
+    the compute-bound kernels and ``bytes_per_s`` on the memory-bound ones (0: not charged)."""
+    t = traffic(model, elem_bytes)
+    flops = 3 * (model.layers * block_flops(model) + head_flops(model))
+    moved = model.layers * (t.block_fwd + t.block_bwd) + t.root_fwd + t.root_bwd
+    return flops / flops_per_s + (moved / bytes_per_s if bytes_per_s else 0.0)

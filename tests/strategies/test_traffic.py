@@ -1,0 +1,131 @@
+"""The memory-bound bytes the time model charges, against the engine's model's own op stream."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.strategies.costmodel import calibration_for, predict
+from zerotune.strategies.costmodel.hardware import DEVICES, IBM_FSDP_7B, STREAM_FRACTION, profile_calibration
+from zerotune.strategies.costmodel.traffic import step_seconds, traffic
+from zerotune.strategies.model import build_gpt
+from zerotune.strategies.spec import ModelSpec
+
+COMPUTE_OPS = {"mm", "addmm", "bmm", "baddbmm"}
+"""Charged by their FLOPs, as the attention kernel is."""
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class KernelBytes(TorchDispatchMode):
+    """Bytes each kernel of an eager run reads and writes: every input once, every output once;
+    views move nothing; index kernels read the rows they index, not the whole table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_op: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        outs = [a for a in tree_flatten(out)[0] if isinstance(a, torch.Tensor)]
+        if name in COMPUTE_OPS or "scaled_dot_product" in name:
+            return out
+        storages = {t.untyped_storage().data_ptr() for t in ins}
+        if outs and all(o.untyped_storage().data_ptr() in storages for o in outs):
+            return out  # a view
+        if name == "embedding":  # reads the indexed rows: as many bytes as it writes
+            moved = _bytes([args[1]]) + 2 * _bytes(outs)
+        elif name == "nll_loss_forward":  # reads each row's target and that one value
+            moved = _bytes([args[1]]) + args[1].numel() * args[0].element_size() + _bytes(outs)
+        elif name == "nll_loss_backward":  # writes the gradient, reads the targets
+            moved = _bytes([args[0], args[2]]) + _bytes(outs)
+        else:
+            moved = _bytes(ins) + _bytes(outs)
+        self.by_op[name] += moved
+        return out
+
+
+def per_token_bytes(spec: ModelSpec, dtype: torch.dtype) -> float:
+    """Bytes per token of the model's memory-bound kernels over one forward and backward: the
+    difference between micro-batches of 3 and 1 sequences, so per-parameter and per-position bytes cancel."""
+    moved = []
+    for batch in (1, 3):
+        model = build_gpt(spec, dtype=dtype)
+        gen = torch.Generator().manual_seed(0)
+        idx, targets = (torch.randint(0, spec.vocab, (batch, spec.seq_len), generator=gen) for _ in range(2))
+        with KernelBytes() as counter:
+            model(idx, targets).backward()
+        moved.append(sum(counter.by_op.values()))
+    return (moved[1] - moved[0]) / (2 * spec.seq_len)
+
+
+def formula(spec: ModelSpec, elem_bytes: int) -> int:
+    t = traffic(spec, elem_bytes)
+    return spec.layers * (t.block_fwd + t.block_bwd) + t.root_fwd + t.root_bwd
+
+
+SHAPES = [ModelSpec("a", layers=2, hidden=64, heads=4, vocab=96, seq_len=32),
+          ModelSpec("b", layers=1, hidden=48, heads=4, vocab=200, seq_len=16, ffn_hidden=80)]
+
+
+@pytest.mark.parametrize("spec", SHAPES, ids=lambda s: s.name)
+def test_the_bytes_charged_are_the_bytes_the_models_kernels_move(spec):
+    # fp32: exact (no cast before the loss)
+    assert formula(spec, 4) == per_token_bytes(spec, torch.float32)
+    # bf16: the logits' cast to fp32 and back appears; the one difference is the LayerNorm statistics,
+    # fp32 on a GPU (the formula) and bf16 in the CPU kernel (2 + 2 bytes fewer per LayerNorm and token)
+    layer_norms = 2 * spec.layers + 1
+    assert formula(spec, 2) - 4 * 2 * layer_norms == per_token_bytes(spec, torch.bfloat16)
+
+
+def test_a_small_model_reaches_less_of_the_peak_than_a_large_one():
+    """Memory-bound bytes grow as h per token and matmul FLOPs as h²: the loss over a 50K vocabulary
+    and the blocks' element-wise kernels make a 125M model slower per FLOP than a 7B one."""
+    calib = calibration_for(parse_cluster("dgx-a100:1"))
+    peak = DEVICES["A100"].peak_tflops * 1e12
+    names = ("gpt-125m", "gpt-1.3b", "gpt-7b", "gpt-13b")
+
+    def mfu(name: str, bytes_per_s: float) -> float:
+        model = parse_model(name)
+        return model.flops_per_token() / step_seconds(model, 2, peak * calib.compute_efficiency, bytes_per_s) / peak
+
+    charged = [mfu(n, calib.memory_bytes_per_s) for n in names]
+    assert charged == sorted(charged) and charged[0] < 0.85 * charged[2]
+    # a calibration that does not charge them apart (fitted, nominal) keeps one rate for every shape
+    flat = [mfu(n, 0.0) for n in names]
+    assert max(flat) / min(flat) < 1.05
+    # and the step predict times shows the same order
+    cluster = parse_cluster("dgx-a100:1")
+    strategy = dataclasses.replace(build_strategy("zero3", cluster), micro_batch_size=4)
+    tflops = [predict(parse_model(n), cluster, strategy)["tflops_per_rank"] for n in ("gpt-125m", "gpt-7b")]
+    assert tflops[0] < 0.85 * tflops[1]
+
+
+def test_a_published_mfu_keeps_its_own_model_and_moves_the_rest():
+    """``compute_efficiency`` is re-based on the run the device's PyTorch MFU comes from, so that run's
+    compute time is the published one; the memory-bound kernels are then the shape's own."""
+    for key, preset in (("H100", "dgx-h100"), ("A100", "dgx-a100")):
+        d = DEVICES[key]
+        calib = calibration_for(parse_cluster(f"{preset}:2"))
+        assert calib.compute_efficiency > d.pytorch_efficiency
+        assert calib.memory_bytes_per_s == pytest.approx(STREAM_FRACTION * d.hbm_gbps * 1e9)
+        published = step_seconds(IBM_FSDP_7B, 2, d.peak_tflops * 1e12 * d.pytorch_efficiency, 0.0)
+        modelled = step_seconds(IBM_FSDP_7B, 2, d.peak_tflops * 1e12 * calib.compute_efficiency,
+                                calib.memory_bytes_per_s)
+        assert modelled == pytest.approx(published, rel=1e-9)
+    # the 40 GB A100 has the 80 GB one's efficiency (the run was on 80 GB) and its own slower HBM
+    small = profile_calibration("x", "A100-40GB", ("nvlink3-4gpu",))
+    big = profile_calibration("x", "A100", ("nvlink3-nvswitch",))
+    assert small.compute_efficiency == big.compute_efficiency
+    assert small.memory_bytes_per_s < big.memory_bytes_per_s
