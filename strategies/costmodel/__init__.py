@@ -38,11 +38,12 @@ __all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_step
 def clear_caches() -> None:
     """Forget every memoized plan, schedule, per-collective cost and step volume (what ``predict``
     learns as it runs): the next call starts cold, e.g. to time it."""
-    from zerotune.strategies.costmodel import schedule, timing
+    from zerotune.strategies.costmodel import schedule, timing, traffic
     from zerotune.strategies.costmodel.predict import _runs_of
 
     schedule.clear()
     timing.clear()
+    traffic.traffic.cache_clear()
     _runs_of.cache_clear()
 
 

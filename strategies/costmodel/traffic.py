@@ -41,6 +41,7 @@ step's passes carry the per-parameter bytes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from zerotune.strategies.plan import block_numel, root_numel
@@ -58,6 +59,7 @@ class Traffic:
     root_bwd: int
 
 
+@functools.lru_cache(maxsize=1024)
 def traffic(model: ModelSpec, elem_bytes: int) -> Traffic:
     """Bytes per token the memory-bound kernels of ``model`` move in HBM (formulas: module docstring)."""
     h, f, v, e = model.hidden, model.ffn, model.vocab, elem_bytes

@@ -605,9 +605,9 @@ def test_one_sequence_micro_steps_wait_for_the_host_as_every_kept_gpu_sweep_meas
     device's work alone is the same per sequence: the host issues a block's kernels slower than the
     device runs them. The H100 profile's host floor (``RUNNER_HOST_S_PER_LAYER``, read off a
     one-sequence ``trainer_vs_fsdp`` profile, not off these sweeps) puts every sweep's one-sequence step
-    within 20% (median 6%; 5% before the memory-bound kernels were charged); without it the model is under on every sweep (3-15%, median 13%:
-    only the memory-bound kernels it charges, ``traffic.py``, keep it that close), and calls micro-batch 1
-    as fast as 8."""
+    within 20% (median 6%; 5% before the memory-bound kernels were charged); without it the model is
+    under on every sweep (3-15%, median 13%: only the memory-bound kernels it charges, ``traffic.py``,
+    keep it that close), and calls micro-batch 1 as fast as 8."""
     from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, RUNNER_HOST_S_PER_LAYER
     from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
