@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import calibration_for, predict
 from zerotune.strategies.costmodel.hardware import DEVICES, IBM_FSDP_7B, STREAM_FRACTION, profile_calibration
-from zerotune.strategies.costmodel.traffic import step_seconds, traffic
+from zerotune.strategies.costmodel.traffic import block_flops, step_seconds, traffic
 from zerotune.strategies.model import build_gpt
 from zerotune.strategies.spec import ModelSpec
 
@@ -129,3 +129,19 @@ def test_a_published_mfu_keeps_its_own_model_and_moves_the_rest():
     big = profile_calibration("x", "A100", ("nvlink3-nvswitch",))
     assert small.compute_efficiency == big.compute_efficiency
     assert small.memory_bytes_per_s < big.memory_bytes_per_s
+
+
+def test_a_recomputed_forward_moves_the_forwards_bytes_again():
+    """Activation checkpointing reruns each block's forward in the backward: its FLOPs and its
+    memory-bound bytes once more, nothing else."""
+    cluster = parse_cluster("dgx-a100:1")
+    calib = calibration_for(cluster)
+    model = parse_model("gpt-1.3b")
+    plain = dataclasses.replace(build_strategy("zero3", cluster), micro_batch_size=2)
+    ckpt = dataclasses.replace(plain, activation_checkpointing=True)
+    extra = (predict(model, cluster, ckpt)["breakdown"]["compute_s"]
+             - predict(model, cluster, plain)["breakdown"]["compute_s"])
+    tokens = plain.micro_batch_size * model.seq_len
+    forward = model.layers * tokens * (block_flops(model) / (cluster.peak_tflops * 1e12 * calib.compute_efficiency)
+                                       + traffic(model, 2).block_fwd / calib.memory_bytes_per_s)
+    assert extra == pytest.approx(forward, rel=1e-9)
