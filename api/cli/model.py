@@ -204,15 +204,17 @@ def _print_breakdown(rows: list[dict[str, Any]]) -> None:
     compute that costs most: what drives the difference between two rows."""
     print("where each step goes, seconds: compute (host wait included), communication not hidden behind it, the "
           "slow-down of compute beside collectives, the step boundary, the optimizer update, fixed overhead; "
-          "comm = every collective's time, hidden or not")
+          "comm = every collective's time, hidden or not; mem-bd = the part of compute in memory-bound kernels "
+          "(LayerNorms, GELU, adds, the loss over the vocabulary)")
     print(f"{'cluster':<14}{'strategy':<10}{'step s':>9}" + "".join(f"{c:>9}" for c, _ in BREAKDOWN)
-          + f"{'comm':>9}  most beyond compute")
+          + f"{'comm':>9}{'mem-bd':>9}  most beyond compute")
     for p in rows:
         b = p["breakdown"]
         beyond = max(BREAKDOWN[1:], key=lambda term: b[term[1]])
         most = f"{beyond[0]} {b[beyond[1]] / p['step_time_s']:.0%}" if b[beyond[1]] > 0 else "-"
         print(f"{p['cluster']:<14}{p['strategy']:<10} {p['step_time_s']:>8.4g}"
-              + "".join(f" {b[k]:>8.4g}" for _, k in BREAKDOWN) + f" {b['comm_s']:>8.4g}  {most}")
+              + "".join(f" {b[k]:>8.4g}" for _, k in BREAKDOWN) + f" {b['comm_s']:>8.4g} {b['memory_bound_s']:>8.4g}"
+              f"  {most}")
 
 
 def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:

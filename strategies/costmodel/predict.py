@@ -195,6 +195,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     bwd_block = max(bwd_block, calib.host_s_per_layer * (2 + recompute) / 3)
     head_fwd = tokens * (head_flops(model) / rate + (moved.root_fwd / bps if bps else 0.0))
     head_bwd = tokens * (2 * head_flops(model) / rate + (moved.root_bwd / bps if bps else 0.0))
+    # of which the memory-bound kernels (the device's time: a host floor may hide part of it)
+    memory_bound_s = tokens * (sched.total_units * (moved.block_fwd * (1 + recompute) + moved.block_bwd)
+                               + moved.root_fwd + moved.root_bwd) / bps if bps else 0.0
     kappa = calib.overlap_slowdown
 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them
@@ -252,7 +255,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
                       "exposed_comm_s": max(0.0, micros_s - accum * compute_s - slowdown_s),
                       "overlap_slowdown_s": slowdown_s, "boundary_s": boundary_s,
                       "optimizer_s": optimizer_s, "overhead_s": calib.step_overhead_s,
-                      "host_wait_s": accum * host_wait_s},
+                      "host_wait_s": accum * host_wait_s, "memory_bound_s": accum * memory_bound_s},
     }
     if not feasible:
         out["overflow"] = overflow(memory, cluster.device_memory_gib)

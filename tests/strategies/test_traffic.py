@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.costmodel import calibration_for, predict
+from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.hardware import DEVICES, IBM_FSDP_7B, STREAM_FRACTION, profile_calibration
 from zerotune.strategies.costmodel.traffic import block_flops, step_seconds, traffic
 from zerotune.strategies.model import build_gpt
@@ -145,3 +145,9 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     forward = model.layers * tokens * (block_flops(model) / (cluster.peak_tflops * 1e12 * calib.compute_efficiency)
                                        + traffic(model, 2).block_fwd / calib.memory_bytes_per_s)
     assert extra == pytest.approx(forward, rel=1e-9)
+    # the breakdown names the memory-bound part of compute: the bytes of every pass at the HBM rate
+    t = traffic(model, 2)
+    moved = tokens * (model.layers * (t.block_fwd + t.block_bwd) + t.root_fwd + t.root_bwd)
+    assert predict(model, cluster, plain)["breakdown"]["memory_bound_s"] == pytest.approx(
+        moved / calib.memory_bytes_per_s, rel=1e-9)
+    assert predict(model, cluster, plain, calibration=Calibration())["breakdown"]["memory_bound_s"] == 0.0
