@@ -80,7 +80,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from zerotune.strategies.costmodel.traffic import step_seconds
+from zerotune.strategies.costmodel.traffic import pass_seconds
 from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
 
 NCCL_RING_BASE_US = 8.4
@@ -398,21 +398,26 @@ class Device:
     """NCCL's cap on LL's bus bandwidth inside one node (``llMaxBws``, by GPU generation) [nccl-netoverhead]."""
     ring_plateau: float = 1.0
     """NCCL's ring all-reduce plateau for its compute capability: 1.9 on Volta, 1.4 from Ampere on [nccl-tree]."""
-    measured_on: tuple[tuple[str, ModelSpec, float], ...] = ()
-    """(stack, model, HBM GB/s of the device it ran on) for each efficiency whose source names its model:
+    measured_on: tuple[tuple[str, ModelSpec, str], ...] = ()
+    """(stack, model, key in ``DEVICES`` of the device it ran on) for each efficiency whose source names its model:
     that figure is a whole step's, memory-bound kernels included, and ``compute_efficiency`` is re-based
     on it (``gemm_efficiency``). The figures of unnamed models are taken as they are: their sources'
     models are 10B parameters or more, where the memory-bound share of a step is 1-3%."""
 
-    def efficiency(self, stack: str) -> float:
+    def _figure(self, stack: str) -> str:
+        """The stack whose published figure ``stack`` takes: its own, or Megatron's where none is published."""
         if stack not in STACKS:
             raise ValueError(f"stack={stack!r}: must be one of {list(STACKS)}")
-        return self.pytorch_efficiency if stack == "pytorch" and self.pytorch_efficiency else self.megatron_efficiency
+        return "pytorch" if stack == "pytorch" and self.pytorch_efficiency else "megatron"
 
-    def source_model(self, stack: str) -> tuple[ModelSpec, float] | None:
-        """The model behind ``efficiency(stack)`` and its device's HBM GB/s, if its source names one."""
-        used = stack if stack == "pytorch" and self.pytorch_efficiency else "megatron"
-        return next(((m, hbm) for k, m, hbm in self.measured_on if k == used), None)
+    def efficiency(self, stack: str) -> float:
+        figure = self.pytorch_efficiency if self._figure(stack) == "pytorch" else None
+        return figure or self.megatron_efficiency
+
+    def source_model(self, stack: str) -> tuple[ModelSpec, str] | None:
+        """The model behind ``efficiency(stack)`` and the ``DEVICES`` key it ran on, if its source names one."""
+        used = self._figure(stack)
+        return next(((m, on) for k, m, on in self.measured_on if k == used), None)
 
 
 def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_bytes_per_s: float) -> float:
@@ -420,10 +425,10 @@ def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_byt
     ``mfu``: the step's compute time (this model's FLOPs at ``mfu``) less its memory-bound kernels' time
     (``traffic.traffic`` in 16-bit at ``memory_bytes_per_s``), so that ``predict`` gives that model the
     published figure's compute time back, and a model of another shape its own share of memory-bound work."""
-    flops_s = step_seconds(model, 2, peak_tflops * 1e12, 0.0)  # its FLOPs at the whole peak
-    whole = flops_s / mfu
-    kernels = step_seconds(model, 2, peak_tflops * 1e12, memory_bytes_per_s) - flops_s
-    return flops_s / (whole - kernels)
+    at_peak = pass_seconds(model, 2, peak_tflops * 1e12, memory_bytes_per_s)
+    kernels = model.layers * at_peak.block_memory + at_peak.head_memory
+    flops_s = at_peak.step(model.layers) - kernels  # its FLOPs at the whole peak
+    return flops_s / (flops_s / mfu - kernels)
 
 
 NVLINK_EFFICIENCY = 370 / 450
@@ -472,8 +477,8 @@ IBM_FSDP_7B = ModelSpec("llama2-7b", layers=32, hidden=4096, heads=32, vocab=320
 MEGATRON_1T = ModelSpec("megatron-1t", layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
 """The model of [megatron-sc21]'s 163 TFLOPS per A100 (its Table 1, 1,008B parameters: 128 layers of
 hidden size 25,600, 160 heads, sequence 2,048; vocabulary 51,200)."""
-A100_SOURCES = (("pytorch", IBM_FSDP_7B, 2039.0), ("megatron", MEGATRON_1T, 2039.0))
-"""Both A100 figures were measured on A100 80GB (2,039 GB/s)."""
+A100_SOURCES = (("pytorch", IBM_FSDP_7B, "A100"), ("megatron", MEGATRON_1T, "A100"))
+"""Both A100 figures were measured on A100 80GB."""
 
 STACKS = ("pytorch", "megatron")
 """Software stacks with published efficiencies; zerotune's engine is eager PyTorch (``ENGINE_STACK``)."""
@@ -493,7 +498,7 @@ DEVICES: dict[str, Device] = {
                         measured_on=A100_SOURCES),  # both ran on A100 80GB
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU", ll_max_busbw_gbps=141.0,
-                   ring_plateau=1.4, measured_on=(("pytorch", IBM_FSDP_7B, 3350.0),)),
+                   ring_plateau=1.4, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
@@ -526,8 +531,8 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s
     efficiency, measured_on = d.efficiency(stack), d.source_model(stack)
     if measured_on is not None:
-        on, hbm_gbps = measured_on
-        efficiency = gemm_efficiency(efficiency, on, d.peak_tflops, STREAM_FRACTION * hbm_gbps * 1e9)
+        model, ran_on = measured_on
+        efficiency = gemm_efficiency(efficiency, model, d.peak_tflops, STREAM_FRACTION * DEVICES[ran_on].hbm_gbps * 1e9)
     return Calibration(name=name, compute_efficiency=efficiency, memory_bytes_per_s=memory_bound,
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,

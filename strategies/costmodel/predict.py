@@ -32,7 +32,7 @@ from zerotune.strategies.costmodel.hardware import Calibration, calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
 from zerotune.strategies.costmodel.schedule import Coll, Group, Schedule, build_schedule
 from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
-from zerotune.strategies.costmodel.traffic import Traffic, block_flops, head_flops, traffic
+from zerotune.strategies.costmodel.traffic import pass_seconds
 from zerotune.strategies.plan import block_modules
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.strategies.volume import QUANT_BLOCK, Volume
@@ -179,25 +179,19 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     outer_of = {g: sum(ct(c) for c in cs) for g, cs in sched.outer.items()} if outer_in_backward else {}
     r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
 
-    rate = cluster.peak_tflops * 1e12 * calib.compute_efficiency
-    bps = calib.memory_bytes_per_s
     tokens = mbs * model.seq_len
-    moved = traffic(model, e) if bps else Traffic(0, 0, 0, 0)
-    recompute = 1 if s.activation_checkpointing else 0  # the backward reruns the forward
-    fwd_block = tokens * (block_flops(model) / rate + (moved.block_fwd / bps if bps else 0.0))
-    bwd_block = tokens * ((2 + recompute) * block_flops(model) / rate
-                          + ((moved.block_bwd + recompute * moved.block_fwd) / bps if bps else 0.0))
+    per_token = pass_seconds(model, e, cluster.peak_tflops * 1e12 * calib.compute_efficiency,
+                             calib.memory_bytes_per_s, s.activation_checkpointing)
+    fwd_block, bwd_block = tokens * per_token.block_fwd, tokens * per_token.block_bwd
+    head_fwd, head_bwd = tokens * per_token.head_fwd, tokens * per_token.head_bwd
+    # of which the memory-bound kernels (the device's time: a host floor may hide part of it)
+    memory_bound_s = tokens * (sched.total_units * per_token.block_memory + per_token.head_memory)
     # the host floor: a block's forward and backward cannot take less than the host needs to issue
     # them (a third of it per forward pass: the backward is two, a recompute one more)
-    host_wait_s = (max(0.0, calib.host_s_per_layer / 3 - fwd_block)
-                   + max(0.0, calib.host_s_per_layer * (2 + recompute) / 3 - bwd_block)) * sched.total_units
-    fwd_block = max(fwd_block, calib.host_s_per_layer / 3)
-    bwd_block = max(bwd_block, calib.host_s_per_layer * (2 + recompute) / 3)
-    head_fwd = tokens * (head_flops(model) / rate + (moved.root_fwd / bps if bps else 0.0))
-    head_bwd = tokens * (2 * head_flops(model) / rate + (moved.root_bwd / bps if bps else 0.0))
-    # of which the memory-bound kernels (the device's time: a host floor may hide part of it)
-    memory_bound_s = tokens * (sched.total_units * (moved.block_fwd * (1 + recompute) + moved.block_bwd)
-                               + moved.root_fwd + moved.root_bwd) / bps if bps else 0.0
+    host_fwd = calib.host_s_per_layer / 3
+    host_bwd = host_fwd * (2 + s.activation_checkpointing)
+    host_wait_s = (max(0.0, host_fwd - fwd_block) + max(0.0, host_bwd - bwd_block)) * sched.total_units
+    fwd_block, bwd_block = max(fwd_block, host_fwd), max(bwd_block, host_bwd)
     kappa = calib.overlap_slowdown
 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them

@@ -82,10 +82,40 @@ def head_flops(model: ModelSpec) -> int:
     return 2 * root_numel(model)
 
 
+@dataclass(frozen=True)
+class PassSeconds:
+    """Seconds per token of each compute pass (``pass_seconds``), and the memory-bound part of them."""
+
+    block_fwd: float
+    block_bwd: float
+    """A block's backward, its recomputed forward included under activation checkpointing."""
+    head_fwd: float
+    head_bwd: float
+    block_memory: float
+    """The memory-bound kernels' part of ``block_fwd + block_bwd``."""
+    head_memory: float
+    """The memory-bound kernels' part of ``head_fwd + head_bwd``."""
+
+    def step(self, layers: int) -> float:
+        """A forward and backward pass over ``layers`` blocks and the head."""
+        return layers * (self.block_fwd + self.block_bwd) + self.head_fwd + self.head_bwd
+
+
+def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
+                 recompute: bool = False) -> PassSeconds:
+    """Seconds per token of a block's and the head's forward and backward: FLOPs (``block_flops``,
+    ``head_flops``; the backward twice the forward) at ``flops_per_s``, bytes (``traffic``) at
+    ``bytes_per_s`` (0: not charged), and with ``recompute`` the backward rerunning the forward."""
+    t, per_byte = traffic(model, elem_bytes), (1 / bytes_per_s if bytes_per_s else 0.0)
+    block, head, redo = block_flops(model) / flops_per_s, head_flops(model) / flops_per_s, int(recompute)
+    mem_fwd, mem_bwd = t.block_fwd * per_byte, (t.block_bwd + redo * t.block_fwd) * per_byte
+    head_mem_fwd, head_mem_bwd = t.root_fwd * per_byte, t.root_bwd * per_byte
+    return PassSeconds(block_fwd=block + mem_fwd, block_bwd=(2 + redo) * block + mem_bwd,
+                       head_fwd=head + head_mem_fwd, head_bwd=2 * head + head_mem_bwd,
+                       block_memory=mem_fwd + mem_bwd, head_memory=head_mem_fwd + head_mem_bwd)
+
+
 def step_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float) -> float:
     """Seconds per token of one forward and backward pass (no recomputation), at ``flops_per_s`` on
     the compute-bound kernels and ``bytes_per_s`` on the memory-bound ones (0: not charged)."""
-    t = traffic(model, elem_bytes)
-    flops = 3 * (model.layers * block_flops(model) + head_flops(model))
-    moved = model.layers * (t.block_fwd + t.block_bwd) + t.root_fwd + t.root_bwd
-    return flops / flops_per_s + (moved / bytes_per_s if bytes_per_s else 0.0)
+    return pass_seconds(model, elem_bytes, flops_per_s, bytes_per_s).step(model.layers)
