@@ -7,8 +7,11 @@
 The time model (``strategies/costmodel/traffic.py``) splits a step's compute in two: the matmuls and
 the attention at a fraction of the device's peak, every other kernel (LayerNorms, GELU, residual adds,
 bias gradients, the qkv split's backward, embedding gathers, the loss over the vocabulary) at its
-bytes over ``STREAM_FRACTION`` of the datasheet HBM bandwidth. This script measures both parts on the
-device in hand, for the engine's own model (``strategies.model``) run eagerly:
+bytes over a fraction of the datasheet HBM bandwidth (``STREAM_FRACTION`` where nothing better was
+measured). This script measures both parts on the device in hand, for the engine's own model
+(``strategies.model``) run eagerly; the Hopper figures of ``strategies/costmodel/hardware.py``
+(``HOPPER_ENGINE_EFFICIENCY``, ``HOPPER_EAGER_MEMORY_FRACTION``) are its medians on one H200
+(``bench/data/h200-kernels``):
 
 1. **Kernel classes.** One forward and backward per iteration under ``torch.profiler`` (host and
    device); each kernel's time goes to the ATen operator that launched it, and the operators are
@@ -22,7 +25,6 @@ device in hand, for the engine's own model (``strategies.model``) run eagerly:
    forward, and torch's fused AdamW step (``ADAMW_BYTES_PER_ELEM`` bytes per fp32 element) — the
    hardware-level figures ``STREAM_FRACTION`` and the optimizer's charge stand for.
 
-Nothing here feeds a constant of the model: these are checks of it on hardware it was not written from.
 On CPU it runs a small model in fp32 and reports operator CPU time instead of device time.
 """
 
@@ -174,10 +176,10 @@ def streaming(device: Any, elems: int, hidden: int) -> list[dict[str, Any]]:
     c = torch.empty_like(a)
     s = time_kernel(lambda: torch.add(a, b, out=c), device)
     out.append({"kernel": "add bf16 (read 2, write 1)", "bytes": 3 * 2 * elems, "s": s})
-    x = a.view(-1, hidden)
+    x = a[: elems - elems % hidden].view(-1, hidden)
     w, bias = torch.ones(hidden, dtype=a.dtype, device=device), torch.zeros(hidden, dtype=a.dtype, device=device)
     s = time_kernel(lambda: F.layer_norm(x, (hidden,), w, bias), device)
-    out.append({"kernel": f"LayerNorm forward bf16 (h={hidden}: read, write)", "bytes": 2 * 2 * elems, "s": s})
+    out.append({"kernel": f"LayerNorm forward bf16 (h={hidden}: read, write)", "bytes": 2 * 2 * x.numel(), "s": s})
     n = elems // 4  # fp32 master, gradient, two moments: 16 B per element
     p = torch.zeros(n, dtype=torch.float32, device=device, requires_grad=True)
     p.grad = torch.randn(n, dtype=torch.float32, device=device)

@@ -11,7 +11,9 @@
 # 3. our engine's collectives on a thread and inline, side by side at one sequence (where the host
 #    sets the pace), twice each;
 # 4. zerotune train's micro-batch sweep (1, 2, 4, 8 sequences per micro-step, 8 per step), whose
-#    run.json files the cost model's tests compare with.
+#    run.json files the cost model's tests compare with;
+# 5. the model's forward and backward split by kernel class (bench/kernel_split.py): the rates the cost
+#    model's Hopper figures were read from (bench/data/h200-kernels), for this device.
 # Each part writes into $OUT as it finishes, so a run cut short keeps what it measured.
 set -uo pipefail
 OUT=${OUT:-bench/data/one-gpu}
@@ -61,4 +63,7 @@ for mbs in 1 2 4 8; do
       --steps 6 --warmup 2 --global-batch 8 --out "$OUT/train-$MODEL-zero3-mbs$mbs.json" 2>&1 \
       | tail -4 | tee -a "$OUT/log.txt"
 done
+log "kernel classes, $MODEL, micro-batches 1, 2, 4, 8"
+timeout 150 $PY bench/kernel_split.py --model "$MODEL" ${PEAK_TFLOPS:+--peak-tflops $PEAK_TFLOPS} \
+    --json-out "$OUT/kernel_split-$MODEL.json" 2>&1 | grep -v USDT | tee "$OUT/kernel_split-$MODEL.txt"
 log "done"

@@ -161,6 +161,22 @@ OVERLAP_SLOWDOWN = 0.19
 """Compute beside running collectives is 18.9% slower on average [overlap-2507.03114]."""
 STREAM_FRACTION = 0.85
 """A memory-bound kernel reaches ~85% of datasheet HBM bandwidth (STREAM: 79-89%) [stream-azure]."""
+HOPPER_EAGER_MEMORY_FRACTION = 0.50
+"""The fraction of datasheet HBM bandwidth eager PyTorch's memory-bound kernels reach on a Hopper GPU,
+for the bytes ``traffic`` counts: the median over micro-batches of 1, 2, 4 and 8 sequences of gpt-1.3b
+in bf16 on one H200 (0.46-0.54 of its 4.8 TB/s; ``python bench/kernel_split.py``, kept in
+``bench/data/h200-kernels/kernel_split-gpt-1.3b.json``). The same run's add of two 2 GiB tensors
+reached 0.82 (STREAM's figure, ``STREAM_FRACTION``), its LayerNorm 0.49: the model's kernels work on
+tensors of tens of MB, and PyTorch's LayerNorm, GELU, softmax and reduction kernels do not stream at
+the add's rate. The H100 takes the H200's figure (the same SMs; an inference, stated as such); other
+devices, never measured so, keep ``STREAM_FRACTION``."""
+HOPPER_ENGINE_EFFICIENCY = 0.70
+"""The fraction of dense bf16 peak zerotune's engine's compute-bound kernels reach on a Hopper GPU: the
+same H200 runs (``bench/kernel_split.py``), the matmuls' and the attention's FLOPs (the attention's
+charged full-square, as ``traffic.block_flops`` charges it) over their kernels' device time, median of
+the four micro-batches (0.692-0.717; matmuls alone 0.70-0.77, cuDNN attention 0.50-0.63). A
+kernel-level figure of the engine itself, so no re-base (``gemm_efficiency``) applies; the IBM FSDP
+figure (0.37 MFU of a whole 128-GPU run) stays the ``pytorch`` stack's."""
 QUANT_BYTES_PER_ELEM = 3.0
 """Block quantization reads a 16-bit element and writes one 8-bit code (dequantization the reverse):
 ~3 bytes of HBM traffic per element; the fp32 scale per 2048-element block is negligible."""
@@ -398,6 +414,12 @@ class Device:
     """NCCL's cap on LL's bus bandwidth inside one node (``llMaxBws``, by GPU generation) [nccl-netoverhead]."""
     ring_plateau: float = 1.0
     """NCCL's ring all-reduce plateau for its compute capability: 1.9 on Volta, 1.4 from Ampere on [nccl-tree]."""
+    engine_efficiency: float | None = None
+    """The fraction of peak zerotune's own engine's compute-bound kernels reach, where it was measured on
+    this device's architecture (the ``zerotune`` stack; elsewhere the ``pytorch`` figure stands for it)."""
+    eager_memory_fraction: float = STREAM_FRACTION
+    """The fraction of ``hbm_gbps`` eager PyTorch's memory-bound kernels reach (the ``zerotune`` and
+    ``pytorch`` stacks; Megatron's fused kernels keep ``STREAM_FRACTION``)."""
     measured_on: tuple[tuple[str, ModelSpec, str], ...] = ()
     """(stack, model, key in ``DEVICES`` of the device it ran on) for each efficiency whose source names its model:
     that figure is a whole step's, memory-bound kernels included, and ``compute_efficiency`` is re-based
@@ -405,14 +427,21 @@ class Device:
     models are 10B parameters or more, where the memory-bound share of a step is 1-3%."""
 
     def _figure(self, stack: str) -> str:
-        """The stack whose published figure ``stack`` takes: its own, or Megatron's where none is published."""
+        """The stack whose figure ``stack`` takes: its own; zerotune's engine, where it was not measured on
+        this device, the eager PyTorch one; that, where none is published, Megatron's."""
         if stack not in STACKS:
             raise ValueError(f"stack={stack!r}: must be one of {list(STACKS)}")
-        return "pytorch" if stack == "pytorch" and self.pytorch_efficiency else "megatron"
+        if stack == "zerotune" and self.engine_efficiency:
+            return "zerotune"
+        return "pytorch" if stack in ("zerotune", "pytorch") and self.pytorch_efficiency else "megatron"
 
     def efficiency(self, stack: str) -> float:
-        figure = self.pytorch_efficiency if self._figure(stack) == "pytorch" else None
+        figure = {"zerotune": self.engine_efficiency, "pytorch": self.pytorch_efficiency}.get(self._figure(stack))
         return figure or self.megatron_efficiency
+
+    def memory_fraction(self, stack: str) -> float:
+        """The fraction of ``hbm_gbps`` the memory-bound kernels of ``stack`` reach."""
+        return STREAM_FRACTION if stack == "megatron" else self.eager_memory_fraction
 
     def source_model(self, stack: str) -> tuple[ModelSpec, str] | None:
         """The model behind ``efficiency(stack)`` and the ``DEVICES`` key it ran on, if its source names one."""
@@ -480,9 +509,11 @@ hidden size 25,600, 160 heads, sequence 2,048; vocabulary 51,200)."""
 A100_SOURCES = (("pytorch", IBM_FSDP_7B, "A100"), ("megatron", MEGATRON_1T, "A100"))
 """Both A100 figures were measured on A100 80GB."""
 
-STACKS = ("pytorch", "megatron")
-"""Software stacks with published efficiencies; zerotune's engine is eager PyTorch (``ENGINE_STACK``)."""
-ENGINE_STACK = "pytorch"
+STACKS = ("zerotune", "pytorch", "megatron")
+"""Software stacks with their own efficiencies: zerotune's engine (``ENGINE_STACK``; eager PyTorch, measured
+on the devices ``Device.engine_efficiency`` names, else taking the ``pytorch`` figure), eager PyTorch
+(FSDP, torchtitan without compilation), Megatron-class stacks (fused kernels)."""
+ENGINE_STACK = "zerotune"
 
 DEVICES: dict[str, Device] = {
     "V100": Device("NVIDIA V100 32GB", 125.0, 32.0, 900.0, 50 / 125, 30 / 125,
@@ -497,8 +528,10 @@ DEVICES: dict[str, Device] = {
                         "(A100 datasheet)", ll_max_busbw_gbps=87.7, ring_plateau=1.4,
                         measured_on=A100_SOURCES),  # both ran on A100 80GB
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
-                   "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU", ll_max_busbw_gbps=141.0,
-                   ring_plateau=1.4, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
+                   "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU; zerotune's engine and "
+                   "eager kernels measured on Hopper (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION)",
+                   ll_max_busbw_gbps=141.0, ring_plateau=1.4, engine_efficiency=HOPPER_ENGINE_EFFICIENCY,
+                   eager_memory_fraction=HOPPER_EAGER_MEMORY_FRACTION, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
@@ -528,12 +561,15 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     if host not in HOSTS:
         raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
     d, h = DEVICES[device], HOSTS[host]
-    memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s
+    memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s: quantization and the optimizer's passes
     efficiency, measured_on = d.efficiency(stack), d.source_model(stack)
     if measured_on is not None:
         model, ran_on = measured_on
-        efficiency = gemm_efficiency(efficiency, model, d.peak_tflops, STREAM_FRACTION * DEVICES[ran_on].hbm_gbps * 1e9)
-    return Calibration(name=name, compute_efficiency=efficiency, memory_bytes_per_s=memory_bound,
+        source = DEVICES[ran_on]
+        efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
+                                     source.memory_fraction(stack) * source.hbm_gbps * 1e9)
+    return Calibration(name=name, compute_efficiency=efficiency,
+                       memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
                        optimizer_elems_per_s=memory_bound / STEP_BYTES_PER_ELEM,

@@ -17,6 +17,9 @@ from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import at_scale, on_device
 from zerotune.strategies.costmodel.hardware import (
     DEVICES,
+    ENGINE_STACK,
+    HOPPER_EAGER_MEMORY_FRACTION,
+    HOPPER_ENGINE_EFFICIENCY,
     HOSTS,
     IBM_FSDP_7B,
     LINKS,
@@ -94,12 +97,25 @@ def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
                                                    dataclasses.replace(frontier.levels[2], bandwidth_gbps=1.0)))
     assert calibration_for(slower).name == "nominal"  # not the preset any more: its profile would not describe it
     assert calibration_for(parse_cluster("local:2x2")).name == "nominal"
-    # zerotune's engine is eager PyTorch: the H100 preset takes the PyTorch figure, not Megatron's
-    h100 = DEVICES["H100"]
-    assert calibration_for(parse_cluster("dgx-h100:2")).compute_efficiency == pytest.approx(
-        gemm_efficiency(h100.pytorch_efficiency, IBM_FSDP_7B, h100.peak_tflops, STREAM_FRACTION * h100.hbm_gbps * 1e9))
+    # zerotune's engine takes its own kernel-level figure where it was measured (Hopper), the eager
+    # PyTorch one elsewhere (A100: IBM's 7B MFU re-based), never Megatron's
+    h100, a100 = DEVICES["H100"], DEVICES["A100"]
+    assert ENGINE_STACK == "zerotune"
+    engine = calibration_for(parse_cluster("dgx-h100:2"))
+    assert engine.compute_efficiency == HOPPER_ENGINE_EFFICIENCY
+    assert engine.memory_bytes_per_s == pytest.approx(HOPPER_EAGER_MEMORY_FRACTION * h100.hbm_gbps * 1e9)
+    fsdp = profile_calibration("x", "H100", ("nvlink4-nvswitch",), stack="pytorch")
+    assert fsdp.compute_efficiency == pytest.approx(gemm_efficiency(
+        h100.pytorch_efficiency, IBM_FSDP_7B, h100.peak_tflops, HOPPER_EAGER_MEMORY_FRACTION * h100.hbm_gbps * 1e9))
+    assert fsdp.memory_bytes_per_s == engine.memory_bytes_per_s  # the same eager kernels
+    megatron = profile_calibration("x", "H100", ("nvlink4-nvswitch",), stack="megatron")
+    assert megatron.memory_bytes_per_s == pytest.approx(STREAM_FRACTION * h100.hbm_gbps * 1e9)
+    assert calibration_for(parse_cluster("dgx-a100:2")).compute_efficiency == pytest.approx(
+        gemm_efficiency(a100.pytorch_efficiency, IBM_FSDP_7B, a100.peak_tflops, STREAM_FRACTION * a100.hbm_gbps * 1e9))
+    assert a100.efficiency("zerotune") == a100.efficiency("pytorch") == a100.pytorch_efficiency
     assert h100.efficiency("megatron") > h100.efficiency("pytorch")
     assert DEVICES["MI250X"].efficiency("pytorch") == DEVICES["MI250X"].megatron_efficiency  # none published
+    assert DEVICES["MI250X"].efficiency("zerotune") == DEVICES["MI250X"].megatron_efficiency
     with pytest.raises(ValueError, match="stack='jax'"):
         h100.efficiency("jax")
     # every preset carries the profile of its device, links and host: the A100 presets differ in NIC placement

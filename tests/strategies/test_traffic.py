@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.hardware import DEVICES, IBM_FSDP_7B, STREAM_FRACTION, profile_calibration
+from zerotune.strategies.costmodel.hardware import DEVICES, IBM_FSDP_7B, profile_calibration
 from zerotune.strategies.costmodel.traffic import block_flops, step_seconds, traffic
 from zerotune.strategies.model import build_gpt
 from zerotune.strategies.spec import ModelSpec
@@ -115,11 +115,11 @@ def test_a_small_model_reaches_less_of_the_peak_than_a_large_one():
 def test_a_published_mfu_keeps_its_own_model_and_moves_the_rest():
     """``compute_efficiency`` is re-based on the run the device's PyTorch MFU comes from, so that run's
     compute time is the published one; the memory-bound kernels are then the shape's own."""
-    for key, preset in (("H100", "dgx-h100"), ("A100", "dgx-a100")):
+    for key, link in (("H100", "nvlink4-nvswitch"), ("A100", "nvlink3-nvswitch")):
         d = DEVICES[key]
-        calib = calibration_for(parse_cluster(f"{preset}:2"))
+        calib = profile_calibration("fsdp", key, (link,), stack="pytorch")
         assert calib.compute_efficiency > d.pytorch_efficiency
-        assert calib.memory_bytes_per_s == pytest.approx(STREAM_FRACTION * d.hbm_gbps * 1e9)
+        assert calib.memory_bytes_per_s == pytest.approx(d.eager_memory_fraction * d.hbm_gbps * 1e9)
         published = step_seconds(IBM_FSDP_7B, 2, d.peak_tflops * 1e12 * d.pytorch_efficiency, 0.0)
         modelled = step_seconds(IBM_FSDP_7B, 2, d.peak_tflops * 1e12 * calib.compute_efficiency,
                                 calib.memory_bytes_per_s)
@@ -151,3 +151,39 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     assert predict(model, cluster, plain)["breakdown"]["memory_bound_s"] == pytest.approx(
         moved / calib.memory_bytes_per_s, rel=1e-9)
     assert predict(model, cluster, plain, calibration=Calibration())["breakdown"]["memory_bound_s"] == 0.0
+
+
+def test_the_hopper_rates_are_the_kept_kernel_profiles_medians():
+    """``HOPPER_ENGINE_EFFICIENCY`` and ``HOPPER_EAGER_MEMORY_FRACTION`` are read off the kept profile of
+    the engine's model on one H200 (``bench/kernel_split.py``; gpt-1.3b, bf16, 1-8 sequences per
+    micro-batch), not chosen: each is the median of its per-micro-batch rate, to two places. The bytes
+    that run charged are this module's formulas, its kernels' classes add up to every kernel's time,
+    and a plain add on large tensors streams at ``STREAM_FRACTION`` (within 0.05) where the model's own
+    kernels reach about half of it."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from zerotune.strategies.costmodel.hardware import (
+        HOPPER_EAGER_MEMORY_FRACTION,
+        HOPPER_ENGINE_EFFICIENCY,
+        STREAM_FRACTION,
+    )
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "data" / "h200-kernels" / "kernel_split-gpt-1.3b.json"
+    kept = json.loads(path.read_text())
+    assert kept["device"] == "NVIDIA H200" and kept["dtype"] == "torch.bfloat16"
+    spec, passes = parse_model(kept["model"]), kept["passes"]
+    assert [p["batch"] for p in passes] == [1, 2, 4, 8]
+    peak, hbm = kept["peak_tflops"] * 1e12, kept["hbm_gbps"] * 1e9
+    compute, memory = [], []
+    for p in passes:
+        assert p["memory_bytes"] == p["tokens"] * formula(spec, 2)
+        assert p["matmul_ms"] + p["attention_ms"] + p["memory_ms"] == pytest.approx(p["kernels_ms"], rel=0.01)
+        compute.append((p["matmul_flops"] + p["attention_flops"]) / ((p["matmul_ms"] + p["attention_ms"]) / 1e3) / peak)
+        memory.append(p["memory_bytes"] / (p["memory_ms"] / 1e3) / hbm)
+    assert HOPPER_ENGINE_EFFICIENCY == round(statistics.median(compute), 2)
+    assert HOPPER_EAGER_MEMORY_FRACTION == round(statistics.median(memory), 2)
+    add = next(s for s in kept["streaming"] if s["kernel"].startswith("add"))
+    assert abs(add["fraction"] - STREAM_FRACTION) <= 0.05
+    assert max(memory) < 0.7 * add["fraction"]
