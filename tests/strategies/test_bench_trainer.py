@@ -72,3 +72,37 @@ def test_trace_phases_splits_a_kept_gpu_trace_into_forward_backward_and_optimize
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "trace_phases.py"),
                           *map(str, sorted(kept.glob("*.gz")))], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0 and "zero3-w1-b1" in out.stdout, out.stderr
+
+
+def test_the_kernel_split_bench_classes_a_passes_operators_and_charges_the_traffic_formulas(tmp_path):
+    """bench/kernel_split.py on CPU (fp32, a tiny GPT; the device figures are a GPU's): every operator
+    that took time falls in one class, the matmuls are the products, the bytes it charges are the
+    traffic formulas', and the given peak and bandwidth turn times into fractions of them."""
+    from zerotune.strategies.catalog import parse_model
+    from zerotune.strategies.costmodel.traffic import traffic
+
+    out = tmp_path / "split.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_split.py"), "--device", "cpu",
+                           "--model", "gpt-tiny", "--batches", "1,3", "--iters", "2", "--warmup", "1",
+                           "--peak-tflops", "1", "--hbm-gbps", "50", "--json-out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = json.loads(out.read_text())
+    spec = parse_model("gpt-tiny")
+    t = traffic(spec, 4)
+    per_token = spec.layers * (t.block_fwd + t.block_bwd) + t.root_fwd + t.root_bwd
+    assert [p["batch"] for p in kept["passes"]] == [1, 3]
+    for p in kept["passes"]:
+        assert p["tokens"] == p["batch"] * spec.seq_len and p["memory_bytes"] == p["tokens"] * per_token
+        assert p["matmul_ms"] > 0 and p["attention_ms"] > 0 and p["memory_ms"] > 0
+        assert p["memory_charged_ms"] == pytest.approx(1e3 * p["memory_bytes"] / (0.85 * 50e9))
+        assert p["matmul_reached"] == pytest.approx(p["matmul_flops"] / (p["matmul_ms"] / 1e3) / 1e12)
+        classes = {o["op"]: o["class"] for o in p["top_ops"]}
+        assert classes.get("aten::mm") == "matmul" and classes.get("aten::addmm") == "matmul"
+        assert all(c == "attention" for op, c in classes.items() if "scaled_dot_product" in op)
+    assert {s["kernel"].split()[0] for s in kept["streaming"]} == {"add", "LayerNorm", "AdamW"}
+    assert all(s["gbps"] > 0 and s["fraction"] == pytest.approx(s["gbps"] / 50) for s in kept["streaming"])
+    assert "per forward + backward" in proc.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_split.py"), "--device", "cpu",
+                          "--model", "gpt-nope"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "gpt-nope" in bad.stderr

@@ -630,3 +630,13 @@ def test_vendor_collectives_at_scale_hold_the_ring_model_to_its_range():
     assert all(abs(r["error"]) <= 0.30 for r in nccl)
     by = {(s["library"], s["gpus"]): s["measured_over_predicted"] for s in result["summary"]}
     assert by[("RCCL", 2048)] > 3 * by[("RCCL", 128)] and by[("NCCL", 2048)] < 1.3
+
+
+def test_the_pytorch_figures_model_is_the_one_its_table_prints():
+    """``IBM_FSDP_7B``, the model the eager PyTorch efficiencies are re-based on, is the llama2-7b of
+    ``bench/published/ibm_fsdp.toml`` (the table those efficiencies come from, printed, never scored):
+    one model, not two copies that could drift apart."""
+    table = tomllib.loads((ROOT / "bench" / "published" / "ibm_fsdp.toml").read_text())
+    assert table["source"]["role"] == "calibration"
+    written = table["models"]["llama2-7b"]
+    assert {k: getattr(IBM_FSDP_7B, "ffn" if k == "ffn_hidden" else k) for k in written} == written
