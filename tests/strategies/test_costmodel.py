@@ -606,9 +606,9 @@ def test_the_engines_kept_gpu_sweeps_are_predicted_from_its_measured_kernel_rate
     rates are the engine's kernels' own on Hopper (``HOPPER_ENGINE_EFFICIENCY``,
     ``HOPPER_EAGER_MEMORY_FRACTION``: read off ``bench/kernel_split.py``'s profiles of a bare forward and
     backward, other runs than these, with no optimizer, no sharding and no host in them). Whole steps —
-    the optimizer's passes and the engine's buckets included — come within 15% (median 5%). The IBM FSDP
-    figure the profile took before (0.37 MFU of a 128-GPU run, re-based to 0.39 of peak) put every one of
-    them 27-58% long."""
+    the optimizer's passes and the engine's buckets included — come within 15% (median 5%). The eager
+    PyTorch figure the profile took before (IBM's FSDP 7B on 96 H100s, 0.37 MFU, re-based on that run:
+    0.42 of peak) puts every one of them 27-58% long."""
     from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, profile_calibration, run_by
     from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
