@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -650,7 +651,7 @@ def source_run_efficiency(ran_on: str, stack: str) -> float:
     """The compute efficiency at which the model predicts the source run of ``DEVICES[ran_on]``'s
     ``stack`` figure (``SOURCE_RUNS``) at its published tokens per second: the whole prediction
     (compute, exposed communication, the slow-down beside collectives, the step boundary, the optimizer)
-    held to that step by bisection between the compute-alone re-base (``gemm_efficiency``) and peak."""
+    held to that step by bisection between 5% of peak and peak (an error if neither end brackets it)."""
     from zerotune.strategies.catalog import build_strategy
     from zerotune.strategies.costmodel.predict import predict
 
@@ -685,17 +686,23 @@ def source_run_efficiency(ran_on: str, stack: str) -> float:
 
 class _Presets(Mapping[str, Calibration]):
     """``PRESET_CALIBRATIONS``, built on first use: a profile re-based on its source run predicts that run,
-    which needs the whole cost model loaded. While they are built they read as none (a source run's
-    prediction asks whether its calibration is a preset's, ``error.error_band``: it is not)."""
+    which needs the whole cost model loaded. To the thread building them they read as none meanwhile (a
+    source run's prediction asks whether its calibration is a preset's, ``error.error_band``: it is not);
+    other threads wait for them."""
 
     def __init__(self) -> None:
         self._cache: dict[str, Calibration] | None = None
         self._building = False
+        self._lock = threading.RLock()
 
     @property
     def _built(self) -> dict[str, Calibration]:
-        if self._cache is None:
-            if self._building:
+        if self._cache is not None:
+            return self._cache
+        with self._lock:
+            if self._cache is not None:
+                return self._cache
+            if self._building:  # this thread, inside the build
                 return {}
             self._building = True
             try:

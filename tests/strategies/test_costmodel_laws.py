@@ -28,6 +28,7 @@ from zerotune.strategies.costmodel.hardware import (
     NCCL_TREE_PROTOCOLS,
     NET_HOP_US,
     NVLINK_HOP_US,
+    PROFILES,
     RCCL_RING_BASE_US,
     RCCL_RING_PROTOCOLS,
     SOURCE_RUNS,
@@ -672,3 +673,31 @@ def test_the_pytorch_figures_source_runs_are_the_ones_their_table_prints_and_rep
         strategy = build_strategy(dict(run.strategy), cluster, micro_batch_size=run.micro_batch)
         slow = predict(IBM_FSDP_7B, cluster, strategy, calibration=alone, global_batch=cluster.world_size * row.mbs)
         assert -0.06 < slow["tokens_per_s"] / slow["world_size"] / value - 1 < -0.03
+
+
+def test_presets_built_on_first_use_are_the_same_for_threads_that_ask_at_once():
+    """The presets are built on first use (their re-base predicts its source run); threads that ask while
+    one builds them wait and get them all, never the empty view the building thread's own source-run
+    predictions see."""
+    import threading
+
+    from zerotune.strategies.costmodel import hardware
+
+    source_run_efficiency.cache_clear()  # a build that takes its time: the source runs solved again
+    fresh, seen, errors = hardware._Presets(), [], []
+    start = threading.Barrier(6)
+
+    def ask() -> None:
+        start.wait(timeout=30)
+        try:
+            seen.append((len(fresh), fresh["dgx-a100"], "dgx-h100" in fresh))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and len(seen) == 6
+    assert all(s == (len(PROFILES), hardware.PRESET_CALIBRATIONS["dgx-a100"], True) for s in seen), seen
