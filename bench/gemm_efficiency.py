@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,20 +44,28 @@ def time_gemm(m: int, k: int, n: int, dtype, device, warmup: int, repeats: int) 
 
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
+    return time_kernel(lambda: torch.matmul(a, b), device, warmup, repeats)
+
+
+def time_kernel(fn: Any, device: Any, warmup: int = 3, repeats: int = 10) -> float:
+    """Median seconds of ``fn`` over ``repeats`` calls after ``warmup``: CUDA events on a GPU, the wall
+    clock on CPU."""
+    import torch
+
     for _ in range(warmup):
-        torch.matmul(a, b)
+        fn()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            torch.matmul(a, b)
+            fn()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
         else:
             t0 = time.perf_counter()
-            torch.matmul(a, b)
+            fn()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -40,6 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gemm_efficiency import time_kernel  # noqa: E402  - a sibling bench script: this file's folder is on sys.path
+
 from zerotune.strategies.catalog import parse_model  # noqa: E402
 from zerotune.strategies.costmodel.hardware import (  # noqa: E402
     ADAMW_BYTES_PER_ELEM,
@@ -144,28 +146,6 @@ def split_step(model: Any, spec: ModelSpec, batch: int, iters: int, warmup: int,
             "top_ops": [{"op": k, "class": op_class(k), "ms": v / 1e3 / iters} for k, v in top]}
 
 
-def time_kernel(fn: Any, device: Any, warmup: int = 3, repeats: int = 10) -> float:
-    """Median seconds of ``fn`` (CUDA events on a GPU, the wall clock on CPU)."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def streaming(device: Any, elems: int, hidden: int) -> list[dict[str, Any]]:
     """Bytes per second of three memory-bound kernels on ``elems``-element tensors."""
     import torch
@@ -238,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.empty_cache()
     unit = "device" if cuda else "operator CPU"
-    print(f"\nper forward + backward ({unit} ms; memory charged: traffic bytes at {STREAM_FRACTION} x HBM)")
+    print(f"\nper forward + backward ({unit} ms; memory charged: traffic bytes at STREAM's {STREAM_FRACTION} x HBM)")
     print(f"{'batch':>5} {'tokens':>7} {'wall':>8} {'kernels':>8} {'matmul':>8} {'attn':>7} {'memory':>8} "
           f"{'charged':>8} {'meas/chg':>8} {'mem GB':>7} {'HBM frac':>8} {'mm frac':>7} {'attn frac':>9}")
     for r in rows:
@@ -255,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {o['ms']:>8.2f}  {o['class']:<9} {o['op']}")
     stream = streaming(device, args.stream_elems if cuda else 1 << 22, spec.hidden)
     print(f"\nstreaming kernels on {args.stream_elems if cuda else 1 << 22:,}-element tensors "
-          f"(fraction of the datasheet {hbm or '?'} GB/s; the model charges {STREAM_FRACTION}):")
+          f"(fraction of the datasheet {hbm or '?'} GB/s; STREAM's figure is {STREAM_FRACTION}):")
     for s in stream:
         s["fraction"] = s["gbps"] / hbm if hbm else None
         frac = f"{s['fraction']:.3f}" if s["fraction"] is not None else "-"

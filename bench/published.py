@@ -92,11 +92,10 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
         return cluster, run_by(calibration_for(cluster), runner)
     levels_spec = tuple((lv["name"], lv["size"], lv["link"]) for lv in spec["levels"])
     links = tuple(link for _, _, link in levels_spec)
-    cluster = profile_cluster(name, spec["device"], levels_spec)
     # a source's own hardware notes: a link shared by fewer NICs than the profile's, a lower-power part
-    levels = tuple(dataclasses.replace(level, bandwidth_gbps=lv.get("gbps_per_rank", level.bandwidth_gbps))
-                   for level, lv in zip(cluster.levels, spec["levels"], strict=True))
-    cluster = dataclasses.replace(cluster, levels=levels, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops))
+    cluster = profile_cluster(name, spec["device"], levels_spec,
+                              tuple(lv.get("gbps_per_rank") for lv in spec["levels"]))
+    cluster = dataclasses.replace(cluster, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops))
     return cluster, profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
                                         outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
 

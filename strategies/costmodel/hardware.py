@@ -604,12 +604,12 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     efficiency, measured_on = d.efficiency(stack), d.source_model(stack)
     if measured_on is not None:
         model, ran_on = measured_on
-        source = DEVICES[ran_on]
-        efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
-                                     source.memory_fraction(stack) * source.hbm_gbps * 1e9)
-        figure = d._figure(stack)
-        if whole_run and (ran_on, figure) in SOURCE_RUNS and DEVICES[ran_on].peak_tflops == d.peak_tflops:
+        source, figure = DEVICES[ran_on], d._figure(stack)
+        if whole_run and (ran_on, figure) in SOURCE_RUNS and source.peak_tflops == d.peak_tflops:
             efficiency = source_run_efficiency(ran_on, figure)
+        else:
+            efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
+                                         source.memory_fraction(stack) * source.hbm_gbps * 1e9)
     return Calibration(name=name, compute_efficiency=efficiency,
                        memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
@@ -623,11 +623,17 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                        ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau)
 
 
-def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...]) -> ClusterSpec:
-    """A ClusterSpec from a device key and (level name, size, link key) triples, innermost first."""
+def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...],
+                    bandwidths: tuple[float | None, ...] | None = None) -> ClusterSpec:
+    """A ClusterSpec from a device key and (level name, size, link key) triples, innermost first; a level
+    whose ``bandwidths`` entry is given has that per-rank bandwidth (GB/s: a link shared by fewer NICs
+    than the profile's), None keeps its link's."""
     d = DEVICES[device]
-    return ClusterSpec(name=name, levels=tuple(LINKS[link].level(lv, size) for lv, size, link in levels),
-                       device=d.name, device_memory_gib=d.memory_gib, peak_tflops=d.peak_tflops)
+    own = bandwidths or (None,) * len(levels)
+    out = tuple(LINKS[link].level(lv, size) for lv, size, link in levels)
+    out = tuple(dataclasses.replace(level, bandwidth_gbps=bw) if bw is not None else level
+                for level, bw in zip(out, own, strict=True))
+    return ClusterSpec(name=name, levels=out, device=d.name, device_memory_gib=d.memory_gib, peak_tflops=d.peak_tflops)
 
 
 PROFILES: dict[str, tuple[str, tuple[tuple[str, int, str], ...]]] = {
@@ -660,10 +666,8 @@ def source_run_efficiency(ran_on: str, stack: str) -> float:
     if found is None or found[1] != ran_on:
         raise ValueError(f"SOURCE_RUNS[{(ran_on, stack)!r}]: DEVICES[{ran_on!r}] names no {stack} run on itself")
     model = found[0]
-    cluster = profile_cluster(f"{ran_on}-{stack}-source", ran_on, tuple(lv[:3] for lv in run.levels))
-    cluster = dataclasses.replace(cluster, levels=tuple(
-        dataclasses.replace(level, bandwidth_gbps=lv[3]) if lv[3] else level
-        for level, lv in zip(cluster.levels, run.levels, strict=True)))
+    cluster = profile_cluster(f"{ran_on}-{stack}-source", ran_on, tuple(lv[:3] for lv in run.levels),
+                              tuple(lv[3] for lv in run.levels))
     base = profile_calibration("source", ran_on, tuple(lv[2] for lv in run.levels), stack, run.rings,
                                run.outer_reduce, whole_run=False)
     strategy = build_strategy(dict(run.strategy), cluster, micro_batch_size=run.micro_batch)
@@ -685,33 +689,27 @@ def source_run_efficiency(ran_on: str, stack: str) -> float:
 
 
 class _Presets(Mapping[str, Calibration]):
-    """``PRESET_CALIBRATIONS``, built on first use: a profile re-based on its source run predicts that run,
-    which needs the whole cost model loaded. To the thread building them they read as none meanwhile (a
-    source run's prediction asks whether its calibration is a preset's, ``error.error_band``: it is not);
-    other threads wait for them."""
+    """``PRESET_CALIBRATIONS``, built on first use, once, under a lock (threads asking meanwhile wait): a
+    profile re-based on its source run predicts that run, which needs the whole cost model loaded."""
 
     def __init__(self) -> None:
         self._cache: dict[str, Calibration] | None = None
-        self._building = False
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
+
+    def built(self) -> tuple[Calibration, ...]:
+        """The presets' calibrations if they are built, else none, without building them: whether a
+        calibration is a preset's (``error.error_band``) — no calibration is before they exist."""
+        return tuple(self._cache.values()) if self._cache is not None else ()
 
     @property
     def _built(self) -> dict[str, Calibration]:
-        if self._cache is not None:
-            return self._cache
-        with self._lock:
-            if self._cache is not None:
-                return self._cache
-            if self._building:  # this thread, inside the build
-                return {}
-            self._building = True
-            try:
-                self._cache = {base: run_by(profile_calibration(f"{base}-profile", device,
-                                                                tuple(link for _, _, link in levels),
-                                                                host=PRESET_HOSTS[base]), "zerotune")
-                               for base, (device, levels) in PROFILES.items()}
-            finally:
-                self._building = False
+        if self._cache is None:
+            with self._lock:
+                if self._cache is None:
+                    self._cache = {base: run_by(profile_calibration(f"{base}-profile", device,
+                                                                    tuple(link for _, _, link in levels),
+                                                                    host=PRESET_HOSTS[base]), "zerotune")
+                                   for base, (device, levels) in PROFILES.items()}
         return self._cache
 
     def __getitem__(self, key: str) -> Calibration:
@@ -724,7 +722,7 @@ class _Presets(Mapping[str, Calibration]):
         return len(self._built)
 
 
-PRESET_CALIBRATIONS: Mapping[str, Calibration] = _Presets()
+PRESET_CALIBRATIONS = _Presets()
 """The calibration each cluster preset carries, by preset name: zerotune's engine running on it."""
 NOMINAL = Calibration()
 

@@ -676,28 +676,25 @@ def test_the_pytorch_figures_source_runs_are_the_ones_their_table_prints_and_rep
 
 
 def test_presets_built_on_first_use_are_the_same_for_threads_that_ask_at_once():
-    """The presets are built on first use (their re-base predicts its source run); threads that ask while
-    one builds them wait and get them all, never the empty view the building thread's own source-run
-    predictions see."""
+    """The presets are built on first use (their re-base predicts its source run), once: threads that ask
+    while one builds them wait and get that build's calibrations, all of them, the very same objects; and
+    whether a calibration is a preset's (``built``) does not start a build."""
     import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     from zerotune.strategies.costmodel import hardware
 
     source_run_efficiency.cache_clear()  # a build that takes its time: the source runs solved again
-    fresh, seen, errors = hardware._Presets(), [], []
-    start = threading.Barrier(6)
+    fresh, start = hardware._Presets(), threading.Barrier(6)
+    assert fresh.built() == ()  # asked before any build: none, and still none built
+    assert fresh._cache is None
 
-    def ask() -> None:
+    def ask(_: int) -> tuple[int, Calibration, bool]:
         start.wait(timeout=30)
-        try:
-            seen.append((len(fresh), fresh["dgx-a100"], "dgx-h100" in fresh))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        return len(fresh), fresh["dgx-a100"], "dgx-h100" in fresh
 
-    threads = [threading.Thread(target=ask) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors and len(seen) == 6
+    with ThreadPoolExecutor(6) as pool:
+        seen = list(pool.map(ask, range(6), timeout=60))
     assert all(s == (len(PROFILES), hardware.PRESET_CALIBRATIONS["dgx-a100"], True) for s in seen), seen
+    assert len({id(calib) for _, calib, _ in seen}) == 1  # one build
+    assert fresh.built() == tuple(fresh.values())
