@@ -51,8 +51,12 @@ Sources (cited by key below):
 - [megatron-sc21] Narayanan et al. 2021 (arXiv 2104.04473): 163 TFLOPS per A100 = 52% of peak.
 - [megatron-core] Megatron-LM README (d98e8a64): "up to 47% Model FLOP Utilization (MFU) on H100".
 - [ds-zero3-offload] DeepSpeed blog 2021-03-07 (deepspeed.ai/2021/03/07/zero3-offload.html):
-  "sustained throughput of up to 50 Tflops per GPU running on 32 DGX2 nodes comprising 512 NVIDIA
-  V100 GPUs" (Megatron's FLOP formula, recomputation included).
+  "standard data parallel training with PyTorch can only achieve 30 TFlops per GPU" (V100).
+- [ds-bert] DeepSpeed blog "Microsoft DeepSpeed achieves the fastest BERT training time" (2020-05-28,
+  deepspeedai/DeepSpeed ``docs/_posts/2020-05-28-fastest-bert-training.md``): BERT-Large on one V100
+  with DeepSpeed's fused transformer kernels, "as high as 64 and 53 teraflops throughputs
+  (corresponding to 272 and 52 samples/second) for sequence lengths 128 and 512", gradient
+  accumulation 10; only the masked 15% of tokens reach the output projection.
 - [mamf] stas00/ml-engineering ``compute/accelerator/README.md``, maximum achievable matmul FLOPS:
   A100 271.2 (86.9%), H100 794.5 (80.3%), MI250X one GCD 147.0 TFLOPS (76.7%, ROCm 6.2, at 15791b3).
 - [ibm-fsdp] PyTorch blog "Maximizing training throughput using PyTorch FSDP" (2024-03-13), Table 1:
@@ -82,7 +86,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zerotune.strategies.costmodel.traffic import pass_seconds
+from zerotune.strategies.costmodel.traffic import block_flops, head_flops, pass_seconds
 from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
 
 NCCL_RING_BASE_US = 8.4
@@ -509,6 +513,18 @@ MEGATRON_1T = ModelSpec("megatron-1t", layers=128, hidden=25600, heads=160, voca
 """The model of [megatron-sc21]'s 163 TFLOPS per A100 (its Table 1, 1,008B parameters: 128 layers of
 hidden size 25,600, 160 heads, sequence 2,048; vocabulary 51,200)."""
 A100_SOURCES = (("pytorch", IBM_FSDP_7B, "A100"), ("megatron", MEGATRON_1T, "A100"))
+BERT_LARGE_512 = ModelSpec("bert-large", layers=24, hidden=1024, heads=16, vocab=4578, seq_len=512)
+"""The model of [ds-bert]'s 53 TFLOPS on one V100: BERT-Large (24 layers, hidden 1,024, 16 heads) at
+sequence 512, its 30,522-word output projection run on the masked 15% of tokens only, which is the
+FLOPs and loss bytes per token of all tokens through 4,578 rows."""
+V100_BERT_SAMPLES_PER_S = 52.0
+"""[ds-bert]: BERT-Large sequences per second on one V100 at sequence 512."""
+
+
+def model_flops_utilisation(model: ModelSpec, tokens_per_s: float, peak_tflops: float) -> float:
+    """The fraction of ``peak_tflops`` a forward and backward pass of ``model`` at ``tokens_per_s``
+    is, with this model's FLOP count (``traffic.block_flops``, ``head_flops``; the backward twice)."""
+    return 3 * (model.layers * block_flops(model) + head_flops(model)) * tokens_per_s / (peak_tflops * 1e12)
 """Both A100 figures were measured on A100 80GB."""
 
 
@@ -553,10 +569,12 @@ on the devices ``Device.engine_efficiency`` names, else taking the ``pytorch`` f
 ENGINE_STACK = "zerotune"
 
 DEVICES: dict[str, Device] = {
-    "V100": Device("NVIDIA V100 32GB", 125.0, 32.0, 900.0, 50 / 125, 30 / 125,
-                   "[ds-zero3-offload]: DeepSpeed 50 of 125 TFLOPS; 'standard data parallel training with PyTorch "
-                   "can only achieve 30 TFlops per GPU'", ll_max_busbw_gbps=39.0,
-                   ring_plateau=1.9),
+    "V100": Device("NVIDIA V100 32GB", 125.0, 32.0, 900.0,
+                   round(model_flops_utilisation(BERT_LARGE_512, V100_BERT_SAMPLES_PER_S * 512, 125.0), 3), 30 / 125,
+                   "[ds-bert]: DeepSpeed's fused kernels, BERT-Large at 52 sequences of 512 per second on one V100 "
+                   "(53 TFLOPS); [ds-zero3-offload]: 'standard data parallel training with PyTorch can only achieve "
+                   "30 TFlops per GPU'", ll_max_busbw_gbps=39.0, ring_plateau=1.9,
+                   measured_on=(("megatron", BERT_LARGE_512, "V100"),)),
     "A100": Device("NVIDIA A100 80GB", 312.0, 80.0, 2039.0, 0.52, 0.57,
                    "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU", ll_max_busbw_gbps=87.7,
                    ring_plateau=1.4, measured_on=A100_SOURCES),

@@ -13,8 +13,14 @@ from torch.utils._pytree import tree_flatten
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.hardware import DEVICES, IBM_FSDP_7B, profile_calibration
-from zerotune.strategies.costmodel.traffic import block_flops, step_seconds, traffic
+from zerotune.strategies.costmodel.hardware import (
+    BERT_LARGE_512,
+    DEVICES,
+    IBM_FSDP_7B,
+    V100_BERT_SAMPLES_PER_S,
+    profile_calibration,
+)
+from zerotune.strategies.costmodel.traffic import block_flops, head_flops, step_seconds, traffic
 from zerotune.strategies.model import build_gpt
 from zerotune.strategies.spec import ModelSpec
 
@@ -131,6 +137,25 @@ def test_a_published_mfu_keeps_its_own_model_and_moves_the_rest():
     big = profile_calibration("x", "A100", ("nvlink3-nvswitch",))
     assert small.compute_efficiency == big.compute_efficiency
     assert small.memory_bytes_per_s < big.memory_bytes_per_s
+
+
+def test_the_v100_megatron_figure_is_one_gpu_running_bert_large():
+    """The V100's Megatron-class efficiency is DeepSpeed's BERT-Large on one V100 (52 sequences of 512 per
+    second): this model's FLOP count of it is the blog's 53 TFLOPS, and the compute efficiency the profile
+    re-bases on it gives that model its 52 sequences per second back, its memory-bound kernels at STREAM's
+    share of HBM; a wider model, whose memory-bound share is smaller, runs nearer the GEMM rate."""
+    d = DEVICES["V100"]
+    assert d.megatron_efficiency * d.peak_tflops == pytest.approx(53, rel=0.01)
+    calib = profile_calibration("v100", "V100", ("nvlink2-nvswitch",), stack="megatron")
+    assert calib.memory_bytes_per_s == pytest.approx(0.85 * 900e9)
+    per_token = step_seconds(BERT_LARGE_512, 2, d.peak_tflops * 1e12 * calib.compute_efficiency,
+                             calib.memory_bytes_per_s)
+    assert 1 / (per_token * BERT_LARGE_512.seq_len) == pytest.approx(V100_BERT_SAMPLES_PER_S, rel=1e-3)
+    assert d.megatron_efficiency < calib.compute_efficiency < 0.6
+    wide = ModelSpec("gpt-18b", layers=40, hidden=6144, heads=32, vocab=50257, seq_len=512)
+    flops = 3 * (wide.layers * block_flops(wide) + head_flops(wide))
+    at = flops / step_seconds(wide, 2, d.peak_tflops * 1e12 * calib.compute_efficiency, calib.memory_bytes_per_s)
+    assert d.megatron_efficiency * d.peak_tflops * 1e12 < at < calib.compute_efficiency * d.peak_tflops * 1e12
 
 
 def test_a_recomputed_forward_moves_the_forwards_bytes_again():
