@@ -46,7 +46,6 @@ from zerotune.strategies.catalog import parse_model  # noqa: E402
 from zerotune.strategies.costmodel.hardware import (  # noqa: E402
     ADAMW_BYTES_PER_ELEM,
     DEVICES,
-    SAME_PEAK,
     STREAM_FRACTION,
     peak_tflops_of,
 )
@@ -58,10 +57,6 @@ MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::ma
 """Operators whose kernels are matmuls (the innermost of them gets a kernel's time)."""
 ATTENTION_MARKS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
 
-HBM_GBPS = {"H200": 4800.0}
-"""Datasheet HBM bandwidth of devices without a cost-model profile (H200 SXM: 4.8 TB/s HBM3e)."""
-
-
 def op_class(key: str) -> str:
     if key in MATMUL_OPS:
         return "matmul"
@@ -71,11 +66,8 @@ def op_class(key: str) -> str:
 
 
 def hbm_gbps_of(name: str) -> float | None:
-    """The datasheet HBM bandwidth of the device ``name`` names (a profile's key or ``HBM_GBPS``), else None."""
-    for key, gbps in HBM_GBPS.items():
-        if key in name:
-            return gbps
-    key = next((k for k in DEVICES if k in name and k not in SAME_PEAK), None)
+    """The datasheet HBM bandwidth of the device ``name`` names (a profile's key in it), else None."""
+    key = next((k for k in DEVICES if k in name), None)
     return DEVICES[key].hbm_gbps if key else None
 
 

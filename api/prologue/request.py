@@ -12,7 +12,7 @@ from typing import Any
 
 from zerotune.errors import UsageError
 
-PRESET_DEVICES_PER_NODE = {"frontier": 8, "dgx-h100": 8, "dgx-a100": 8, "perlmutter": 4}
+PRESET_DEVICES_PER_NODE = {"frontier": 8, "dgx-h100": 8, "dgx-h200": 8, "dgx-a100": 8, "perlmutter": 4}
 """Ranks per node of the cluster presets (``strategies/catalog.py``; a test keeps the two in step)."""
 EXECUTORS = ("model", "local", "slurm")
 """The service's executors (``tuner/executors``; copied, since this client imports only the standard

@@ -72,6 +72,9 @@ Sources (cited by key below):
   AMD EPYC 7742 hosts.
 - [stream-azure] Azure/AI-benchmarking-guide ND H100 v5 / ND A100 v4 results: STREAM copy/triad
   reach 87-89% (H100) and 79-83% (A100) of datasheet HBM bandwidth.
+- [h200] NVIDIA H200 Tensor Core GPU datasheet: H200 SXM 141 GB HBM3e at 4.8 TB/s, the H100 SXM's dense
+  16-bit 989 TFLOPS and NVLink (900 GB/s per GPU); NVIDIA DGX H200: 8 H200 on NVSwitch, 8 single-port
+  ConnectX-7 400 Gb/s NICs and two Intel Xeon Platinum 8480C, the DGX H100's network and hosts.
 - Peaks: NVIDIA V100 / A100 / H100 SXM datasheets (125 / 312 / 989 dense 16-bit TFLOPS; HBM 900 /
   2,039 / 3,350 GB/s); AMD MI250X 383 TFLOPS per package = 191.5 per GCD, 1.6 TB/s per GCD
   [olcf-frontier].
@@ -587,20 +590,22 @@ DEVICES: dict[str, Device] = {
                    "eager kernels measured on Hopper (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION)",
                    ll_max_busbw_gbps=141.0, ring_plateau=1.4, engine_efficiency=HOPPER_ENGINE_EFFICIENCY,
                    eager_memory_fraction=HOPPER_EAGER_MEMORY_FRACTION, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
+    "H200": Device("NVIDIA H200", 989.0, 141.0, 4800.0, 0.47, 0.37,
+                   "[h200]: the H100 SXM's peak and NVLink with 141 GB HBM3e at 4.8 TB/s; zerotune's engine and "
+                   "eager kernels measured on this device (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION); "
+                   "the H100's published stack figures ([megatron-core], [ibm-fsdp]: run on H100, same SMs)",
+                   ll_max_busbw_gbps=141.0, ring_plateau=1.4, engine_efficiency=HOPPER_ENGINE_EFFICIENCY,
+                   eager_memory_fraction=HOPPER_EAGER_MEMORY_FRACTION, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
 }
 
-SAME_PEAK = {"H200": "H100"}
-"""Devices without a profile whose dense 16-bit peak is a profiled one's (H200 SXM: 989 TFLOPS, as the H100 SXM)."""
-
-
 def peak_tflops_of(name: str) -> float | None:
     """The datasheet dense 16-bit peak of the device ``name`` names (``torch.cuda.get_device_name``: a
-    profile's key, or a ``SAME_PEAK`` alias, in it), else None."""
-    key = next((k for k in (*DEVICES, *SAME_PEAK) if k in name), None)
-    return DEVICES[SAME_PEAK.get(key, key)].peak_tflops if key else None
+    profile's key in it), else None."""
+    key = next((k for k in DEVICES if k in name), None)
+    return DEVICES[key].peak_tflops if key else None
 
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
@@ -658,15 +663,18 @@ PROFILES: dict[str, tuple[str, tuple[tuple[str, int, str], ...]]] = {
     "frontier": ("MI250X", (("gcd-pair", 2, "xgmi-gcd-pair"), ("node", 4, "xgmi-node"),
                             ("inter-node", 1, "slingshot-11"))),
     "dgx-h100": ("H100", (("node", 8, "nvlink4-nvswitch"), ("inter-node", 1, "ib-ndr-400"))),
+    "dgx-h200": ("H200", (("node", 8, "nvlink4-nvswitch"), ("inter-node", 1, "ib-ndr-400"))),
     "dgx-a100": ("A100", (("node", 8, "nvlink3-nvswitch"), ("inter-node", 1, "ib-hdr-200"))),
     "perlmutter": ("A100-40GB", (("node", 4, "nvlink3-4gpu"), ("inter-node", 1, "slingshot-11-gpu-nic"))),
 }
 """The cluster presets: device and (level, size, link) innermost first; the outermost size is set by ``NAME:N``."""
 
 
-PRESET_HOSTS: dict[str, str] = {"frontier": "amd", "dgx-h100": "intel", "dgx-a100": "amd", "perlmutter": "amd-cpu-nic"}
+PRESET_HOSTS: dict[str, str] = {"frontier": "amd", "dgx-h100": "intel", "dgx-h200": "intel", "dgx-a100": "amd",
+                                "perlmutter": "amd-cpu-nic"}
 """The host design of each preset's node (``HOSTS``): Frontier, one AMD EPYC 7A53 per node with the NICs on
-the MI250X packages [olcf-frontier]; DGX H100, two Intel Xeon Platinum 8480C (NVIDIA DGX H100 user guide);
+the MI250X packages [olcf-frontier]; DGX H100 and DGX H200, two Intel Xeon Platinum 8480C (NVIDIA DGX H100
+user guide, [h200]);
 DGX A100, two AMD EPYC 7742 with the NICs on the GPUs' PCIe switches [dgx-a100]; Perlmutter, one AMD EPYC
 7763 [nersc-perlmutter] (the NIC placement: ``HOSTS["amd-cpu-nic"]``)."""
 

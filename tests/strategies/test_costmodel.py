@@ -579,6 +579,15 @@ GPU_RUNS = sorted(p for d in ("h200-1gpu", "h100-1gpu", "h100-1gpu-fused")
                   for p in (Path(__file__).resolve().parents[2] / "bench" / "data" / d).rglob("train-*mbs*.json"))
 
 
+def kept_runs_profile(run: dict) -> tuple[Calibration, str]:
+    """The preset profile of the device a kept GPU run ran on (its ``device``, as torch named it) and its key."""
+    from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS
+
+    key = "H200" if "H200" in run["device"] else "H100"
+    assert key in run["device"], run["device"]
+    return PRESET_CALIBRATIONS[f"dgx-{key.lower()}"], key
+
+
 @pytest.mark.parametrize("path", GPU_RUNS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.stem}")
 def test_predicted_peak_memory_is_within_5_percent_of_a_gpu_allocators_peak(path):
     """Kept short runs on one H200 and one H100 (bf16, micro-batches of 1-8 sequences of 2,048 tokens;
@@ -602,24 +611,24 @@ def test_predicted_peak_memory_is_within_5_percent_of_a_gpu_allocators_peak(path
 
 def test_the_engines_kept_gpu_sweeps_are_predicted_from_its_measured_kernel_rates():
     """The kept micro-batch sweeps of the engine (gpt-1.3b, zero3, 8 sequences a step, 2-8 per micro-step,
-    on one H100 or H200: ``bench/one_gpu.sh``) against the H100 profile, whose compute and memory-bound
-    rates are the engine's kernels' own on Hopper (``HOPPER_ENGINE_EFFICIENCY``,
+    on one H100 or H200: ``bench/one_gpu.sh``) against its device's profile (``dgx-h100``, ``dgx-h200``), whose
+    compute and memory-bound rates are the engine's kernels' own on Hopper (``HOPPER_ENGINE_EFFICIENCY``,
     ``HOPPER_EAGER_MEMORY_FRACTION``: read off ``bench/kernel_split.py``'s profiles of a bare forward and
     backward, other runs than these, with no optimizer, no sharding and no host in them). Whole steps —
-    the optimizer's passes and the engine's buckets included — come within 15% (median 5%). The eager
+    the optimizer's passes and the engine's buckets included — come within 15% (median 6%). The eager
     PyTorch figure the profile took before (IBM's FSDP 7B on 96 H100s, 0.37 MFU, re-based on that run:
     0.42 of peak) puts every one of them 27-58% long."""
-    from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, profile_calibration, run_by
+    from zerotune.strategies.costmodel.hardware import profile_calibration, run_by
     from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
-    engine = PRESET_CALIBRATIONS["dgx-h100"]
-    fsdp = run_by(profile_calibration("fsdp", "H100", ("nvlink4-nvswitch",), stack="pytorch"), "zerotune")
     runs = [r for r in (json.loads(p.read_text()) for p in GPU_RUNS) if r["strategy"]["micro_batch_size"] >= 2]
-    assert len(runs) >= 8
+    assert len(runs) >= 8 and {r["device"] for r in runs} == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
     errors, before = [], []
     for run in runs:
         model, cluster = ModelSpec.from_dict(run["model"]), ClusterSpec.from_dict(run["cluster"])
         s = Strategy.from_dict(run["strategy"])
+        engine, device = kept_runs_profile(run)
+        fsdp = run_by(profile_calibration("fsdp", device, ("nvlink4-nvswitch",), stack="pytorch"), "zerotune")
         for calib, out in ((engine, errors), (fsdp, before)):
             p = predict(model, cluster, s, elem_bytes=2, global_batch=run["global_batch"], calibration=calib)
             out.append(p["step_time_s"] / run["step_time_s"] - 1)
@@ -631,21 +640,21 @@ def test_one_sequence_micro_steps_wait_for_the_host_as_every_kept_gpu_sweep_meas
     """The kept micro-batch sweeps (gpt-1.3b, zero3, 8 sequences a step on one H100 or H200, run by
     ``bench/one_gpu.sh``) all ran one sequence per micro-step 1.3-1.6x slower than two, where the
     device's work alone is the same per sequence: the host issues a block's kernels slower than the
-    device runs them. The H100 profile's host floor (``RUNNER_HOST_S_PER_LAYER``, read off a
+    device runs them. The Hopper profiles' host floor (``RUNNER_HOST_S_PER_LAYER``, read off a
     one-sequence ``trainer_vs_fsdp`` profile, not off these sweeps) puts every sweep's one-sequence step
     within 20% (median 5%, with the engine's measured Hopper rates); without it the model is under on
     every sweep (34-50%, median 40%: at one sequence a step is the host's, not the device's), and calls
     micro-batch 1 as fast as 8."""
-    from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, RUNNER_HOST_S_PER_LAYER
+    from zerotune.strategies.costmodel.hardware import RUNNER_HOST_S_PER_LAYER
     from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
-    profile = PRESET_CALIBRATIONS["dgx-h100"]
-    assert profile.host_s_per_layer == RUNNER_HOST_S_PER_LAYER["zerotune"] > 0
     ones = [p for p in GPU_RUNS if Strategy.from_dict(json.loads(p.read_text())["strategy"]).micro_batch_size == 1]
     assert len(ones) >= 5
     errors, free_errors = [], []
     for path in ones:
         run = json.loads(path.read_text())
+        profile, _ = kept_runs_profile(run)
+        assert profile.host_s_per_layer == RUNNER_HOST_S_PER_LAYER["zerotune"] > 0
         model, cluster = ModelSpec.from_dict(run["model"]), ClusterSpec.from_dict(run["cluster"])
         s = Strategy.from_dict(run["strategy"])
         p = predict(model, cluster, s, elem_bytes=2, global_batch=run["global_batch"], calibration=profile)

@@ -34,6 +34,7 @@ from zerotune.strategies.costmodel.hardware import (
     SOURCE_RUNS,
     STREAM_FRACTION,
     gemm_efficiency,
+    peak_tflops_of,
     profile_calibration,
     profile_cluster,
     run_by,
@@ -123,7 +124,8 @@ def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
     with pytest.raises(ValueError, match="stack='jax'"):
         h100.efficiency("jax")
     # every preset carries the profile of its device, links and host: the A100 presets differ in NIC placement
-    for name, host in (("frontier", "amd"), ("dgx-h100", "intel"), ("dgx-a100", "amd"), ("perlmutter", "amd-cpu-nic")):
+    for name, host in (("frontier", "amd"), ("dgx-h100", "intel"), ("dgx-h200", "intel"), ("dgx-a100", "amd"),
+                       ("perlmutter", "amd-cpu-nic")):
         c = calibration_for(parse_cluster(f"{name}:4"))
         assert c.name == f"{name}-profile" and c.net_overhead_us == HOSTS[host].net_overhead_us
         assert c.ll128 == HOSTS[host].nic_beside_gpu
@@ -133,6 +135,30 @@ def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
         8, 40.0, [100.0, 25.0])
     assert calibration_for(parse_cluster("dgx-a100:2")).ll_max_busbw_gbps == (87.7, 22.5, 19.0)
     assert calibration_for(parse_cluster("dgx-h100:2")).ll_max_busbw_gbps == (141.0, 39.0, 20.4)
+
+
+def test_the_h200_preset_is_the_h100s_node_with_its_own_memory_and_measured_rates():
+    """``dgx-h200`` is a DGX H100 with H200s: the same peak, NVLink, NICs and hosts, 141 GB of HBM3e at 4.8
+    TB/s. zerotune's engine rates were measured on the H200 itself (``HOPPER_*``), the published stacks'
+    figures on H100s (the same SMs): the compute is the H100 profile's, the memory-bound kernels and the
+    optimizer's passes 4.8 / 3.35 faster, and a small model, whose step has more of them, gains more."""
+    h100, h200 = parse_cluster("dgx-h100:2"), parse_cluster("dgx-h200:2")
+    assert (h200.device, h200.device_memory_gib, h200.peak_tflops) == ("NVIDIA H200", 141.0, h100.peak_tflops)
+    assert h200.levels == h100.levels
+    a, b = calibration_for(h100), calibration_for(h200)
+    assert b.name == "dgx-h200-profile" and b.compute_efficiency == a.compute_efficiency
+    assert b.memory_bytes_per_s == pytest.approx(a.memory_bytes_per_s * 4800 / 3350)
+    assert b.optimizer_elems_per_s == pytest.approx(a.optimizer_elems_per_s * 4800 / 3350)
+    rates = ("memory_bytes_per_s", "quant_elems_per_s", "optimizer_elems_per_s")
+    assert dataclasses.replace(b, name=a.name, **{k: getattr(a, k) for k in rates}) == a
+    assert peak_tflops_of("NVIDIA H200") == peak_tflops_of("NVIDIA H100 80GB HBM3") == 989.0
+    gains = []
+    for model in ("gpt-1.3b", "gpt-7b"):  # 8 sequences per micro-step: the device's time, not the host's
+        times = [predict(parse_model(model), c, build_strategy("zero3", c, micro_batch_size=8))["breakdown"]
+                 for c in (h100, h200)]
+        assert times[1]["memory_bound_s"] < times[0]["memory_bound_s"] and times[0]["host_wait_s"] == 0
+        gains.append(times[0]["compute_s"] / times[1]["compute_s"])
+    assert gains[0] > gains[1] > 1.0
 
 
 def test_tiny_messages_are_latency_bound_and_large_ones_bandwidth_bound():
