@@ -45,8 +45,8 @@ from gemm_efficiency import time_kernel  # noqa: E402  - a sibling bench script:
 from zerotune.strategies.catalog import parse_model  # noqa: E402
 from zerotune.strategies.costmodel.hardware import (  # noqa: E402
     ADAMW_BYTES_PER_ELEM,
-    DEVICES,
     STREAM_FRACTION,
+    device_of,
     peak_tflops_of,
 )
 from zerotune.strategies.costmodel.traffic import block_flops, head_flops, traffic  # noqa: E402
@@ -66,9 +66,9 @@ def op_class(key: str) -> str:
 
 
 def hbm_gbps_of(name: str) -> float | None:
-    """The datasheet HBM bandwidth of the device ``name`` names (a profile's key in it), else None."""
-    key = next((k for k in DEVICES if k in name), None)
-    return DEVICES[key].hbm_gbps if key else None
+    """The datasheet HBM bandwidth of the device ``name`` names (``hardware.device_of``), else None."""
+    d = device_of(name)
+    return d.hbm_gbps if d else None
 
 
 def charged(spec: ModelSpec, tokens: int, elem_bytes: int) -> dict[str, float]:

@@ -601,11 +601,20 @@ DEVICES: dict[str, Device] = {
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
 }
 
+def device_of(name: str) -> Device | None:
+    """The profile of the device ``name`` names (``torch.cuda.get_device_name``), else None: the profile
+    whose key's words (``A100-40GB``: ``a100`` and ``40gb``) all appear in the name, the most specific
+    one where several do (``NVIDIA A100-SXM4-40GB`` is the ``A100-40GB``, ``NVIDIA A100-SXM4-80GB`` the
+    ``A100``)."""
+    low = name.lower()
+    fits = [k for k in DEVICES if all(w in low for w in k.lower().split("-"))]
+    return DEVICES[max(fits, key=lambda k: len(k.split("-")))] if fits else None
+
+
 def peak_tflops_of(name: str) -> float | None:
-    """The datasheet dense 16-bit peak of the device ``name`` names (``torch.cuda.get_device_name``: a
-    profile's key in it), else None."""
-    key = next((k for k in DEVICES if k in name), None)
-    return DEVICES[key].peak_tflops if key else None
+    """The datasheet dense 16-bit peak of the device ``name`` names (``device_of``), else None."""
+    d = device_of(name)
+    return d.peak_tflops if d else None
 
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,

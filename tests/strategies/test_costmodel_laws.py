@@ -33,6 +33,7 @@ from zerotune.strategies.costmodel.hardware import (
     RCCL_RING_PROTOCOLS,
     SOURCE_RUNS,
     STREAM_FRACTION,
+    device_of,
     gemm_efficiency,
     peak_tflops_of,
     profile_calibration,
@@ -152,6 +153,11 @@ def test_the_h200_preset_is_the_h100s_node_with_its_own_memory_and_measured_rate
     rates = ("memory_bytes_per_s", "quant_elems_per_s", "optimizer_elems_per_s")
     assert dataclasses.replace(b, name=a.name, **{k: getattr(a, k) for k in rates}) == a
     assert peak_tflops_of("NVIDIA H200") == peak_tflops_of("NVIDIA H100 80GB HBM3") == 989.0
+    # torch's device names find their profiles, the most specific where two fit
+    assert device_of("NVIDIA H200") is DEVICES["H200"] and device_of("NVIDIA H100 80GB HBM3") is DEVICES["H100"]
+    assert device_of("NVIDIA A100-SXM4-40GB") is DEVICES["A100-40GB"]
+    assert device_of("NVIDIA A100-SXM4-80GB") is DEVICES["A100"]
+    assert device_of("AMD Instinct MI250X/MI250") is DEVICES["MI250X"] and device_of("NVIDIA GeForce RTX 4090") is None
     gains = []
     for model in ("gpt-1.3b", "gpt-7b"):  # 8 sequences per micro-step: the device's time, not the host's
         times = [predict(parse_model(model), c, build_strategy("zero3", c, micro_batch_size=8))["breakdown"]
