@@ -27,10 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from zerotune.strategies.catalog import parse_cluster  # noqa: E402
 from zerotune.strategies.costmodel import calibration_for  # noqa: E402
-from zerotune.strategies.costmodel.hardware import (  # noqa: E402
-    Calibration,
-    run_by,
-)
+from zerotune.strategies.costmodel.rates import Calibration, run_by  # noqa: E402
 from zerotune.strategies.costmodel.timing import costs_for  # noqa: E402
 from zerotune.strategies.spec import ClusterSpec  # noqa: E402
 

@@ -18,7 +18,7 @@ measured what the model does not express (tensor or pipeline parallelism): both 
 A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the
 default: one NCCL ring over the whole group, as DeepSpeed and FSDP issue it) or ``hierarchical`` (one
 ring per level, as zerotune's engine and MiCS's hierarchical all-gather do); a preset cluster keeps
-its own calibration, run as the table's ``runner`` runs it (``hardware.RUNNERS``; default zerotune's
+its own calibration, run as the table's ``runner`` runs it (``rates.RUNNERS``; default zerotune's
 engine). Its ``outer_reduce`` says where the engine
 reduced gradients beyond their shard group: ``boundary`` (the default: after backward, serial, where a
 source does not say it overlapped them) or ``backward`` (overlapped with the final backward: DeepSpeed's
@@ -52,15 +52,8 @@ from typing import Any, NamedTuple
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import (
-    GATHERS,
-    OUTER_REDUCE,
-    RINGS,
-    RUNNERS,
-    profile_calibration,
-    profile_cluster,
-    run_by,
-)
+from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster
+from zerotune.strategies.costmodel.rates import GATHERS, OUTER_REDUCE, RINGS, RUNNERS, run_by
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent

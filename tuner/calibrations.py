@@ -23,7 +23,7 @@ from zerotune.db.models import Trial
 from zerotune.errors import SpecError
 from zerotune.strategies.calibration import Measurement, load_calibration, refit
 from zerotune.strategies.costmodel import Calibration, calibration_for
-from zerotune.strategies.costmodel.hardware import run_by
+from zerotune.strategies.costmodel.rates import run_by
 from zerotune.strategies.spec import ClusterSpec
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def load(session: Session, name: str | None) -> Calibration | None:
 def for_request(session: Session, request: TuneRequest) -> Calibration | None:
     """What a study of ``request`` predicts with: the calibration it names (None: the cluster's profile),
     charged the collectives of the request's runner (DeepSpeed and FSDP2 issue flat rings and reduce in
-    backward: ``costmodel.hardware.run_by``)."""
+    backward: ``costmodel.rates.run_by``)."""
     calib = load(session, request.calibration)
     if request.runner == "zerotune":
         return calib

@@ -44,7 +44,7 @@ class TuneRequest:
     innermost group, links shaped to the requested cluster's levels)."""
     runner: str = "zerotune"
     """Who trains with the answer (``space.RUNNERS``): the study searches what that runner runs exactly and
-    predicts its collectives as that runner issues them (``costmodel.hardware.run_by``)."""
+    predicts its collectives as that runner issues them (``costmodel.rates.run_by``)."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "pareto"):

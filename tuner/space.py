@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotune.errors import SpecError
-from zerotune.strategies.costmodel.hardware import RUNNERS as HARDWARE_RUNNERS
+from zerotune.strategies.costmodel.rates import RUNNERS as COST_MODEL_RUNNERS
 from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
 
 NONE = "none"
 MICRO_BATCH_SIZES = (1, 2, 4)
-RUNNERS = tuple(HARDWARE_RUNNERS)
+RUNNERS = tuple(COST_MODEL_RUNNERS)
 """Who trains with the answer: zerotune's engine, DeepSpeed (ZeRO / ZeRO++) or PyTorch FSDP2 — the runners
-whose collectives the cost model knows (``costmodel.hardware.RUNNERS``)."""
+whose collectives the cost model knows (``costmodel.rates.RUNNERS``)."""
 
 
 def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:

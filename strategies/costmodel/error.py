@@ -27,7 +27,7 @@ reads the V100 ZeRO++ comparisons that dominate that scale (about 10% median) an
 three Frontier strategy comparisons (about 37% median, up to 45% off): a decision between strategies there is
 held to the second, because the model's error on one device is no smaller for being small on another.
 
-A preset's profile keeps its band whichever runner's collectives it is charged (``hardware.run_by``):
+A preset's profile keeps its band whichever runner's collectives it is charged (``rates.run_by``):
 most published rows were run by DeepSpeed or FSDP, and each table names how its engine ran them.
 Where a preset's prediction runs flat rings (``--runner deepspeed`` or ``fsdp``) at a scale where its
 vendor library's collectives were measured more than 15% off the model's ring
@@ -47,7 +47,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, Calibration, run_by
+from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS
+from zerotune.strategies.costmodel.rates import Calibration, run_by
 
 ERROR_FILE = Path(__file__).with_name("model_error.json")
 SCALE_WINDOW = 2

@@ -28,8 +28,9 @@ from typing import Any
 
 from zerotune.errors import SpecError
 from zerotune.strategies.costmodel.error import error_band
-from zerotune.strategies.costmodel.hardware import Calibration, calibration_for
+from zerotune.strategies.costmodel.hardware import calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
+from zerotune.strategies.costmodel.rates import Calibration
 from zerotune.strategies.costmodel.schedule import Coll, Group, Schedule, build_schedule
 from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
 from zerotune.strategies.costmodel.traffic import pass_seconds

@@ -67,12 +67,8 @@ from __future__ import annotations
 
 import math
 
-from zerotune.strategies.costmodel.hardware import (
-    NCCL_TREE_CORRECTION,
-    NCCL_TREE_PROTOCOLS,
-    RING_PROTOCOLS,
-    Calibration,
-)
+from zerotune.strategies.costmodel.hardware import NCCL_TREE_CORRECTION, NCCL_TREE_PROTOCOLS, RING_PROTOCOLS
+from zerotune.strategies.costmodel.rates import Calibration
 from zerotune.strategies.costmodel.schedule import Coll, Group
 from zerotune.strategies.spec import ClusterSpec
 from zerotune.strategies.volume import (

@@ -618,7 +618,8 @@ def test_the_engines_kept_gpu_sweeps_are_predicted_from_its_measured_kernel_rate
     the optimizer's passes and the engine's buckets included — come within 15% (median 6%). The eager
     PyTorch figure the profile took before (IBM's FSDP 7B on 96 H100s, 0.37 MFU, re-based on that run:
     0.42 of peak) puts every one of them 27-58% long."""
-    from zerotune.strategies.costmodel.hardware import profile_calibration, run_by
+    from zerotune.strategies.costmodel.hardware import profile_calibration
+    from zerotune.strategies.costmodel.rates import run_by
     from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
     runs = [r for r in (json.loads(p.read_text()) for p in GPU_RUNS) if r["strategy"]["micro_batch_size"] >= 2]
@@ -645,7 +646,7 @@ def test_one_sequence_micro_steps_wait_for_the_host_as_every_kept_gpu_sweep_meas
     within 20% (median 5%, with the engine's measured Hopper rates); without it the model is under on
     every sweep (34-50%, median 40%: at one sequence a step is the host's, not the device's), and calls
     micro-batch 1 as fast as 8."""
-    from zerotune.strategies.costmodel.hardware import RUNNER_HOST_S_PER_LAYER
+    from zerotune.strategies.costmodel.rates import RUNNER_HOST_S_PER_LAYER
     from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
     ones = [p for p in GPU_RUNS if Strategy.from_dict(json.loads(p.read_text())["strategy"]).micro_batch_size == 1]
@@ -678,7 +679,8 @@ def test_the_host_floor_is_the_runners_and_leaves_large_blocks_alone():
     """A device profile carries the floor of the runner that runs it (``run_by``); a fitted calibration
     keeps its own (0: its compute efficiency already holds its host). A 20B model's blocks on 48 Frontier
     nodes run far longer on the device than any host floor: no wait."""
-    from zerotune.strategies.costmodel.hardware import RUNNER_HOST_S_PER_LAYER, calibration_for, run_by
+    from zerotune.strategies.costmodel.hardware import calibration_for
+    from zerotune.strategies.costmodel.rates import RUNNER_HOST_S_PER_LAYER, run_by
 
     cluster = parse_cluster("frontier:48")
     profile = calibration_for(cluster)

@@ -38,9 +38,9 @@ from zerotune.strategies.costmodel.hardware import (
     peak_tflops_of,
     profile_calibration,
     profile_cluster,
-    run_by,
     source_run_efficiency,
 )
+from zerotune.strategies.costmodel.rates import run_by
 from zerotune.strategies.costmodel.timing import costs_for
 from zerotune.strategies.spec import ModelSpec
 

@@ -15,7 +15,7 @@ from zerotune.errors import SpecError
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import calibration_for, predict
 from zerotune.strategies.costmodel.error import error_band
-from zerotune.strategies.costmodel.hardware import run_by
+from zerotune.strategies.costmodel.rates import run_by
 from zerotune.strategies.spec import Strategy
 from zerotune.tuner.executors.model import ModelExecutor
 from zerotune.tuner.exports import deepspeed_config, deepspeed_notes, fsdp_config

@@ -1,0 +1,188 @@
+"""``Calibration``: the rates that turn bytes and FLOPs into seconds, and how each runner of a strategy
+(zerotune's engine, DeepSpeed, FSDP) moves its bytes and waits for its host.
+
+A cluster preset's calibration is built from its device's, links' and host's profiles
+(``hardware.profile_calibration``); a fitted one (``zerotune calibrate``, ``strategies.calibration``)
+replaces it for a cluster this service can measure; custom and ``local:`` clusters take ``NOMINAL``.
+Sources are cited by the keys of ``hardware``'s docstring: [nccl-netoverhead] and [ds-fetch] there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+RINGS = ("hierarchical", "flat")
+"""How multi-level collectives run (``Calibration.rings``)."""
+PROTOCOLS = ("simple", "nccl", "rccl")
+"""How a collective's protocol is chosen (``Calibration.protocols``)."""
+OUTER_REDUCE = ("boundary", "backward")
+"""Where the gradient reduction beyond ``grad_span`` runs (``Calibration.outer_reduce``)."""
+GATHERS = ("bucket", "module")
+"""How many all-gathers fetch a bucket's parameters (``Calibration.gathers``)."""
+
+
+@dataclass(frozen=True)
+class MeasuredError:
+    """How far a fitted calibration's predictions were from measured runs it was not fitted on
+    (cross-validated: each run predicted by a fit of the others), as relative errors."""
+
+    row_median: float
+    """Median |predicted / measured - 1| of step times."""
+    row_p90: float
+    comparison_median: float
+    """Median |predicted ratio / measured ratio - 1| over pairs of runs of the same model: the error of a decision."""
+    comparison_p90: float
+    runs: int
+    source: str
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The efficiencies that turn bytes and FLOPs into seconds (fitted, or a preset's profile).
+
+    The defaults are the *nominal* calibration of clusters without a profile (custom and ``local:``
+    clusters): round figures meant to be replaced by ``zerotune calibrate``, not measured constants."""
+
+    name: str = "nominal"
+    compute_efficiency: float = 0.45
+    """Achieved fraction of ``peak_tflops`` on the model's kernels, recomputation included."""
+    bandwidth_efficiency: tuple[float, ...] = ()
+    """Achieved fraction of each level's bandwidth, innermost first; empty = 0.8 for every level."""
+    latency_scale: float = 1.0
+    """Multiplies every level's ``latency_us`` (per ring step)."""
+    quant_elems_per_s: float = 1e11
+    """Elements quantized or dequantized per second."""
+    optimizer_elems_per_s: float = 5e10
+    """Optimizer-shard elements stepped per second: the fp32 AdamW update and the passes around it
+    (upcast, norm, clip, zeroing, the 16-bit cast: ``STEP_BYTES_PER_ELEM``)."""
+    memory_bytes_per_s: float = 0.0
+    """Rate of the model's memory-bound kernels (LayerNorms, GELU, residual adds, bias gradients, the
+    loss over the vocabulary: ``traffic.traffic``), bytes per second; 0 = not charged apart, their
+    time inside ``compute_efficiency`` (fitted calibrations, which measured it so, and the nominal one)."""
+    overlap: float = 1.0
+    """1 = the simulated schedule (communication hidden behind compute), 0 = everything serialized."""
+    step_overhead_s: float = 0.0
+    """Fixed cost per step (launches, host work)."""
+    collective_launch_us: float = 0.0
+    """Fixed cost of each primitive collective (one per level crossed): launch + the library's base latency."""
+    overlap_slowdown: float = 0.0
+    """κ: compute that runs beside a busy communication queue takes (1 + κ) times as long."""
+    all_to_all_efficiency: float = 1.0
+    """What an all-to-all (ZeRO++'s quantized gradient exchange) achieves of its level's ring rate:
+    1 = as fast per byte as an all-gather. Pairwise exchanges can be slower (gloo over TCP measured
+    0.2-0.4 of its rings' rate on emulated links here); ``fit(bandwidths="measured")`` reads it off
+    run.json's seconds per level. The GPU profiles keep 1: no all-to-all busbw beside a ring's was
+    found for their links."""
+    rings: str = "hierarchical"
+    """How a collective over several levels runs: ``hierarchical`` (zerotune's engine: one ring per
+    level, one level after the other) or ``flat`` (one NCCL ring over every rank of the span, as
+    DeepSpeed and FSDP issue it on their data-parallel group; ``timing.Costs._flat_ring``)."""
+    protocols: str = "simple"
+    """``simple``: every collective is charged the Simple protocol's latencies (as fitted calibrations
+    and gloo runs are); ``nccl``: each collective the fastest of NCCL's ring protocols
+    (``NCCL_RING_PROTOCOLS``), as NCCL picks them — the profiles of NVIDIA devices; ``rccl``: the
+    fastest of RCCL's (``RCCL_RING_PROTOCOLS``) — the MI250X profile."""
+    net_overhead_us: float = 0.0
+    """Per-step network post overhead of the library's multi-node rings (``Host.net_overhead_us``):
+    with ``protocols`` nccl or rccl, every step of a ring spanning 2+ nodes costs at least this (three
+    times it under Simple) [nccl-netoverhead]. 0 for fitted calibrations and gloo."""
+    ll_max_busbw_gbps: tuple[float, ...] = ()
+    """LL's bus-bandwidth cap, GB/s, for a ring on 1 node, 2 nodes, more (``Device``/``Host``); empty = none."""
+    ll128: bool = True
+    """Whether the library may run LL128 (``Host.nic_beside_gpu``): NCCL enables it by default only then."""
+    ring_plateau: float = 1.0
+    """NCCL's multi-node Simple ring all-reduce pays its latency this many times (``Device.ring_plateau``)."""
+    outer_reduce: str = "backward"
+    """Where a step reduces gradients beyond ``grad_span``: ``backward`` (queued after each reduce
+    group while the final micro-step's backward runs on: zerotune's engine, DeepSpeed's
+    ``overlap_comm``, DDP's and HSDP's bucketed all-reduce on their accumulation boundary, AMSP's "AR
+    overlap") or ``boundary`` (after the backward pass, serial: engines that reduce in their optimizer
+    step)."""
+    gathers: str = "bucket"
+    """How a runner fetches a bucket's parameters: ``bucket`` (one all-gather per bucket: zerotune's
+    engine, and FSDP2's ``fully_shard`` per block, which gathers a block's parameters into one buffer)
+    or ``module`` (one per sub-module that holds partitioned parameters: DeepSpeed ZeRO-3's
+    ``fetch_sub_module`` gathers the parameters of the module about to run with one coalesced
+    all-gather, and prefetches the next ones by the same calls [ds-fetch]). Of the project's GPT block
+    that is four all-gathers (qkv, proj, fc, out; its LayerNorms hold fewer elements than
+    ``stage3_param_persistence_threshold``, 1e5 by default, and stay gathered). The bytes are the
+    same; a block pays four collectives' latency instead of one, which is what a ring over a whole
+    large data-parallel group is made of. No prefetch is credited to ``module``: DeepSpeed's published
+    ZeRO-3 and ZeRO++ figures show the gathers exposed, and its developers' own timelines of ZeRO-3
+    found "the prefetching only partially overlaps with computation" (deepspeedai/DeepSpeed#1170).
+    Crediting ``fetch_sub_module``'s prefetch as written (the next sub-modules' gathers, up to the
+    prefetch window, running beside the current one's compute) put 41 of bench/published.py's 102
+    figures within 15%, where the model without it had 62 when this was decided, every DeepSpeed row
+    over-predicted (the ZeRO++ blog's ZeRO-3 rows by up to 62%)."""
+    host_s_per_layer: float = 0.0
+    """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
+    to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is
+    shorter waits for the host (``RUNNER_HOST_S_PER_LAYER``). 0 = never host-bound: fitted calibrations,
+    whose compute efficiency already holds the host they ran on."""
+    measured_error: MeasuredError | None = None
+    """A fitted calibration's cross-validated error on the runs it came from (its predictions' band)."""
+
+    def __post_init__(self) -> None:
+        for field, allowed in (("rings", RINGS), ("protocols", PROTOCOLS), ("outer_reduce", OUTER_REDUCE),
+                               ("gathers", GATHERS)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
+
+    def level_efficiency(self, level: int) -> float:
+        return self.bandwidth_efficiency[level - 1] if self.bandwidth_efficiency else 0.8
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        data = dict(data)
+        data["bandwidth_efficiency"] = tuple(data.get("bandwidth_efficiency", ()))
+        data["ll_max_busbw_gbps"] = tuple(data.get("ll_max_busbw_gbps", ()))
+        if isinstance(data.get("measured_error"), dict):
+            data["measured_error"] = MeasuredError(**data["measured_error"])
+        return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
+
+
+RUNNERS: dict[str, tuple[str, str, str]] = {
+    "zerotune": ("hierarchical", "backward", "bucket"),
+    "deepspeed": ("flat", "backward", "module"),
+    "fsdp": ("flat", "backward", "bucket"),
+}
+"""How each runner of a strategy moves its bytes (``Calibration.rings``, ``Calibration.outer_reduce``,
+``Calibration.gathers``): zerotune's engine, and the exported configs as DeepSpeed (the export sets
+``overlap_comm``; ZeRO-3 fetches sub-module by sub-module) and FSDP (it reduces across replicas in its
+post-backward hook) run them."""
+
+
+RUNNER_HOST_S_PER_LAYER: dict[str, float] = {
+    "zerotune": (77.2 - 19.1) / 24 * 1e-3,
+    "fsdp": ((109.6 + 102.4) / 2 - 14.0) / 24 * 1e-3,
+    "deepspeed": 0.0,
+}
+"""Each runner's host floor per transformer block (``Calibration.host_s_per_layer``), measured on one H100
+machine's host (bench/data/h100-1gpu-fused: ``bench/trainer_vs_fsdp.py --worlds 1 --model gpt-1.3b
+--batch 1``, 24 blocks, AdamW fused). At one sequence of 2,048 tokens these steps are host-bound: the
+device waits between many short kernels (over 300 gaps of 50 µs or more in a step) and the step ends
+one optimizer phase after the host's last backward launch. So a block costs the host (timed step -
+optimizer phase) / 24, the optimizer phase being the device time from the fused AdamW's first kernel on
+(``python bench/trace_phases.py bench/data/h100-1gpu-fused/trace/*.json.gz``): zerotune's engine
+(collectives on the caller's thread) 77.2 ms with a 19.1 ms phase, 2.4 ms; FSDP2 (fully_shard per block)
+109.6 and 102.4 ms in two runs with a 14.0 ms phase, 3.8 ms. DeepSpeed's was not measured: 0, never
+host-bound. Another host's single-thread speed moves these."""
+
+
+def run_by(calib: Calibration, runner: str) -> Calibration:
+    """``calib`` with the collectives of ``runner`` (a key of ``RUNNERS``), and, for a device profile
+    (``protocols`` nccl or rccl), the runner's host floor; a fitted calibration keeps its own."""
+    if runner not in RUNNERS:
+        raise ValueError(f"runner={runner!r}: must be one of {sorted(RUNNERS)}")
+    rings, outer_reduce, gathers = RUNNERS[runner]
+    host = RUNNER_HOST_S_PER_LAYER[runner] if calib.protocols != "simple" else calib.host_s_per_layer
+    return dataclasses.replace(calib, rings=rings, outer_reduce=outer_reduce, gathers=gathers, host_s_per_layer=host)
+
+
+NOMINAL = Calibration()
+"""The calibration of clusters without a profile or a fit: round figures, not measured constants."""
