@@ -90,7 +90,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotune.strategies.costmodel.rates import NOMINAL, Calibration, run_by
-from zerotune.strategies.costmodel.traffic import block_flops, head_flops, pass_seconds
+from zerotune.strategies.costmodel.traffic import pass_seconds
 from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
 
 NCCL_RING_BASE_US = 8.4
@@ -346,19 +346,13 @@ MEGATRON_1T = ModelSpec("megatron-1t", layers=128, hidden=25600, heads=160, voca
 """The model of [megatron-sc21]'s 163 TFLOPS per A100 (its Table 1, 1,008B parameters: 128 layers of
 hidden size 25,600, 160 heads, sequence 2,048; vocabulary 51,200)."""
 A100_SOURCES = (("pytorch", IBM_FSDP_7B, "A100"), ("megatron", MEGATRON_1T, "A100"))
+"""Both A100 figures were measured on A100 80GB."""
 BERT_LARGE_512 = ModelSpec("bert-large", layers=24, hidden=1024, heads=16, vocab=4578, seq_len=512)
 """The model of [ds-bert]'s 53 TFLOPS on one V100: BERT-Large (24 layers, hidden 1,024, 16 heads) at
 sequence 512, its 30,522-word output projection run on the masked 15% of tokens only, which is the
 FLOPs and loss bytes per token of all tokens through 4,578 rows."""
 V100_BERT_SAMPLES_PER_S = 52.0
 """[ds-bert]: BERT-Large sequences per second on one V100 at sequence 512."""
-
-
-def model_flops_utilisation(model: ModelSpec, tokens_per_s: float, peak_tflops: float) -> float:
-    """The fraction of ``peak_tflops`` a forward and backward pass of ``model`` at ``tokens_per_s``
-    is, with this model's FLOP count (``traffic.block_flops``, ``head_flops``; the backward twice)."""
-    return 3 * (model.layers * block_flops(model) + head_flops(model)) * tokens_per_s / (peak_tflops * 1e12)
-"""Both A100 figures were measured on A100 80GB."""
 
 
 @dataclass(frozen=True)
@@ -403,7 +397,7 @@ ENGINE_STACK = "zerotune"
 
 DEVICES: dict[str, Device] = {
     "V100": Device("NVIDIA V100 32GB", 125.0, 32.0, 900.0,
-                   round(model_flops_utilisation(BERT_LARGE_512, V100_BERT_SAMPLES_PER_S * 512, 125.0), 3), 30 / 125,
+                   round(BERT_LARGE_512.flops_per_token() * V100_BERT_SAMPLES_PER_S * 512 / 125e12, 3), 30 / 125,
                    "[ds-bert]: DeepSpeed's fused kernels, BERT-Large at 52 sequences of 512 per second on one V100 "
                    "(53 TFLOPS); [ds-zero3-offload]: 'standard data parallel training with PyTorch can only achieve "
                    "30 TFlops per GPU'", ll_max_busbw_gbps=39.0, ring_plateau=1.9,
@@ -420,16 +414,19 @@ DEVICES: dict[str, Device] = {
                    "eager kernels measured on Hopper (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION)",
                    ll_max_busbw_gbps=141.0, ring_plateau=1.4, engine_efficiency=HOPPER_ENGINE_EFFICIENCY,
                    eager_memory_fraction=HOPPER_EAGER_MEMORY_FRACTION, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
-    "H200": Device("NVIDIA H200", 989.0, 141.0, 4800.0, 0.47, 0.37,
-                   "[h200]: the H100 SXM's peak and NVLink with 141 GB HBM3e at 4.8 TB/s; zerotune's engine and "
-                   "eager kernels measured on this device (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION); "
-                   "the H100's published stack figures ([megatron-core], [ibm-fsdp]: run on H100, same SMs)",
-                   ll_max_busbw_gbps=141.0, ring_plateau=1.4, engine_efficiency=HOPPER_ENGINE_EFFICIENCY,
-                   eager_memory_fraction=HOPPER_EAGER_MEMORY_FRACTION, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
 }
+
+DEVICES["H200"] = dataclasses.replace(
+    DEVICES["H100"], name="NVIDIA H200", memory_gib=141.0, hbm_gbps=4800.0,
+    source="[h200]: the H100 SXM's peak and NVLink with 141 GB HBM3e at 4.8 TB/s; zerotune's engine and eager "
+           "kernels measured on this device (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION); the H100's "
+           "published stack figures and their runs ([megatron-core], [ibm-fsdp]: on H100, the same SMs and peak)")
+"""The H200 SXM: the H100's profile (peak, stack figures and the runs they came from, NVLink, NCCL's tables)
+with its own memory [h200]."""
+
 
 def device_of(name: str) -> Device | None:
     """The profile of the device ``name`` names (``torch.cuda.get_device_name``), else None: the profile

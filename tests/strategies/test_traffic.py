@@ -20,7 +20,7 @@ from zerotune.strategies.costmodel.hardware import (
     V100_BERT_SAMPLES_PER_S,
     profile_calibration,
 )
-from zerotune.strategies.costmodel.traffic import block_flops, head_flops, step_seconds, traffic
+from zerotune.strategies.costmodel.traffic import block_flops, step_seconds, traffic
 from zerotune.strategies.model import build_gpt
 from zerotune.strategies.spec import ModelSpec
 
@@ -153,8 +153,8 @@ def test_the_v100_megatron_figure_is_one_gpu_running_bert_large():
     assert 1 / (per_token * BERT_LARGE_512.seq_len) == pytest.approx(V100_BERT_SAMPLES_PER_S, rel=1e-3)
     assert d.megatron_efficiency < calib.compute_efficiency < 0.6
     wide = ModelSpec("gpt-18b", layers=40, hidden=6144, heads=32, vocab=50257, seq_len=512)
-    flops = 3 * (wide.layers * block_flops(wide) + head_flops(wide))
-    at = flops / step_seconds(wide, 2, d.peak_tflops * 1e12 * calib.compute_efficiency, calib.memory_bytes_per_s)
+    at = wide.flops_per_token() / step_seconds(wide, 2, d.peak_tflops * 1e12 * calib.compute_efficiency,
+                                               calib.memory_bytes_per_s)
     assert d.megatron_efficiency * d.peak_tflops * 1e12 < at < calib.compute_efficiency * d.peak_tflops * 1e12
 
 
