@@ -93,7 +93,7 @@ class StrategyCreate(_In):
     optim_span: int = Field(ge=0, le=8)
     secondary_span: int | None = Field(default=None, ge=0, le=8)
     weight_bits: Literal[16, 8, 4] = 16
-    grad_bits: Literal[16, 8, 4] = 16
+    grad_bits: Literal[32, 16, 8, 4] = 16
     quantize_above: int = Field(default=1, ge=1, le=8)
     allgather_bucket_mb: float = Field(default=25.0, gt=0, le=1e5, allow_inf_nan=False)
     reduce_bucket_mb: float = Field(default=25.0, gt=0, le=1e5, allow_inf_nan=False)

@@ -10,11 +10,11 @@ S_{P+1..G} pieces by the index over levels P+1..G (its *grad shard*); each of th
   release the full buffer after the bucket's forward;
 - backward, bucket by bucket in reverse: all-gather again (from the secondary shard, 16-bit, or the
   param shard), backward through the bucket, reduce-scatter its gradients over levels 1..P then
-  P+1..G (``grad_bits``), in reduce groups of about ``reduce_bucket_mb``; accumulate into the grad
-  shard over micro-batches. On the step's last micro-step (``final``) each group's grad shards are
-  then reduce-scattered over G+1..O and all-reduced across replicas (O+1..L) in the same queued job,
-  while backward runs on, as DeepSpeed's ``overlap_comm`` and DDP's buckets reduce on their
-  accumulation boundary;
+  P+1..G (``grad_bits``; at 32 cast up to fp32 first), in reduce groups of about ``reduce_bucket_mb``;
+  accumulate into the grad shard (fp32 at ``grad_bits`` 32) over micro-batches. On the step's last
+  micro-step (``final``) each group's grad shards are then reduce-scattered over G+1..O and all-reduced
+  across replicas (O+1..L) in the same queued job, while backward runs on, as DeepSpeed's
+  ``overlap_comm`` and DDP's buckets reduce on their accumulation boundary;
 - step: AdamW on the fp32 optimizer shard, all-gather the new weights over P+1..O (16-bit: the
   authoritative shard is never quantized), drop secondary shards.
 
@@ -98,6 +98,9 @@ class ZeroEngine:
         self.comm = Communicator(topo, self.counter, quant_block)
         self.mem = MemoryAccountant()
         self.elem = torch.empty((), dtype=dtype).element_size()
+        # grad_bits 32: gradients are cast up to fp32 before their first reduction and accumulate in fp32
+        self.grad_dtype = torch.float32 if strategy.grad_bits == 32 else dtype
+        self.grad_elem = torch.empty((), dtype=self.grad_dtype).element_size()
         s, L = strategy, topo.num_levels
         self.p_range, self.pg_range, self.go_range = (1, s.param_span), (s.param_span + 1, s.grad_span), \
             (s.grad_span + 1, s.optim_span)
@@ -121,7 +124,7 @@ class ZeroEngine:
         param_shard = self.comm.shard(full, self.p_range)
         opt_shard = self.comm.shard(self.comm.shard(param_shard, self.pg_range), self.go_range)
         grad_numel = plan.padded // self.topo.size((1, self.s.grad_span))
-        grad_shard = torch.zeros(grad_numel, dtype=self.dtype, device=self.device)
+        grad_shard = torch.zeros(grad_numel, dtype=self.grad_dtype, device=self.device)
         b = FlatBucket(plan=plan, flat=nn.Parameter(full), views=views, param_shard=param_shard,
                        grad_shard=grad_shard, master=nn.Parameter(opt_shard.float()))
         if self.s.param_span == 0:
@@ -131,7 +134,7 @@ class ZeroEngine:
             b.flat.data.untyped_storage().resize_(0)
         self.mem.exclude(b.flat)
         self.mem.alloc("params", b.param_shard.numel() * self.elem)
-        self.mem.alloc("grads", grad_numel * self.elem)
+        self.mem.alloc("grads", grad_numel * self.grad_elem)
         self.mem.alloc("optim_states", 3 * b.master.numel() * 4)  # fp32 master + AdamW exp_avg, exp_avg_sq
         return b
 
@@ -189,7 +192,8 @@ class ZeroEngine:
         s_p, s_pg = self.topo.size(self.p_range), self.topo.size(self.pg_range)
         # one bucket is reduced in place; several are interleaved so each rank's part is one range
         staged = grads[0] if len(grads) == 1 else torch.cat([g.view(s_p, s_pg, -1) for g in grads], dim=2).reshape(-1)
-        nbytes = staged.numel() * self.elem
+        staged = staged.to(self.grad_dtype)  # grad_bits 32: the fp32 copy is what travels (no copy otherwise)
+        nbytes = staged.numel() * self.grad_elem
         self.mem.alloc("comm_buffers", nbytes)
         for g in grads:
             self.mem.free("comm_buffers", g.numel() * self.elem)

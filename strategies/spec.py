@@ -18,6 +18,11 @@ from typing import Any, TypeVar
 from zerotune.errors import SpecError
 
 BITS = (16, 8, 4)  # communication widths: 16 = the run's dtype, unquantized
+GRAD_BITS = (32, *BITS)
+"""Gradient reductions may also run in fp32 (32): FSDP2's ``MixedPrecisionPolicy(reduce_dtype=float32)``,
+torchtitan's default, DeepSpeed's ``communication_data_type: fp32``, and Megatron's and nanotron's fp32
+gradient all-reduce. It moves twice the bytes of a 16-bit reduction and is an accuracy choice, never a speed
+one: the search space offers it only when asked (``SearchSpace.bits``)."""
 
 T = TypeVar("T")
 
@@ -225,7 +230,8 @@ class Strategy:
     weight_bits: int = 16
     """Width of the weight all-gather from the primary shard: 16 (the run's dtype), 8 or 4."""
     grad_bits: int = 16
-    """Width of gradient reductions: 16 (the run's dtype) or 8 / 4 (qgZ all-to-all)."""
+    """Width of gradient reductions: 16 (the run's dtype), 32 (fp32: cast up before reducing, the grad
+    shard kept in fp32) or 8 / 4 (qgZ all-to-all)."""
     quantize_above: int = 1
     """Innermost level (1-based) whose links carry quantized data; faster inner links stay 16-bit."""
     allgather_bucket_mb: float = 25.0
@@ -256,9 +262,9 @@ class Strategy:
             if self.secondary_span >= self.param_span:
                 raise SpecError("strategy.secondary_span", self.secondary_span,
                                 f"must be < param_span={self.param_span} (hpZ keeps a narrower copy) or null")
-        for f in ("weight_bits", "grad_bits"):
-            if getattr(self, f) not in BITS:
-                raise SpecError(f"strategy.{f}", getattr(self, f), f"must be one of {list(BITS)}")
+        for f, allowed in (("weight_bits", BITS), ("grad_bits", GRAD_BITS)):
+            if getattr(self, f) not in allowed:
+                raise SpecError(f"strategy.{f}", getattr(self, f), f"must be one of {list(allowed)}")
         _check_int("strategy.quantize_above", self.quantize_above, 1)
         if self.weight_bits < 16 and self.param_span < self.quantize_above:
             raise SpecError("strategy.weight_bits", self.weight_bits,
@@ -314,4 +320,4 @@ def count_label(n: float) -> str:
     return f"{n:g}"
 
 
-__all__ = ["BITS", "check_spans", "count_label", "ClusterSpec", "Level", "ModelSpec", "Strategy"]
+__all__ = ["BITS", "GRAD_BITS", "check_spans", "count_label", "ClusterSpec", "Level", "ModelSpec", "Strategy"]

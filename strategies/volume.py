@@ -19,7 +19,8 @@ Quantized data (levels ≥ ``quantize_above`` when bits < 16) travels as block-w
 block of B elements, B·bits/8 bytes of codes plus one fp32 scale (``quantized_nbytes``); a buffer
 is padded up to whole blocks. Weight gathers quantize each rank's shard once; gradient
 reduce-scatters replace the level's reduce_scatter by an all_to_all of quantized chunks (qgZ,
-ZeRO++ arXiv 2306.10209 §3.3), one payload per destination.
+ZeRO++ arXiv 2306.10209 §3.3), one payload per destination. At bits 32 (fp32 gradient reduction) an
+unquantized collective moves 4-byte elements whatever the run's dtype (``wire_elem_bytes``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def quantized_nbytes(numel: int, bits: int, block: int = QUANT_BLOCK) -> int:
     """Bytes of the block-quantized payload of ``numel`` elements: codes + one scale per block."""
     blocks = math.ceil(numel / block)
     return blocks * block * bits // 8 + blocks * SCALE_BYTES
+
+
+def wire_elem_bytes(elem_bytes: int, bits: int) -> int:
+    """Bytes per element of an unquantized collective at width ``bits``: 4 at 32 (an fp32 reduction of a
+    16-bit run's gradients), else the run's own ``elem_bytes``."""
+    return 4 if bits == 32 else elem_bytes
 
 
 def pad_to(numel: int, multiple: int) -> int:
@@ -68,6 +75,7 @@ def all_gather_volume(cluster: ClusterSpec, levels: tuple[int, int], shard_numel
                       bits: int = 16, quantize_above: int = 1, block: int = QUANT_BLOCK,
                       flat: bool = False) -> Volume:
     """Bytes sent per rank by an all-gather of ``shard_numel``-element shards over a level range."""
+    elem_bytes = wire_elem_bytes(elem_bytes, bits)
     vol: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
     lo, hi = levels
     if lo > hi:
@@ -97,6 +105,7 @@ def reduce_scatter_volume(cluster: ClusterSpec, levels: tuple[int, int], numel: 
 
     ``numel`` is padded up to a multiple of the range size first, as the collective does.
     """
+    elem_bytes = wire_elem_bytes(elem_bytes, bits)
     vol: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
     lo, hi = levels
     if lo > hi:
@@ -120,6 +129,7 @@ def all_reduce_volume(cluster: ClusterSpec, levels: tuple[int, int], numel: int,
                       flat: bool = False) -> Volume:
     """Bytes of an all-reduce: hierarchical = reduce-scatter then all-gather over the range;
     flat unquantized = one all_reduce primitive (2(s-1)/s · n)."""
+    elem_bytes = wire_elem_bytes(elem_bytes, bits)
     lo, hi = levels
     if lo > hi:
         return {}

@@ -61,7 +61,7 @@ def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:
             return f"DeepSpeed's hpZ group must hold more than one rank and fewer than the world, not {secondary}"
         if s.weight_bits not in (16, 8):
             return f"DeepSpeed's qwZ is int8 only, not int{s.weight_bits}"
-        if s.grad_bits not in (16, 4):
+        if s.grad_bits not in (32, 16, 4):
             return f"DeepSpeed's qgZ is int4 only, not int{s.grad_bits}"
         if s.grad_bits < 16 and (not s.param_span or cluster.num_levels < 2
                                  or world <= cluster.span_size(cluster.node_span)):
@@ -138,6 +138,8 @@ class Space:
     micro_batch_sizes: tuple[int, ...] = MICRO_BATCH_SIZES
     checkpointing: tuple[bool, ...] = (False, True)
     bits: tuple[int, ...] = BITS
+    """Widths offered for weight gathers and gradient reductions. fp32 reductions (``GRAD_BITS``' 32) are
+    left out by default: they only ever cost time, so a search would never pick them on speed."""
     global_batch: int | None = None
     """The study's fixed batch: only micro-batches that divide each rank's share of it are offered."""
     runner: str = "zerotune"

@@ -1,9 +1,9 @@
 """Bytes per rank by category, from the schedule's bucket lengths (the accountant's categories).
 
 With e = bytes per element of the run's dtype and S_k the ranks of span k, summed over buckets of
-padded length n: P = n·e/S_P, G = n·e/S_G, OS = 12·n/S_O (fp32 master, exp_avg, exp_avg_sq), hpZ
-= n·e/S_H per block bucket — for ZeRO-3, (2 + 2 + 12)·Ψ/N with 16-bit e (ZeRO, Rajbhandari et al.
-2020, §5).
+padded length n: P = n·e/S_P, G = n·e/S_G (4·n/S_G with fp32 reductions, ``grad_bits`` 32),
+OS = 12·n/S_O (fp32 master, exp_avg, exp_avg_sq), hpZ = n·e/S_H per block bucket — for ZeRO-3,
+(2 + 2 + 12)·Ψ/N with 16-bit e (ZeRO, Rajbhandari et al. 2020, §5).
 
 Activations per micro-batch of t = B·T tokens, per block: 8·t·h·e + 2·t·f·e saved tensors (two LN
 inputs and outputs, the QKV output (3), the attention output, the GELU input and output; cf.
@@ -17,7 +17,7 @@ temporary, which the accountant (saved tensors only) does not book. Measured on 
 bf16, micro-batches of 1-8 sequences of 2,048 tokens: bench/data/h200-1gpu/report.txt), the
 prediction without it was 3.6-10.6% under ``torch.cuda.max_memory_allocated``, the gap growing as t·V.
 Communication buffers: the root and (1 + prefetch) gathered buckets, and two reduce groups of full
-gradients. Peak = their sum (an upper bound).
+gradients (the one staged for reduction in fp32 with ``grad_bits`` 32). Peak = their sum (an upper bound).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import math
 
 from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.volume import wire_elem_bytes
 
 GIB = 2**30
 CATEGORIES = ("params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations")
@@ -36,9 +37,10 @@ def schedule_state_memory(sched: Schedule, sizes: tuple[int, ...], s: Strategy, 
     prefix = [math.prod(sizes[:k]) for k in range(len(sizes) + 1)]
     s_p, s_g, s_o = prefix[s.param_span], prefix[s.grad_span], prefix[s.optim_span]
     out = {"params": 0, "secondary_params": 0, "grads": 0, "optim_states": 0}
+    grad_bytes = wire_elem_bytes(elem_bytes, s.grad_bits)  # fp32 reductions keep fp32 grad shards
     for n, k in sched.bucket_counts:
         out["params"] += k * (n // s_p * elem_bytes)
-        out["grads"] += k * (n // s_g * elem_bytes)
+        out["grads"] += k * (n // s_g * grad_bytes)
         out["optim_states"] += k * 12 * (n // s_o)
     if s.secondary_span is not None:  # block buckets only: the root stays gathered
         out["secondary_params"] = sum(k * (n // prefix[s.secondary_span] * elem_bytes) for n, k in sched.block_counts)
@@ -73,7 +75,9 @@ def memory_per_rank(model: ModelSpec, sched: Schedule, sizes: tuple[int, ...], s
     """Every category and their sum ``peak`` (see the module docstring)."""
     memory = schedule_state_memory(sched, sizes, s, elem_bytes)
     gathered = (sched.root + (1 + s.prefetch_buckets) * max(sched.lengths, default=0)) if s.param_span else 0
-    memory["comm_buffers"] = (gathered + 2 * sched.largest_group) * elem_bytes
+    # two reduce groups: one autograd fills (run dtype), one staged for its reduction (the wire's width)
+    staged = wire_elem_bytes(elem_bytes, s.grad_bits)
+    memory["comm_buffers"] = (gathered + sched.largest_group) * elem_bytes + sched.largest_group * staged
     memory["activations"] = activation_memory(model, s, elem_bytes) + head_backward_transient(model, s, elem_bytes)
     memory["peak"] = sum(memory.values())
     return memory

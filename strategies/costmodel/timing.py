@@ -77,6 +77,7 @@ from zerotune.strategies.volume import (
     all_reduce_volume,
     quantized_nbytes,
     reduce_scatter_volume,
+    wire_elem_bytes,
 )
 
 _VOLUME = {"all_gather": all_gather_volume, "reduce_scatter": reduce_scatter_volume, "all_reduce": all_reduce_volume}
@@ -141,10 +142,11 @@ class Costs:
         """Seconds on the wire of one collective run as one ring over all its ranks (module docstring)."""
         calib, sizes = self.calib, self.cluster.sizes
         ranks = self.prefix[hi] // self.prefix[lo - 1]
+        e = wire_elem_bytes(self.e, bits)
         if op == "all_gather":
-            sent = (ranks - 1) * (quantized_nbytes(numel, bits, self.block) if bits < 16 else numel * self.e)
+            sent = (ranks - 1) * (quantized_nbytes(numel, bits, self.block) if bits < 16 else numel * e)
         else:
-            sent = _STEPS[op] * (ranks - 1) * (numel // ranks) * self.e
+            sent = _STEPS[op] * (ranks - 1) * (numel // ranks) * e
         slowest, below, nodes = 0.0, 1, 1
         node_hop = net_hop = 0.0
         hops: list[tuple[int, float]] = []  # (ring steps at the level, its Simple hop latency)
@@ -163,7 +165,7 @@ class Costs:
         ring = self._fastest(hops, slowest, sent, nodes, op == "all_reduce", nodes > 1 and ranks == nodes)
         if op != "all_reduce" or calib.protocols != "nccl" or not slowest:
             return ring
-        return min(ring, self._tree(ranks, nodes, numel * self.e, sent / slowest, node_hop, net_hop))
+        return min(ring, self._tree(ranks, nodes, numel * e, sent / slowest, node_hop, net_hop))
 
     def _level_rings(self, c: Coll) -> float:
         """Seconds on the wire of one collective run as one ring per level, one level after the other (a

@@ -31,7 +31,7 @@ def test_invalid_strategy_is_one_line_on_stderr(capsys):
     code = main(["validate", "--cluster", "local:2x2", "--strategy", "zero3", "--set", "grad_bits=3"])
     assert code == ExitStatus.USAGE_ERROR
     err = capsys.readouterr().err.strip()
-    assert err == "zerotune: error: strategy.grad_bits=3: must be one of [16, 8, 4]"
+    assert err == "zerotune: error: strategy.grad_bits=3: must be one of [32, 16, 8, 4]"
 
 
 def test_validate_with_a_model_checks_that_it_fits(capsys):

@@ -89,6 +89,21 @@ def test_zero3_weak_scaling_falls_below_one_at_scale():
     assert scaling[3] < 0.97 and scaling[-1] < scaling[3], scaling
 
 
+def test_an_fp32_gradient_reduction_moves_twice_the_gradient_bytes_and_never_saves_time():
+    """grad_bits 32 (FSDP2's reduce_dtype=float32, torchtitan's default; Megatron's grad_reduce_in_fp32): the
+    weight gathers are unchanged, every gradient reduction moves 4-byte elements, the grad shards are fp32; on
+    frontier:48, where ZeRO-3's reductions cannot hide behind compute, the step is slower."""
+    model, cluster = parse_model("gpt-neox-20b"), parse_cluster("frontier:48")
+    half, full = (predict(model, cluster, build_strategy("zero3", cluster, grad_bits=bits)) for bits in (16, 32))
+    for level, kinds in half["bytes_per_level"].items():
+        for kind, nbytes in kinds.items():
+            assert full["bytes_per_level"][level][kind] == (2 * nbytes if kind == "reduce_scatter" else nbytes)
+    assert full["memory_bytes"]["grads"] == 2 * half["memory_bytes"]["grads"]
+    assert full["memory_bytes"]["params"] == half["memory_bytes"]["params"]
+    assert full["step_time_s"] > 1.02 * half["step_time_s"]
+    assert build_strategy("zero3", cluster, grad_bits=32).quantized is False
+
+
 def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
     frontier = parse_cluster("frontier:48")
     calib = calibration_for(frontier)
@@ -485,7 +500,11 @@ def test_a_band_is_no_narrower_than_the_models_error_on_its_device():
     assert band["comparison_median"] == own["median"] and band["device"]["comparisons"] == own
     assert f"on {frontier.device}: {own['count']} comparisons" in band["source"]
     h100 = parse_cluster("dgx-h100:16")  # torchtitan's three items lie outside its comparisons' range
-    assert "device" not in predict(GPT_18B, h100, build_strategy("zero3", h100))["error_band"]
+    band = predict(GPT_18B, h100, build_strategy("zero3", h100))["error_band"]
+    assert "comparisons" not in band["device"]
+    rows = json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text())["items"]["rows"]
+    own = on_device(rows, h100.device, at_scale(rows, h100.world_size)[1])  # the Playbook's 64-256 GPU figures
+    assert own is not None and band["device"]["rows"] == own and band["row_median"] >= own["median"]
 
 
 def test_a_band_says_where_the_vendor_library_ran_slower_than_the_ring_model():

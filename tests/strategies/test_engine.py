@@ -52,6 +52,8 @@ def cases_8() -> list[dict]:
         {"name": "3level-b-q", "strategy": "3level-b", "set": SMALL, "steps": 30, "quant_block": 256},
         {"name": "zero3-bf16", "strategy": "zero3", "set": SMALL, "steps": 2, "dtype": "bf16", "quant_block": 128},
         {"name": "zeropp-bf16", "strategy": "zeropp", "set": SMALL, "steps": 2, "dtype": "bf16", "quant_block": 128},
+        {"name": "zero3-bf16-fp32-reduce", "strategy": "zero3", "set": {**SMALL, "grad_bits": 32}, "steps": 2,
+         "dtype": "bf16", "quant_block": 128},
     ]
     return cases
 
@@ -218,6 +220,23 @@ def test_zeropp_cross_node_bytes_are_a_quarter_of_zero3(runs8):
     expected = 0.75 * (root + blocks) / (2 * root + 3 * blocks)
     # plus one fp32 scale per 128-element block (int8 +3.1%, int4 +6.3%) and block padding
     assert expected <= ratio < expected * 1.07, (ratio, expected)
+
+
+def test_fp32_reduction_moves_twice_the_gradient_bytes_and_keeps_fp32_grad_shards(runs8):
+    """grad_bits 32 on a bf16 run (FSDP2's reduce_dtype=float32): the same gathers, every gradient
+    reduction in 4-byte elements, grad shards in fp32; and it trains the bf16 run as closely as ever."""
+    _, results = runs8
+    fp32, bf16 = results["zero3-bf16-fp32-reduce"][1], results["zero3-bf16"][1]
+    kinds = {(level, kind) for r in (fp32, bf16) for level, by_kind in r["bytes"].items() for kind in by_kind}
+    assert {kind for _, kind in kinds} >= {"all_gather", "reduce_scatter"}
+    for level, kind in kinds:
+        got, base = fp32["bytes"][level].get(kind, 0), bf16["bytes"][level].get(kind, 0)
+        assert got == (2 * base if kind == "reduce_scatter" else base), (level, kind, got, base)
+    assert fp32["memory"]["grads"] == 2 * bf16["memory"]["grads"]
+    assert fp32["memory"]["params"] == bf16["memory"]["params"]
+    ref_losses, _ = reference(8, 1, 1, 2)
+    for got, want in zip(fp32["losses"], ref_losses, strict=True):
+        assert abs(got - want) <= 0.01 * want, (got, want)
 
 
 def test_accountant_state_memory_equals_formulas(runs):

@@ -28,6 +28,7 @@ from zerotune.tuner.exports import (
     validate_deepspeed_config,
     zerotune_config,
 )
+from zerotune.tuner.space import runner_rule
 
 CLUSTERS = ("frontier:48", "dgx-h100:4", "local:2x2x2")
 MODEL = parse_model("gpt-neox-20b")
@@ -102,7 +103,7 @@ def ds(monkeypatch: pytest.MonkeyPatch) -> Any:
     from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION, DeepSpeedZeroConfig
 
     top_level = {C.TRAIN_BATCH_SIZE, C.TRAIN_MICRO_BATCH_SIZE_PER_GPU, C.GRADIENT_ACCUMULATION_STEPS,
-                 C.BFLOAT16, C.FP16, ZERO_OPTIMIZATION, ACT_CHKPT}
+                 C.BFLOAT16, C.FP16, C.COMMUNICATION_DATA_TYPE, ZERO_OPTIMIZATION, ACT_CHKPT}
 
     class Parser:
         version = deepspeed.__version__
@@ -151,6 +152,17 @@ def test_random_strategies_are_accepted_by_deepspeed(ds: Any, cname: str, strate
     notes = deepspeed_notes(MODEL, cluster, strategy, global_batch=global_batch, deepspeed_version=ds.version)
     assert all(isinstance(n, str) and n for n in notes)
     json.dumps(cfg)
+
+
+@pytest.mark.parametrize("preset", ["zero1", "zero3"])
+def test_fp32_reductions_are_deepspeeds_communication_data_type(ds: Any, preset: str) -> None:
+    cluster = parse_cluster("frontier:48")
+    s = build_strategy(preset, cluster, grad_bits=32)
+    parsed = ds.check(deepspeed_config(MODEL, cluster, s, deepspeed_version=ds.version), cluster.world_size)
+    assert str(parsed.communication_data_type) == "torch.float32"
+    assert "communication_data_type" not in deepspeed_config(MODEL, cluster, s, dtype="fp32")
+    assert "communication_data_type" not in deepspeed_config(MODEL, cluster, build_strategy(preset, cluster))
+    assert runner_rule("deepspeed", cluster, s) is None
 
 
 def test_deepspeed_rejects_a_typo(ds: Any) -> None:
@@ -335,7 +347,16 @@ def test_fsdp_zero3() -> None:
     f = _fsdp("zero3")
     assert f["mesh_shape"] == [384] and f["mesh_dim_names"] == ["shard"]
     assert f["reshard_after_forward"] is True
+    assert f["mixed_precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}
+    assert any(n.startswith("reduce_dtype=bfloat16") and "grad_bits=32" in n for n in f["notes"])
+
+
+def test_fsdp_reduces_in_fp32_when_the_strategy_does() -> None:
+    cluster = parse_cluster("frontier:48")
+    f = fsdp_config(MODEL, cluster, build_strategy("zero3", cluster, grad_bits=32))
     assert f["mixed_precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+    assert "reduce_dtype=torch.float32" in f["code"]
+    assert not any(n.startswith("reduce_dtype=") for n in f["notes"])
 
 
 def test_fsdp_mics() -> None:
@@ -378,7 +399,7 @@ def test_fsdp_code_snippet() -> None:
     code = _fsdp("mics")["code"]
     assert 'init_device_mesh("cuda", (48, 8), mesh_dim_names=("replicate", "shard"))' in code
     assert "fully_shard(block, mesh=mesh, reshard_after_forward=True" in code
-    assert "reduce_dtype=torch.float32" in code
+    assert "reduce_dtype=torch.bfloat16" in code
     code = _fsdp("zeropp", dtype="fp16")["code"]
     assert 'mesh_dim_names=("shard",)' in code and "reshard_after_forward=8" in code
     assert "param_dtype=torch.float16" in code

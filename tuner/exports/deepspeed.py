@@ -21,6 +21,8 @@ zero_quantized_gradients             grad_bits == 4 — qgZ, int4 hierarchical a
 mics_shard_size                      span_size(optim_span) when P, G, OS are sharded below the world
                                      (MiCS; only for a target DeepSpeed 0.14 - 0.19.6, see below)
 mics_hierarchical_params_gather      true only when the MiCS shard spans several nodes
+communication_data_type (top level)  "fp32" when grad_bits == 32 and the run is 16-bit (gradient reductions
+                                     in fp32; DeepSpeed's ``get_communication_data_type``)
 =================================== ==============================================================
 
 Bucket sizes count 16-bit elements, as ``strategies/plan.py`` does (2 bytes each whatever the dtype).
@@ -124,6 +126,8 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
         config["bf16"] = {"enabled": True}
     elif dtype == "fp16":
         config["fp16"] = {"enabled": True}  # dynamic loss scaling: DeepSpeed's default loss_scale 0
+    if s.grad_bits == 32 and dtype != "fp32":
+        config["communication_data_type"] = "fp32"
     config["zero_optimization"] = zero
     if s.activation_checkpointing:
         config["activation_checkpointing"] = {

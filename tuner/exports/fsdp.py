@@ -35,7 +35,8 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
     With P replicated (ZeRO-1/2) the shard dim is the OS span with ``reshard_after_forward=False``.
 
     Returns ``mesh_shape``, ``mesh_dim_names`` (``["shard"]`` when nothing is replicated),
-    ``reshard_after_forward``, ``mixed_precision`` (torch dtype names for ``MixedPrecisionPolicy``),
+    ``reshard_after_forward``, ``mixed_precision`` (torch dtype names for ``MixedPrecisionPolicy``: gradients
+    reduce in float32 when ``grad_bits`` is 32, else in the parameters' dtype),
     ``global_batch``, ``micro_batch_size``, ``grad_accum_steps``, ``activation_checkpointing``,
     ``notes`` (what FSDP2 cannot express) and ``code`` (a Python snippet).
     """
@@ -100,10 +101,11 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
         notes.append(f"FSDP2 has no quantized communication: the strategy's {' and '.join(quantized)}{above} "
                      f"travel as param_dtype / reduce_dtype.")
     param_dtype = _TORCH_DTYPES[dtype]
-    mixed = {"param_dtype": param_dtype, "reduce_dtype": "float32"}
-    if dtype != "fp32":
-        notes.append(f"reduce_dtype=float32 moves twice the gradient bytes of the strategy's 16-bit reductions; "
-                     f"use reduce_dtype=torch.{param_dtype} to match the measured communication.")
+    reduce_dtype = "float32" if s.grad_bits == 32 else param_dtype
+    mixed = {"param_dtype": param_dtype, "reduce_dtype": reduce_dtype}
+    if dtype != "fp32" and s.grad_bits != 32:
+        notes.append(f"reduce_dtype={param_dtype}, the strategy's 16-bit gradient reductions (torchtitan's default, "
+                     f"float32, moves twice the gradient bytes: tune with grad_bits=32 to keep it).")
     if dtype == "fp16":
         notes.append("fp16 needs loss scaling, which fully_shard does not do; bf16 does not.")
     if replicate == 1:
