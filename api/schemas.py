@@ -150,6 +150,10 @@ class RecommendationCreate(_In):
         default="zerotune", description="who trains with the answer: the study searches only what that runner runs "
         "exactly and predicts its collectives as it issues them (DeepSpeed and FSDP2: flat NCCL rings over the "
         "whole group, gradients reduced during backward); deepspeed and fsdp need executor model")
+    grad_reduce_in_fp32: bool = Field(
+        default=False, description="the training reduces gradients in fp32 (torchtitan's default, FSDP2 "
+        "reduce_dtype=float32, Megatron's grad_reduce_in_fp32): every strategy searched reduces them in fp32 "
+        "(grad_bits 32, twice the bytes of bf16; no quantized gradients), and the exports keep it")
 
 
 class RecommendationPublic(BaseModel):

@@ -71,9 +71,10 @@ def normalize(body: schemas.RecommendationCreate, settings: Settings, calibratio
                            objective=body.objective, global_batch=body.global_batch,
                            tokens_per_step=body.tokens_per_step, time_budget_s=body.budget.time_s,
                            calibration=calibration, measure=body.measure_shortlist, emulate=body.emulate,
-                           runner=body.runner)
+                           runner=body.runner, grad_reduce_in_fp32=body.grad_reduce_in_fp32)
     except SpecError as exc:
-        if exc.field in ("global_batch", "tokens_per_step", "measure_shortlist", "emulate", "runner"):  # top level
+        if exc.field in ("global_batch", "tokens_per_step", "measure_shortlist", "emulate", "runner",
+                         "grad_reduce_in_fp32"):  # top level
             raise InputError(f"body.{exc.field}", exc.as_detail()["value"], exc.rule) from None
         raise InputError.from_spec("request", exc) from None
 
@@ -226,7 +227,8 @@ class Service:
                 session=s, key=key, model=request.model.to_dict(), cluster=request.cluster.to_dict(),
                 objective=request.objective, budget={"trials": request.trials, "time_s": request.time_budget_s},
                 executor=request.executor, global_batch=request.global_batch, calibration=request.calibration,
-                measure=request.measure, emulate=request.emulate, runner=request.runner)
+                measure=request.measure, emulate=request.emulate, runner=request.runner,
+                grad_reduce_in_fp32=request.grad_reduce_in_fp32)
             job, created = repo.get_or_create_job(session=s, request_id=req.id)
             return Outcome(job=queries.job_public(s, job)), created
 

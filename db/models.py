@@ -112,6 +112,7 @@ class Request(Base):
     measure: Mapped[str | None] = mapped_column(String(16))  # executor that measures the shortlist (revision 0004)
     emulate: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # revision 0006
     runner: Mapped[str] = mapped_column(String(16), default="zerotune", server_default="zerotune")  # revision 0007
+    grad_reduce_in_fp32: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # revision 0008
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

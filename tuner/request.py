@@ -45,6 +45,9 @@ class TuneRequest:
     runner: str = "zerotune"
     """Who trains with the answer (``space.RUNNERS``): the study searches what that runner runs exactly and
     predicts its collectives as that runner issues them (``costmodel.rates.run_by``)."""
+    grad_reduce_in_fp32: bool = False
+    """The training reduces gradients in fp32 (torchtitan's default, FSDP2 ``reduce_dtype=float32``, Megatron's
+    ``grad_reduce_in_fp32``): every strategy of the study has ``grad_bits`` 32 (``fit``), so none quantizes them."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("throughput", "pareto"):
@@ -73,6 +76,8 @@ class TuneRequest:
             raise SpecError("runner", self.runner, f"short runs train with zerotune's own engine, so {what} cannot "
                             f"measure how {self.runner} runs a strategy; use executor 'model' without "
                             "measure_shortlist, or runner 'zerotune'")
+        if not isinstance(self.grad_reduce_in_fp32, bool):
+            raise SpecError("grad_reduce_in_fp32", self.grad_reduce_in_fp32, "must be true or false")
         if self.emulate and self.cluster.num_levels < 2:
             raise SpecError("emulate", self.emulate, f"{self.cluster.name} has one level: nothing to emulate")
         batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
@@ -91,7 +96,13 @@ class TuneRequest:
             fields["emulate"] = True
         if self.runner != "zerotune":
             fields["runner"] = self.runner
+        if self.grad_reduce_in_fp32:
+            fields["grad_reduce_in_fp32"] = True
         return fields
+
+    def fit(self, s: Strategy) -> Strategy:
+        """``s`` as this request trains it: with ``grad_reduce_in_fp32``, its gradients reduced in fp32."""
+        return s.replace(grad_bits=32) if self.grad_reduce_in_fp32 and s.grad_bits != 32 else s
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()

@@ -29,7 +29,7 @@ def known_good(request: TuneRequest, calibration: Calibration | None = None) -> 
     r, out = request, []
     for name in PRESETS:
         try:
-            s = build_strategy(name, r.cluster)
+            s = r.fit(build_strategy(name, r.cluster))
         except SpecError:
             continue
         if runner_rule(r.runner, r.cluster, s) is not None:
@@ -65,7 +65,7 @@ def warm_start(session: Session, request: TuneRequest, top: int = 3) -> list[Str
     out: list[Strategy] = []
     for fields in ([answer.strategy] if answer else []) + [row.strategy for row in rows]:
         try:
-            s_ = Strategy.from_dict(fields).validate_for(r.cluster)
+            s_ = r.fit(Strategy.from_dict(fields).validate_for(r.cluster))
         except SpecError:
             continue
         if runner_rule(r.runner, r.cluster, s_) is not None:

@@ -140,6 +140,9 @@ class Space:
     bits: tuple[int, ...] = BITS
     """Widths offered for weight gathers and gradient reductions. fp32 reductions (``GRAD_BITS``' 32) are
     left out by default: they only ever cost time, so a search would never pick them on speed."""
+    grad_widths: tuple[int, ...] | None = None
+    """The only widths gradients may reduce in, when the training fixes them: ``(32,)`` for a request with
+    ``grad_reduce_in_fp32``. None: ``bits``."""
     global_batch: int | None = None
     """The study's fixed batch: only micro-batches that divide each rank's share of it are offered."""
     runner: str = "zerotune"
@@ -177,7 +180,8 @@ class Space:
     def _bits(self, what: str) -> list[int]:
         """The widths some strategy of the runner moves ``what`` (``weight_bits`` or ``grad_bits``) in."""
         L = self.cluster.num_levels  # noqa: N806
-        return [b for b in self.bits if self._runs(param_span=L, grad_span=L, optim_span=L, **{what: b})]
+        widths = self.grad_widths if what == "grad_bits" and self.grad_widths is not None else self.bits
+        return [b for b in widths if self._runs(param_span=L, grad_span=L, optim_span=L, **{what: b})]
 
     def suggest(self, trial: Any) -> Strategy:
         """Ask ``trial`` (an optuna Trial) for one point and build the Strategy (raises SpecError if the
@@ -200,9 +204,13 @@ class Space:
         return self.admit(Strategy.from_dict(fields).validate_for(self.cluster))
 
     def admit(self, s: Strategy) -> Strategy:
-        """``s`` when the runner runs it exactly, else ``SpecError`` saying why not."""
+        """``s`` when the runner runs it exactly and its gradients reduce in a width the training allows, else
+        ``SpecError`` saying why not."""
         if (why := runner_rule(self.runner, self.cluster, s)) is not None:
             raise SpecError("runner", self.runner, why)
+        if self.grad_widths is not None and s.grad_bits not in self.grad_widths:
+            raise SpecError("strategy.grad_bits", s.grad_bits,
+                            f"must be one of {list(self.grad_widths)}: the training reduces gradients in that width")
         return s
 
     def strategy_params(self, s: Strategy) -> dict[str, Any]:

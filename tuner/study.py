@@ -89,7 +89,8 @@ class Tuner:
         self.lease_s, self.trial_timeout_s, self.steps = lease_s, trial_timeout_s, steps
         self.progress_cb, self.stop = progress, stop or threading.Event()
         self.candidates, self.answer_key, self.answer_note = candidates, answer_key, answer_note
-        self.space = Space(request.cluster, global_batch=request.global_batch, runner=request.runner)
+        self.space = Space(request.cluster, global_batch=request.global_batch, runner=request.runner,
+                           grad_widths=(32,) if request.grad_reduce_in_fp32 else None)
         self.sessions = make_session_factory(make_engine(db_url))
         if calibration is None and (request.calibration is not None or request.runner != "zerotune"):
             with session_scope(self.sessions) as s:
@@ -113,7 +114,7 @@ class Tuner:
                                              budget={"trials": r.trials, "time_s": r.time_budget_s},
                                              executor=r.executor, global_batch=r.global_batch,
                                              calibration=r.calibration, measure=r.measure, emulate=r.emulate,
-                                             runner=r.runner)
+                                             runner=r.runner, grad_reduce_in_fp32=r.grad_reduce_in_fp32)
             existing = next(reversed(repo.studies_of_request(session=s, request_id=req.id)), None)
             if existing is not None and existing.state != "failed":
                 return existing.id

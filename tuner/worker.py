@@ -66,7 +66,7 @@ def tune_request(row: Request) -> TuneRequest:
                        executor=row.executor, trials=int(budget.get("trials") or 40), objective=row.objective,
                        global_batch=row.global_batch, time_budget_s=budget.get("time_s"),
                        calibration=row.calibration, measure=row.measure, emulate=bool(row.emulate),
-                       runner=row.runner or "zerotune")
+                       runner=row.runner or "zerotune", grad_reduce_in_fp32=bool(row.grad_reduce_in_fp32))
 
 
 class Worker:

@@ -50,6 +50,9 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--runner", choices=pl.RUNNERS,
                    help="who trains with the answer (ZEROTUNE_RUNNER, default zerotune): deepspeed or fsdp searches "
                         "only what that runner runs exactly, timed as it runs it (model executor)")
+    p.add_argument("--grad-reduce-in-fp32", action="store_true",
+                   help="the training reduces gradients in fp32 (ZEROTUNE_GRAD_REDUCE_IN_FP32=1; torchtitan's default, "
+                        "FSDP2 reduce_dtype=float32): every strategy searched reduces them in fp32")
     p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     p.add_argument("--time-budget", type=float, help="the study's time budget, seconds")
@@ -103,7 +106,9 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             raise UsageError("--base", args.base, "a DeepSpeed config is a JSON object")
     body = pl.build_request(model, cluster, objective=args.objective, executor=args.executor, trials=args.trials,
                             time_s=args.time_budget, global_batch=args.global_batch,
-                            runner=args.runner or env.get("ZEROTUNE_RUNNER"))
+                            runner=args.runner or env.get("ZEROTUNE_RUNNER"),
+                            grad_reduce_in_fp32=args.grad_reduce_in_fp32 or pl.env_flag(
+                                "ZEROTUNE_GRAD_REDUCE_IN_FP32", env.get("ZEROTUNE_GRAD_REDUCE_IN_FP32")))
     server = (args.server or env.get("ZEROTUNE_URL") or "http://127.0.0.1:8000").rstrip("/")
     token = args.token or env.get("ZEROTUNE_TOKEN")
     if args.dry_run:

@@ -39,6 +39,9 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--runner", choices=["zerotune", "deepspeed", "fsdp"], default="zerotune",
                    help="who trains with the answer: search only what that runner runs exactly, with its collectives "
                         "(DeepSpeed and FSDP2: flat NCCL rings, the reduction in backward); model executor only")
+    p.add_argument("--grad-reduce-in-fp32", action="store_true",
+                   help="the training reduces gradients in fp32 (torchtitan's default, FSDP2 reduce_dtype=float32, "
+                        "Megatron's grad_reduce_in_fp32): every strategy searched reduces them in fp32")
     p.add_argument("--partition", help="Slurm partition (slurm executor)")
     p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
@@ -61,7 +64,7 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                           trials=args.trials, objective=args.objective, global_batch=args.global_batch,
                           tokens_per_step=args.tokens_per_step, measure=args.measure_shortlist,
                           sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget, emulate=args.emulate,
-                          runner=args.runner)
+                          runner=args.runner, grad_reduce_in_fp32=args.grad_reduce_in_fp32)
     if request.emulate:
         from zerotune.strategies import emulate
 

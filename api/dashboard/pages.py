@@ -86,7 +86,8 @@ def request_summary(request: Request) -> dict[str, Any]:
             "device": cluster.get("device"), "device_memory_gib": cluster.get("device_memory_gib"),
             "levels": [level.get("name") for level in levels], "objective": request.objective,
             "executor": request.executor, "trials": (request.budget or {}).get("trials"),
-            "calibration": request.calibration, "runner": request.runner or "zerotune"}
+            "calibration": request.calibration, "runner": request.runner or "zerotune",
+            "grad_reduce_in_fp32": bool(request.grad_reduce_in_fp32)}
 
 
 def refit_of(session: Session, study_id: int) -> dict[str, Any] | None:

@@ -108,7 +108,8 @@ def saved_answer(body: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, A
 
 
 def default_recommendation(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The built-in fallback: plain ZeRO-3 (P, G, OS over the world) with DeepSpeed's default buckets.
+    """The built-in fallback: plain ZeRO-3 (P, G, OS over the world) with DeepSpeed's default buckets, its
+    gradients reduced in fp32 when the body says the training does (``grad_reduce_in_fp32``).
 
     Built by the same exporters as the service's answers (``tuner/exports/``, pure Python).
 
@@ -121,7 +122,8 @@ def default_recommendation(body: Mapping[str, Any]) -> dict[str, Any]:
 
     try:
         model, cluster = parse_model(body["model"]), parse_cluster(body["cluster"])
-        strategy = build_strategy({"preset": "zero3", **DEEPSPEED_DEFAULT_BUCKETS}, cluster)
+        grad_bits = 32 if body.get("grad_reduce_in_fp32") else 16
+        strategy = build_strategy({"preset": "zero3", **DEEPSPEED_DEFAULT_BUCKETS, "grad_bits": grad_bits}, cluster)
         gb = body.get("global_batch")
         return {
             "id": None, "strategy": strategy.to_dict(), "value": None, "evidence": "fallback",

@@ -166,9 +166,11 @@ def resolve_model(model: str | None) -> str | dict[str, Any]:
 
 def build_request(model: str | dict[str, Any], cluster: str | dict[str, Any], *, objective: str = "throughput",
                   executor: str = "model", trials: int = 40, time_s: float | None = None,
-                  global_batch: int | None = None, runner: str | None = None) -> dict[str, Any]:
+                  global_batch: int | None = None, runner: str | None = None,
+                  grad_reduce_in_fp32: bool = False) -> dict[str, Any]:
     """The body of ``POST /v1/recommendations`` with the service's defaults filled in (``runner`` only when it is
-    not zerotune's engine, so the bodies, and keys, of earlier clients hold)."""
+    not zerotune's engine, ``grad_reduce_in_fp32`` only when set, so the bodies, and keys, of earlier clients
+    hold)."""
     budget: dict[str, Any] = {"trials": trials}
     if time_s is not None:
         budget["time_s"] = time_s
@@ -180,7 +182,19 @@ def build_request(model: str | dict[str, Any], cluster: str | dict[str, Any], *,
         if runner not in RUNNERS:
             raise UsageError("runner", runner, f"must be one of {list(RUNNERS)}")
         body["runner"] = runner
+    if grad_reduce_in_fp32:
+        body["grad_reduce_in_fp32"] = True
     return body
+
+
+def env_flag(name: str, value: str | None) -> bool:
+    """A yes/no environment setting: unset or empty is no; 1/true/yes and 0/false/no, in any case."""
+    text = (value or "").strip().lower()
+    if text in ("", "0", "false", "no"):
+        return False
+    if text in ("1", "true", "yes"):
+        return True
+    raise UsageError(name, value, "must be 1, true or yes (or 0, false, no, unset)")
 
 
 def request_key(body: Mapping[str, Any]) -> str:

@@ -20,7 +20,7 @@ from zerotune.db.repository._common import (
 def get_or_create_request(
     *, session: Session, key: str, model: JsonDict, cluster: JsonDict, objective: str, budget: JsonDict,
     executor: str, global_batch: int | None = None, calibration: str | None = None, measure: str | None = None,
-    emulate: bool = False, runner: str = "zerotune",
+    emulate: bool = False, runner: str = "zerotune", grad_reduce_in_fp32: bool = False,
 ) -> tuple[Request, bool]:
     """The request stored under ``key``, inserting it if new; safe when many callers race.
 
@@ -33,7 +33,7 @@ def get_or_create_request(
     _check_key("key", key)
     values = {"key": key, "model": model, "cluster": cluster, "objective": objective, "budget": budget,
               "executor": executor, "global_batch": global_batch, "calibration": calibration, "measure": measure,
-              "emulate": emulate, "runner": runner, "created_at": utcnow()}
+              "emulate": emulate, "runner": runner, "grad_reduce_in_fp32": grad_reduce_in_fp32, "created_at": utcnow()}
     insert = postgresql.insert if _dialect(session) == "postgresql" else sqlite.insert
     stmt = insert(Request).values(**values).on_conflict_do_nothing(index_elements=["key"]).returning(Request.id)
     created = session.execute(stmt).scalar_one_or_none() is not None

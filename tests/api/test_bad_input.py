@@ -61,6 +61,7 @@ CASES = [
     ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": True}}), "body.budget.trials", "integer"),
     ("/v1/recommendations", json.dumps({**GOOD, "budget": {"trials": "5"}}), "body.budget.trials", "integer"),
     ("/v1/recommendations", json.dumps({**GOOD, "global_batch": "8"}), "body.global_batch", "integer"),
+    ("/v1/recommendations", json.dumps({**GOOD, "grad_reduce_in_fp32": "yes"}), "body.grad_reduce_in_fp32", "boolean"),
 ]
 
 

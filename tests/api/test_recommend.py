@@ -431,8 +431,26 @@ def test_a_prologue_asks_for_the_runner_it_trains_with(tmp_path, env, args, runn
     assert sent["body"].get("runner") == runner and sent["cache_key"] == request_key(sent["body"])
 
 
+@pytest.mark.parametrize("env, args, fp32", [
+    ({}, ["--grad-reduce-in-fp32"], True),
+    ({"ZEROTUNE_GRAD_REDUCE_IN_FP32": "1"}, [], True),
+    ({"ZEROTUNE_GRAD_REDUCE_IN_FP32": "no"}, [], None),
+    ({}, [], None),  # the default: the body, and its cache key, stay as before
+])
+def test_a_prologue_says_when_its_training_reduces_gradients_in_fp32(tmp_path, env, args, fp32):
+    r = recommend("--dry-run", "--model", "gpt-neox-20b", "--cluster", "frontier:4", *args, cache=tmp_path, **env)
+    assert r.returncode == ExitStatus.SUCCESS, r.stderr
+    sent = json.loads(r.stdout)
+    assert sent["body"].get("grad_reduce_in_fp32") == fp32 and sent["cache_key"] == request_key(sent["body"])
+    fallback = default_recommendation(sent["body"])  # the offline answer keeps the training's reduction
+    assert fallback["strategy"]["grad_bits"] == (32 if fp32 else 16)
+    assert fallback["exports"]["fsdp"]["mixed_precision"]["reduce_dtype"] == ("float32" if fp32 else "bfloat16")
+
+
 @pytest.mark.parametrize("env, args, message", [
     ({"ZEROTUNE_RUNNER": "megatron"}, ["--cluster", "frontier:2"], "runner='megatron': must be one of"),
+    ({"ZEROTUNE_GRAD_REDUCE_IN_FP32": "sometimes"}, ["--cluster", "frontier:2"],
+     "ZEROTUNE_GRAD_REDUCE_IN_FP32='sometimes': must be 1, true or yes"),
     ({"SLURM_JOB_NUM_NODES": "abc"}, ["--cluster", "frontier"], "SLURM_JOB_NUM_NODES='abc': must be a positive"),
     ({"SLURM_JOB_NUM_NODES": "0"}, ["--cluster", "frontier"], "SLURM_JOB_NUM_NODES='0': must be a positive"),
     ({"SLURM_NNODES": "-2"}, ["--cluster", "frontier"], "SLURM_NNODES='-2': must be a positive"),

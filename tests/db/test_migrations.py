@@ -61,7 +61,7 @@ def schema_diff(url: str) -> list:
 def test_upgrade_empty_database_to_head(empty_url: str) -> None:
     assert current(empty_url) is None
     upgrade(empty_url)
-    assert current(empty_url) == head() == "0007"
+    assert current(empty_url) == head() == "0008"
     assert tables(empty_url) == OUR_TABLES | {VERSION_TABLE}  # and no "alembic_version" of ours
     upgrade(empty_url)  # a second upgrade is a no-op
     assert current(empty_url) == head()
@@ -100,10 +100,14 @@ def test_upgrade_from_previous_revision_keeps_rows(empty_url: str) -> None:
     assert sql(empty_url, "SELECT id, value FROM zt_trials") == [(7, 12.5)]
     assert sql(empty_url, "SELECT trial_id FROM zt_recommendations") == [(7,)]
     # to head: 0003 adds zt_workers, 0004 zt_calibrations and two request columns, 0005 zt_jobs.phase,
-    # 0006 zt_requests.emulate (false for the rows already there), 0007 zt_requests.runner (zerotune's)
+    # 0006 zt_requests.emulate (false for the rows already there), 0007 zt_requests.runner (zerotune's),
+    # 0008 zt_requests.grad_reduce_in_fp32 (false for the rows already there)
     upgrade(empty_url)
-    assert sql(empty_url, "SELECT key, emulate, runner FROM zt_requests") in ([("k", 0, "zerotune")],
-                                                                            [("k", False, "zerotune")])
+    assert sql(empty_url, "SELECT key, emulate, runner, grad_reduce_in_fp32 FROM zt_requests") in (
+        [("k", 0, "zerotune", 0)], [("k", False, "zerotune", False)])
+    downgrade(empty_url, "0007")
+    assert "grad_reduce_in_fp32" not in columns(empty_url, "zt_requests")
+    assert sql(empty_url, "SELECT key, runner FROM zt_requests") == [("k", "zerotune")]
     downgrade(empty_url, "0006")
     assert "runner" not in columns(empty_url, "zt_requests") and sql(empty_url, "SELECT key FROM zt_requests") == [
         ("k",)]

@@ -118,6 +118,31 @@ def test_a_request_names_its_runner_and_refuses_what_cannot_measure_it():
         TuneRequest(model=model, cluster=cluster, measure="slurm", runner="fsdp")
 
 
+def test_a_study_of_a_training_that_reduces_in_fp32_searches_and_exports_only_fp32_reductions(tmp_path):
+    """torchtitan's FSDP2 reduces gradients in fp32 by default: a request that says so (grad_reduce_in_fp32) gets a
+    study whose every trial, seeds included, reduces in fp32 (no qgZ), valued with twice the gradient bytes, a
+    stored row that rebuilds the same request, and exports that keep reduce_dtype float32."""
+    url = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    upgrade(url)
+    model, cluster = parse_model("gpt-neox-20b"), parse_cluster("frontier:8")
+    request = TuneRequest(model=model, cluster=cluster, trials=12, seed=0, runner="fsdp", grad_reduce_in_fp32=True)
+    assert request.key() != dataclasses.replace(request, grad_reduce_in_fp32=False).key()
+    rec = Tuner(request, db_url=url, executor=ModelExecutor(), workdir=tmp_path).run()
+    with make_session_factory(make_engine(url))() as s:
+        trials = list(s.scalars(select(Trial).where(Trial.study_id == rec["study_id"])))
+        stored = s.scalars(select(Request)).one()
+        assert stored.grad_reduce_in_fp32 is True and tune_request(stored).key() == request.key()
+    assert len(trials) == 12 and {t.strategy["grad_bits"] for t in trials} == {32}
+    assert "zero3" in {t.strategy.get("name") for t in trials}  # the seeds too
+    assert rec["strategy"]["grad_bits"] == 32
+    assert rec["exports"]["fsdp"]["mixed_precision"]["reduce_dtype"] == "float32"
+    with pytest.raises(SpecError, match="grad_reduce_in_fp32"):
+        TuneRequest(model=model, cluster=cluster, grad_reduce_in_fp32="yes")  # type: ignore[arg-type]
+    space = Space(cluster, grad_widths=(32,))
+    with pytest.raises(SpecError, match="strategy.grad_bits"):
+        space.admit(build_strategy("zero3", cluster))
+
+
 def test_a_deepspeed_study_searches_deepspeed_and_predicts_its_collectives(tmp_path):
     url = f"sqlite:///{tmp_path / 'zt.sqlite'}"
     upgrade(url)
