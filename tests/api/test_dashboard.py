@@ -31,7 +31,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-component-update", "--disable-sync"]
 FINISHED = {"model": "gpt-125m", "cluster": "frontier:2", "executor": "model", "budget": {"trials": 20}}
 DEEPSPEED_AT_SCALE = {"model": "gpt-1.3b", "cluster": "frontier:48", "executor": "model", "runner": "deepspeed",
-                      "budget": {"trials": 6}}
+                      "grad_reduce_in_fp32": True, "budget": {"trials": 6}}
 CATEGORIES = ("params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations")
 
 
@@ -497,6 +497,12 @@ def test_recommendation_and_compare(tab: Tab, seeded: Seeded) -> None:
     assert (slower["library"], slower["gpus"]) == ("RCCL", 256) and slower["measured_over_predicted"] > 2
     caveat = tab.open(f"/dashboard/recommendations/{seeded.at_scale}").locator("#collectives").inner_text()
     assert f"{slower['measured_over_predicted']:.2f}x the model's time" in caveat and "optimistic" in caveat
+    # that request's training reduces gradients in fp32: its answer, its DeepSpeed config and its study page say so
+    assert at_scale["strategy"]["grad_bits"] == 32
+    assert at_scale["exports"]["deepspeed"]["communication_data_type"] == "fp32"
+    study = tab.open(f"/dashboard/studies/{at_scale['study_id']}")
+    assert "fp32" in study.locator("#grad-reduce").inner_text()
+    assert tab.open(f"/dashboard/studies/{seeded.finished}").locator("#grad-reduce").count() == 0
     page = tab.open(f"/dashboard/recommendations/{rec['id']}")
     from zerotune.api.prologue import (
         notes_of,  # the notes `zerotune recommend` prints: DeepSpeed's, FSDP2's, the precision

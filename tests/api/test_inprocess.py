@@ -49,11 +49,15 @@ def test_a_new_request_queues_one_job_and_equal_requests_share_it(client: TestCl
     assert ours.json()["id"] == job["id"]  # zerotune's engine is the default runner
     deepspeed = client.post("/v1/recommendations", json={**NEOX, "runner": "deepspeed"}).json()
     assert deepspeed["id"] not in (job["id"], other.json()["id"])  # another question: another search
+    fp32 = client.post("/v1/recommendations", json={**NEOX, "grad_reduce_in_fp32": True}).json()
+    assert fp32["id"] not in (job["id"], other.json()["id"], deepspeed["id"])  # fp32 reductions: another search
+    assert client.post("/v1/recommendations", json={**NEOX, "grad_reduce_in_fp32": False}).json()["id"] == job["id"]
     with session_scope(make_session_factory(app_and_engine[1])) as s:
         assert repo.get_request(session=s, request_id=deepspeed["request_id"]).runner == "deepspeed"
+        assert repo.get_request(session=s, request_id=fp32["request_id"]).grad_reduce_in_fp32 is True
     assert client.get(f"/v1/jobs/{job['id']}").json()["request_key"] == job["request_key"]
     with session_scope(make_session_factory(app_and_engine[1])) as s:  # what the route stored, through db/
-        assert repo.job_counts(session=s) == {"queued": 3}
+        assert repo.job_counts(session=s) == {"queued": 4}
 
 
 def test_a_cancelled_job_is_cancelled_once(client: TestClient) -> None:
