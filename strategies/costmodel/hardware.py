@@ -432,8 +432,12 @@ def device_of(name: str) -> Device | None:
     """The profile of the device ``name`` names (``torch.cuda.get_device_name``), else None: the profile
     whose key's words (``A100-40GB``: ``a100`` and ``40gb``) all appear in the name, the most specific
     one where several do (``NVIDIA A100-SXM4-40GB`` is the ``A100-40GB``, ``NVIDIA A100-SXM4-80GB`` the
-    ``A100``)."""
+    ``A100``). A PCIe or NVL card names no profile: the profiles are the SXM parts, and those cards run at other
+    clocks and power with other memory (H100 PCIe: 756 dense BF16 TFLOPS and 2.0 TB/s against the SXM's 989 and
+    3.35, NVIDIA H100 datasheet; A100 80GB PCIe: 1,935 GB/s against 2,039), so a caller asks for the figure."""
     low = name.lower()
+    if "pcie" in low or "nvl" in low.split():
+        return None
     fits = [k for k in DEVICES if all(w in low for w in k.lower().split("-"))]
     return DEVICES[max(fits, key=lambda k: len(k.split("-")))] if fits else None
 

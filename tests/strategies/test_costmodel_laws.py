@@ -173,6 +173,9 @@ def test_the_h200_preset_is_the_h100s_node_with_its_own_memory_and_measured_rate
     assert device_of("NVIDIA A100-SXM4-40GB") is DEVICES["A100-40GB"]
     assert device_of("NVIDIA A100-SXM4-80GB") is DEVICES["A100"]
     assert device_of("AMD Instinct MI250X/MI250") is DEVICES["MI250X"] and device_of("NVIDIA GeForce RTX 4090") is None
+    # the profiles are the SXM parts: a PCIe or NVL card, slower and with other memory, is not mistaken for one
+    assert device_of("NVIDIA H100 PCIe") is None and device_of("NVIDIA H100 NVL") is None
+    assert device_of("NVIDIA A100 80GB PCIe") is None and peak_tflops_of("NVIDIA A100-PCIE-40GB") is None
     gains = []
     for model in ("gpt-1.3b", "gpt-7b"):  # 8 sequences per micro-step: the device's time, not the host's
         times = [predict(parse_model(model), c, build_strategy("zero3", c, micro_batch_size=8))["breakdown"]
