@@ -141,6 +141,12 @@ def test_a_study_of_a_training_that_reduces_in_fp32_searches_and_exports_only_fp
     space = Space(cluster, grad_widths=(32,))
     with pytest.raises(SpecError, match="strategy.grad_bits"):
         space.admit(build_strategy("zero3", cluster))
+    # a 16-bit request on the same database warm-starts from that answer, reduced in its own width
+    plain = dataclasses.replace(request, grad_reduce_in_fp32=False, trials=4)
+    again = Tuner(plain, db_url=url, executor=ModelExecutor(), workdir=tmp_path).run()
+    with make_session_factory(make_engine(url))() as s:
+        trials = list(s.scalars(select(Trial).where(Trial.study_id == again["study_id"])))
+    assert len(trials) == 4 and {t.strategy["grad_bits"] for t in trials} == {16}
 
 
 def test_a_deepspeed_study_searches_deepspeed_and_predicts_its_collectives(tmp_path):
