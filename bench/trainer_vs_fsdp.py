@@ -11,7 +11,8 @@ the unfused one on CPU, as our engine's). ``--dtype`` (default ``auto``: bf16 on
 is the compute and communication dtype of every config alike: our engine's ``dtype`` (bf16 weights
 and gradients, fp32 master shards), FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (fp32
 sharded parameters, bf16 gathers and reduce-scatters), DDP under ``torch.autocast`` (fp32 weights
-and gradients, bf16 matrix products):
+and gradients, bf16 matrix products). ``--set grad_bits=32`` reduces gradients in fp32 on both sides:
+our engine's strategy, and FSDP2's ``reduce_dtype=float32`` (torchtitan's default); DDP's are fp32 already:
 
 - ``zero3``: our :class:`ZeroEngine`, strategy preset ``zero3`` (everything sharded over the world);
 - ``fsdp2``: ``fully_shard`` per transformer block, then on the root, over a 1-D mesh of all ranks,
@@ -354,7 +355,9 @@ def worker(args: argparse.Namespace) -> None:
             if bf16:
                 autocast = torch.autocast(device.type, dtype=torch.bfloat16)
         else:
-            policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+            fp32_reduce = parse_overrides(args.set).get("grad_bits") == 32  # the same reduction as ours
+            policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if fp32_reduce else dtype)
+            info["reduce_dtype"] = str(policy.reduce_dtype).removeprefix("torch.")
             for block in model.blocks:
                 fully_shard(block, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
             fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=policy)

@@ -17,13 +17,16 @@ def test_the_bench_runs_one_rank_and_two_and_both_engines_train_the_same_model_a
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--worlds", "1,2", "--configs", "zero3,fsdp2,hsdp",
                            "--model", "gpt-tiny", "--steps", "3", "--warmup", "1", "--batch", "2",
-                           "--timeout", "120", "--profile", "--json-out", str(out)],
+                           "--timeout", "120", "--profile", "--json-out", str(out), "--set", "grad_bits=32"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
     assert set(results["1"]) == {"zero3", "fsdp2"}  # hsdp needs two levels: left out on one rank, and said so
     assert "hsdp left out on 1 rank" in proc.stderr
     assert set(results["2"]) == {"zero3", "fsdp2", "hsdp"}
+    # --set grad_bits=32 reduces in fp32 on both sides: our strategy and FSDP2's reduce_dtype
+    assert all(r["strategy"]["grad_bits"] == 32 for rows in results.values() for c, r in rows.items() if c == "zero3")
+    assert all(r["reduce_dtype"] == "float32" for rows in results.values() for c, r in rows.items() if c != "zero3")
     for world, rows in results.items():
         first = {config: r["losses"][0] for config, r in rows.items()}
         # the same weights and sequences: the first loss (before any update) agrees across engines
