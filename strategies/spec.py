@@ -22,7 +22,7 @@ GRAD_BITS = (32, *BITS)
 """Gradient reductions may also run in fp32 (32): FSDP2's ``MixedPrecisionPolicy(reduce_dtype=float32)``,
 torchtitan's default, DeepSpeed's ``communication_data_type: fp32``, and Megatron's and nanotron's fp32
 gradient all-reduce. It moves twice the bytes of a 16-bit reduction and is an accuracy choice, never a speed
-one: the search space offers it only when asked (``SearchSpace.bits``)."""
+one: the search offers it only to a request whose training reduces in fp32 (``Space.grad_widths``)."""
 
 T = TypeVar("T")
 

@@ -103,9 +103,8 @@ class TuneRequest:
     def fit(self, s: Strategy) -> Strategy:
         """``s`` as this request trains it: with ``grad_reduce_in_fp32``, its gradients reduced in fp32; without,
         an fp32 reduction (a warm start from such a request) reduced in the run's dtype, which its search offers."""
-        if self.grad_reduce_in_fp32:
-            return s if s.grad_bits == 32 else s.replace(grad_bits=32)
-        return s.replace(grad_bits=16) if s.grad_bits == 32 else s
+        want = 32 if self.grad_reduce_in_fp32 else 16 if s.grad_bits == 32 else s.grad_bits
+        return s if s.grad_bits == want else s.replace(grad_bits=want)
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()
