@@ -12,7 +12,8 @@ engine used), and the published values: ``[[groups]]`` of rows ``[model, micro-b
 nothing here is fitted to these tables — and the error is (predicted - published) / published.
 
 A table's ``stack`` names the software its figures ran on (``pytorch``: eager PyTorch, FSDP;
-``megatron``: Megatron-DeepSpeed-class fused kernels), which picks the device's efficiency. A table
+``megatron``: Megatron-DeepSpeed-class fused kernels; ``flash``: fused kernels with FlashAttention-2),
+which picks the device's efficiency (``hardware.STACKS``). A table
 with ``role = "calibration"`` is where a profile constant comes from, and one with ``role = "reference"``
 measured what the model does not express (tensor or pipeline parallelism): both are printed, never scored.
 A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the
@@ -26,7 +27,7 @@ source does not say it overlapped them) or ``backward`` (overlapped with the fin
 says how the engine fetched parameters:
 ``bucket`` (the default: one all-gather per bucket, as FSDP and zerotune's engine do) or ``module``
 (one per sub-module, as DeepSpeed ZeRO-3 and the engines built on it do); a strategy column may set its
-own ``gathers`` where its engine is not the table's.
+own ``gathers`` and ``stack`` where its engine is not the table's.
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -64,17 +65,24 @@ METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "samples_per_s")
 
 
 class RowId(NamedTuple):
-    """The parts of a row id ``cluster/model/micro-batch/strategy``."""
+    """The parts of a row id ``cluster/model/micro-batch/strategy``; a row of a group with ``accumulation`` M > 1
+    writes its micro-batch ``MBSxM`` (``4x16``: 16 micro-batches of 4 sequences per optimizer step)."""
 
     cluster: str
     model: str
     mbs: int
     strategy: str
+    accum: int = 1
 
     @classmethod
     def parse(cls, row_id: str) -> RowId:
         cluster, model, mbs, strategy = row_id.split("/")
-        return cls(cluster, model, int(mbs), strategy)
+        micro, _, accum = mbs.partition("x")
+        return cls(cluster, model, int(micro), strategy, int(accum or 1))
+
+    def __str__(self) -> str:
+        batch = f"{self.mbs}x{self.accum}" if self.accum > 1 else str(self.mbs)
+        return f"{self.cluster}/{self.model}/{batch}/{self.strategy}"
 
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
@@ -121,7 +129,6 @@ class Table:
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)
-        self.accumulation: dict[str, int] = {}  # id -> micro-batches per optimizer step (the group's)
         self.compares: list[dict[str, Any]] = []
         columns = list(self.strategies)
         for i, group in enumerate(data.get("groups", [])):
@@ -131,10 +138,11 @@ class Table:
                                  f">= 1 (micro-batches per optimizer step)")
             for model, mbs, *values in group["rows"]:
                 present = [(c, v) for c, v in zip(columns, values, strict=False) if v != "-"]  # "-": no figure
-                ids = [f"{group['cluster']}/{model}/{mbs}/{column}" for column, _ in present]
+                ids = [str(RowId(group["cluster"], model, mbs, column, accumulation)) for column, _ in present]
                 for row_id, (_, value) in zip(ids, present, strict=True):
+                    if row_id in self.rows:
+                        raise ValueError(f"{path.name}: groups[{i}]: row {row_id} is already given by an earlier group")
                     self.rows[row_id] = (float(value), group["caption"])
-                    self.accumulation[row_id] = accumulation
                 for row_id in ids[1:]:
                     self.compares.append({"of": row_id, "over": ids[0], "caption": group["caption"]})
         self.compares += data.get("compare", [])
@@ -154,17 +162,20 @@ class Table:
         return str(value)
 
     def predict(self, row_id: str) -> dict[str, Any]:
-        """The prediction for ``cluster/model/micro-batch/strategy``, with the table's metric as ``value``."""
+        """The prediction for ``cluster/model/micro-batch[xM]/strategy``, with the table's metric as ``value``."""
         if row_id not in self._predicted:
             key = RowId.parse(row_id)
             cluster, calib = self.clusters[key.cluster]
             model = self.models[key.model]
             fields = dict(self.strategies[key.strategy])
+            if "stack" in fields:  # a column whose engine ran other kernels than the table's
+                cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], fields.pop("stack"),
+                                               self.rings, self.outer_reduce, self.gathers, self.runner)
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 calib = dataclasses.replace(calib, gathers=fields.pop("gathers"))
             s = build_strategy(fields, cluster, micro_batch_size=key.mbs)
             p = predict(model, cluster, s, calibration=calib,
-                        global_batch=cluster.world_size * key.mbs * self.accumulation.get(row_id, 1))
+                        global_batch=cluster.world_size * key.mbs * key.accum)
             if self.metric == "tokens_per_s_per_gpu":
                 value = p["tokens_per_s"] / p["world_size"]
             elif self.metric == "samples_per_s":

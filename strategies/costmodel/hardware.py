@@ -49,6 +49,13 @@ Sources (cited by key below and in ``rates``):
   about to run (one ``all_gather_coalesced`` per call), then prefetches parameters from the recorded
   trace until ``stage3_prefetch_bucket_size`` elements are in flight, by the same call.
 - [megatron-sc21] Narayanan et al. 2021 (arXiv 2104.04473): 163 TFLOPS per A100 = 52% of peak.
+- [fa2] T. Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning" (arXiv
+  2307.08691), Table 1: GPT-style models trained on 8 A100 80GB SXM4 with FlashAttention-2 and the fused
+  kernels of its repository (Dao-AILab/flash-attention ``training/configs/experiment/pile/gpt3*-flash*.yaml``:
+  fused MLP, fused dropout-add-LayerNorm, fused cross-entropy; DDP with a ZeRO-1 optimizer), GPT3-2.7B at
+  2k context 205 TFLOPS per GPU (GPT3-1.3B 196; at 8k 220-225, up to "72% model FLOPs utilization"), counting
+  6·params + 12·layers·hidden·seqlen FLOPs per token (the attention not halved for the causal mask);
+  the same table's baseline without FlashAttention ran 142-149 at 2k.
 - [megatron-core] Megatron-LM README (d98e8a64): "up to 47% Model FLOP Utilization (MFU) on H100".
 - [ds-zero3-offload] DeepSpeed blog 2021-03-07 (deepspeed.ai/2021/03/07/zero3-offload.html):
   "standard data parallel training with PyTorch can only achieve 30 TFlops per GPU" (V100).
@@ -253,12 +260,15 @@ class Device:
     """NCCL's cap on LL's bus bandwidth inside one node (``llMaxBws``, by GPU generation) [nccl-netoverhead]."""
     ring_plateau: float = 1.0
     """NCCL's ring all-reduce plateau for its compute capability: 1.9 on Volta, 1.4 from Ampere on [nccl-tree]."""
+    flash_efficiency: float | None = None
+    """The whole-step MFU of a FlashAttention-2 stack (the ``flash`` stack: FlashAttention-2 with fused MLP,
+    LayerNorm and loss kernels) where one is published for this device; elsewhere the Megatron figure."""
     engine_efficiency: float | None = None
     """The fraction of peak zerotune's own engine's compute-bound kernels reach, where it was measured on
     this device's architecture (the ``zerotune`` stack; elsewhere the ``pytorch`` figure stands for it)."""
     eager_memory_fraction: float = STREAM_FRACTION
     """The fraction of ``hbm_gbps`` eager PyTorch's memory-bound kernels reach (the ``zerotune`` and
-    ``pytorch`` stacks; Megatron's fused kernels keep ``STREAM_FRACTION``)."""
+    ``pytorch`` stacks; the fused kernels of the ``megatron`` and ``flash`` stacks keep ``STREAM_FRACTION``)."""
     measured_on: tuple[tuple[str, ModelSpec, str], ...] = ()
     """(stack, model, key in ``DEVICES`` of the device it ran on) for each efficiency whose source names its model:
     that figure is a whole step's, memory-bound kernels included, and ``compute_efficiency`` is re-based
@@ -272,15 +282,18 @@ class Device:
             raise ValueError(f"stack={stack!r}: must be one of {list(STACKS)}")
         if stack == "zerotune" and self.engine_efficiency:
             return "zerotune"
+        if stack == "flash" and self.flash_efficiency:
+            return "flash"
         return "pytorch" if stack in ("zerotune", "pytorch") and self.pytorch_efficiency else "megatron"
 
     def efficiency(self, stack: str) -> float:
-        figure = {"zerotune": self.engine_efficiency, "pytorch": self.pytorch_efficiency}.get(self._figure(stack))
+        figure = {"zerotune": self.engine_efficiency, "pytorch": self.pytorch_efficiency,
+                  "flash": self.flash_efficiency}.get(self._figure(stack))
         return figure or self.megatron_efficiency
 
     def memory_fraction(self, stack: str) -> float:
         """The fraction of ``hbm_gbps`` the memory-bound kernels of ``stack`` reach."""
-        return STREAM_FRACTION if stack == "megatron" else self.eager_memory_fraction
+        return STREAM_FRACTION if stack in ("megatron", "flash") else self.eager_memory_fraction
 
     def source_model(self, stack: str) -> tuple[ModelSpec, str] | None:
         """The model behind ``efficiency(stack)`` and the ``DEVICES`` key it ran on, if its source names one."""
@@ -345,8 +358,13 @@ IBM_FSDP_7B = ModelSpec("llama2-7b", layers=32, hidden=4096, heads=32, vocab=320
 MEGATRON_1T = ModelSpec("megatron-1t", layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
 """The model of [megatron-sc21]'s 163 TFLOPS per A100 (its Table 1, 1,008B parameters: 128 layers of
 hidden size 25,600, 160 heads, sequence 2,048; vocabulary 51,200)."""
-A100_SOURCES = (("pytorch", IBM_FSDP_7B, "A100"), ("megatron", MEGATRON_1T, "A100"))
-"""Both A100 figures were measured on A100 80GB."""
+GPT3_2_7B_2K = ModelSpec("gpt3-2.7b", layers=32, hidden=2560, heads=32, vocab=50257, seq_len=2048)
+"""The model of [fa2]'s 205 TFLOPS per A100: GPT3-2.7B (32 layers of hidden 2,560; its repository's config
+``gpt3-2.7B-flash.yaml``), GPT-2's vocabulary, 2,048-token context."""
+FA2_A100_TFLOPS = 205.0
+"""[fa2] Table 1: GPT3-2.7B at 2k context with FlashAttention-2 on 8 A100 80GB, TFLOPS per GPU."""
+A100_SOURCES = (("pytorch", IBM_FSDP_7B, "A100"), ("megatron", MEGATRON_1T, "A100"), ("flash", GPT3_2_7B_2K, "A100"))
+"""All three A100 figures were measured on A100 80GB."""
 BERT_LARGE_512 = ModelSpec("bert-large", layers=24, hidden=1024, heads=16, vocab=4578, seq_len=512)
 """The model of [ds-bert]'s 53 TFLOPS on one V100: BERT-Large (24 layers, hidden 1,024, 16 heads) at
 sequence 512, its 30,522-word output projection run on the masked 15% of tokens only, which is the
@@ -389,10 +407,13 @@ writes (a test holds the two equal). Megatron's 1T run
 used tensor and pipeline parallelism, which the model does not express: its figure is re-based on its
 compute alone."""
 
-STACKS = ("zerotune", "pytorch", "megatron")
+STACKS = ("zerotune", "pytorch", "megatron", "flash")
 """Software stacks with their own efficiencies: zerotune's engine (``ENGINE_STACK``; eager PyTorch, measured
 on the devices ``Device.engine_efficiency`` names, else taking the ``pytorch`` figure), eager PyTorch
-(FSDP, torchtitan without compilation), Megatron-class stacks (fused kernels)."""
+(FSDP, torchtitan without compilation), Megatron-class stacks (fused kernels, attention unfused: Megatron-LM
+and Megatron-DeepSpeed before FlashAttention, DeepSpeed's ZeRO runtimes), and FlashAttention-2 stacks (fused
+kernels with FlashAttention-2: its own GPT training, InternEvo; ``Device.flash_efficiency``, else the
+Megatron figure)."""
 ENGINE_STACK = "zerotune"
 
 DEVICES: dict[str, Device] = {
@@ -403,12 +424,14 @@ DEVICES: dict[str, Device] = {
                    "30 TFlops per GPU'", ll_max_busbw_gbps=39.0, ring_plateau=1.9,
                    measured_on=(("megatron", BERT_LARGE_512, "V100"),)),
     "A100": Device("NVIDIA A100 80GB", 312.0, 80.0, 2039.0, 0.52, 0.57,
-                   "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU", ll_max_busbw_gbps=87.7,
-                   ring_plateau=1.4, measured_on=A100_SOURCES),
+                   "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU; [fa2]: FlashAttention-2 "
+                   "GPT3-2.7B 205 TFLOPS", ll_max_busbw_gbps=87.7,
+                   ring_plateau=1.4, flash_efficiency=round(FA2_A100_TFLOPS / 312.0, 3), measured_on=A100_SOURCES),
     "A100-40GB": Device("NVIDIA A100 40GB", 312.0, 40.0, 1555.0, 0.52, 0.57,
-                        "the A100's efficiencies ([megatron-sc21], [ibm-fsdp]); 40 GB HBM2 at 1,555 GB/s "
+                        "the A100's efficiencies ([megatron-sc21], [ibm-fsdp], [fa2]); 40 GB HBM2 at 1,555 GB/s "
                         "(A100 datasheet)", ll_max_busbw_gbps=87.7, ring_plateau=1.4,
-                        measured_on=A100_SOURCES),  # both ran on A100 80GB
+                        flash_efficiency=round(FA2_A100_TFLOPS / 312.0, 3),
+                        measured_on=A100_SOURCES),  # all ran on A100 80GB
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU; zerotune's engine and "
                    "eager kernels measured on Hopper (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION)",

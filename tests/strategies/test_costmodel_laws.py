@@ -18,6 +18,8 @@ from zerotune.strategies.costmodel.error import at_scale, on_device
 from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     ENGINE_STACK,
+    FA2_A100_TFLOPS,
+    GPT3_2_7B_2K,
     HOPPER_EAGER_MEMORY_FRACTION,
     HOPPER_ENGINE_EFFICIENCY,
     HOSTS,
@@ -137,6 +139,16 @@ def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
     assert h100.efficiency("megatron") > h100.efficiency("pytorch")
     assert DEVICES["MI250X"].efficiency("pytorch") == DEVICES["MI250X"].megatron_efficiency  # none published
     assert DEVICES["MI250X"].efficiency("zerotune") == DEVICES["MI250X"].megatron_efficiency
+    # a FlashAttention-2 stack: the A100's published figure [fa2] (205 of 312 TFLOPS on a GPT3-2.7B), re-based on
+    # that model's memory-bound kernels at the fused kernels' STREAM rate; a device without one takes Megatron's
+    assert a100.efficiency("flash") == pytest.approx(FA2_A100_TFLOPS / a100.peak_tflops, abs=1e-3)
+    flash = profile_calibration("x", "A100", ("nvlink3-nvswitch",), stack="flash")
+    assert flash.compute_efficiency == pytest.approx(gemm_efficiency(
+        a100.flash_efficiency, GPT3_2_7B_2K, a100.peak_tflops, STREAM_FRACTION * a100.hbm_gbps * 1e9))
+    megatron_a100 = profile_calibration("x", "A100", ("nvlink3-nvswitch",), "megatron")
+    assert flash.compute_efficiency > megatron_a100.compute_efficiency
+    assert flash.memory_bytes_per_s == pytest.approx(STREAM_FRACTION * a100.hbm_gbps * 1e9)
+    assert h100.efficiency("flash") == h100.megatron_efficiency
     with pytest.raises(ValueError, match="stack='jax'"):
         h100.efficiency("jax")
     # every preset carries the profile of its device, links and host: the A100 presets differ in NIC placement
@@ -600,11 +612,22 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     amsp = published.Table(ROOT / "bench" / "published" / "amsp_paper.toml")
     assert amsp.gathers == "module" and amsp.strategies["amsp_7b"]["gathers"] == "bucket"
     halfnode, calib = amsp.clusters["a800-1024-halfnode"]
-    fields = {k: v for k, v in amsp.strategies["amsp_13b"].items() if k != "gathers"}
+    fields = {k: v for k, v in amsp.strategies["amsp_13b"].items() if k not in ("gathers", "stack")}
     s, model = build_strategy(fields, halfnode, micro_batch_size=1), amsp.models["llama-13b"]
     by_block = predict(model, halfnode, s, calibration=dataclasses.replace(calib, gathers="bucket"))["step_time_s"]
     by_module = predict(model, halfnode, s, calibration=calib)["step_time_s"]
-    assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] == by_block != by_module
+    assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] != by_block != by_module
+    # AMSP's columns also ran other kernels than the DeepSpeed baselines: their own stack (InternEvo's FlashAttention-2)
+    assert amsp.stack == "megatron" and amsp.strategies["amsp_13b"]["stack"] == "flash"
+    _, flash = published.build_cluster("a800-1024-halfnode", amsp.cluster_specs["a800-1024-halfnode"], "flash",
+                                       amsp.rings, amsp.outer_reduce, amsp.gathers, amsp.runner)
+    on_flash = predict(model, halfnode, s, calibration=dataclasses.replace(flash, gathers="bucket"))["step_time_s"]
+    assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] == on_flash < by_block
+    bad = tmp_path / "bad_stack.toml"
+    amsp_text = (ROOT / "bench" / "published" / "amsp_paper.toml").read_text()
+    bad.write_text(amsp_text.replace('stack = "flash"', 'stack = "jax"'))
+    with pytest.raises(ValueError, match="stack='jax': must be one of"):
+        published.Table(bad).predict("a800-1024-halfnode/llama-13b/1/amsp_13b")
     frontier = published.Table(ROOT / "bench" / "published" / "frontier_3level.toml")
     assert frontier.runner == "deepspeed" and frontier.how() == "cluster presets, run by deepspeed"
     assert frontier.clusters["frontier48"][1] == run_by(calibration_for(parse_cluster("frontier:48")), "deepspeed")
@@ -623,8 +646,11 @@ def test_a_group_sets_its_micro_batches_per_step(tmp_path, monkeypatch):
     import published
 
     table = published.Table(ROOT / "bench" / "published" / "llm_foundry.toml")
-    row = "a100-40g-x8/mpt-13b/4/fsdp_ckpt"
-    assert table.accumulation[row] == 16 and table.accumulation["a100-40g-x16/mpt-13b/10/fsdp_ckpt"] == 1
+    row = "a100-40g-x8/mpt-13b/4x16/fsdp_ckpt"  # the row id names its accumulation: 16 micro-batches of 4
+    assert row in table.rows and "a100-40g-x16/mpt-13b/10/fsdp_ckpt" in table.rows
+    assert published.RowId.parse(row) == ("a100-40g-x8", "mpt-13b", 4, "fsdp_ckpt", 16)
+    assert published.RowId.parse("a100-40g-x16/mpt-13b/10/fsdp_ckpt").accum == 1
+    assert str(published.RowId.parse(row)) == row
     cluster, calib = table.clusters["a100-40g-x8"]
     s = build_strategy(table.strategies["fsdp_ckpt"], cluster, micro_batch_size=4)
     model = table.models["mpt-13b"]
@@ -639,6 +665,12 @@ def test_a_group_sets_its_micro_batches_per_step(tmp_path, monkeypatch):
         bad.write_text(text.replace("accumulation = 16", f"accumulation = {bad_value}"))
         with pytest.raises(ValueError, match=r"groups\[3\]\.accumulation=.*must be a whole number >= 1"):
             published.Table(bad)
+    # two groups that give the same row (cluster, model, micro-batch, accumulation, column) are refused, not merged
+    first = text.index("[[groups]]")
+    twice = tmp_path / "twice.toml"
+    twice.write_text(text + "\n" + text[first:text.index("[[groups]]", first + 1)])
+    with pytest.raises(ValueError, match=r"row a100-40g-x8/.* is already given by an earlier group"):
+        published.Table(twice)
 
 
 def test_a_source_of_ratios_only_is_scored_on_its_ratios(tmp_path, monkeypatch):
