@@ -27,7 +27,8 @@ source does not say it overlapped them) or ``backward`` (overlapped with the fin
 says how the engine fetched parameters:
 ``bucket`` (the default: one all-gather per bucket, as FSDP and zerotune's engine do) or ``module``
 (one per sub-module, as DeepSpeed ZeRO-3 and the engines built on it do); a strategy column may set its
-own ``gathers`` and ``stack`` where its engine is not the table's.
+own ``gathers`` and ``stack`` where its engine is not the table's. ``copies = true`` says its engine copied each
+gather's output and each reduction's input (FSDP2: ``Calibration.copies``).
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -85,8 +86,8 @@ class RowId(NamedTuple):
         return f"{self.cluster}/{self.model}/{batch}/{self.strategy}"
 
 
-def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
-                  outer_reduce: str, gathers: str, runner: str) -> tuple[ClusterSpec, Calibration]:
+def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer_reduce: str, gathers: str,
+                  runner: str, copies: bool = False) -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
@@ -97,8 +98,9 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str,
     cluster = profile_cluster(name, spec["device"], levels_spec,
                               tuple(lv.get("gbps_per_rank") for lv in spec["levels"]))
     cluster = dataclasses.replace(cluster, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops))
-    return cluster, profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
-                                        outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
+    calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
+                                outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
+    return cluster, dataclasses.replace(calib, copies=copies)
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:
@@ -123,9 +125,12 @@ class Table:
         self.outer_reduce = self._choice("outer_reduce", "boundary", OUTER_REDUCE)
         self.gathers = self._choice("gathers", "bucket", GATHERS)
         self.runner = self._choice("runner", "zerotune", tuple(RUNNERS))
+        self.copies = self.source.get("copies", False)
+        if not isinstance(self.copies, bool):
+            raise ValueError(f"{path.name}: source.copies={self.copies!r}: must be true or false")
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
-        self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner)
-                         for k, v in self.cluster_specs.items()}
+        self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner,
+                                          self.copies) for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)
@@ -170,7 +175,7 @@ class Table:
             fields = dict(self.strategies[key.strategy])
             if "stack" in fields:  # a column whose engine ran other kernels than the table's
                 cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], fields.pop("stack"),
-                                               self.rings, self.outer_reduce, self.gathers, self.runner)
+                                               self.rings, self.outer_reduce, self.gathers, self.runner, self.copies)
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 calib = dataclasses.replace(calib, gathers=fields.pop("gathers"))
             s = build_strategy(fields, cluster, micro_batch_size=key.mbs)

@@ -36,7 +36,7 @@ from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
 from zerotune.strategies.costmodel.traffic import pass_seconds
 from zerotune.strategies.plan import block_modules
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
-from zerotune.strategies.volume import QUANT_BLOCK, Volume
+from zerotune.strategies.volume import QUANT_BLOCK, Volume, wire_elem_bytes
 
 
 def accumulation_steps(cluster: ClusterSpec, s: Strategy, global_batch: int | None) -> int:
@@ -118,6 +118,26 @@ def step_latency(model: ModelSpec, cluster: ClusterSpec, s: Strategy, calib: Cal
     return out
 
 
+def _copy_seconds(sched: Schedule, elem_bytes: int, reduce_bytes: int, bytes_per_s: float) -> tuple[float, float]:
+    """Seconds of one micro-step's copies on the compute stream (``Calibration.copies``), forward and backward:
+    each all-gather's output read and written once more into the parameters (``elem_bytes``: the gather's
+    16-bit elements), each reduce-scatter's input read from the gradients and written in the reduction's
+    dtype (``reduce_bytes``), summed over the buckets and reduce groups that gather or reduce at all."""
+    def runs(c: Coll) -> bool:
+        return c[1][0] <= c[1][1]
+    fwd = bwd = 0.0
+    for n, k in sched.bucket_counts:
+        if runs(sched.fwd[n]):
+            fwd += k * 2 * elem_bytes * n
+        k_blocks = k - (n == sched.root)
+        if k_blocks and runs(sched.bwd[n]):
+            bwd += k_blocks * 2 * elem_bytes * n
+    for g, k in sched.group_counts:
+        if any(runs(c) for c in sched.reduce[g]):
+            bwd += k * (elem_bytes + reduce_bytes) * sum(g)
+    return fwd / bytes_per_s, bwd / bytes_per_s
+
+
 @functools.lru_cache(maxsize=4096)
 def _runs_of(lengths: tuple[int, ...], units: tuple[int, ...], group_end: tuple[Group, ...],
              p: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[Group, ...], list[int], list[int]]:
@@ -187,6 +207,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     head_fwd, head_bwd = tokens * per_token.head_fwd, tokens * per_token.head_bwd
     # of which the memory-bound kernels (the device's time: a host floor may hide part of it)
     memory_bound_s = tokens * (sched.total_units * per_token.block_memory + per_token.head_memory)
+    if calib.copies and calib.memory_bytes_per_s:  # FSDP2's copy-out of each gather, copy-in of each reduction
+        copy_fwd, copy_bwd = _copy_seconds(sched, e, wire_elem_bytes(e, s.grad_bits), calib.memory_bytes_per_s)
+        fwd_block += copy_fwd / sched.total_units
+        bwd_block += copy_bwd / sched.total_units
+        memory_bound_s += copy_fwd + copy_bwd
     # the host floor: a block's forward and backward cannot take less than the host needs to issue
     # them (a third of it per forward pass: the backward is two, a recompute one more)
     host_fwd = calib.host_s_per_layer / 3

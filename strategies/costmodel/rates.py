@@ -116,6 +116,17 @@ class Calibration:
     prefetch window, running beside the current one's compute) put 41 of bench/published.py's 102
     figures within 15%, where the model without it had 62 when this was decided, every DeepSpeed row
     over-predicted (the ZeRO++ blog's ZeRO-3 rows by up to 62%)."""
+    copies: bool = False
+    """The runner copies each all-gather's output into the parameters it holds and each reduce-scatter's input out of
+    the gradients it holds, on the compute stream: FSDP2's per-parameter sharding (torch 2.13
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``: ``foreach_all_gather_copy_out`` waits for the
+    gather on the current stream and runs ``split_with_sizes_copy`` into each unsharded parameter;
+    ``foreach_reduce`` runs ``foreach_reduce_scatter_copy_in``, a ``_chunk_cat`` of the unsharded gradients into a
+    reduce-dtype buffer, on the current stream before the reduce-scatter stream waits for it). Each gathered
+    element is read and written once more, and each reduced one read in its own dtype and written in the
+    reduction's: memory-bound passes at ``memory_bytes_per_s``. False: the engine gathers into the buffer its
+    parameters are views of and reduces the buffer its gradients are views of (zerotune's engine, FSDP1's
+    FlatParameter, DeepSpeed's flat partitions)."""
     host_s_per_layer: float = 0.0
     """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
     to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is
@@ -146,15 +157,15 @@ class Calibration:
         return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
 
 
-RUNNERS: dict[str, tuple[str, str, str]] = {
-    "zerotune": ("hierarchical", "backward", "bucket"),
-    "deepspeed": ("flat", "backward", "module"),
-    "fsdp": ("flat", "backward", "bucket"),
+RUNNERS: dict[str, tuple[str, str, str, bool]] = {
+    "zerotune": ("hierarchical", "backward", "bucket", False),
+    "deepspeed": ("flat", "backward", "module", False),
+    "fsdp": ("flat", "backward", "bucket", True),
 }
 """How each runner of a strategy moves its bytes (``Calibration.rings``, ``Calibration.outer_reduce``,
-``Calibration.gathers``): zerotune's engine, and the exported configs as DeepSpeed (the export sets
-``overlap_comm``; ZeRO-3 fetches sub-module by sub-module) and FSDP (it reduces across replicas in its
-post-backward hook) run them."""
+``Calibration.gathers``, ``Calibration.copies``): zerotune's engine, and the exported configs as DeepSpeed (the
+export sets ``overlap_comm``; ZeRO-3 fetches sub-module by sub-module) and FSDP2 (it reduces across replicas in
+its post-backward hook, and copies each gather's output and each reduction's input) run them."""
 
 
 RUNNER_HOST_S_PER_LAYER: dict[str, float] = {
@@ -179,9 +190,10 @@ def run_by(calib: Calibration, runner: str) -> Calibration:
     (``protocols`` nccl or rccl), the runner's host floor; a fitted calibration keeps its own."""
     if runner not in RUNNERS:
         raise ValueError(f"runner={runner!r}: must be one of {sorted(RUNNERS)}")
-    rings, outer_reduce, gathers = RUNNERS[runner]
+    rings, outer_reduce, gathers, copies = RUNNERS[runner]
     host = RUNNER_HOST_S_PER_LAYER[runner] if calib.protocols != "simple" else calib.host_s_per_layer
-    return dataclasses.replace(calib, rings=rings, outer_reduce=outer_reduce, gathers=gathers, host_s_per_layer=host)
+    return dataclasses.replace(calib, rings=rings, outer_reduce=outer_reduce, gathers=gathers, copies=copies,
+                               host_s_per_layer=host)
 
 
 NOMINAL = Calibration()

@@ -414,6 +414,34 @@ def test_a_stack_that_reduces_in_backward_hides_the_outer_reduction():
         Calibration(outer_reduce="later")
 
 
+def test_fsdp2_copies_each_gathered_and_reduced_element_once_more_on_the_compute_stream():
+    """FSDP2 copies each all-gather's output into its parameters and each reduce-scatter's input out of its
+    gradients on the compute stream (``Calibration.copies``, set by the fsdp runner): per micro-step 2 x 2 bytes per
+    gathered element (forward and the backward re-gather: read and write), and 2 + r per reduced one (r: the
+    reduction's bytes, 4 in fp32); zerotune's engine, whose parameters and gradients are views of its buffers, pays
+    none, nor does a strategy that gathers and reduce-scatters nothing."""
+    from zerotune.strategies.costmodel.schedule import build_schedule
+
+    cluster = parse_cluster("dgx-h100:2")
+    fsdp = run_by(calibration_for(cluster), "fsdp")
+    assert fsdp.copies and not run_by(fsdp, "zerotune").copies and not run_by(fsdp, "deepspeed").copies
+    none = dataclasses.replace(fsdp, copies=False)
+    for grad_bits, reduce_bytes in ((16, 2), (32, 4)):
+        s = build_strategy({"preset": "zero3", "grad_bits": grad_bits}, cluster)
+        sched = build_schedule(GPT_18B, cluster, s)
+        gathered = sum(n * k for n, k in sched.bucket_counts)  # the root's forward gather included
+        regathered = gathered - sched.root  # the blocks again in backward
+        with_copies = predict(GPT_18B, cluster, s, calibration=fsdp, global_batch=cluster.world_size * 2)
+        without = predict(GPT_18B, cluster, s, calibration=none, global_batch=cluster.world_size * 2)
+        extra = with_copies["breakdown"]["memory_bound_s"] - without["breakdown"]["memory_bound_s"]
+        per_micro_step = 4 * gathered + 4 * regathered + (2 + reduce_bytes) * gathered
+        assert extra == pytest.approx(2 * per_micro_step / fsdp.memory_bytes_per_s)  # two micro-steps
+        assert with_copies["step_time_s"] > without["step_time_s"]
+    ddp = build_strategy("ddp", cluster)  # nothing gathered, no reduce-scatter: its all-reduce reads its buckets
+    assert predict(GPT_18B, cluster, ddp, calibration=fsdp)["step_time_s"] == \
+        predict(GPT_18B, cluster, ddp, calibration=none)["step_time_s"]
+
+
 def test_a_gather_per_sub_module_pays_each_ones_latency_on_the_whole_ring():
     """DeepSpeed ZeRO-3 fetches parameters sub-module by sub-module (four all-gathers per GPT block): the same
     bytes as one gather per block, four times the latency. On a flat ring that latency grows with the whole
