@@ -248,7 +248,7 @@ def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[di
     band at its own scale. Scaling ratios are kept apart: the same strategy at two sizes is an easier
     ratio than two strategies side by side, and would narrow the band a recommendation's margin is held to."""
     def items(group: list[dict[str, Any]]) -> list[list]:
-        return [[r["gpus"], round(r["error"], 4), r["device"]] for r in group]
+        return [[r["gpus"], round(r["error"], 4), r["device"], r["table"]] for r in group]
     pairs = [r for r in ratios if not is_scaling(r)]
     scaling = [r for r in ratios if is_scaling(r)]
     return {"rows": band_of([r["error"] for r in rows]), "comparisons": band_of([r["error"] for r in pairs]),

@@ -71,7 +71,7 @@ def band_of(errors: list[float]) -> dict[str, Any]:
 
 
 def at_scale(items: list[list], world: int | None) -> tuple[dict[str, Any], tuple[int, int] | None]:
-    """The band of the ``[gpus, error, device]`` items measured near ``world`` GPUs, and the GPU range it
+    """The band of the ``[gpus, error, device, table]`` items measured near ``world`` GPUs, and the GPU range it
     read (None: every item, as for a prediction without a scale)."""
     if world is None or not items:
         return band_of([it[1] for it in items]), None
@@ -123,10 +123,16 @@ def _band(calibration: Calibration, world: int | None, device: str | None) -> di
 
     def where(span: tuple[int, int] | None) -> str:
         return "" if span is None else f" on {span[0]}-{span[1]} GPUs"
+
+    def tables(kind: str, span: tuple[int, int] | None) -> set[str]:
+        """The tables the items a band read came from (an item without its table: every table)."""
+        near = [it for it in err["items"][kind] if span is None or span[0] <= it[0] <= span[1]]
+        return {it[3] for it in near if len(it) > 3} if all(len(it) > 3 for it in near) else set(err["tables"])
+    read = sorted(tables("rows", row_range) | tables("comparisons", pair_range))
     band = {"row_median": rows["median"], "row_p90": rows["p90"],
             "comparison_median": pairs["median"], "comparison_p90": pairs["p90"],
             "source": f"bench/published.py: {rows['count']} published figures{where(row_range)} and "
-                      f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(err['tables'])})"}
+                      f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(read)})"}
     own = {"rows": on_device(err["items"]["rows"], device, row_range),
            "comparisons": on_device(err["items"]["comparisons"], device, pair_range)}
     said = []

@@ -591,6 +591,13 @@ def test_published_bench_reproduces_its_tables(monkeypatch):
         mine = on_device(items, cluster.device, span)  # and on its device there, the wider band kept
         expect = [max(near[k], mine[k]) if mine else near[k] for k in ("median", "p90")]
         assert [band["comparison_median"], band["comparison_p90"]] == expect, name
+        # and names the tables those items came from, not every table
+        _, row_span = at_scale(result["error"]["items"]["rows"], cluster.world_size)
+        read = {it[3] for it in items if span[0] <= it[0] <= span[1]} | {
+            it[3] for it in result["error"]["items"]["rows"] if row_span[0] <= it[0] <= row_span[1]}
+        assert band["source"].endswith(f"({', '.join(sorted(read))})") or f"({', '.join(sorted(read))}); on " in \
+            band["source"], (name, band["source"])
+        assert len(read) < len(result["error"]["tables"]), name
     assert predict(GPT_18B, parse_cluster("local:2x2"), build_strategy("zero3", parse_cluster("local:2x2")))[
         "error_band"] is None  # nominal calibration: no published error
     tables = {p.stem for p in (ROOT / "bench" / "published").glob("*.toml")}
