@@ -125,9 +125,8 @@ def _band(calibration: Calibration, world: int | None, device: str | None) -> di
         return "" if span is None else f" on {span[0]}-{span[1]} GPUs"
 
     def tables(kind: str, span: tuple[int, int] | None) -> set[str]:
-        """The tables the items a band read came from (an item without its table: every table)."""
-        near = [it for it in err["items"][kind] if span is None or span[0] <= it[0] <= span[1]]
-        return {it[3] for it in near if len(it) > 3} if all(len(it) > 3 for it in near) else set(err["tables"])
+        """The tables the items a band read came from."""
+        return {it[3] for it in err["items"][kind] if span is None or span[0] <= it[0] <= span[1]}
     read = sorted(tables("rows", row_range) | tables("comparisons", pair_range))
     band = {"row_median": rows["median"], "row_p90": rows["p90"],
             "comparison_median": pairs["median"], "comparison_p90": pairs["p90"],

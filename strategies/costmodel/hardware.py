@@ -427,11 +427,6 @@ DEVICES: dict[str, Device] = {
                    "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU; [fa2]: FlashAttention-2 "
                    "GPT3-2.7B 205 TFLOPS", ll_max_busbw_gbps=87.7,
                    ring_plateau=1.4, flash_efficiency=round(FA2_A100_TFLOPS / 312.0, 3), measured_on=A100_SOURCES),
-    "A100-40GB": Device("NVIDIA A100 40GB", 312.0, 40.0, 1555.0, 0.52, 0.57,
-                        "the A100's efficiencies ([megatron-sc21], [ibm-fsdp], [fa2]); 40 GB HBM2 at 1,555 GB/s "
-                        "(A100 datasheet)", ll_max_busbw_gbps=87.7, ring_plateau=1.4,
-                        flash_efficiency=round(FA2_A100_TFLOPS / 312.0, 3),
-                        measured_on=A100_SOURCES),  # all ran on A100 80GB
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU; zerotune's engine and "
                    "eager kernels measured on Hopper (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION)",
@@ -441,6 +436,13 @@ DEVICES: dict[str, Device] = {
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
 }
+
+DEVICES["A100-40GB"] = dataclasses.replace(
+    DEVICES["A100"], name="NVIDIA A100 40GB", memory_gib=40.0, hbm_gbps=1555.0,
+    source="the A100's efficiencies ([megatron-sc21], [ibm-fsdp], [fa2]: all measured on A100 80GB); 40 GB HBM2 "
+           "at 1,555 GB/s (A100 datasheet)")
+"""The A100 40GB: the A100 80GB's profile (peak, stack figures and the runs they came from, NVLink, NCCL's
+tables) with its own memory."""
 
 DEVICES["H200"] = dataclasses.replace(
     DEVICES["H100"], name="NVIDIA H200", memory_gib=141.0, hbm_gbps=4800.0,

@@ -118,24 +118,29 @@ def step_latency(model: ModelSpec, cluster: ClusterSpec, s: Strategy, calib: Cal
     return out
 
 
-def _copy_seconds(sched: Schedule, elem_bytes: int, reduce_bytes: int, bytes_per_s: float) -> tuple[float, float]:
+def _copy_seconds(sched: Schedule, costs: Costs, reduce_bytes: int) -> tuple[float, float]:
     """Seconds of one micro-step's copies on the compute stream (``Calibration.copies``), forward and backward:
-    each all-gather's output read and written once more into the parameters (``elem_bytes``: the gather's
+    each all-gather's output read and written once more into the parameters (``costs.e``: the gather's
     16-bit elements), each reduce-scatter's input read from the gradients and written in the reduction's
-    dtype (``reduce_bytes``), summed over the buckets and reduce groups that gather or reduce at all."""
-    def runs(c: Coll) -> bool:
-        return c[1][0] <= c[1][1]
+    dtype (``reduce_bytes``), summed over the buckets and reduce groups that gather or reduce at all
+    (``Costs.moves``), at the calibration's memory-bound rate. Memoized on ``costs`` by schedule."""
+    key = (sched.key, reduce_bytes)
+    known = costs.copies.get(key)
+    if known is not None:
+        return known
+    elem_bytes, bytes_per_s = costs.e, costs.calib.memory_bytes_per_s
     fwd = bwd = 0.0
     for n, k in sched.bucket_counts:
-        if runs(sched.fwd[n]):
+        if costs.moves(sched.fwd[n]):
             fwd += k * 2 * elem_bytes * n
         k_blocks = k - (n == sched.root)
-        if k_blocks and runs(sched.bwd[n]):
+        if k_blocks and costs.moves(sched.bwd[n]):
             bwd += k_blocks * 2 * elem_bytes * n
     for g, k in sched.group_counts:
-        if any(runs(c) for c in sched.reduce[g]):
+        if any(costs.moves(c) for c in sched.reduce[g]):
             bwd += k * (elem_bytes + reduce_bytes) * sum(g)
-    return fwd / bytes_per_s, bwd / bytes_per_s
+    known = costs.copies[key] = (fwd / bytes_per_s, bwd / bytes_per_s)
+    return known
 
 
 @functools.lru_cache(maxsize=4096)
@@ -208,7 +213,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     # of which the memory-bound kernels (the device's time: a host floor may hide part of it)
     memory_bound_s = tokens * (sched.total_units * per_token.block_memory + per_token.head_memory)
     if calib.copies and calib.memory_bytes_per_s:  # FSDP2's copy-out of each gather, copy-in of each reduction
-        copy_fwd, copy_bwd = _copy_seconds(sched, e, wire_elem_bytes(e, s.grad_bits), calib.memory_bytes_per_s)
+        copy_fwd, copy_bwd = _copy_seconds(sched, costs, wire_elem_bytes(e, s.grad_bits))
         fwd_block += copy_fwd / sched.total_units
         bwd_block += copy_bwd / sched.total_units
         memory_bound_s += copy_fwd + copy_bwd

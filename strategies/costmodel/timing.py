@@ -98,6 +98,8 @@ class Costs:
         self.step_volumes: dict[tuple, tuple[Volume, int]] = {}
         """Step volumes by (schedule, accumulation): strategies that differ only in what moves no bytes
         (prefetch, micro-batch at a fixed accumulation, checkpointing) share one."""
+        self.copies: dict[tuple, tuple[float, float]] = {}
+        """A micro-step's copies by (schedule, reduction bytes) (``predict._copy_seconds``), for runners that copy."""
 
     def volume(self, c: Coll) -> Volume:
         vol = self._vol.get(c)
@@ -285,6 +287,11 @@ class Costs:
             best = t if t < best else best
         return best
 
+    def moves(self, c: Coll) -> bool:
+        """Whether the collective runs at all: a non-empty range of levels holding more than one rank."""
+        lo, hi = c[1]
+        return lo <= hi and self.prefix[hi] != self.prefix[lo - 1]
+
     def time(self, c: Coll) -> float:
         """Seconds of one collective (see the module docstring)."""
         cached = self._time.get(c)
@@ -292,7 +299,7 @@ class Costs:
             return cached
         op, (lo, hi), numel, bits = c
         t = 0.0
-        if lo <= hi and self.prefix[hi] != self.prefix[lo - 1]:
+        if self.moves(c):
             flat = self.calib.rings == "flat" and (op == "all_gather" or bits >= 16)  # qgZ stays hierarchical
             t = self._flat_ring(op, lo, hi, numel, bits) if flat else self._level_rings(c)
             if bits < 16:
