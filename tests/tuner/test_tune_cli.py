@@ -107,7 +107,7 @@ def _trials(db: str, study_id: int) -> list[dict]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model, cluster, trials", [("gpt-mini", "local:2x2", 6), ("gpt-7b", "dgx-h100:2", 3)])
+@pytest.mark.parametrize("model, cluster, trials", [("gpt-mini", "local:2x2", 4), ("gpt-7b", "dgx-h100:2", 3)])
 def test_measured_tuning_learns_and_answers(tmp_path, model, cluster, trials):
     """Measured studies of a model that is not gpt-tiny (gpt-7b through its proxy on an emulated cluster): every
     trial trains healthily, and the answer shows the leaders' intervals."""
