@@ -122,7 +122,8 @@ def test_infeasible_points_are_never_run(sqlite_url, tmp_path):
     assert rec["metrics"]["feasible"]
 
 
-@pytest.mark.parametrize("db, budget", [("sqlite", 6), ("postgresql", 4)])  # the same study, stored in each
+# a shorter study on PostgreSQL: its storage is what differs there
+@pytest.mark.parametrize("db, budget", [("sqlite", 6), ("postgresql", 4)])
 def test_local_study_stores_every_trial_and_recommends_the_measured_best(db, budget, request, tmp_path):
     url = request.getfixturevalue("sqlite_url" if db == "sqlite" else "pg_url")
     req = TuneRequest(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2x2"), executor="local",
