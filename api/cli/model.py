@@ -189,7 +189,11 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                   f"the host to issue a block's kernels ({mbs} sequence(s) per micro-step are too "
                   f"little device work per block); more sequences per micro-step (--set micro_batch_size=N) hide it")
     if any(p["error_band"] is None for p in rows):
-        print("error '-': nothing measured this calibration's error; fit one on measured runs with "
+        devices = sorted({p["calibration"] for p in rows
+                          if p["error_band"] is None and p["calibration"].endswith("-device")})
+        why = (f" ({', '.join(devices)}: the device's measured rates, on levels no published run was measured on)"
+               if devices else "")
+        print(f"error '-': nothing measured this calibration's error{why}; fit one on measured runs with "
               "'zerotune calibrate' to get its band")
     return ExitStatus.SUCCESS
 

@@ -96,7 +96,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zerotune.strategies.costmodel.rates import NOMINAL, Calibration, run_by
+from zerotune.strategies.costmodel.rates import NOMINAL, NOMINAL_LINK_EFFICIENCY, Calibration, run_by
 from zerotune.strategies.costmodel.traffic import pass_seconds
 from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
 
@@ -620,7 +620,8 @@ PRESET_CALIBRATIONS = _Presets()
 @functools.lru_cache(maxsize=1024)
 def calibration_for(cluster: ClusterSpec) -> Calibration:
     """The calibration a cluster carries: its preset's profile when it is a preset (same levels and
-    links), else the generic nominal one (fit your own with ``zerotune calibrate``)."""
+    links); else, when it names a profiled device at that device's peak, the device's profile on its own
+    levels (``device_calibration``); else the generic nominal one (fit your own with ``zerotune calibrate``)."""
     base = cluster.name.partition(":")[0]
     profile = PROFILES.get(base)
     if profile is not None:
@@ -630,4 +631,27 @@ def calibration_for(cluster: ClusterSpec) -> Calibration:
             for lv, (name, _, link) in zip(cluster.levels, levels, strict=True))
         if same and cluster.peak_tflops == DEVICES[device].peak_tflops:
             return PRESET_CALIBRATIONS[base]
-    return NOMINAL
+    found = device_of(cluster.device)
+    if found is None or cluster.peak_tflops != found.peak_tflops:
+        return NOMINAL
+    key = next(k for k, d in DEVICES.items() if d is found)
+    return device_calibration(key, tuple((lv.bandwidth_gbps, lv.latency_us) for lv in cluster.levels))
+
+
+@functools.lru_cache(maxsize=256)
+def device_calibration(device: str, levels: tuple[tuple[float, float], ...]) -> Calibration:
+    """The calibration of a custom cluster of ``DEVICES[device]`` whose levels have these (GB/s per rank, µs
+    per hop), innermost first, run by zerotune's engine: what belongs to the device is its profile's (the
+    engine's compute and memory-bound rates, the library's protocols and LL caps, the runner's host floor;
+    NCCL's defaults for the host, ``HOSTS["unknown"]``), and each level's collective efficiency is that of
+    the profiled link with the same bandwidth and hop latency (a preset's level resized or re-counted),
+    else ``NOMINAL_LINK_EFFICIENCY``: nothing measured those links. A device's rates describe it on any
+    cluster; a link's do not. One H200 in a cluster file of its own (``bench/one_gpu.sh`` writes one) is
+    predicted as the ``dgx-h200`` preset's device, not at the nominal 45% of peak that took the engine's
+    kept one-GPU steps for 19-25% longer than measured. Such a calibration carries no published band
+    (``error.error_band``): its links are not the published clusters'."""
+    efficiency = tuple(next((link.efficiency for link in LINKS.values()
+                             if (link.bandwidth_gbps, link.latency_us) == level), NOMINAL_LINK_EFFICIENCY)
+                       for level in levels)
+    base = profile_calibration(f"{device}-device", device, ())
+    return run_by(dataclasses.replace(base, bandwidth_efficiency=efficiency), "zerotune")

@@ -38,6 +38,12 @@ class MeasuredError:
     source: str
 
 
+NOMINAL_LINK_EFFICIENCY = 0.8
+"""What collectives achieve of a level's bandwidth where nothing measured its links (a round figure, not a
+measured constant): the nominal calibration's every level, and a custom cluster's levels that are no profiled
+link's."""
+
+
 @dataclass(frozen=True)
 class Calibration:
     """The efficiencies that turn bytes and FLOPs into seconds (fitted, or a preset's profile).
@@ -49,7 +55,8 @@ class Calibration:
     compute_efficiency: float = 0.45
     """Achieved fraction of ``peak_tflops`` on the model's kernels, recomputation included."""
     bandwidth_efficiency: tuple[float, ...] = ()
-    """Achieved fraction of each level's bandwidth, innermost first; empty = 0.8 for every level."""
+    """Achieved fraction of each level's bandwidth, innermost first; empty = ``NOMINAL_LINK_EFFICIENCY`` for every
+    level."""
     latency_scale: float = 1.0
     """Multiplies every level's ``latency_us`` (per ring step)."""
     quant_elems_per_s: float = 1e11
@@ -142,7 +149,7 @@ class Calibration:
                 raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 
     def level_efficiency(self, level: int) -> float:
-        return self.bandwidth_efficiency[level - 1] if self.bandwidth_efficiency else 0.8
+        return self.bandwidth_efficiency[level - 1] if self.bandwidth_efficiency else NOMINAL_LINK_EFFICIENCY
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

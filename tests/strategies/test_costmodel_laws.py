@@ -14,7 +14,7 @@ import pytest
 from tests.support import ROOT
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.error import at_scale, on_device
+from zerotune.strategies.costmodel.error import at_scale, error_band, on_device
 from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     ENGINE_STACK,
@@ -42,7 +42,7 @@ from zerotune.strategies.costmodel.hardware import (
     profile_cluster,
     source_run_efficiency,
 )
-from zerotune.strategies.costmodel.rates import run_by
+from zerotune.strategies.costmodel.rates import NOMINAL_LINK_EFFICIENCY, run_by
 from zerotune.strategies.costmodel.timing import costs_for
 from zerotune.strategies.spec import ModelSpec
 
@@ -106,7 +106,7 @@ def test_an_fp32_gradient_reduction_moves_twice_the_gradient_bytes_and_never_sav
     assert build_strategy("zero3", cluster, grad_bits=32).quantized is False
 
 
-def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
+def test_presets_carry_their_profile_custom_clusters_their_devices_and_the_rest_stay_nominal():
     frontier = parse_cluster("frontier:48")
     calib = calibration_for(frontier)
     assert calib.name == "frontier-profile" and calib.collective_launch_us == RCCL_RING_BASE_US  # RCCL's Simple
@@ -117,7 +117,18 @@ def test_presets_carry_their_profile_and_custom_clusters_stay_nominal():
                    build_strategy("zero3", parse_cluster("dgx-h100:4")))["calibration"] == "dgx-h100-profile"
     slower = dataclasses.replace(frontier, levels=(*frontier.levels[:2],
                                                    dataclasses.replace(frontier.levels[2], bandwidth_gbps=1.0)))
-    assert calibration_for(slower).name == "nominal"  # not the preset any more: its profile would not describe it
+    # not the preset any more: its links' profile would not describe it, its device's still does
+    custom = calibration_for(slower)
+    assert custom.name == "MI250X-device" and custom.protocols == "rccl"
+    assert custom.compute_efficiency == calib.compute_efficiency
+    assert custom.memory_bytes_per_s == calib.memory_bytes_per_s
+    assert custom.host_s_per_layer == calib.host_s_per_layer > 0
+    # the two untouched levels keep their links' efficiencies, the slowed one is no profiled link
+    assert custom.bandwidth_efficiency == (*calib.bandwidth_efficiency[:2], NOMINAL_LINK_EFFICIENCY)
+    assert error_band(custom, slower.world_size, slower.device) is None  # its links are not the published ones
+    # a device at another peak (a PCIe card, a mis-typed figure) or none known: nominal
+    assert calibration_for(dataclasses.replace(slower, peak_tflops=150.0)).name == "nominal"
+    assert calibration_for(dataclasses.replace(slower, device="NVIDIA H100 PCIe", peak_tflops=756.0)).name == "nominal"
     assert calibration_for(parse_cluster("local:2x2")).name == "nominal"
     # zerotune's engine takes its own kernel-level figure where it was measured (Hopper), the eager
     # PyTorch one elsewhere (A100: IBM's 7B run re-based), never Megatron's
