@@ -89,7 +89,10 @@ PAIRS = {"zero3": "fsdp2", "mics": "hsdp"}  # ours -> its FSDP2 counterpart
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worlds", default="4,8", help="comma-separated world sizes (1 or powers of 2)")
-    p.add_argument("--batch", type=int, default=1, help="sequences per rank per step")
+    p.add_argument("--batch", type=int, default=1, help="sequences per rank per micro-step")
+    p.add_argument("--accum", type=int, default=1,
+                   help="micro-steps per optimizer step (gradient accumulation; ours reduces beyond the grad span "
+                        "in the last one only, FSDP2 and DDP reduce in every one)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                    help="compute and communication dtype of every config (auto: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--steps", type=int, default=20)
@@ -118,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch={args.batch}: must be >= 1")
+    if args.accum < 1:
+        p.error(f"--accum={args.accum}: must be >= 1")
     if not 0 <= args.warmup < args.steps:
         p.error(f"--warmup must be >= 0 and < --steps={args.steps}")
     unknown = sorted(set(_split(args.configs)) - set(CONFIGS))
@@ -161,7 +166,8 @@ def launch(args: argparse.Namespace) -> int:
                 out = Path(tmp) / f"w{world}-{config}.json"
                 target = [__file__, "--config", config, "--cluster", cluster, "--result", str(out),
                           "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
-                          "--timeout", str(args.timeout), "--batch", str(args.batch), "--dtype", args.dtype,
+                          "--timeout", str(args.timeout), "--batch", str(args.batch), "--accum", str(args.accum),
+                          "--dtype", args.dtype,
                           *(["--profile"] if args.profile else []),
                           *(["--trace-dir", str(Path(args.trace_dir).resolve())] if args.trace_dir else []),
                           "--comm-thread", args.comm_thread,
@@ -221,7 +227,8 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
     any_row = next(iter(rows.values()))
     mem_kind = any_row["mem_kind"]
     print(f"\n{args.model} on {world} {any_row['backend']} ranks ({cluster}, {any_row.get('device', '')}), "
-          f"{any_row.get('dtype', 'float32')}, {args.batch} sequence(s) per rank per step, {args.steps} steps, "
+          f"{any_row.get('dtype', 'float32')}, {args.batch} sequence(s) per rank per micro-step, "
+          f"{args.accum} micro-step(s) per step, {args.steps} steps, "
           f"median of the last {args.steps - args.warmup}; memory: {mem_kind} per rank (max over ranks)")
     if any_row.get("hsdp_mesh"):
         print(f"HSDP mesh (replicate, shard) = {tuple(any_row['hsdp_mesh'])}")
@@ -336,10 +343,14 @@ def worker(args: argparse.Namespace) -> None:
             f", {args.comm_thread})" if args.comm_thread != "auto" else ")")
         info["strategy"] = strategy.to_dict()
 
-        def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
-            loss = engine.forward_backward(idx, targets, loss_scale=1.0 / world)
+        def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
+            total = 0.0
+            for i, (idx, targets) in enumerate(micros):
+                loss = engine.forward_backward(idx, targets, loss_scale=1.0 / (world * len(micros)),
+                                               final=i == len(micros) - 1)
+                total += float(loss)
             engine.step(lr=lr)
-            return float(loss)
+            return total / len(micros)
     else:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -365,36 +376,44 @@ def worker(args: argparse.Namespace) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, betas=BETAS,
                                       **adamw_options(device))  # the engine's rule: fused on a GPU
 
-        def train_step(idx: torch.Tensor, targets: torch.Tensor, lr: float) -> float:
-            with autocast:
-                loss = model(idx, targets)  # plain mean loss: DDP / FSDP2 average the gradients
-            loss.backward()
+        def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
+            total = 0.0
+            for idx, targets in micros:
+                with autocast:
+                    loss = model(idx, targets)  # plain mean loss: DDP / FSDP2 average the gradients
+                (loss / len(micros)).backward()
+                total += float(loss.item())
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            return float(loss.item())
+            return total / len(micros)
 
     data = TokenSource(spec.vocab, spec.seq_len, seed=0)
 
-    def batch_of(step: int) -> tuple[torch.Tensor, ...]:
-        ids = sequence_ids(step, 0, rank, accum=1, world=world, batch=args.batch)
-        return tuple(t.to(device) for t in data.batch(ids))
+    def batch_of(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        micros = []
+        for micro in range(args.accum):
+            ids = sequence_ids(step, micro, rank, accum=args.accum, world=world, batch=args.batch)
+            idx, targets = (t.to(device) for t in data.batch(ids))
+            micros.append((idx, targets))
+        return micros
 
     losses, times = [], []
     for step in range(args.steps):
-        idx, targets = batch_of(step)
+        micros = batch_of(step)
         t0 = time.perf_counter()
-        losses.append(train_step(idx, targets, lr_at(step, peak, args.steps // 2)))
+        losses.append(train_step(micros, lr_at(step, peak, args.steps // 2)))
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
 
     if args.profile:  # one more step, untimed, under the profiler
-        idx, targets = batch_of(args.steps)
-        trace = (str(Path(args.trace_dir) / f"{config}-w{world}-b{args.batch}.json")
+        micros = batch_of(args.steps)
+        accum = f"x{args.accum}" if args.accum > 1 else ""
+        trace = (str(Path(args.trace_dir) / f"{config}-w{world}-b{args.batch}{accum}.json")
                  if args.trace_dir and rank == 0 else None)
-        info["profile"] = profile_step(lambda: train_step(idx, targets, lr_at(args.steps, peak, args.steps // 2)),
+        info["profile"] = profile_step(lambda: train_step(micros, lr_at(args.steps, peak, args.steps // 2)),
                                        cuda, trace)
 
     # results: the slowest rank per step, the global mean loss, memory maximum over ranks
@@ -415,14 +434,14 @@ def worker(args: argparse.Namespace) -> None:
         result = {
             "config": config, "world": world, "cluster": cluster.name, "backend": backend, **info,
             "step_ms": step_s * 1e3,
-            "tflops_per_rank": spec.flops_per_token() * spec.seq_len * args.batch / step_s / 1e12,
+            "tflops_per_rank": spec.flops_per_token() * spec.seq_len * args.batch * args.accum / step_s / 1e12,
             "step_times_ms": [x * 1e3 for x in step_times],
             "losses": (lt / world).tolist(),
             "mem_kind": "torch.cuda.max_memory_allocated" if cuda else "peak-RSS increase",
             "mem_bytes": max(m["mem_bytes"] for m in mems),
             "mem_bytes_per_rank": [m["mem_bytes"] for m in mems],
             "accountant_peak": max(m["accountant_peak"] for m in mems) if engine is not None else None,
-            "torch_version": torch.__version__,
+            "batch": args.batch, "accum": args.accum, "torch_version": torch.__version__,
         }
         Path(args.result).write_text(json.dumps(result, indent=2))
     dist.barrier()

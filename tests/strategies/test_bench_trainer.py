@@ -41,8 +41,29 @@ def test_the_bench_runs_one_rank_and_two_and_both_engines_train_the_same_model_a
             assert {"aten::mm", "aten::addmm", "aten::bmm"} & {t["name"] for t in prof["top"]}, prof["top"]
             assert [t["ms"] for t in prof["top"]] == sorted((t["ms"] for t in prof["top"]), reverse=True)
             assert len(r["losses"]) == 3  # the profiled step is not timed or reported as a training step
-    assert "2 sequence(s) per rank per step" in proc.stdout and "TFLOPS" in proc.stdout
+    assert "2 sequence(s) per rank per micro-step, 1 micro-step(s) per step" in proc.stdout and "TFLOPS" in proc.stdout
     assert "kernel ms" in proc.stdout and "ATen operators launched by one profiled step" in proc.stdout
+
+
+def test_accumulating_two_micro_steps_of_one_sequence_trains_as_one_micro_step_of_two(tmp_path):
+    """``--accum 2 --batch 1`` feeds the same two sequences per step as ``--batch 2`` (the trainer's
+    sequence order), through two forward and backward passes: our engine (which reduces beyond the
+    grad span in the last micro-step only) and DDP train the same model to the same losses either way."""
+    losses = {}
+    for accum, batch in ((2, 1), (1, 2)):
+        out = tmp_path / f"accum{accum}.json"
+        proc = subprocess.run([sys.executable, str(BENCH), "--worlds", "1", "--configs", "zero3,ddp",
+                               "--model", "gpt-tiny", "--steps", "3", "--warmup", "1", "--batch", str(batch),
+                               "--accum", str(accum), "--timeout", "120", "--json-out", str(out)],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"{accum} micro-step(s) per step" in proc.stdout
+        rows = json.loads(out.read_text())["1"]
+        assert all((r["batch"], r["accum"]) == (batch, accum) for r in rows.values())
+        losses[accum] = {c: r["losses"] for c, r in rows.items()}
+    for config in ("zero3", "ddp"):
+        assert losses[2][config] == pytest.approx(losses[1][config], abs=1e-4), (config, losses)
+    assert losses[2]["zero3"] == pytest.approx(losses[2]["ddp"], abs=1e-3)
 
 
 @pytest.mark.parametrize("world", ["3", "0"])
