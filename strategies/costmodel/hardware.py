@@ -657,7 +657,7 @@ def device_calibration(device: str, levels: tuple[tuple[float, float], ...]) -> 
     else ``NOMINAL_LINK_EFFICIENCY``: nothing measured those links. A device's rates describe it on any
     cluster; a link's do not. One H200 in a cluster file of its own (``bench/one_gpu.sh`` writes one) is
     predicted as the ``dgx-h200`` preset's device, not at the nominal 45% of peak that took the engine's
-    kept one-GPU steps for 19-25% longer than measured. Such a calibration carries no published band
+    kept one-GPU steps for 19-27% longer than measured. Such a calibration carries no published band
     (``error.error_band``): its links are not the published clusters'."""
     efficiency = tuple(next((link.efficiency for link in LINKS.values()
                              if (link.bandwidth_gbps, link.latency_us) == level), NOMINAL_LINK_EFFICIENCY)
