@@ -134,6 +134,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.api.prologue import collectives_caveat
     from zerotune.strategies.calibration import load_calibration
     from zerotune.strategies.costmodel import GIB, calibration_for, cross_node_bytes, predict
+    from zerotune.strategies.costmodel.hardware import DEVICE_CALIBRATION_SUFFIX
     from zerotune.strategies.costmodel.rates import run_by
     from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
     from zerotune.strategies.spec import count_label
@@ -190,7 +191,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                   f"little device work per block); more sequences per micro-step (--set micro_batch_size=N) hide it")
     if any(p["error_band"] is None for p in rows):
         devices = sorted({p["calibration"] for p in rows
-                          if p["error_band"] is None and p["calibration"].endswith("-device")})
+                          if p["error_band"] is None and p["calibration"].endswith(DEVICE_CALIBRATION_SUFFIX)})
         why = (f" ({', '.join(devices)}: the device's measured rates, on levels no published run was measured on)"
                if devices else "")
         print(f"error '-': nothing measured this calibration's error{why}; fit one on measured runs with "

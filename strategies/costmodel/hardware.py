@@ -189,8 +189,8 @@ the add's rate. Devices never measured so keep ``STREAM_FRACTION``."""
 H100_EAGER_MEMORY_FRACTION = 0.62
 """The same figure on an H100 SXM (80 GB HBM3 at 3.35 TB/s), the same command on one H100
 (``bench/data/h100-kernels/kernel_split-gpt-1.3b.json``): 0.57-0.66 of its HBM bandwidth, median 0.62.
-The same kernels move about 2.1 TB/s on both parts (H100 2.07, H200 2.40 at the medians): on the
-H200's faster HBM3e they reach a smaller fraction of it. The H100 once took the H200's 0.50 by
+The same kernels move 2.07 TB/s here and 2.40 on the H200 at the medians: on the H200's 43% faster
+HBM3e they gain 16% and reach a smaller fraction of it. The H100 once took the H200's 0.50 by
 inference, which charged its memory-bound kernels 24% too long."""
 H200_ENGINE_EFFICIENCY = 0.70
 """The fraction of dense bf16 peak zerotune's engine's compute-bound kernels reach on an H200: the
@@ -462,18 +462,26 @@ DEVICES["H200"] = dataclasses.replace(
 with its own memory [h200] and its own measured kernel rates."""
 
 
-def device_of(name: str) -> Device | None:
-    """The profile of the device ``name`` names (``torch.cuda.get_device_name``), else None: the profile
-    whose key's words (``A100-40GB``: ``a100`` and ``40gb``) all appear in the name, the most specific
+@functools.lru_cache(maxsize=256)
+def device_key_of(name: str) -> str | None:
+    """The key in ``DEVICES`` of the device ``name`` names (``torch.cuda.get_device_name``), else None: the
+    profile whose key's words (``A100-40GB``: ``a100`` and ``40gb``) all appear in the name, the most specific
     one where several do (``NVIDIA A100-SXM4-40GB`` is the ``A100-40GB``, ``NVIDIA A100-SXM4-80GB`` the
     ``A100``). A PCIe or NVL card names no profile: the profiles are the SXM parts, and those cards run at other
     clocks and power with other memory (H100 PCIe: 756 dense BF16 TFLOPS and 2.0 TB/s against the SXM's 989 and
-    3.35, NVIDIA H100 datasheet; A100 80GB PCIe: 1,935 GB/s against 2,039), so a caller asks for the figure."""
+    3.35, NVIDIA H100 datasheet; A100 80GB PCIe: 1,935 GB/s against 2,039), so a caller asks for the figure.
+    Memoized: ``calibration_for`` asks it for every prediction of a cluster that is no preset."""
     low = name.lower()
     if "pcie" in low or "nvl" in low.split():
         return None
     fits = [k for k in DEVICES if all(w in low for w in k.lower().split("-"))]
-    return DEVICES[max(fits, key=lambda k: len(k.split("-")))] if fits else None
+    return max(fits, key=lambda k: len(k.split("-"))) if fits else None
+
+
+def device_of(name: str) -> Device | None:
+    """The profile of the device ``name`` names (``device_key_of``), else None."""
+    key = device_key_of(name)
+    return DEVICES[key] if key is not None else None
 
 
 def peak_tflops_of(name: str) -> float | None:
@@ -640,11 +648,15 @@ def calibration_for(cluster: ClusterSpec) -> Calibration:
             for lv, (name, _, link) in zip(cluster.levels, levels, strict=True))
         if same and cluster.peak_tflops == DEVICES[device].peak_tflops:
             return PRESET_CALIBRATIONS[base]
-    found = device_of(cluster.device)
-    if found is None or cluster.peak_tflops != found.peak_tflops:
+    key = device_key_of(cluster.device)
+    if key is None or cluster.peak_tflops != DEVICES[key].peak_tflops:
         return NOMINAL
-    key = next(k for k, d in DEVICES.items() if d is found)
     return device_calibration(key, tuple((lv.bandwidth_gbps, lv.latency_us) for lv in cluster.levels))
+
+
+DEVICE_CALIBRATION_SUFFIX = "-device"
+"""What ends the name of a ``device_calibration`` (``H200-device``): how a caller that holds only a prediction's
+``calibration`` name tells a device profile on unprofiled links from the nominal calibration."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -662,5 +674,5 @@ def device_calibration(device: str, levels: tuple[tuple[float, float], ...]) -> 
     efficiency = tuple(next((link.efficiency for link in LINKS.values()
                              if (link.bandwidth_gbps, link.latency_us) == level), NOMINAL_LINK_EFFICIENCY)
                        for level in levels)
-    base = profile_calibration(f"{device}-device", device, ())
+    base = profile_calibration(f"{device}{DEVICE_CALIBRATION_SUFFIX}", device, ())
     return run_by(dataclasses.replace(base, bandwidth_efficiency=efficiency), "zerotune")
