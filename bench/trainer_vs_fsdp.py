@@ -286,6 +286,7 @@ def worker(args: argparse.Namespace) -> None:
     from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.strategies.data import TokenSource, sequence_ids
     from zerotune.strategies.files import parse_overrides
+    from zerotune.strategies.profiling import profile_step
     from zerotune.strategies.train import BETAS, default_lr, lr_at
 
     torch.set_num_threads(1)
@@ -447,62 +448,6 @@ def worker(args: argparse.Namespace) -> None:
     dist.barrier()
     dist.destroy_process_group()
 
-
-def profile_step(step: Any, cuda: bool, trace: str | None = None) -> dict[str, Any]:
-    """Run ``step`` once under ``torch.profiler``: on GPU the kernels, copies and memsets it put on the
-    device and their summed device time; on CPU the ATen operators it dispatched (every call, nested
-    ones included) and their summed self CPU time.
-
-    On GPU it then answers where a step's wall time goes when the device is not busy:
-    ``device_busy_ms`` is the union of the kernels' intervals on every stream (overlapping streams count
-    once), so a timed step's wall time minus it is what the device waited for the host (the profiled
-    step's own wall time would not do: the profiler slows the host, 150 ms for an 83 ms step of
-    gpt-1.3b on an H100). A second step is profiled on the host as well
-    (``ProfilerActivity.CPU``, which slows the host, so read its times as shares, not absolutes):
-    ``host_top`` lists the operators and CUDA runtime calls with the most self CPU time and ``host_ms``
-    sums them; ``trace`` names a file for that profile as a Chrome trace."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    from trace_phases import union_us  # a sibling bench script: this file's folder is on sys.path
-
-    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
-    with profile(activities=[activity]) as prof:
-        step()
-        if cuda:
-            torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        if cuda:
-            t = getattr(e, "self_device_time_total", None)
-            t = getattr(e, "self_cuda_time_total", 0.0) if t is None else t
-            if t > 0:
-                rows.append((e.key, e.count, t))
-        elif e.key.startswith("aten::"):
-            rows.append((e.key, e.count, e.self_cpu_time_total))
-    rows.sort(key=lambda r: -r[2])
-    out: dict[str, Any] = {
-        "launches": sum(r[1] for r in rows), "busy_ms": sum(r[2] for r in rows) / 1e3,
-        "unit": "device kernels" if cuda else "aten operators",
-        "top": [{"name": k[:160], "count": n, "ms": t / 1e3} for k, n, t in rows[:25]]}
-    if not cuda:
-        return out
-    try:  # the device's timeline: a profiler that changes its event API loses these figures, not the run
-        spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
-                 if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range.end > e.time_range.start]
-        out["device_busy_ms"] = union_us(spans) / 1e3
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as host_prof:
-            step()
-            torch.cuda.synchronize()
-        if trace:
-            Path(trace).parent.mkdir(parents=True, exist_ok=True)
-            host_prof.export_chrome_trace(trace)
-        host = sorted(((e.key, e.count, e.self_cpu_time_total) for e in host_prof.key_averages()
-                       if e.self_cpu_time_total > 0), key=lambda r: -r[2])
-        out["host_ms"] = sum(r[2] for r in host) / 1e3
-        out["host_top"] = [{"name": k[:160], "count": n, "ms": t / 1e3} for k, n, t in host[:20]]
-    except Exception as exc:  # noqa: BLE001 - keep the kernels' figures, say why the rest is missing
-        out["timeline_error"] = f"{type(exc).__name__}: {exc}"
-    return out
 
 if __name__ == "__main__":
     ns = parse_args()

@@ -86,18 +86,28 @@ class MarkovLanguage:
         return -float(np.dot(self.stationary, np.log(self.stationary)))
 
     def sample(self, length: int, rng: np.random.Generator) -> np.ndarray:
-        """``length`` tokens of the language, the first drawn from its stationary distribution."""
+        """``length`` tokens of the language, the first drawn from its stationary distribution.
+
+        The chain, token by token: x_t = successors[x_{t-1}, which_t] where the chain follows, else
+        jumps_t. Each jump starts a run that depends on nothing before it, so the runs advance together,
+        one offset at a time (as many rounds as the longest run, ~40 at 2,048 tokens, instead of one
+        Python step per token): the same tokens as the token-by-token loop, ~20x faster, because a
+        short run draws every step's batch inside the timed step."""
         u = rng.random((3, length))
-        jumps = np.minimum(np.searchsorted(self._unigram_cdf, u[0]), self.vocab - 1)
         which = np.searchsorted(np.cumsum(SUCCESSOR_P), u[1] * SUCCESSOR_P.sum())
-        follow = u[2] < FOLLOW
-        out = np.empty(length, dtype=np.int64)
-        x = int(min(np.searchsorted(self._stationary_cdf, u[0, 0]), self.vocab - 1))
-        out[0] = x
+        starts = u[2] >= FOLLOW  # where the chain jumps instead of following
+        starts[0] = True
+        out = np.zeros(length, dtype=np.int64)
+        out[starts] = np.minimum(np.searchsorted(self._unigram_cdf, u[0, starts]), self.vocab - 1)
+        out[0] = min(np.searchsorted(self._stationary_cdf, u[0, 0]), self.vocab - 1)
+        positions = np.arange(length)
+        offset = positions - np.maximum.accumulate(np.where(starts, positions, 0))  # tokens since the run began
+        order = np.argsort(offset, kind="stable")
+        bounds = np.cumsum(np.bincount(offset))
         succ = self.successors
-        for t in range(1, length):
-            x = int(succ[x, which[t]]) if follow[t] else int(jumps[t])
-            out[t] = x
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # offset 1, 2, ...: each from the one before
+            at = order[lo:hi]
+            out[at] = succ[out[at - 1], which[at]]
         return out
 
 

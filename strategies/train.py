@@ -87,6 +87,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant-block", type=int, default=None, help="elements per quantization block")
     p.add_argument("--timeout", type=float, default=600.0, help="collective timeout, seconds")
     p.add_argument("--out", default="run.json", help="where rank 0 writes the metrics")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed steps, profile one more (on a GPU two: kernels, then host and kernels); "
+                        "rank 0's figures go into run.json's profile")
+    p.add_argument("--trace-dir", default=None, metavar="DIR",
+                   help="with --profile on a GPU: keep rank 0's host + device trace of that step, "
+                        "DIR/rank0-stepN.json.gz (Perfetto; python bench/trace_phases.py splits it)")
     p.add_argument("--force", action="store_true",
                    help="run even when the cost model says the strategy does not fit the device's memory")
 
@@ -210,6 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from zerotune.strategies.catalog import device_matches
     from zerotune.strategies.data import TokenSource, sequence_ids
     from zerotune.strategies.engine import ZeroEngine
+    from zerotune.strategies.profiling import profile_step
     from zerotune.strategies.topology import build_topology
     from zerotune.strategies.volume import QUANT_BLOCK
 
@@ -242,19 +249,32 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     step_bytes: dict[str, dict[str, int]] = {}
     step_seconds: list[dict[str, dict[str, float]]] = []
     step_quant: list[dict[str, float]] = []
+
+    def host_batches(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The step's micro-batches in host memory (pinned on a GPU, so that their copies do not wait)."""
+        out = [data.batch(sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=mbs))
+               for micro in range(accum)]
+        return [(idx.pin_memory(), targets.pin_memory()) for idx, targets in out] if cuda else out
+
+    upcoming = host_batches(0)
+
+    def train_step(step: int) -> tuple[torch.Tensor, float]:
+        """One optimizer step on the batches drawn for it; draws the next step's while the device runs this
+        one (after the last micro-step is queued), as a loader's prefetch does. Returns the summed loss (on
+        the device) and the gradient norm."""
+        nonlocal upcoming
+        total = torch.zeros((), dtype=torch.float64, device=device)  # NCCL reduces device tensors only
+        batches = [tuple(t.to(device, non_blocking=True) for t in micro) for micro in upcoming]
+        for micro, (idx, targets) in enumerate(batches):
+            total += engine.forward_backward(idx, targets, loss_scale=1.0 / (world * accum), final=micro == accum - 1)
+        upcoming = host_batches(step + 1)
+        return total, engine.step(lr=lr_at(step, lr, lr_warmup))
+
     for step in range(args.steps):
         poisoned = maybe_fault(topo.rank, step)
         engine.counter.reset()
         t0 = time.perf_counter()
-        total = torch.zeros((), dtype=torch.float64, device=device)  # NCCL reduces device tensors only
-        # every micro-batch of the step on the device first: a copy from pageable host memory waits for
-        # the device's queue to drain, so one per micro-step would stall the host at each micro-step
-        # instead of once, where the last step's end already waited
-        batches = [tuple(t.to(device) for t in data.batch(
-            sequence_ids(step, micro, topo.rank, accum=accum, world=world, batch=mbs))) for micro in range(accum)]
-        for micro, (idx, targets) in enumerate(batches):
-            total += engine.forward_backward(idx, targets, loss_scale=1.0 / (world * accum), final=micro == accum - 1)
-        grad_norm = engine.step(lr=lr_at(step, lr, lr_warmup))
+        total, grad_norm = train_step(step)
         status.update(f"at step {step + 1}/{args.steps}")
         if cuda:
             torch.cuda.synchronize()
@@ -270,6 +290,11 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         if topo.rank == 0:
             print(f"step {step + 1}/{args.steps}  loss {losses[-1]:.4f}  grad_norm {grad_norm:.4f}  "
                   f"{step_times[-1]:.3f} s", file=sys.stderr, flush=True)
+    profiled = None
+    if args.profile:  # one more step (two on a GPU), untimed, under the profiler; its loss is not reported
+        status.update("profiling one more step")
+        trace = str(Path(args.trace_dir) / f"rank0-step{args.steps + 1}.json.gz") if args.trace_dir else None
+        profiled = profile_step(lambda: train_step(args.steps), cuda, trace if topo.rank == 0 else None)
     memory = engine.mem.report()
     if cuda:
         memory["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(device))
@@ -315,6 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                    "token_file": args.token_file, "quant_block": args.quant_block or QUANT_BLOCK},
         "torch_version": torch.__version__,
         "host": host_facts(world),
+        **({"profile": profiled} if profiled is not None else {}),
     }
 
 

@@ -74,18 +74,19 @@ def test_a_world_that_is_not_one_or_a_power_of_two_is_refused(world):
 
 
 def test_trace_phases_splits_a_kept_gpu_trace_into_forward_backward_and_optimizer():
-    """bench/trace_phases.py on the H100 traces kept in the repository: the phases tile the device's span
-    (their busy and gap times add up to it), and what the report states of them holds: every config's
-    step has hundreds of short device gaps, our engine's forward leaves the device idle longer than it
-    keeps it busy while DDP's does not, and our forward's host time holds more Python than DDP's."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import trace_phases
+    """trace_phases (bench/trace_phases.py prints it) on the H100 traces kept in the repository: the phases
+    tile the device's span (their busy and gap times add up to it), and what the report states of them
+    holds: every config's step has hundreds of short device gaps, our engine's forward leaves the device
+    idle longer than it keeps it busy while DDP's does not, and our forward's host time holds more Python
+    than DDP's. Each step's host lead (its data already on the device) is under a millisecond."""
+    from zerotune.strategies.profiling import load_trace, trace_phases
 
     kept = ROOT / "bench" / "data" / "h100-1gpu-fused" / "trace"
-    r = {p.name.split("-")[0]: trace_phases.phases(trace_phases.load(p)) for p in sorted(kept.glob("*.json.gz"))}
+    r = {p.name.split("-")[0]: trace_phases(load_trace(p)) for p in sorted(kept.glob("*.json.gz"))}
     assert set(r) == {"zero3", "fsdp2", "ddp"}
     for config, x in r.items():
         assert list(x["phases"]) == ["forward", "backward", "optimizer"], config
+        assert 0 <= x["lead_ms"] < 1.0, (config, x["lead_ms"])
         tiled = sum(v["busy_ms"] + v["gaps_ms"] for v in x["phases"].values())
         assert tiled == pytest.approx(x["span_ms"], rel=1e-6) and x["busy_ms"] <= x["span_ms"]
         assert sum(v["busy_ms"] for v in x["phases"].values()) == pytest.approx(x["busy_ms"], rel=1e-6)
@@ -96,6 +97,41 @@ def test_trace_phases_splits_a_kept_gpu_trace_into_forward_backward_and_optimize
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "trace_phases.py"),
                           *map(str, sorted(kept.glob("*.gz")))], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0 and "zero3-w1-b1" in out.stdout, out.stderr
+
+
+def test_trace_phases_reads_a_step_event_by_event(tmp_path):
+    """A hand-made trace (µs): the host starts at 0 and launches the forward's kernel at 5 (it runs 10-20), the
+    autograd engine's at 22 (it runs 30-50), then the fused AdamW (60-70): lead 10 µs, span 60 µs, busy 40,
+    each phase's busy and idle time, the forward's Python the part of the host's window inside no call. A
+    trace with no device events (a CPU profile) is refused with a line that says so."""
+    from zerotune.strategies.profiling import load_trace, save_trace, trace_phases
+
+    def x(cat, name, ts, dur, tid=1, corr=None):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid,
+                "args": {} if corr is None else {"correlation": corr}}
+
+    events = [x("cpu_op", "aten::mm", 0, 6), x("cuda_runtime", "cudaLaunchKernel", 5, 1, corr=1),
+              x("cpu_op", "autograd::engine::evaluate_function: MmBackward0", 22, 3),
+              x("cuda_runtime", "cudaLaunchKernel", 23, 1, corr=2),
+              x("cuda_runtime", "cudaLaunchKernel", 40, 1, corr=3),
+              x("kernel", "gemm", 10, 10, tid=7, corr=1), x("kernel", "gemm_bwd", 30, 20, tid=7, corr=2),
+              x("kernel", "multi_tensor_apply_kernel", 60, 10, tid=7, corr=3)]
+    raw = tmp_path / "step.json"
+    raw.write_text(json.dumps({"traceEvents": events + [{"ph": "M", "name": "process_name"}]}))
+    save_trace(str(raw), str(tmp_path / "step.json.gz"))
+    r = trace_phases(load_trace(tmp_path / "step.json.gz"))
+    assert r["lead_ms"] * 1e3 == pytest.approx(10) and r["span_ms"] * 1e3 == pytest.approx(60)
+    assert r["busy_ms"] * 1e3 == pytest.approx(40) and r["gaps_over_50us"] == 0
+    assert {k: (round(v["busy_ms"] * 1e3, 6), round(v["gaps_ms"] * 1e3, 6)) for k, v in r["phases"].items()} == {
+        "forward": (10, 10), "backward": (20, 10), "optimizer": (10, 0)}
+    assert r["forward_host_ms"] * 1e3 == pytest.approx(22) and r["forward_python_ms"] * 1e3 == pytest.approx(16)
+    (tmp_path / "cpu.json").write_text(json.dumps({"traceEvents": events[:3]}))
+    with pytest.raises(ValueError, match="no device events"):
+        trace_phases(load_trace(tmp_path / "cpu.json"))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "trace_phases.py"), str(tmp_path / "cpu.json")],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "trace_phases: no device events in this trace (was it profiled on a GPU?)")
 
 
 def test_the_kernel_split_bench_classes_a_passes_operators_and_charges_the_traffic_formulas(tmp_path):

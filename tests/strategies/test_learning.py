@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from tests.strategies.test_train import zerotune
 from zerotune.strategies.catalog import MODELS
-from zerotune.strategies.data import TokenSource, language
+from zerotune.strategies.data import FOLLOW, SUCCESSOR_P, TokenSource, language
 from zerotune.strategies.spec import ModelSpec
 from zerotune.tuner.choice import VERIFY_PROXY
 from zerotune.tuner.executors.local import proxy_model_for
@@ -79,3 +80,27 @@ def test_sequences_are_the_same_whoever_asks():
     a, b = TokenSource(4096, 128, seed=0), TokenSource(4096, 128, seed=0)
     assert a.sequence(17).equal(b.sequence(17)) and not a.sequence(17).equal(a.sequence(18))
     assert not a.sequence(17).equal(TokenSource(4096, 128, seed=1).sequence(17))
+
+
+def _chain_token_by_token(lang, length: int, rng) -> np.ndarray:
+    """The language's definition, one token at a time: what ``MarkovLanguage.sample`` must draw."""
+    u = rng.random((3, length))
+    jumps = np.minimum(np.searchsorted(np.cumsum(lang.unigram), u[0]), lang.vocab - 1)
+    which = np.searchsorted(np.cumsum(SUCCESSOR_P), u[1] * SUCCESSOR_P.sum())
+    out = np.empty(length, dtype=np.int64)
+    x = out[0] = min(np.searchsorted(np.cumsum(lang.stationary), u[0, 0]), lang.vocab - 1)
+    for t in range(1, length):
+        x = out[t] = lang.successors[x, which[t]] if u[2, t] < FOLLOW else jumps[t]
+    return out
+
+
+@pytest.mark.parametrize("vocab", [16, 512, 50304])
+def test_the_vectorized_sampler_draws_the_chain_token_by_token(vocab):
+    """Runs advanced together give the very tokens of the token-by-token chain (every length, every seed
+    tried), so a run's data does not depend on how it is drawn."""
+    lang = language(vocab)
+    for length in (1, 2, 3, 17, 129, 2049):
+        for seed in range(4):
+            got = lang.sample(length, np.random.default_rng([seed, length]))
+            want = _chain_token_by_token(lang, length, np.random.default_rng([seed, length]))
+            assert got.dtype == np.int64 and np.array_equal(got, want), (vocab, length, seed)

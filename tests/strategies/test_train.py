@@ -59,6 +59,27 @@ def test_train_writes_run_json(tmp_path):
     assert rate == pytest.approx(quant["elements"] / quant["seconds"])
 
 
+def test_profile_adds_one_untimed_step_and_leaves_the_timed_ones_alone(tmp_path):
+    """--profile runs one more step under torch.profiler after the timed ones: run.json gains what it
+    dispatched (on CPU: ATen operators, the matrix products among them), while the steps, losses and norms
+    are those of the same run without it, to the bit (the loop draws each next batch during the step)."""
+    runs = {}
+    for flags in ((), ("--profile", "--trace-dir", str(tmp_path / "traces"))):
+        out = tmp_path / f"run{len(flags)}.json"
+        r = zerotune("train", "--model", "gpt-tiny", "--cluster", "local:2", "--strategy", "zero3", "--steps", "3",
+                     "--warmup", "1", "--global-batch", "4", *flags, "--out", str(out), "--quiet")
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[bool(flags)] = json.loads(out.read_text())
+    plain, profiled = runs[False], runs[True]
+    assert "profile" not in plain and len(profiled["step_times_s"]) == 3
+    assert profiled["loss"] == plain["loss"] and profiled["grad_norm"] == plain["grad_norm"]
+    prof = profiled["profile"]
+    assert prof["unit"] == "aten operators" and prof["launches"] > 0 and prof["busy_ms"] > 0
+    names = {row["name"] for row in prof["top"]}
+    assert names & {"aten::mm", "aten::addmm", "aten::bmm"}, names
+    assert not (tmp_path / "traces").exists()  # a trace of host and device is a GPU's
+
+
 def test_diverging_run_is_reported_diverged(tmp_path):
     out = tmp_path / "run.json"
     r = zerotune("train", "--cluster", "local:2", "--strategy", "zero3", "--steps", "8", "--lr", "1.0",
