@@ -1,6 +1,7 @@
-"""Our ZeRO engine vs PyTorch FSDP2 (``fully_shard``) vs DDP: step time and peak memory on the same GPT.
+"""Our ZeRO engine vs PyTorch FSDP2 (``fully_shard``) vs DeepSpeed ZeRO-3 vs DDP: step time and peak memory
+on the same GPT.
 
-    python bench/trainer_vs_fsdp.py                          # worlds 4 and 8, all five configs
+    python bench/trainer_vs_fsdp.py                          # worlds 4 and 8, all six configs
     python bench/trainer_vs_fsdp.py --worlds 4 --configs zero3,fsdp2 --steps 10
 
 Configs (every one trains the same ``--model`` GPT, ``strategies.model.build_gpt(spec, seed=0)``,
@@ -12,11 +13,18 @@ is the compute and communication dtype of every config alike: our engine's ``dty
 and gradients, fp32 master shards), FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (fp32
 sharded parameters, bf16 gathers and reduce-scatters), DDP under ``torch.autocast`` (fp32 weights
 and gradients, bf16 matrix products). ``--set grad_bits=32`` reduces gradients in fp32 on both sides:
-our engine's strategy, and FSDP2's ``reduce_dtype=float32`` (torchtitan's default); DDP's are fp32 already:
+our engine's strategy, FSDP2's ``reduce_dtype=float32`` (torchtitan's default) and the DeepSpeed export's
+``communication_data_type``; DDP's are fp32 already:
 
 - ``zero3``: our :class:`ZeroEngine`, strategy preset ``zero3`` (everything sharded over the world);
 - ``fsdp2``: ``fully_shard`` per transformer block, then on the root, over a 1-D mesh of all ranks,
   ``reshard_after_forward=True`` (FULL_SHARD) — the pair of ``zero3``;
+- ``ds3``: DeepSpeed (``deepspeed.initialize`` on the same model and torch AdamW) with the config zerotune
+  exports for ``zero3`` with the same ``--set`` (``tuner.exports.deepspeed_config``: stage 3, its buckets,
+  ``overlap_comm``, bf16 or fp32, ``--batch`` and ``--accum`` as the micro-batch and accumulation) — what a
+  user of the DeepSpeed export runs. It needs ``pip install deepspeed`` (``make install`` has it); on CPU it
+  runs DeepSpeed's CPU accelerator over gloo. The same training: its losses follow ours and DDP's (within
+  0.01 nats over a dozen steps; Adam's first steps amplify its different rounding of near-zero gradients);
 - ``mics``: our engine, preset ``mics`` (sharded inside a node, replicated across nodes);
 - ``hsdp``: ``fully_shard`` over a 2-D mesh (replicate, shard) = (nodes, ranks per node), ranks per
   node being the product of every cluster level size but the outermost — the pair of ``mics``;
@@ -64,12 +72,18 @@ streams busy it can exceed the wall time). On GPU it also prints, per config, ho
 waited for the host (the timed step minus the union of its kernels' intervals) and the host's
 operators and CUDA runtime calls with the most self time; ``--trace-dir DIR`` keeps rank 0's
 profile of that step as a Chrome trace.
+
+Each result also holds ``to_optimizer_ms``: rank 0's wall time from a step's start to its optimizer call
+(median of the timed steps). On CPU that is the forward and backward themselves; two ``--model`` files that
+differ only in their layer count give each config's cost per block, and on a model too narrow to compute
+much (``--worlds 1``) that cost is the runner's host work per block: its hooks, copies and dispatch.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -81,9 +95,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONFIGS = ("zero3", "fsdp2", "mics", "hsdp", "ddp")
+CONFIGS = ("zero3", "fsdp2", "ds3", "mics", "hsdp", "ddp")
 OURS = {"zero3", "mics"}
 PAIRS = {"zero3": "fsdp2", "mics": "hsdp"}  # ours -> its FSDP2 counterpart
+DS_PAIRS = {"zero3": "ds3"}  # ours -> DeepSpeed running the config zerotune exports for the same strategy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,7 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="compute and communication dtype of every config (auto: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
-    p.add_argument("--model", default="gpt-mini", help="model preset (strategies/catalog.py MODELS)")
+    p.add_argument("--model", default="gpt-mini",
+                   help="model preset (strategies/catalog.py MODELS) or a ModelSpec JSON file")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a Strategy field of our engine's configs (e.g. allgather_bucket_mb=1.6)")
@@ -151,6 +167,7 @@ def launch(args: argparse.Namespace) -> int:
     from zerotune.strategies.launch import run_torchrun
 
     worlds = [int(w) for w in _split(args.worlds)]
+    model = str(Path(args.model).resolve()) if Path(args.model).is_file() else args.model  # ranks resolve it too
     configs = [c for c in CONFIGS if c in _split(args.configs)]
     results: dict[int, dict[str, dict[str, Any]]] = {}
     failed = False
@@ -163,9 +180,12 @@ def launch(args: argparse.Namespace) -> int:
                 if world == 1 and config in TWO_LEVELS:
                     print(f"          {config} left out on 1 rank (it needs two levels)", file=sys.stderr)
                     continue
+                if config == "ds3" and importlib.util.find_spec("deepspeed") is None:
+                    print("          ds3 left out: DeepSpeed is not installed (pip install deepspeed)", file=sys.stderr)
+                    continue
                 out = Path(tmp) / f"w{world}-{config}.json"
                 target = [__file__, "--config", config, "--cluster", cluster, "--result", str(out),
-                          "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
+                          "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", model,
                           "--timeout", str(args.timeout), "--batch", str(args.batch), "--accum", str(args.accum),
                           "--dtype", args.dtype,
                           *(["--profile"] if args.profile else []),
@@ -232,7 +252,7 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
           f"median of the last {args.steps - args.warmup}; memory: {mem_kind} per rank (max over ranks)")
     if any_row.get("hsdp_mesh"):
         print(f"HSDP mesh (replicate, shard) = {tuple(any_row['hsdp_mesh'])}")
-    head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'TFLOPS':>8}{'ours/FSDP2':>12}{'vs DDP':>8}"
+    head = (f"{'config':<8}{'what':<34}{'step ms':>9}{'TFLOPS':>8}{'ours/FSDP2':>12}{'ours/DS':>9}{'vs DDP':>8}"
             f"{'mem MiB':>10}{'mem ours/FSDP2':>16}{'acct MiB':>10}{'loss first->last':>20}{'others':>8}"
             + (f"{'kernels':>9}{'kernel ms':>11}" if any_row.get("profile") else ""))
     print(head)
@@ -246,6 +266,8 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
         ratio = f"{r['step_ms'] / rows[pair]['step_ms']:.2f}" if pair and pair in rows else ""
         mem_ratio = f"{r['mem_bytes'] / rows[pair]['mem_bytes']:.2f}" if pair and pair in rows and \
             rows[pair]["mem_bytes"] else ""
+        peer = DS_PAIRS.get(config)
+        vs_ds = f"{r['step_ms'] / rows[peer]['step_ms']:.2f}" if peer and peer in rows else ""
         vs_ddp = f"{r['step_ms'] / ddp:.2f}" if ddp else ""
         acct = f"{r['accountant_peak'] / 2**20:.1f}" if r.get("accountant_peak") is not None else ""
         loss = f"{r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
@@ -253,7 +275,7 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
         tflops = f"{r['tflops_per_rank']:.3g}" if "tflops_per_rank" in r else ""
         prof = r.get("profile")
         launched = f"{prof['launches']:>9}{prof['busy_ms']:>11.1f}" if prof else ""
-        print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{tflops:>8}{ratio:>12}{vs_ddp:>8}"
+        print(f"{config:<8}{r['what']:<34}{r['step_ms']:>9.1f}{tflops:>8}{ratio:>12}{vs_ds:>9}{vs_ddp:>8}"
               f"{r['mem_bytes'] / 2**20:>10.1f}{mem_ratio:>16}{acct:>10}{loss:>20}{others:>8}{launched}")
     if any_row.get("profile"):
         unit = "CUDA kernels, memcpy and memset" if any_row["backend"] == "nccl" else "ATen operators"
@@ -283,9 +305,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
+    from zerotune.strategies.catalog import build_strategy, parse_cluster
     from zerotune.strategies.data import TokenSource, sequence_ids
-    from zerotune.strategies.files import parse_overrides
+    from zerotune.strategies.files import load_model, parse_overrides
     from zerotune.strategies.profiling import profile_step
     from zerotune.strategies.train import BETAS, default_lr, lr_at
 
@@ -300,7 +322,8 @@ def worker(args: argparse.Namespace) -> None:
     info: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."),
                             "device": torch.cuda.get_device_name(device) if cuda else "cpu"}
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    spec, cluster = parse_model(args.model), parse_cluster(args.cluster)
+    spec, cluster = load_model(args.model), parse_cluster(args.cluster)
+    marks: list[float] = []  # each step's wall clock when its optimizer step is called
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == cluster.world_size, (world, cluster.world_size)
     config = args.config
@@ -314,6 +337,11 @@ def worker(args: argparse.Namespace) -> None:
     from zerotune.strategies.engine import ZeroEngine, adamw_options
 
     # communication setup first (process groups / mesh), so the memory baseline excludes it
+    if config == "ds3":
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")  # its own detection wants a GPU
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=backend)  # adopts the process group above
     if config in OURS:
         from zerotune.strategies.topology import build_topology
 
@@ -350,7 +378,37 @@ def worker(args: argparse.Namespace) -> None:
                 loss = engine.forward_backward(idx, targets, loss_scale=1.0 / (world * len(micros)),
                                                final=i == len(micros) - 1)
                 total += float(loss)
+            marks.append(time.perf_counter())
             engine.step(lr=lr)
+            return total / len(micros)
+    elif config == "ds3":
+        import dataclasses
+
+        from zerotune.strategies.model import build_gpt
+        from zerotune.tuner.exports import deepspeed_config
+
+        strategy = dataclasses.replace(build_strategy("zero3", cluster, **parse_overrides(args.set)),
+                                       micro_batch_size=args.batch)
+        ds_config = deepspeed_config(spec, cluster, strategy, global_batch=world * args.batch * args.accum,
+                                     dtype="bf16" if bf16 else "fp32")
+        model = build_gpt(spec, seed=0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, betas=BETAS,
+                                      **adamw_options(device))
+        ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        info["what"] = f"DeepSpeed {deepspeed.__version__} ZeRO-3"
+        info["strategy"], info["deepspeed_config"] = strategy.to_dict(), ds_config
+
+        def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
+            total = 0.0
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            for i, (idx, targets) in enumerate(micros):  # DeepSpeed divides by the accumulation, steps at its end
+                loss = ds_engine(idx, targets)
+                ds_engine.backward(loss)
+                total += float(loss.item())
+                if i == len(micros) - 1:
+                    marks.append(time.perf_counter())
+                ds_engine.step()
             return total / len(micros)
     else:
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -384,6 +442,7 @@ def worker(args: argparse.Namespace) -> None:
                     loss = model(idx, targets)  # plain mean loss: DDP / FSDP2 average the gradients
                 (loss / len(micros)).backward()
                 total += float(loss.item())
+            marks.append(time.perf_counter())
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.step()
@@ -400,7 +459,7 @@ def worker(args: argparse.Namespace) -> None:
             micros.append((idx, targets))
         return micros
 
-    losses, times = [], []
+    losses, times, to_optimizer = [], [], []
     for step in range(args.steps):
         micros = batch_of(step)
         t0 = time.perf_counter()
@@ -408,6 +467,7 @@ def worker(args: argparse.Namespace) -> None:
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        to_optimizer.append(marks[-1] - t0)
 
     if args.profile:  # one more step, untimed, under the profiler
         micros = batch_of(args.steps)
@@ -437,6 +497,7 @@ def worker(args: argparse.Namespace) -> None:
             "step_ms": step_s * 1e3,
             "tflops_per_rank": spec.flops_per_token() * spec.seq_len * args.batch * args.accum / step_s / 1e12,
             "step_times_ms": [x * 1e3 for x in step_times],
+            "to_optimizer_ms": statistics.median(to_optimizer[args.warmup:]) * 1e3,
             "losses": (lt / world).tolist(),
             "mem_kind": "torch.cuda.max_memory_allocated" if cuda else "peak-RSS increase",
             "mem_bytes": max(m["mem_bytes"] for m in mems),
