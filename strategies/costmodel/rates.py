@@ -190,8 +190,8 @@ optimizer phase) / 24, the optimizer phase being the device time from the fused 
 (collectives on the caller's thread) 77.2 ms with a 19.1 ms phase, 2.4 ms; FSDP2 (fully_shard per block)
 109.6 and 102.4 ms in two runs with a 14.0 ms phase, 3.8 ms. DeepSpeed's has not been measured on a GPU
 host: 0, never host-bound. On a CPU (bench/data/cpu-host-per-block: narrow models of 4 and 24 blocks, where a
-step is the runners' own work) DeepSpeed 0.19.8's ZeRO-3, running zerotune's export, did 2.8-4.2x our engine's
-host work per block, where FSDP2 did 1.47x (1.58x on the H100's host): DeepSpeed's small-batch steps are
+step is the runners' own work) DeepSpeed 0.19.8's ZeRO-3, running zerotune's export, did 2.8-5.0x our engine's
+host work per block, where FSDP2 did 1.4x (1.58x on the H100's host): DeepSpeed's small-batch steps are
 likely host-bound too, and this floor under-charges them until a GPU host measures it. Another host's
 single-thread speed moves these."""
 

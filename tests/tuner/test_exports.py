@@ -1,7 +1,8 @@
 """tuner.exports: zerotune trainer JSON, DeepSpeed config (checked by DeepSpeed's own parser), FSDP2 settings.
 
 The DeepSpeed tests need the ``deepspeed`` extra (``pip install -e .[deepspeed]``) and skip without it;
-everything else runs on the bare install. No test builds a process group.
+everything else runs on the bare install. Two tests start real ranks: the FSDP2 snippet's, and DeepSpeed
+running the exports on gloo (``ds_collectives.py``), whose collectives are counted.
 """
 
 from __future__ import annotations
@@ -512,3 +513,56 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
     for run in ranks:
         for preset, r in run.items():
             assert all(math.isfinite(x) for x in r["losses"]), (preset, r)
+
+
+def _ds_moves(cfg: dict[str, Any], world: int, model: str, out: Path) -> dict[str, float]:
+    """Per collective, the bytes DeepSpeed moved in one training step with ``cfg`` on ``world`` gloo ranks (an
+    all-gather's output, a reduce-scatter's input; rank 0), in units of the model's fp32 parameters."""
+    from tests.support.ranks import run_ranks
+
+    config = out / "ds_config.json"
+    out.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(cfg))
+    rank0 = run_ranks(world, Path(__file__).with_name("ds_collectives.py"), [str(config), model], out / "ranks")[0]
+    moved: dict[str, float] = {}
+    for name, nbytes in rank0["calls"]:
+        moved[name] = moved.get(name, 0.0) + nbytes / (rank0["params"] * rank0["elem_bytes"])
+    return moved
+
+
+@pytest.mark.timeout(400)
+def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path: Path) -> None:
+    """Real DeepSpeed (CPU accelerator, 4 gloo ranks, gpt-mini in fp32) runs the exports, and every collective it
+    calls during a step is counted. With the zero3 export it gathers each parameter twice a step (forward, then
+    again in backward) and reduce-scatters each gradient once: the strategy's schedule, whose root unit (25% of
+    gpt-mini: the tied embedding) alone stays gathered. With DeepSpeed's own defaults for the two keys the
+    export sets (stage3_max_reuse_distance and stage3_max_live_parameters, 1e9 elements each) it keeps the whole
+    4.2M-parameter model gathered from forward into backward and gathers once: what the strategy neither moves
+    nor holds. A 1-rank secondary group (the whole P kept after forward) gathers once, as the model says.
+    Buckets of 0.5 MB keep DeepSpeed's prefetch window (which it does not release at the turn from forward to
+    backward) smaller than the model, as it is on models of billions of parameters."""
+    from zerotune.strategies.costmodel import step_volume
+
+    model = parse_model("gpt-mini")
+    moved, modelled = {}, {}
+    small = {"allgather_bucket_mb": 0.5}  # a prefetch window smaller than the model, as on real ones
+    for key, cname, spec, drop in (("zero3", "local:2x2", "zero3", False),
+                                   ("defaults", "local:2x2", "zero3", True),
+                                   ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False)):
+        cluster = parse_cluster(cname)
+        strategy = build_strategy(spec, cluster, **small)
+        cfg = deepspeed_config(model, cluster, strategy, dtype="fp32")
+        if drop:
+            for k in ("stage3_max_reuse_distance", "stage3_max_live_parameters"):
+                del cfg["zero_optimization"][k]
+        moved[key] = _ds_moves(cfg, cluster.world_size, "gpt-mini", tmp_path / key)
+        vol = step_volume(model, cluster, strategy, elem_bytes=4, accum=1)
+        modelled[key] = (sum(k.get("all_gather", 0) for k in vol.values())
+                         / sum(k.get("reduce_scatter", 0) for k in vol.values()))
+    for key, m in moved.items():
+        assert m["reduce_scatter_tensor"] == pytest.approx(1.0, abs=0.01), (key, m)
+    assert 1.97 < moved["zero3"]["all_gather_into_tensor"] <= 2.0, moved
+    assert 0.97 < moved["defaults"]["all_gather_into_tensor"] <= 1.0, moved
+    assert 0.97 < moved["keep"]["all_gather_into_tensor"] <= 1.0, moved
+    # the model's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
+    assert modelled["keep"] == pytest.approx(1.0) and 1.7 < modelled["zero3"] < 1.8, modelled

@@ -14,6 +14,12 @@ reduce_bucket_size                   reduce_bucket_mb * 1e6 / 2 elements (stages
 allgather_bucket_size                allgather_bucket_mb * 1e6 / 2 elements (stages 1-2)
 stage3_prefetch_bucket_size          allgather bucket elements * prefetch_buckets (stage 3)
 stage3_param_persistence_threshold   10 * hidden (Hugging Face Transformers' "auto" value) (stage 3)
+stage3_max_live_parameters           allgather bucket elements * (1 + prefetch_buckets): what the strategy
+                                     holds gathered (stage 3; with a 1-rank secondary group, the whole model
+                                     and the prefetch)
+stage3_max_reuse_distance            0: each gathered parameter is released after its use and backward
+                                     gathers it again, as the strategy does (stage 3; with a 1-rank secondary
+                                     group, 2 x the model's elements: every parameter stays gathered)
 overlap_comm, contiguous_gradients   true (stages 1-3)
 zero_hpz_partition_size              span_size(secondary_span) — hpZ, ZeRO++ — else 1 (stage 3)
 zero_quantized_weights               weight_bits < 16 — qwZ, int8 block quantization (stage 3)
@@ -24,6 +30,15 @@ mics_hierarchical_params_gather      true only when the MiCS shard spans several
 communication_data_type (top level)  "fp32" when grad_bits == 32 and the run is 16-bit (gradient reductions
                                      in fp32; DeepSpeed's ``get_communication_data_type``)
 =================================== ==============================================================
+
+The two stage-3 keys DeepSpeed would otherwise default to 1e9 elements each decide what it moves and holds:
+with ``stage3_max_reuse_distance`` 1e9 it keeps every parameter that is used again within the next 1e9
+gathered elements, so the last blocks of the forward stay gathered into the backward (and a model under
+about 0.5e9 parameters is gathered once a step, not twice: measured with DeepSpeed 0.19.8 on 4 gloo ranks,
+``tests/tuner/test_exports.py``), holding up to 1e9 elements (2 GB in bf16) per rank that the strategy's
+memory does not count. The export sets both, so that DeepSpeed gathers and holds what the strategy was
+measured and predicted with. (DeepSpeed also keeps what its prefetch has scanned past at the turn from
+forward to backward, about one prefetch window: the whole model when the window is larger than it.)
 
 Bucket sizes count 16-bit elements, as ``strategies/plan.py`` does (2 bytes each whatever the dtype).
 ``DeepSpeedConfig`` reads the batch keys ``train_batch_size``, ``train_micro_batch_size_per_gpu``,
@@ -217,17 +232,25 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
                          "falls back to a 16-bit reduce-scatter.")
 
     hpz = cluster.span_size(hpz_span) if hpz_span is not None else 1
-    if s.secondary_span is not None and hpz_span is not None and hpz == 1:
+    prefetch = _elements(s.allgather_bucket_mb) * s.prefetch_buckets
+    keep_all = s.secondary_span is not None and hpz_span is not None and hpz == 1
+    if keep_all:
         notes.append(f"secondary_span={s.secondary_span} keeps the whole gathered P after forward (a 1-rank "
-                     f"secondary group); DeepSpeed has no such mode, so hpZ is off and backward re-gathers P.")
+                     f"secondary group): stage3_max_reuse_distance and stage3_max_live_parameters let DeepSpeed "
+                     f"keep every parameter it gathered in forward for backward, which then gathers nothing.")
     elif hpz >= group > 1:
         notes.append(f"the secondary (hpZ) group of {hpz} ranks is as wide as the ZeRO group ({group} ranks) on "
                      f"this cluster, so it saves nothing; zero_hpz_partition_size=1.")
         hpz = 1
-    prefetch = _elements(s.allgather_bucket_mb) * s.prefetch_buckets
+    if keep_all:  # a parameter is next used at most 2 x the model's elements later: forward, then backward
+        live, reuse = model.num_params() + prefetch, 2 * model.num_params()
+    else:  # the gathered bucket and the prefetched ones; released after each use, as the strategy does
+        live, reuse = _elements(s.allgather_bucket_mb) + prefetch, 0
     out.update({
         "reduce_bucket_size": _elements(s.reduce_bucket_mb),
         "stage3_prefetch_bucket_size": prefetch,
+        "stage3_max_live_parameters": live,
+        "stage3_max_reuse_distance": reuse,
         "stage3_param_persistence_threshold": 10 * model.hidden,
         "overlap_comm": True,
         "contiguous_gradients": True,

@@ -1,0 +1,79 @@
+"""What DeepSpeed moves when it runs an exported config, for test_exports.py, run under torchrun (gloo, CPU).
+
+    torchrun --standalone --nproc-per-node 4 tests/tuner/ds_collectives.py CONFIG.json MODEL OUT_DIR
+
+DeepSpeed (its CPU accelerator) trains MODEL for three steps with the DeepSpeed config in CONFIG.json;
+every call it makes to torch.distributed's collectives during the third step is recorded (name and the
+bytes of its largest tensor: an all-gather's output, a reduce-scatter's input). Each rank writes
+OUT_DIR/rank{r}.json with those calls and the model's parameter count; the pytest side asserts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "all_gather", "reduce_scatter",
+               "broadcast", "all_to_all_single")
+
+
+def record_collectives(log: list[tuple[str, int]]) -> None:
+    """Wrap torch.distributed's collectives so that each call appends (name, bytes of its largest tensor)."""
+    for name in COLLECTIVES:
+        original = getattr(dist, name)
+
+        def wrapped(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            sizes = [t.numel() * t.element_size() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            log.append((_name, max(sizes, default=0)))
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, wrapped)
+
+
+def main() -> None:
+    config_path, model_name, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    log: list[tuple[str, int]] = []
+    record_collectives(log)  # before DeepSpeed binds any of them
+
+    import deepspeed
+
+    from zerotune.strategies.catalog import parse_model
+    from zerotune.strategies.data import TokenSource, sequence_ids
+    from zerotune.strategies.model import build_gpt
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    spec = parse_model(model_name)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = build_gpt(spec, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                      config=json.loads(Path(config_path).read_text()))
+    data = TokenSource(spec.vocab, spec.seq_len, seed=0)
+    micro = engine.train_micro_batch_size_per_gpu()
+    for step in range(3):
+        if step == 2:
+            log.clear()
+        idx, targets = data.batch(sequence_ids(step, 0, rank, accum=1, world=world, batch=micro))
+        loss = engine(idx, targets)
+        engine.backward(loss)
+        engine.step()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "calls": log, "params": sum(p.ds_numel for p in model.parameters()),
+        "elem_bytes": 4, "deepspeed": deepspeed.__version__}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
