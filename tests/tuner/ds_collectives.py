@@ -3,8 +3,8 @@
     torchrun --standalone --nproc-per-node 4 tests/tuner/ds_collectives.py CONFIG.json MODEL OUT_DIR
 
 DeepSpeed (its CPU accelerator) trains MODEL for three steps with the DeepSpeed config in CONFIG.json;
-every call it makes to torch.distributed's collectives during the third step is recorded (name and the
-bytes of its largest tensor: an all-gather's output, a reduce-scatter's input). Each rank writes
+every call it makes to torch.distributed's collectives during the third step is recorded (name, the
+bytes of its largest tensor: an all-gather's output, a reduce-scatter's input, and its group's size). Each rank writes
 OUT_DIR/rank{r}.json with those calls and the model's parameter count; the pytest side asserts.
 """
 
@@ -24,14 +24,15 @@ COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", 
                "broadcast", "all_to_all_single")
 
 
-def record_collectives(log: list[tuple[str, int]]) -> None:
-    """Wrap torch.distributed's collectives so that each call appends (name, bytes of its largest tensor)."""
+def record_collectives(log: list[tuple[str, int, int]]) -> None:
+    """Wrap torch.distributed's collectives so that each call appends (name, bytes of its largest tensor, ranks in
+    its group)."""
     for name in COLLECTIVES:
         original = getattr(dist, name)
 
         def wrapped(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
             sizes = [t.numel() * t.element_size() for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
-            log.append((_name, max(sizes, default=0)))
+            log.append((_name, max(sizes, default=0), dist.get_world_size(kwargs.get("group"))))
             return _original(*args, **kwargs)
 
         setattr(dist, name, wrapped)
@@ -42,7 +43,7 @@ def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    log: list[tuple[str, int]] = []
+    log: list[tuple[str, int, int]] = []
     record_collectives(log)  # before DeepSpeed binds any of them
 
     import deepspeed
@@ -72,7 +73,11 @@ def main() -> None:
         "rank": rank, "calls": log, "params": sum(p.ds_numel for p in model.parameters()),
         "elem_bytes": 4, "deepspeed": deepspeed.__version__}))
     dist.barrier()
-    dist.destroy_process_group()
+    # no teardown: gloo's destructors, with DeepSpeed's threads still alive, can abort a rank at exit
+    # ("terminate called without an active exception") after its result is written
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

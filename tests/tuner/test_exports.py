@@ -515,18 +515,19 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
             assert all(math.isfinite(x) for x in r["losses"]), (preset, r)
 
 
-def _ds_moves(cfg: dict[str, Any], world: int, model: str, out: Path) -> dict[str, float]:
-    """Per collective, the bytes DeepSpeed moved in one training step with ``cfg`` on ``world`` gloo ranks (an
-    all-gather's output, a reduce-scatter's input; rank 0), in units of the model's fp32 parameters."""
+def _ds_moves(cfg: dict[str, Any], world: int, model: str, out: Path) -> dict[tuple[str, int], float]:
+    """By (collective, ranks in its group), the bytes DeepSpeed moved in one training step with ``cfg`` on ``world``
+    gloo ranks (an all-gather's output, a reduce-scatter's input; rank 0), in units of the model's fp32
+    parameters."""
     from tests.support.ranks import run_ranks
 
     config = out / "ds_config.json"
     out.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(cfg))
     rank0 = run_ranks(world, Path(__file__).with_name("ds_collectives.py"), [str(config), model], out / "ranks")[0]
-    moved: dict[str, float] = {}
-    for name, nbytes in rank0["calls"]:
-        moved[name] = moved.get(name, 0.0) + nbytes / (rank0["params"] * rank0["elem_bytes"])
+    moved: dict[tuple[str, int], float] = {}
+    for name, nbytes, ranks in rank0["calls"]:
+        moved[name, ranks] = moved.get((name, ranks), 0.0) + nbytes / (rank0["params"] * rank0["elem_bytes"])
     return moved
 
 
@@ -538,7 +539,9 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     gpt-mini: the tied embedding) alone stays gathered. With DeepSpeed's own defaults for the two keys the
     export sets (stage3_max_reuse_distance and stage3_max_live_parameters, 1e9 elements each) it keeps the whole
     4.2M-parameter model gathered from forward into backward and gathers once: what the strategy neither moves
-    nor holds. A 1-rank secondary group (the whole P kept after forward) gathers once, as the model says.
+    nor holds. A 1-rank secondary group (the whole P kept after forward) gathers once, as the model says, and
+    ZeRO++'s hpZ (16-bit here: DeepSpeed's quantizers need a GPU) gathers over all 4 ranks in forward and inside
+    its 2-rank node in backward, as the strategy does.
     Buckets of 0.5 MB keep DeepSpeed's prefetch window (which it does not release at the turn from forward to
     backward) smaller than the model, as it is on models of billions of parameters."""
     from zerotune.strategies.costmodel import step_volume
@@ -548,7 +551,9 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     small = {"allgather_bucket_mb": 0.5}  # a prefetch window smaller than the model, as on real ones
     for key, cname, spec, drop in (("zero3", "local:2x2", "zero3", False),
                                    ("defaults", "local:2x2", "zero3", True),
-                                   ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False)):
+                                   ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False),
+                                   ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16},
+                                    False)):
         cluster = parse_cluster(cname)
         strategy = build_strategy(spec, cluster, **small)
         cfg = deepspeed_config(model, cluster, strategy, dtype="fp32")
@@ -560,9 +565,12 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
         modelled[key] = (sum(k.get("all_gather", 0) for k in vol.values())
                          / sum(k.get("reduce_scatter", 0) for k in vol.values()))
     for key, m in moved.items():
-        assert m["reduce_scatter_tensor"] == pytest.approx(1.0, abs=0.01), (key, m)
-    assert 1.97 < moved["zero3"]["all_gather_into_tensor"] <= 2.0, moved
-    assert 0.97 < moved["defaults"]["all_gather_into_tensor"] <= 1.0, moved
-    assert 0.97 < moved["keep"]["all_gather_into_tensor"] <= 1.0, moved
+        assert m["reduce_scatter_tensor", 4] == pytest.approx(1.0, abs=0.01), (key, m)
+        assert {op for op, _ in m} <= {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"}, m
+    assert 1.97 < moved["zero3"]["all_gather_into_tensor", 4] <= 2.0, moved
+    assert 0.97 < moved["defaults"]["all_gather_into_tensor", 4] <= 1.0, moved
+    assert 0.97 < moved["keep"]["all_gather_into_tensor", 4] <= 1.0, moved
+    hpz = moved["hpz"]
+    assert 0.97 < hpz["all_gather_into_tensor", 4] <= 1.0 and 0.97 < hpz["all_gather_into_tensor", 2] <= 1.0, hpz
     # the model's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
     assert modelled["keep"] == pytest.approx(1.0) and 1.7 < modelled["zero3"] < 1.8, modelled
