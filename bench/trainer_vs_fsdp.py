@@ -373,14 +373,14 @@ def worker(args: argparse.Namespace) -> None:
         info["strategy"] = strategy.to_dict()
 
         def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
-            total = 0.0
+            total = torch.zeros((), dtype=torch.float64, device=device)  # read once, after the step is queued
             for i, (idx, targets) in enumerate(micros):
                 loss = engine.forward_backward(idx, targets, loss_scale=1.0 / (world * len(micros)),
                                                final=i == len(micros) - 1)
-                total += float(loss)
+                total += loss.detach()
             marks.append(time.perf_counter())
             engine.step(lr=lr)
-            return total / len(micros)
+            return float(total) / len(micros)
     elif config == "ds3":
         import dataclasses
 
@@ -399,17 +399,17 @@ def worker(args: argparse.Namespace) -> None:
         info["strategy"], info["deepspeed_config"] = strategy.to_dict(), ds_config
 
         def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
-            total = 0.0
+            total = torch.zeros((), dtype=torch.float64, device=device)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             for i, (idx, targets) in enumerate(micros):  # DeepSpeed divides by the accumulation, steps at its end
                 loss = ds_engine(idx, targets)
                 ds_engine.backward(loss)
-                total += float(loss.item())
+                total += loss.detach()
                 if i == len(micros) - 1:
                     marks.append(time.perf_counter())
                 ds_engine.step()
-            return total / len(micros)
+            return float(total) / len(micros)
     else:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -436,18 +436,18 @@ def worker(args: argparse.Namespace) -> None:
                                       **adamw_options(device))  # the engine's rule: fused on a GPU
 
         def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
-            total = 0.0
+            total = torch.zeros((), dtype=torch.float64, device=device)
             for idx, targets in micros:
                 with autocast:
                     loss = model(idx, targets)  # plain mean loss: DDP / FSDP2 average the gradients
                 (loss / len(micros)).backward()
-                total += float(loss.item())
+                total += loss.detach()
             marks.append(time.perf_counter())
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            return total / len(micros)
+            return float(total) / len(micros)
 
     data = TokenSource(spec.vocab, spec.seq_len, seed=0)
 
