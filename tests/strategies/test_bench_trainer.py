@@ -116,6 +116,33 @@ def test_the_kept_cpu_figures_of_each_runners_host_work_per_block():
     assert per_block["cpu-host-per-block"]["ds3"] > per_block["default-buckets"]["ds3"]  # small buckets
 
 
+@pytest.mark.parametrize("script", ["one_gpu.sh", "runner_peers.sh"])
+def test_the_gpu_scripts_parse_and_pass_only_options_their_commands_take(script):
+    """The scripts a GPU machine runs in one go (no GPU here to run them): bash parses them, and every option they
+    pass to the trainer bench, zerotune train, the kernel split or the GEMM bench is one that command accepts."""
+    import re
+
+    path = ROOT / "bench" / script
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True, timeout=30).returncode == 0
+    commands = {"bench/trainer_vs_fsdp.py": [sys.executable, str(BENCH)],
+                "zerotune.strategies.train": [sys.executable, "-m", "zerotune.strategies.train"],
+                "bench/kernel_split.py": [sys.executable, str(ROOT / "bench" / "kernel_split.py")],
+                "bench/gemm_efficiency.py": [sys.executable, str(ROOT / "bench" / "gemm_efficiency.py")],
+                "bench/trace_phases.py": [sys.executable, str(ROOT / "bench" / "trace_phases.py")]}
+    text = path.read_text().replace("\\\n", " ")  # join continued lines
+    used = 0
+    for line in text.splitlines():
+        for name, argv in commands.items():
+            if name in line and not line.lstrip().startswith("#"):
+                tail = line.split(name, 1)[1].split("|")[0]
+                helptext = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60,
+                                          cwd=ROOT).stdout
+                for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", tail):
+                    assert option in helptext, (script, name, option)
+                    used += 1
+    assert used >= 8, used
+
+
 @pytest.mark.parametrize("world", ["3", "0"])
 def test_a_world_that_is_not_one_or_a_power_of_two_is_refused(world):
     proc = subprocess.run([sys.executable, str(BENCH), "--worlds", world, "--model", "gpt-tiny"],
