@@ -515,10 +515,10 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
             assert all(math.isfinite(x) for x in r["losses"]), (preset, r)
 
 
-def _ds_moves(cfg: dict[str, Any], world: int, model: str, out: Path) -> dict[tuple[str, int], float]:
+def _ds_moves(cfg: dict[str, Any], world: int, model: str, out: Path) -> tuple[dict[tuple[str, int], float], list]:
     """By (collective, ranks in its group), the bytes DeepSpeed moved in one training step with ``cfg`` on ``world``
     gloo ranks (an all-gather's output, a reduce-scatter's input; rank 0), in units of the model's fp32
-    parameters."""
+    parameters; and rank 0's calls, (collective, bytes, ranks) each."""
     from tests.support.ranks import run_ranks
 
     config = out / "ds_config.json"
@@ -528,7 +528,7 @@ def _ds_moves(cfg: dict[str, Any], world: int, model: str, out: Path) -> dict[tu
     moved: dict[tuple[str, int], float] = {}
     for name, nbytes, ranks in rank0["calls"]:
         moved[name, ranks] = moved.get((name, ranks), 0.0) + nbytes / (rank0["params"] * rank0["elem_bytes"])
-    return moved
+    return moved, rank0["calls"]
 
 
 @pytest.mark.timeout(400)
@@ -541,13 +541,16 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     4.2M-parameter model gathered from forward into backward and gathers once: what the strategy neither moves
     nor holds. A 1-rank secondary group (the whole P kept after forward) gathers once, as the model says, and
     ZeRO++'s hpZ (16-bit here: DeepSpeed's quantizers need a GPU) gathers over all 4 ranks in forward and inside
-    its 2-rank node in backward, as the strategy does.
+    its 2-rank node in backward, as the strategy does. DeepSpeed fetches sub-module by sub-module: each block's
+    four weight matrices (qkv, proj, fc, out) in one all-gather each, in forward and again in backward, the
+    gathers the model charges the deepspeed runner (``plan.block_modules``, ``Calibration.gathers``).
     Buckets of 0.5 MB keep DeepSpeed's prefetch window (which it does not release at the turn from forward to
     backward) smaller than the model, as it is on models of billions of parameters."""
     from zerotune.strategies.costmodel import step_volume
+    from zerotune.strategies.plan import block_modules
 
     model = parse_model("gpt-mini")
-    moved, modelled = {}, {}
+    moved, modelled, calls = {}, {}, {}
     small = {"allgather_bucket_mb": 0.5}  # a prefetch window smaller than the model, as on real ones
     for key, cname, spec, drop in (("zero3", "local:2x2", "zero3", False),
                                    ("defaults", "local:2x2", "zero3", True),
@@ -560,7 +563,7 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
         if drop:
             for k in ("stage3_max_reuse_distance", "stage3_max_live_parameters"):
                 del cfg["zero_optimization"][k]
-        moved[key] = _ds_moves(cfg, cluster.world_size, "gpt-mini", tmp_path / key)
+        moved[key], calls[key] = _ds_moves(cfg, cluster.world_size, "gpt-mini", tmp_path / key)
         vol = step_volume(model, cluster, strategy, elem_bytes=4, accum=1)
         modelled[key] = (sum(k.get("all_gather", 0) for k in vol.values())
                          / sum(k.get("reduce_scatter", 0) for k in vol.values()))
@@ -572,5 +575,10 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     assert 0.97 < moved["keep"]["all_gather_into_tensor", 4] <= 1.0, moved
     hpz = moved["hpz"]
     assert 0.97 < hpz["all_gather_into_tensor", 4] <= 1.0 and 0.97 < hpz["all_gather_into_tensor", 2] <= 1.0, hpz
+    fp32 = 4  # a sub-module's weight gathers: above the persistence threshold and not the embeddings
+    embeddings = {model.vocab * model.hidden * fp32, model.seq_len * model.hidden * fp32}
+    fetched = [n for op, n, ranks in calls["zero3"] if op == "all_gather_into_tensor" and ranks == 4
+               and n > 10 * model.hidden * fp32 and n not in embeddings]
+    assert len(fetched) == 2 * len(block_modules(model)) * model.layers == 32, sorted(fetched)
     # the model's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
     assert modelled["keep"] == pytest.approx(1.0) and 1.7 < modelled["zero3"] < 1.8, modelled
