@@ -53,6 +53,9 @@ class LevelCreate(_In):
     size: int = Field(ge=1, le=65536, description="fan-out: groups of the level below in one group of this level")
     bandwidth_gbps: Positive = Field(description="per-rank GB/s when all ranks send at once")
     latency_us: float = Field(default=5.0, ge=0, le=1e7, allow_inf_nan=False)
+    busbw_gbps: Positive | None = Field(
+        default=None, description="measured bus bandwidth (GB/s) of one collective spanning this level and those "
+        "under it, e.g. nccl-tests' busbw at 256 MB across the nodes; at most bandwidth_gbps x the ranks under it")
 
 
 class ClusterCreate(_In):

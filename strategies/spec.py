@@ -67,6 +67,12 @@ class Level:
     """Per-rank bandwidth of this level's links, GB/s, when all ranks send at once."""
     latency_us: float = 5.0
     """Per-message latency of this level's links, microseconds."""
+    busbw_gbps: float | None = None
+    """A measured bus bandwidth, GB/s, of one collective whose ranks span this level and every level under it
+    at this size (nccl-tests' or rccl-tests' ``busbw`` at a large message, e.g. ``all_reduce_perf -b 256M``
+    across the nodes): the level's collectives then reach it instead of the nominal share of
+    ``bandwidth_gbps`` (``costmodel.hardware.calibration_for``). At most what the level's links carry:
+    ``bandwidth_gbps`` times the ranks under it (a ring leaves a group through that many links)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -75,6 +81,8 @@ class Level:
         _check_pos(f"level[{self.name}].bandwidth_gbps", self.bandwidth_gbps)
         if not isinstance(self.latency_us, int | float) or self.latency_us < 0:
             raise SpecError(f"level[{self.name}].latency_us", self.latency_us, "must be a number >= 0")
+        if self.busbw_gbps is not None:
+            _check_pos(f"level[{self.name}].busbw_gbps", self.busbw_gbps)
 
 
 MAX_LEVELS = 8
@@ -111,6 +119,13 @@ class ClusterSpec:
             raise SpecError("cluster.levels", names, "level names must be unique")
         _check_pos("cluster.device_memory_gib", self.device_memory_gib)
         _check_pos("cluster.peak_tflops", self.peak_tflops)
+        below = 1
+        for lv in levels:
+            if lv.busbw_gbps is not None and lv.busbw_gbps > below * lv.bandwidth_gbps:
+                raise SpecError(f"level[{lv.name}].busbw_gbps", lv.busbw_gbps,
+                                f"must be at most what the level's links carry: {below} rank(s) under it x "
+                                f"bandwidth_gbps {lv.bandwidth_gbps:g} = {below * lv.bandwidth_gbps:g} GB/s")
+            below *= lv.size
 
     @property
     def num_levels(self) -> int:
@@ -143,13 +158,22 @@ class ClusterSpec:
         return f"must be within 0..{self.num_levels} on {self.name} (0 = unsharded, {levels})"
 
     def with_outer_size(self, size: int) -> ClusterSpec:
-        """The same cluster with ``size`` groups of the outermost level (e.g. nodes)."""
+        """The same cluster with ``size`` groups of the outermost level (e.g. nodes). A bus bandwidth measured on
+        the outermost level holds at the size it was measured at only, so another size drops it."""
         _check_int(f"cluster {self.name}: outermost level size", size, 1)
-        levels = self.levels[:-1] + (dataclasses.replace(self.levels[-1], size=size),)
+        outer = self.levels[-1]
+        busbw = outer.busbw_gbps if size == outer.size else None
+        levels = self.levels[:-1] + (dataclasses.replace(outer, size=size, busbw_gbps=busbw),)
         return dataclasses.replace(self, levels=levels)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON; a level without a measured bus bandwidth leaves ``busbw_gbps`` out (so a cluster
+        written before the field existed keeps its form, and a request its key)."""
+        out = dataclasses.asdict(self)
+        for lv in out["levels"]:
+            if lv["busbw_gbps"] is None:
+                del lv["busbw_gbps"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> ClusterSpec:

@@ -46,7 +46,7 @@ from zerotune.strategies.costmodel.hardware import (
 )
 from zerotune.strategies.costmodel.rates import NOMINAL_LINK_EFFICIENCY, run_by
 from zerotune.strategies.costmodel.timing import costs_for
-from zerotune.strategies.spec import ModelSpec
+from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
 GPT_18B = ModelSpec("gpt-18b", layers=40, hidden=6144, heads=32, vocab=50257, seq_len=512)
 
@@ -301,6 +301,37 @@ def test_a_flat_ring_pays_a_hop_per_rank_of_the_whole_group():
             (NCCL_RING_BASE_US + (world - nodes) * NVLINK_HOP_US + (nodes - 1) * NET_HOP_US) * 1e-6, rel=1e-2)
     # at 1,024 GPUs the flat ring's latency is nearly twice the hierarchy's
     assert want / per_level > 1.8
+
+
+def test_a_levels_measured_bus_bandwidth_is_what_its_collectives_reach():
+    """A custom cluster may carry its own collective benchmark (``Level.busbw_gbps``: nccl-tests' busbw across the
+    nodes, e.g. 64.9 GB/s for a 256 MB all-reduce on 32 AWS p5 nodes, the Ultra-Scale Playbook's measurement):
+    the level's efficiency is then busbw over the rate its links carry, so a large all-reduce run as one flat
+    ring over all 256 GPUs takes what that bus bandwidth says, 2(n - 1)/n of the buffer over it. The device keeps
+    its profile; a device without one keeps the nominal rates with the measured links. Without the measurement
+    the same cluster's all-reduce is over 5x faster (the InfiniBand NDR profile's 0.94 of 400 GB/s, which links
+    of that rate and latency take)."""
+    def p5(busbw: float | None, device: str = "NVIDIA H100 80GB") -> ClusterSpec:
+        outer = {"name": "inter-node", "size": 32, "bandwidth_gbps": 50.0, "latency_us": 14.0}
+        return ClusterSpec(name="p5-32", device=device, peak_tflops=989.0, levels=(
+            {"name": "node", "size": 8, "bandwidth_gbps": 450.0, "latency_us": 3.4},
+            outer if busbw is None else {**outer, "busbw_gbps": busbw}))
+
+    measured, nominal = p5(64.9), p5(None)
+    calib = calibration_for(measured)
+    assert calib.name == "H100-device" and calib.bandwidth_efficiency[1] == pytest.approx(64.9 / (8 * 50))
+    assert calibration_for(nominal).bandwidth_efficiency[1] == LINKS["ib-ndr-400"].efficiency
+    other = calibration_for(p5(64.9, device="Some Accelerator"))
+    assert other.name == "nominal, measured links" and other.bandwidth_efficiency == pytest.approx(
+        (NOMINAL_LINK_EFFICIENCY, 64.9 / 400))
+    numel, world = 2**31, 256  # 4 GiB of bf16 gradients: the ring's latency is 2% of its time
+    seconds = {}
+    for name, cluster in (("measured", measured), ("nominal", nominal)):
+        flat = run_by(calibration_for(cluster), "fsdp")
+        seconds[name] = costs_for(cluster, flat, 2, 1, 2048).time(("all_reduce", (1, 2), numel, 16))
+    assert seconds["measured"] == pytest.approx(2 * (world - 1) / world * numel * 2 / 64.9e9, rel=0.05)
+    bandwidths = LINKS["ib-ndr-400"].efficiency * 400 / 64.9  # 5.8: the ratio of the two rates; the latency is alike
+    assert 5.0 < seconds["measured"] / seconds["nominal"] < bandwidths
 
 
 def test_an_all_reduce_runs_as_nccls_tree_or_ring_whichever_is_faster():

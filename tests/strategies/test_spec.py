@@ -63,6 +63,27 @@ def test_cluster_json_file_round_trip(tmp_path):
         load_model(str(tmp_path / "broken.json"))
 
 
+def test_a_measured_bus_bandwidth_is_checked_kept_and_left_out_when_absent():
+    """``busbw_gbps`` on a level: a measured bus bandwidth, at most what the level's links carry (a ring leaves
+    each group through its ranks' links), round-tripped through JSON; a level without one writes no such key,
+    so clusters keep the form (and requests the key) they had before the field; another outer size drops it
+    (it was measured at one node count)."""
+    levels = [{"name": "node", "size": 8, "bandwidth_gbps": 450.0, "latency_us": 3.4},
+              {"name": "inter-node", "size": 32, "bandwidth_gbps": 50.0, "latency_us": 14.0, "busbw_gbps": 64.9}]
+    c = ClusterSpec(name="p5", levels=tuple(levels), device="NVIDIA H100 80GB", peak_tflops=989.0)
+    assert c.to_dict()["levels"][1]["busbw_gbps"] == 64.9 and "busbw_gbps" not in c.to_dict()["levels"][0]
+    assert ClusterSpec.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert all("busbw_gbps" not in lv for lv in parse_cluster("dgx-h100:4").to_dict()["levels"])
+    assert c.with_outer_size(32) == c and c.with_outer_size(16).levels[1].busbw_gbps is None
+    assert ClusterSpec(name="edge", levels=(levels[0], {**levels[1], "busbw_gbps": 400.0})).levels[1].busbw_gbps == 400
+    with pytest.raises(SpecError) as bad:
+        ClusterSpec(name="over", levels=(levels[0], {**levels[1], "busbw_gbps": 400.5}))
+    assert bad.value.field == "level[inter-node].busbw_gbps" and bad.value.value == 400.5
+    assert "8 rank(s) under it x bandwidth_gbps 50 = 400 GB/s" in bad.value.rule
+    with pytest.raises(SpecError, match="busbw_gbps"):
+        ClusterSpec(name="neg", levels=(levels[0], {**levels[1], "busbw_gbps": -1}))
+
+
 def test_num_params_gpt2_small_shape():
     # GPT-2 small (124,439,808 parameters with tied head, vocab 50257, positions 1024)
     gpt2 = ModelSpec("gpt2", layers=12, hidden=768, heads=12, vocab=50257, seq_len=1024)
