@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster
+from zerotune.strategies.costmodel.hardware import measured_efficiency, profile_calibration, profile_cluster
 from zerotune.strategies.costmodel.rates import GATHERS, OUTER_REDUCE, RINGS, RUNNERS, run_by
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
@@ -94,12 +94,19 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
         return cluster, run_by(calibration_for(cluster), runner)
     levels_spec = tuple((lv["name"], lv["size"], lv["link"]) for lv in spec["levels"])
     links = tuple(link for _, _, link in levels_spec)
-    # a source's own hardware notes: a link shared by fewer NICs than the profile's, a lower-power part
+    # a source's own hardware notes: a link shared by fewer NICs than the profile's, a lower-power part, and the
+    # bus bandwidth it measured on a level (Level.busbw_gbps: that level's collectives reach it, as on a user's)
     cluster = profile_cluster(name, spec["device"], levels_spec,
                               tuple(lv.get("gbps_per_rank") for lv in spec["levels"]))
-    cluster = dataclasses.replace(cluster, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops))
+    cluster = dataclasses.replace(cluster, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops), levels=tuple(
+        dataclasses.replace(lv, busbw_gbps=given.get("busbw_gbps")) for lv, given in zip(
+            cluster.levels, spec["levels"], strict=True)))
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
+    measured = measured_efficiency(cluster)
+    if any(e is not None for e in measured):
+        calib = dataclasses.replace(calib, bandwidth_efficiency=tuple(
+            own if e is None else e for own, e in zip(calib.bandwidth_efficiency, measured, strict=True)))
     return cluster, dataclasses.replace(calib, copies=copies)
 
 
