@@ -10,6 +10,8 @@ fixed overhead. Under ``Calibration.outer_reduce = "backward"`` the step's final
 the gradient reduction beyond ``grad_span`` (reduce-scatter to ``optim_span``, all-reduce across its
 replicas) after each reduce group in backward, as zerotune's engine, DeepSpeed's ``overlap_comm`` and
 DDP's buckets do on their accumulation boundary; the boundary keeps the gathers of the updated weights.
+A runner that gathers per sub-module (DeepSpeed's ZeRO-3) also gathers its persistent parameters there,
+one small all-gather each (``persistent_params``).
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
 scores and weighted sum); backward twice that (+ a forward recompute with checkpointing); the head
@@ -179,6 +181,25 @@ def _by_module(ct: Any, gathers: dict[int, Coll], lengths: tuple[int, ...], unit
     return out
 
 
+def persistent_params(model: ModelSpec) -> tuple[int, ...]:
+    """The elements of each parameter DeepSpeed's ZeRO-3 keeps whole on every rank (``ds_persist``: fewer than
+    ``stage3_param_persistence_threshold``, 1e5 by default and 10 x hidden in zerotune's export): a block's two
+    LayerNorms' weights and biases and its four biases (qkv 3h, proj h, fc ffn, out h), and the final LayerNorm's
+    weight and bias. The block's weight matrices and the embeddings are over either threshold."""
+    h = model.hidden
+    return (h, h, 3 * h, h, h, h, model.ffn, h) * model.layers + (h, h)
+
+
+def _persistent_gathers(ct: Any, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> float:
+    """Seconds of the all-gathers DeepSpeed's ZeRO-3 runs after every optimizer step to bring its persistent
+    parameters up to date (``stage3.py`` ``_post_step``: ``persistent_parameters[0].all_gather(...)``, which
+    ``partition_parameters.py``'s ``_allgather_params_coalesced`` launches as one ``all_gather_into_tensor`` per
+    parameter on the partition group): 8 per block and 2, each a message of a few KB over the whole group, so
+    a ring's latency each (34 on gpt-mini's 4 blocks, counted on DeepSpeed 0.19.8: ``tests/tuner/test_exports.py``)."""
+    ranks = cluster.span_size(s.param_span)
+    return sum(ct(("all_gather", (1, s.param_span), max(1, numel // ranks), 16)) for numel in persistent_params(model))
+
+
 def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int | None = None,
             global_batch: int | None = None, calibration: Calibration | None = None,
             block: int = QUANT_BLOCK) -> dict[str, Any]:
@@ -260,6 +281,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     micros_s, comm_s, slowdown_s = (rest[i] * (accum - 1) + final[i] for i in range(3))
     boundary_s = sum(k * sum(ct(c) for c in sched.boundary[n][2 if outer_in_backward else 0:])
                      for n, k in sched.bucket_counts)
+    if calib.gathers == "module" and s.param_span:  # DeepSpeed ZeRO-3's persistent parameters, once a step
+        boundary_s += _persistent_gathers(ct, model, cluster, s)
     optimizer_s = sum(n * k for n, k in sched.bucket_counts) / costs.prefix[s.optim_span] / calib.optimizer_elems_per_s
     step_s = micros_s + boundary_s + optimizer_s + calib.step_overhead_s
 

@@ -116,7 +116,10 @@ class Calibration:
     that is four all-gathers (qkv, proj, fc, out; its LayerNorms hold fewer elements than
     ``stage3_param_persistence_threshold``, 1e5 by default, and stay gathered). The bytes are the
     same; a block pays four collectives' latency instead of one, which is what a ring over a whole
-    large data-parallel group is made of. No prefetch is credited to ``module``: DeepSpeed's published
+    large data-parallel group is made of. After each optimizer step ``module`` also gathers the persistent
+    parameters (LayerNorms and biases, kept whole on every rank), one small all-gather each, at the step
+    boundary (``predict.persistent_params``; DeepSpeed's ``_post_step``, counted on DeepSpeed 0.19.8). No
+    prefetch is credited to ``module``: DeepSpeed's published
     ZeRO-3 and ZeRO++ figures show the gathers exposed, and its developers' own timelines of ZeRO-3
     found "the prefetching only partially overlaps with computation" (deepspeedai/DeepSpeed#1170).
     Crediting ``fetch_sub_module``'s prefetch as written (the next sub-modules' gathers, up to the

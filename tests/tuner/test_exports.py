@@ -543,10 +543,13 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     ZeRO++'s hpZ (16-bit here: DeepSpeed's quantizers need a GPU) gathers over all 4 ranks in forward and inside
     its 2-rank node in backward, as the strategy does. DeepSpeed fetches sub-module by sub-module: each block's
     four weight matrices (qkv, proj, fc, out) in one all-gather each, in forward and again in backward, the
-    gathers the model charges the deepspeed runner (``plan.block_modules``, ``Calibration.gathers``).
+    gathers the model charges the deepspeed runner (``plan.block_modules``, ``Calibration.gathers``), and after
+    each optimizer step it gathers every persistent parameter (LayerNorms, biases) in an all-gather of its own,
+    which the model charges at the step boundary (``predict.persistent_params``).
     Buckets of 0.5 MB keep DeepSpeed's prefetch window (which it does not release at the turn from forward to
     backward) smaller than the model, as it is on models of billions of parameters."""
     from zerotune.strategies.costmodel import step_volume
+    from zerotune.strategies.costmodel.predict import persistent_params
     from zerotune.strategies.plan import block_modules
 
     model = parse_model("gpt-mini")
@@ -580,5 +583,9 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     fetched = [n for op, n, ranks in calls["zero3"] if op == "all_gather_into_tensor" and ranks == 4
                and n > 10 * model.hidden * fp32 and n not in embeddings]
     assert len(fetched) == 2 * len(block_modules(model)) * model.layers == 32, sorted(fetched)
+    # and after each optimizer step, every persistent parameter (LayerNorms, biases) in an all-gather of its own
+    persistent = sorted(n // fp32 for op, n, ranks in calls["zero3"] if op == "all_gather_into_tensor"
+                        and ranks == 4 and n <= 10 * model.hidden * fp32)
+    assert persistent == sorted(persistent_params(model)) and len(persistent) == 8 * model.layers + 2 == 34
     # the model's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
     assert modelled["keep"] == pytest.approx(1.0) and 1.7 < modelled["zero3"] < 1.8, modelled
