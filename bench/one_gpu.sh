@@ -15,29 +15,8 @@
 # 5. the model's forward and backward split by kernel class (bench/kernel_split.py): the rates the cost
 #    model's Hopper figures were read from (bench/data/h200-kernels), for this device.
 # Each part writes into $OUT as it finishes, so a run cut short keeps what it measured.
-set -uo pipefail
 OUT=${OUT:-bench/data/one-gpu}
-MODEL=${MODEL:-gpt-1.3b}
-PY=${PYTHON:-python3}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
-
-log "$(nvidia-smi -L 2>/dev/null | head -1)"
-$PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' \
-    2>&1 | tee -a "$OUT/log.txt"
-# a cluster file for the device in hand: one level of one rank, its datasheet peak and its memory
-$PY - "$OUT/one-gpu.json" "${PEAK_TFLOPS:-}" <<'EOF' || exit 2
-import json, sys, torch
-from zerotune.strategies.costmodel.hardware import peak_tflops_of
-name = torch.cuda.get_device_name(0)
-peak = float(sys.argv[2]) if sys.argv[2] else peak_tflops_of(name)
-if peak is None:
-    sys.exit(f"one_gpu.sh: no profile names {name!r}: set PEAK_TFLOPS to its dense bf16 peak")
-json.dump({"name": "one-gpu", "levels": [{"name": "node", "size": 1, "bandwidth_gbps": 450.0, "latency_us": 3.4}],
-           "device": name, "device_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
-           "peak_tflops": peak}, open(sys.argv[1], "w"))
-EOF
+source "$(dirname "$0")/gpu_setup.sh"
 
 log "gemm efficiency"
 timeout 150 $PY bench/gemm_efficiency.py ${PEAK_TFLOPS:+--peak-tflops $PEAK_TFLOPS} \

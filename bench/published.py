@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import measured_efficiency, profile_calibration, profile_cluster
+from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster, with_measured_links
 from zerotune.strategies.costmodel.rates import GATHERS, OUTER_REDUCE, RINGS, RUNNERS, run_by
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
@@ -103,11 +103,7 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
             cluster.levels, spec["levels"], strict=True)))
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
-    measured = measured_efficiency(cluster)
-    if any(e is not None for e in measured):
-        calib = dataclasses.replace(calib, bandwidth_efficiency=tuple(
-            own if e is None else e for own, e in zip(calib.bandwidth_efficiency, measured, strict=True)))
-    return cluster, dataclasses.replace(calib, copies=copies)
+    return cluster, dataclasses.replace(with_measured_links(calib, cluster), copies=copies)
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:

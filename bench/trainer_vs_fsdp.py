@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -382,8 +383,6 @@ def worker(args: argparse.Namespace) -> None:
             engine.step(lr=lr)
             return float(total) / len(micros)
     elif config == "ds3":
-        import dataclasses
-
         from zerotune.strategies.model import build_gpt
         from zerotune.tuner.exports import deepspeed_config
 

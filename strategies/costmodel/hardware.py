@@ -634,45 +634,6 @@ PRESET_CALIBRATIONS = _Presets()
 """The calibration each cluster preset carries, by preset name: zerotune's engine running on it."""
 
 
-def measured_efficiency(cluster: ClusterSpec) -> tuple[float | None, ...]:
-    """Per level, the fraction of its links' rate its collectives reach by a measured bus bandwidth
-    (``Level.busbw_gbps``): busbw / (ranks under the level x ``bandwidth_gbps``), the rate at which a ring
-    over the level's span leaves each group through that many links (``timing.Costs._flat_ring``) and each
-    rank's share of it in zerotune's hierarchical exchange; None where none was measured."""
-    out, below = [], 1
-    for lv in cluster.levels:
-        out.append(None if lv.busbw_gbps is None else lv.busbw_gbps / (below * lv.bandwidth_gbps))
-        below *= lv.size
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def calibration_for(cluster: ClusterSpec) -> Calibration:
-    """The calibration a cluster carries: its preset's profile when it is a preset (same levels and
-    links); else, when it names a profiled device at that device's peak, the device's profile on its own
-    levels (``device_calibration``); else the generic nominal one (fit your own with ``zerotune calibrate``).
-    A level with a measured bus bandwidth (``Level.busbw_gbps``) makes the cluster a custom one, whose
-    collectives on that level reach what was measured (``measured_efficiency``)."""
-    measured = measured_efficiency(cluster)
-    base = cluster.name.partition(":")[0]
-    profile = PROFILES.get(base)
-    if profile is not None and not any(e is not None for e in measured):
-        device, levels = profile
-        same = len(levels) == cluster.num_levels and all(
-            lv.name == name and lv.bandwidth_gbps == LINKS[link].bandwidth_gbps
-            for lv, (name, _, link) in zip(cluster.levels, levels, strict=True))
-        if same and cluster.peak_tflops == DEVICES[device].peak_tflops:
-            return PRESET_CALIBRATIONS[base]
-    key = device_key_of(cluster.device)
-    if key is None or cluster.peak_tflops != DEVICES[key].peak_tflops:
-        if not any(e is not None for e in measured):
-            return NOMINAL
-        return dataclasses.replace(NOMINAL, name=f"{NOMINAL.name}{MEASURED_LINKS_SUFFIX}", bandwidth_efficiency=tuple(
-            NOMINAL_LINK_EFFICIENCY if e is None else e for e in measured))
-    return device_calibration(key, tuple((lv.bandwidth_gbps, lv.latency_us, e)
-                                         for lv, e in zip(cluster.levels, measured, strict=True)))
-
-
 MEASURED_LINKS_SUFFIX = ", measured links"
 """What ends the name of a calibration whose links' efficiency came from the cluster's measured bus bandwidths
 on a device with no profile (``nominal, measured links``)."""
@@ -683,21 +644,61 @@ DEVICE_CALIBRATION_SUFFIX = "-device"
 ``calibration`` name tells a device profile on unprofiled links from the nominal calibration."""
 
 
+def with_measured_links(calib: Calibration, cluster: ClusterSpec) -> Calibration:
+    """``calib`` with each level that carries a measured bus bandwidth (``Level.busbw_gbps``) at the efficiency
+    it measured: busbw / (ranks under the level x ``bandwidth_gbps``), the rate at which a ring over the level's
+    span leaves each group through that many links (``timing.Costs._flat_ring``) and each rank's share of it in
+    zerotune's hierarchical exchange. The other levels keep ``calib``'s; ``calib`` itself where none was measured."""
+    measured, below = [], 1
+    for lv in cluster.levels:
+        measured.append(None if lv.busbw_gbps is None else lv.busbw_gbps / (below * lv.bandwidth_gbps))
+        below *= lv.size
+    if all(e is None for e in measured):
+        return calib
+    return dataclasses.replace(calib, bandwidth_efficiency=tuple(
+        calib.level_efficiency(k) if e is None else e for k, e in enumerate(measured, 1)))
+
+
+@functools.lru_cache(maxsize=1024)
+def calibration_for(cluster: ClusterSpec) -> Calibration:
+    """The calibration a cluster carries: its preset's profile when it is a preset (same levels and
+    links); else, when it names a profiled device at that device's peak, the device's profile on its own
+    levels (``device_calibration``); else the generic nominal one (fit your own with ``zerotune calibrate``).
+    A level with a measured bus bandwidth (``Level.busbw_gbps``) makes the cluster a custom one, whose
+    collectives on that level reach what was measured (``with_measured_links``)."""
+    measured = any(lv.busbw_gbps is not None for lv in cluster.levels)
+    base = cluster.name.partition(":")[0]
+    profile = PROFILES.get(base)
+    if profile is not None and not measured:
+        device, levels = profile
+        same = len(levels) == cluster.num_levels and all(
+            lv.name == name and lv.bandwidth_gbps == LINKS[link].bandwidth_gbps
+            for lv, (name, _, link) in zip(cluster.levels, levels, strict=True))
+        if same and cluster.peak_tflops == DEVICES[device].peak_tflops:
+            return PRESET_CALIBRATIONS[base]
+    key = device_key_of(cluster.device)
+    if key is None or cluster.peak_tflops != DEVICES[key].peak_tflops:
+        calib = dataclasses.replace(NOMINAL, name=f"{NOMINAL.name}{MEASURED_LINKS_SUFFIX}") if measured else NOMINAL
+    else:
+        calib = device_calibration(key, tuple((lv.bandwidth_gbps, lv.latency_us) for lv in cluster.levels))
+    return with_measured_links(calib, cluster)
+
+
 @functools.lru_cache(maxsize=256)
-def device_calibration(device: str, levels: tuple[tuple[float, float, float | None], ...]) -> Calibration:
+def device_calibration(device: str, levels: tuple[tuple[float, float], ...]) -> Calibration:
     """The calibration of a custom cluster of ``DEVICES[device]`` whose levels have these (GB/s per rank, µs
-    per hop, measured efficiency or None), innermost first, run by zerotune's engine: what belongs to the
-    device is its profile's (the engine's compute and memory-bound rates, the library's protocols and LL caps,
-    the runner's host floor; NCCL's defaults for the host, ``HOSTS["unknown"]``), and each level's collective
-    efficiency is the measured one (``measured_efficiency``: the cluster's own bus bandwidth), else that of
+    per hop), innermost first, run by zerotune's engine: what belongs to the device is its profile's (the
+    engine's compute and memory-bound rates, the library's protocols and LL caps, the runner's host floor;
+    NCCL's defaults for the host, ``HOSTS["unknown"]``), and each level's collective efficiency is that of
     the profiled link with the same bandwidth and hop latency (a preset's level resized or re-counted),
-    else ``NOMINAL_LINK_EFFICIENCY``: nothing measured those links. A device's rates describe it on any
+    else ``NOMINAL_LINK_EFFICIENCY``: nothing measured those links (``calibration_for`` then puts a level's
+    measured bus bandwidth in its place). A device's rates describe it on any
     cluster; a link's do not. One H200 in a cluster file of its own (``bench/one_gpu.sh`` writes one) is
     predicted as the ``dgx-h200`` preset's device, not at the nominal 45% of peak that took the engine's
     kept one-GPU steps for 19-27% longer than measured. Such a calibration carries no published band
     (``error.error_band``): its links are not the published clusters'."""
-    efficiency = tuple(measured if measured is not None else next(
-        (link.efficiency for link in LINKS.values() if (link.bandwidth_gbps, link.latency_us) == (bandwidth, latency)),
-        NOMINAL_LINK_EFFICIENCY) for bandwidth, latency, measured in levels)
+    efficiency = tuple(next((link.efficiency for link in LINKS.values()
+                             if (link.bandwidth_gbps, link.latency_us) == level), NOMINAL_LINK_EFFICIENCY)
+                       for level in levels)
     base = profile_calibration(f"{device}{DEVICE_CALIBRATION_SUFFIX}", device, ())
     return run_by(dataclasses.replace(base, bandwidth_efficiency=efficiency), "zerotune")
