@@ -181,22 +181,29 @@ its post-backward hook, and copies each gather's output and each reduction's inp
 RUNNER_HOST_S_PER_LAYER: dict[str, float] = {
     "zerotune": (77.2 - 19.1) / 24 * 1e-3,
     "fsdp": ((109.6 + 102.4) / 2 - 14.0) / 24 * 1e-3,
-    "deepspeed": 0.0,
+    "deepspeed": (337.0 - 14.6) / 24 * 1e-3,
 }
-"""Each runner's host floor per transformer block (``Calibration.host_s_per_layer``), measured on one H100
-machine's host (bench/data/h100-1gpu-fused: ``bench/trainer_vs_fsdp.py --worlds 1 --model gpt-1.3b
---batch 1``, 24 blocks, AdamW fused). At one sequence of 2,048 tokens these steps are host-bound: the
-device waits between many short kernels (over 300 gaps of 50 µs or more in a step) and the step ends
-one optimizer phase after the host's last backward launch. So a block costs the host (timed step -
-optimizer phase) / 24, the optimizer phase being the device time from the fused AdamW's first kernel on
-(``python bench/trace_phases.py bench/data/h100-1gpu-fused/trace/*.json.gz``): zerotune's engine
-(collectives on the caller's thread) 77.2 ms with a 19.1 ms phase, 2.4 ms; FSDP2 (fully_shard per block)
-109.6 and 102.4 ms in two runs with a 14.0 ms phase, 3.8 ms. DeepSpeed's has not been measured on a GPU
-host: 0, never host-bound. On a CPU (bench/data/cpu-host-per-block: narrow models of 4 and 24 blocks, where a
-step is the runners' own work) DeepSpeed 0.19.8's ZeRO-3, running zerotune's export, did 2.8-5.0x our engine's
-host work per block, where FSDP2 did 1.4x (1.58x on the H100's host): DeepSpeed's small-batch steps are
-likely host-bound too, and this floor under-charges them until a GPU host measures it. Another host's
-single-thread speed moves these."""
+"""Each runner's host floor per transformer block (``Calibration.host_s_per_layer``), measured on one GPU
+machine's host with ``bench/trainer_vs_fsdp.py --worlds 1 --model gpt-1.3b --batch 1`` (24 blocks, AdamW
+fused). At one sequence of 2,048 tokens these steps are host-bound: the device waits between many short
+kernels (over 200 gaps of 50 µs or more in a step) and the step ends one optimizer phase after the host's
+last backward launch. So a block costs the host (timed step - optimizer phase) / 24, the optimizer phase
+being the device time from the fused AdamW's first kernel on (``bench/trace_phases.py``):
+
+- zerotune's engine (collectives on the caller's thread), on an H100's host (bench/data/h100-1gpu-fused):
+  77.2 ms with a 19.1 ms phase, 2.4 ms;
+- FSDP2 (fully_shard per block), the same host: 109.6 and 102.4 ms in two runs with a 14.0 ms phase, 3.8 ms;
+- DeepSpeed 0.19.8's ZeRO-3 running zerotune's export (torch's fused AdamW as the client optimizer), on an
+  H200's host (bench/data/h200-runner-peers, ``bench/runner_peers.sh``): 337.0 ms with a 14.6 ms phase,
+  13.4 ms. Its step is the host's: the device is busy 70 ms of it, and a profiled step's host time goes to
+  its per-parameter hooks (AccumulateGrad 117 ms for 292 parameters, its pre- and post-backward module
+  hooks 82 ms). At 4 sequences it is still host-bound (383.5 ms, device busy 160 ms).
+
+The same run on the H200's host puts the other two within the spread of hosts: our engine 2.3 ms a block
+(69.7 ms, 14.4 ms phase; 5% under the H100 host's) and FSDP2 4.8 ms (126.3 ms, 10.5 ms phase; 26% over).
+On a CPU (bench/data/cpu-host-per-block: narrow models of 4 and 24 blocks, where a step is the runners' own
+work) DeepSpeed's ZeRO-3 did 2.8-5.0x our engine's host work per block and FSDP2 1.4x; on the H200's host
+5.8x and 2.1x. Another host's single-thread speed moves these."""
 
 
 def run_by(calib: Calibration, runner: str) -> Calibration:
