@@ -24,9 +24,10 @@ our engine's strategy, FSDP2's ``reduce_dtype=float32`` (torchtitan's default) a
   ``overlap_comm``, bf16 or fp32, ``--batch`` and ``--accum`` as the micro-batch and accumulation) — what a
   user of the DeepSpeed export runs. It needs ``pip install deepspeed`` (``make install`` has it); on CPU it
   runs DeepSpeed's CPU accelerator over gloo. On CPU its losses follow ours and DDP's (within 0.01 nats over
-  a dozen steps; Adam's first steps amplify its different rounding of near-zero gradients); on an H200 in
-  bf16 (gpt-1.3b, bench/data/h200-runner-peers) they left the others' from the third step and ended 0.3-0.4
-  lower after 8, which that run does not explain: read its step time as the same kernels on the same shapes;
+  a dozen steps; Adam's first steps amplify its different rounding of near-zero gradients); on an H200
+  (gpt-1.3b, bench/data/h200-runner-peers) they left the others' after the first update, in bf16 and in fp32
+  alike, and ended 0.3-0.4 lower after 8, which is not explained yet: read its step time as the same kernels
+  on the same shapes;
 - ``mics``: our engine, preset ``mics`` (sharded inside a node, replicated across nodes);
 - ``hsdp``: ``fully_shard`` over a 2-D mesh (replicate, shard) = (nodes, ranks per node), ranks per
   node being the product of every cluster level size but the outermost — the pair of ``mics``;
