@@ -1,7 +1,7 @@
 """Our ZeRO engine vs PyTorch FSDP2 (``fully_shard``) vs DeepSpeed ZeRO-3 vs DDP: step time and peak memory
 on the same GPT.
 
-    python bench/trainer_vs_fsdp.py                          # worlds 4 and 8, all six configs
+    python bench/trainer_vs_fsdp.py                          # worlds 4 and 8, all seven configs
     python bench/trainer_vs_fsdp.py --worlds 4 --configs zero3,fsdp2 --steps 10
 
 Configs (every one trains the same ``--model`` GPT, ``strategies.model.build_gpt(spec, seed=0)``,
@@ -28,6 +28,9 @@ our engine's strategy, FSDP2's ``reduce_dtype=float32`` (torchtitan's default) a
   (gpt-1.3b, bench/data/h200-runner-peers) they left the others' after the first update, in bf16 and in fp32
   alike, and ended 0.3-0.4 lower after 8, which is not explained yet: read its step time as the same kernels
   on the same shapes;
+- ``ds3d``: the same DeepSpeed ZeRO-3 with DeepSpeed's own defaults for all but the batch, the dtype and the
+  stage (what a user runs without zerotune's export): beside ``ds3`` it tells what the export's settings
+  (buckets, prefetch, live parameters, reuse distance, persistence threshold) change, in time and in losses;
 - ``mics``: our engine, preset ``mics`` (sharded inside a node, replicated across nodes);
 - ``hsdp``: ``fully_shard`` over a 2-D mesh (replicate, shard) = (nodes, ranks per node), ranks per
   node being the product of every cluster level size but the outermost — the pair of ``mics``;
@@ -99,7 +102,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONFIGS = ("zero3", "fsdp2", "ds3", "mics", "hsdp", "ddp")
+CONFIGS = ("zero3", "fsdp2", "ds3", "ds3d", "mics", "hsdp", "ddp")
+DEEPSPEED = {"ds3", "ds3d"}
 OURS = {"zero3", "mics"}
 PAIRS = {"zero3": "fsdp2", "mics": "hsdp"}  # ours -> its FSDP2 counterpart
 DS_PAIRS = {"zero3": "ds3"}  # ours -> DeepSpeed running the config zerotune exports for the same strategy
@@ -184,8 +188,9 @@ def launch(args: argparse.Namespace) -> int:
                 if world == 1 and config in TWO_LEVELS:
                     print(f"          {config} left out on 1 rank (it needs two levels)", file=sys.stderr)
                     continue
-                if config == "ds3" and importlib.util.find_spec("deepspeed") is None:
-                    print("          ds3 left out: DeepSpeed is not installed (pip install deepspeed)", file=sys.stderr)
+                if config in DEEPSPEED and importlib.util.find_spec("deepspeed") is None:
+                    print(f"          {config} left out: DeepSpeed is not installed (pip install deepspeed)",
+                          file=sys.stderr)
                     continue
                 out = Path(tmp) / f"w{world}-{config}.json"
                 target = [__file__, "--config", config, "--cluster", cluster, "--result", str(out),
@@ -341,7 +346,7 @@ def worker(args: argparse.Namespace) -> None:
     from zerotune.strategies.engine import ZeroEngine, adamw_options
 
     # communication setup first (process groups / mesh), so the memory baseline excludes it
-    if config == "ds3":
+    if config in DEEPSPEED:
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")  # its own detection wants a GPU
         import deepspeed
 
@@ -385,7 +390,7 @@ def worker(args: argparse.Namespace) -> None:
             marks.append(time.perf_counter())
             engine.step(lr=lr)
             return float(total) / len(micros)
-    elif config == "ds3":
+    elif config in DEEPSPEED:
         from zerotune.strategies.model import build_gpt
         from zerotune.tuner.exports import deepspeed_config
 
@@ -393,11 +398,15 @@ def worker(args: argparse.Namespace) -> None:
                                        micro_batch_size=args.batch)
         ds_config = deepspeed_config(spec, cluster, strategy, global_batch=world * args.batch * args.accum,
                                      dtype="bf16" if bf16 else "fp32")
+        if config == "ds3d":  # DeepSpeed's own defaults: only the batch, the dtype and the stage kept
+            ds_config = {**{k: ds_config[k] for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                      "gradient_accumulation_steps")},
+                         **({"bf16": {"enabled": True}} if bf16 else {}), "zero_optimization": {"stage": 3}}
         model = build_gpt(spec, seed=0)
         optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, betas=BETAS,
                                       **adamw_options(device))
         ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-        info["what"] = f"DeepSpeed {deepspeed.__version__} ZeRO-3"
+        info["what"] = f"DeepSpeed {deepspeed.__version__} ZeRO-3" + (" defaults" if config == "ds3d" else "")
         info["strategy"], info["deepspeed_config"] = strategy.to_dict(), ds_config
 
         def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:

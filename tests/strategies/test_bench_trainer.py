@@ -70,10 +70,12 @@ def test_deepspeed_runs_the_exported_zero3_config_and_trains_the_same_model(tmp_
     """``ds3``: real DeepSpeed (its CPU accelerator over gloo, 2 ranks) runs the config zerotune exports for the
     zero3 strategy, with 2 micro-steps of accumulation: the same weights and data as our engine and DDP, the
     same first loss, and the same training within Adam's sensitivity to rounding (DeepSpeed sums near-zero
-    gradients in another order). ``to_optimizer_ms`` is each config's forward and backward, part of its step."""
+    gradients in another order). ``ds3d`` runs DeepSpeed's own defaults beside it (only the batch, the dtype and the
+    stage set) and trains the same model too. ``to_optimizer_ms`` is each config's forward and backward, part of its
+    step."""
     pytest.importorskip("deepspeed", reason="DeepSpeed not installed (pip install -e .[deepspeed])")
     out = tmp_path / "ds.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--worlds", "2", "--configs", "zero3,ds3,ddp",
+    proc = subprocess.run([sys.executable, str(BENCH), "--worlds", "2", "--configs", "zero3,ds3,ds3d,ddp",
                            "--model", "gpt-tiny", "--steps", "4", "--warmup", "1", "--accum", "2",
                            "--timeout", "180", "--json-out", str(out)],
                           capture_output=True, text=True, timeout=400, cwd=ROOT)
@@ -86,7 +88,11 @@ def test_deepspeed_runs_the_exported_zero3_config_and_trains_the_same_model(tmp_
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"], cfg["train_batch_size"]) == (
         1, 2, 4)
     assert ds["losses"][0] == pytest.approx(rows["zero3"]["losses"][0], abs=1e-5)
-    for config in ("zero3", "ds3"):
+    defaults = rows["ds3d"]
+    assert defaults["what"].endswith("ZeRO-3 defaults")
+    assert defaults["deepspeed_config"] == {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1,
+                                            "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3}}
+    for config in ("zero3", "ds3", "ds3d"):
         assert rows[config]["losses"] == pytest.approx(rows["ddp"]["losses"], abs=0.01), config
     for r in rows.values():
         assert 0 < r["to_optimizer_ms"] < r["step_ms"]
