@@ -248,8 +248,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         bwd_block += copy_bwd / sched.total_units
         memory_bound_s += copy_fwd + copy_bwd
     # the host floor: a block's forward and backward cannot take less than the host needs to issue
-    # them (a third of it per forward pass: the backward is two, a recompute one more)
-    host_fwd = calib.host_s_per_layer / 3
+    # them (a third of it per forward pass: the backward is two, a recompute one more). A runner that
+    # gathers per sub-module (DeepSpeed) has its ZeRO-3's floor, its hooks on every module and parameter:
+    # its stages that keep parameters whole were not measured and are not charged one.
+    host_fwd = (calib.host_s_per_layer if calib.gathers != "module" or s.param_span else 0.0) / 3
     host_bwd = host_fwd * (2 + s.activation_checkpointing)
     host_wait_s = (max(0.0, host_fwd - fwd_block) + max(0.0, host_bwd - bwd_block)) * sched.total_units
     fwd_block, bwd_block = max(fwd_block, host_fwd), max(bwd_block, host_bwd)

@@ -141,7 +141,8 @@ class Calibration:
     """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
     to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is
     shorter waits for the host (``RUNNER_HOST_S_PER_LAYER``). 0 = never host-bound: fitted calibrations,
-    whose compute efficiency already holds the host they ran on."""
+    whose compute efficiency already holds the host they ran on. With ``gathers = "module"`` (DeepSpeed) it is
+    its ZeRO-3's floor, charged only to strategies that shard parameters."""
     measured_error: MeasuredError | None = None
     """A fitted calibration's cross-validated error on the runs it came from (its predictions' band)."""
 
