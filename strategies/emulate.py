@@ -10,6 +10,8 @@ rate of the level it crosses, so traffic between two groups is held to the slowe
     level-1 groups      namespaces  <prefix>-g0, -g1, ...   (ranks, loopback inside)
     level-k groups      bridges     in the fabric namespace <prefix>-f, one per group of level k
     child -> parent     veth pair   rate = level k's bandwidth per rank x ranks in the child x scale
+                                    (or the level's measured bus bandwidth x scale, where the cluster
+                                    gives one: ``Level.busbw_gbps``, what its collectives reach there)
 
 **The scale.** A CPU rank computes a few GFLOPS where a GPU computes tens of TFLOPS; links at the
 target's bandwidths would make communication vanish beside compute. Every link is therefore slowed
@@ -231,7 +233,9 @@ class Plan:
             lv = self.cluster.levels[level - 1]
             rates = sorted({lk.rate_bps for lk in self.links if lk.level == level})
             if rates:
-                lines.append(f"  level {level} ({lv.name}, {lv.bandwidth_gbps:g} GB/s per rank): "
+                given = (f"{lv.busbw_gbps:g} GB/s measured busbw" if lv.busbw_gbps is not None
+                         else f"{lv.bandwidth_gbps:g} GB/s per rank")
+                lines.append(f"  level {level} ({lv.name}, {given}): "
                              f"{len([lk for lk in self.links if lk.level == level])} links at "
                              f"{rates[0] / 8e6:.4g} MB/s each way")
         return lines + [f"  note: {n}" for n in self.notes]
@@ -257,7 +261,9 @@ def plan(cluster: ClusterSpec, scale: float, *, owner: int | None = None, netem:
         size = sizes[level - 1]
         ranks_per_child = math.prod(sizes[:level - 1])
         lv = cluster.levels[level - 1]
-        rate = lv.bandwidth_gbps * 8e9 * ranks_per_child * scale
+        # a measured bus bandwidth is what a ring leaving a child group reaches through its ranks' links
+        per_child_gbps = lv.busbw_gbps if lv.busbw_gbps is not None else lv.bandwidth_gbps * ranks_per_child
+        rate = per_child_gbps * 8e9 * scale
         parents = []
         for p in range(len(children) // size):
             bridge = f"{pre}-b{level}.{p}"

@@ -68,6 +68,14 @@ def test_plan_names_every_group_bridge_and_link_under_its_owner():
     assert level3[0].rate_bps == pytest.approx(cluster.levels[2].bandwidth_gbps * 8e9 * 4 * 0.001)
     names = [*p.groups, *p.bridges, *(lk.up for lk in p.links), *(lk.down for lk in p.links), p.fabric]
     assert all(n.startswith("zt9ix-") and len(n) <= 15 for n in names) and len(set(names)) == len(names)
+    # a level with a measured bus bandwidth is shaped to it (what its collectives reach), the others as before
+    measured = dataclasses.replace(cluster, levels=(cluster.levels[0], dataclasses.replace(
+        cluster.levels[1], busbw_gbps=cluster.levels[1].bandwidth_gbps * 1.5), cluster.levels[2]))
+    q = emulate.plan(measured, 0.001, owner=12345)
+    assert [lk.rate_bps for lk in q.links if lk.level == 2] == pytest.approx(
+        [cluster.levels[1].bandwidth_gbps * 1.5 * 8e9 * 0.001] * 4)
+    assert [lk.rate_bps for lk in q.links if lk.level == 3] == [lk.rate_bps for lk in level3]
+    assert any("measured busbw" in line for line in q.describe())
     with pytest.raises(UsageError, match="must be in"):
         emulate.plan(cluster, 2.0)
     with pytest.raises(UsageError, match="nothing to emulate"):
