@@ -11,8 +11,8 @@
 # train: zerotune train at 4 sequences per micro-step, 2 micro-steps a step, profiled: what its loop adds to
 #    the engine's step (bench/data/h200-runner-peers: 0.290 s with the device busy 283 ms);
 # losses: in fp32, our engine, DeepSpeed running the export, DeepSpeed with its own defaults (ds3d) and DDP, one
-#    sequence, 8 steps: on an H200 DeepSpeed's losses left ours and DDP's (equal to four decimals) after its first
-#    update (bench/data/h200-runner-peers/fp32-b1.json); ds3d tells whether the export's settings do that.
+#    sequence, 8 steps: all four should agree now that the bench asks DeepSpeed for no clipping (before, its
+#    default clip at 1.0 took its losses 0.4 below ours and DDP's: bench/data/h200-runner-peers/fp32-b1.json).
 # DeepSpeed must be importable (pip install deepspeed); without it its rows are left out and said so.
 # A device without a profile needs PEAK_TFLOPS (bench/gpu_setup.sh).
 # Each part writes into $OUT as it finishes, so a run cut short keeps what it measured.

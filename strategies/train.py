@@ -37,6 +37,9 @@ from zerotune.strategies.health import health, step_spread
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 BETAS = (0.9, 0.95)
+GRAD_CLIP = 1.0
+"""The global gradient norm the trainer clips to by default (``--grad-clip``); the DeepSpeed and FSDP exports
+carry it so that a run of theirs trains as the trials did."""
 """AdamW's betas in a short run: GPT-3's (Brown et al. 2020, §2.3), which most large-model recipes keep."""
 SEQUENCES_PER_RANK = 4
 """A step's default sequences per rank: a study's default batch (tuner/space.py), and enough that
@@ -80,7 +83,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="peak learning rate (default: scaled to the model's width, see default_lr)")
     p.add_argument("--lr-warmup", type=int, default=None,
                    help="steps of linear learning-rate warm-up (default: half the steps)")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the global gradient norm to this (0: off)")
+    p.add_argument("--grad-clip", type=float, default=GRAD_CLIP, help="clip the global gradient norm to this (0: off)")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token-file", default=None, help="uint16 token ids (nanoGPT train.bin); default synthetic")

@@ -71,7 +71,8 @@ def test_deepspeed_runs_the_exported_zero3_config_and_trains_the_same_model(tmp_
     zero3 strategy, with 2 micro-steps of accumulation: the same weights and data as our engine and DDP, the
     same first loss, and the same training within Adam's sensitivity to rounding (DeepSpeed sums near-zero
     gradients in another order). ``ds3d`` runs DeepSpeed's own defaults beside it (only the batch, the dtype and the
-    stage set) and trains the same model too. ``to_optimizer_ms`` is each config's forward and backward, part of its
+    stage set, and no clipping: the bench's recipe, which DeepSpeed 0.19.8 would otherwise replace with a clip at
+    1.0) and trains the same model too. ``to_optimizer_ms`` is each config's forward and backward, part of its
     step."""
     pytest.importorskip("deepspeed", reason="DeepSpeed not installed (pip install -e .[deepspeed])")
     out = tmp_path / "ds.json"
@@ -91,7 +92,9 @@ def test_deepspeed_runs_the_exported_zero3_config_and_trains_the_same_model(tmp_
     defaults = rows["ds3d"]
     assert defaults["what"].endswith("ZeRO-3 defaults")
     assert defaults["deepspeed_config"] == {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1,
-                                            "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3}}
+                                            "gradient_accumulation_steps": 2, "gradient_clipping": 0.0,
+                                            "zero_optimization": {"stage": 3}}
+    assert cfg["gradient_clipping"] == 0.0  # the bench's recipe: DeepSpeed 0.19.8 would clip at 1.0 otherwise
     for config in ("zero3", "ds3", "ds3d"):
         assert rows[config]["losses"] == pytest.approx(rows["ddp"]["losses"], abs=0.01), config
     for r in rows.values():

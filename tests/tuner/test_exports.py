@@ -104,7 +104,7 @@ def ds(monkeypatch: pytest.MonkeyPatch) -> Any:
     from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION, DeepSpeedZeroConfig
 
     top_level = {C.TRAIN_BATCH_SIZE, C.TRAIN_MICRO_BATCH_SIZE_PER_GPU, C.GRADIENT_ACCUMULATION_STEPS,
-                 C.BFLOAT16, C.FP16, C.COMMUNICATION_DATA_TYPE, ZERO_OPTIMIZATION, ACT_CHKPT}
+                 C.BFLOAT16, C.FP16, C.COMMUNICATION_DATA_TYPE, C.GRADIENT_CLIPPING, ZERO_OPTIMIZATION, ACT_CHKPT}
 
     class Parser:
         version = deepspeed.__version__
@@ -164,6 +164,30 @@ def test_fp32_reductions_are_deepspeeds_communication_data_type(ds: Any, preset:
     assert "communication_data_type" not in deepspeed_config(MODEL, cluster, s, dtype="fp32")
     assert "communication_data_type" not in deepspeed_config(MODEL, cluster, build_strategy(preset, cluster))
     assert runner_rule("deepspeed", cluster, s) is None
+
+
+def test_the_exports_clip_gradients_as_the_trials_did_whatever_deepspeeds_default(ds: Any) -> None:
+    """DeepSpeed clips the global gradient norm at its ``gradient_clipping`` (0 = none); a config without the
+    key gets the installed release's default, 0 in older ones and 1.0 in 0.19.8, so the export always writes
+    what zerotune's trials clip to (``GRAD_CLIP``), and DeepSpeed's parser reads it back. The FSDP2 export
+    carries the same figure and its snippet says where to apply it."""
+    from zerotune.strategies.train import GRAD_CLIP
+
+    cluster = parse_cluster("dgx-h100:4")
+    for preset in ("zero1", "zero3", "zeropp"):
+        cfg = deepspeed_config(MODEL, cluster, build_strategy(preset, cluster), deepspeed_version=ds.version)
+        assert cfg["gradient_clipping"] == GRAD_CLIP == 1.0
+        assert ds.check(cfg, cluster.world_size).gradient_clipping == GRAD_CLIP
+    s = build_strategy("zero3", cluster)
+    off = deepspeed_config(MODEL, cluster, s, gradient_clipping=0)
+    assert off["gradient_clipping"] == 0.0 and ds.check(off, cluster.world_size).gradient_clipping == 0.0
+    for bad in (-1.0, float("nan"), float("inf"), True, "1.0"):
+        with pytest.raises(SpecError, match="gradient_clipping"):
+            deepspeed_config(MODEL, cluster, s, gradient_clipping=bad)
+        with pytest.raises(SpecError, match="gradient_clipping"):
+            validate_deepspeed_config({**off, "gradient_clipping": bad}, cluster.world_size)
+    f = fsdp_config(MODEL, cluster, s)
+    assert f["grad_clip"] == GRAD_CLIP and f"clip_grad_norm_(model.parameters(), {GRAD_CLIP})" in f["code"]
 
 
 def test_deepspeed_rejects_a_typo(ds: Any) -> None:

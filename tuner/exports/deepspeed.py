@@ -29,6 +29,11 @@ mics_shard_size                      span_size(optim_span) when P, G, OS are sha
 mics_hierarchical_params_gather      true only when the MiCS shard spans several nodes
 communication_data_type (top level)  "fp32" when grad_bits == 32 and the run is 16-bit (gradient reductions
                                      in fp32; DeepSpeed's ``get_communication_data_type``)
+gradient_clipping (top level)        the global gradient norm zerotune's trials clip to (``strategies.train.GRAD_CLIP``,
+                                     ``gradient_clipping=`` to change it, 0 = none), always written: DeepSpeed's
+                                     default is 0 (no clipping) in older releases and 1.0 in 0.19.8
+                                     (``runtime/constants.py`` ``GRADIENT_CLIPPING_DEFAULT``), so a config without
+                                     it trains differently by version
 =================================== ==============================================================
 
 The two stage-3 keys DeepSpeed would otherwise default to 1e9 elements each decide what it moves and holds:
@@ -75,6 +80,7 @@ from typing import Any
 
 from zerotune.errors import SpecError
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.train import GRAD_CLIP
 from zerotune.tuner.exports.common import (
     DTYPES,
     MICS_REMOVED_IN,
@@ -101,8 +107,11 @@ def _parse_version(version: str | None) -> tuple[int, int, int] | None:
 
 
 def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, global_batch: int | None, dtype: str,
-               deepspeed_version: str | None) -> tuple[dict[str, Any], list[str]]:
+               deepspeed_version: str | None, gradient_clipping: float = GRAD_CLIP) -> tuple[dict[str, Any], list[str]]:
     """The DeepSpeed config and its notes (see the module docstring for the mapping)."""
+    if (not isinstance(gradient_clipping, int | float) or isinstance(gradient_clipping, bool)
+            or not 0 <= gradient_clipping < float("inf")):
+        raise SpecError("gradient_clipping", gradient_clipping, "must be a number >= 0 (0: no clipping)")
     s, gb, accum = _prepare(cluster, strategy, global_batch, dtype, DTYPES, "DeepSpeed")
     version = _parse_version(deepspeed_version)
     mics_available = version is not None and version < MICS_REMOVED_IN
@@ -136,6 +145,7 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
         "train_batch_size": gb,
         "train_micro_batch_size_per_gpu": s.micro_batch_size,
         "gradient_accumulation_steps": accum,
+        "gradient_clipping": float(gradient_clipping),
     }
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
@@ -263,7 +273,7 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
 
 def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
                      global_batch: int | None = None, dtype: str = "bf16",
-                     deepspeed_version: str | None = None) -> dict[str, Any]:
+                     deepspeed_version: str | None = None, gradient_clipping: float = GRAD_CLIP) -> dict[str, Any]:
     """A complete DeepSpeed config for ``strategy``: only keys and values DeepSpeed accepts.
 
     The mapping table and its sources are in the module docstring; everything that is not an exact
@@ -277,12 +287,14 @@ def deepspeed_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy,
             (dynamic loss scaling), ``"fp32"`` → neither.
         deepspeed_version: the DeepSpeed the config is for; None = the newest (no MiCS keys, valid for
             every DeepSpeed >= 0.14). 0.14 - 0.19.6 may use ``mics_shard_size``.
+        gradient_clipping: the global gradient norm to clip to (default: what zerotune's trials clip to);
+            0 = none. Always written (DeepSpeed's own default changed between releases).
 
     Raises:
-        SpecError (a ValueError) naming the field and value: a bad global batch, dtype or version, a
+        SpecError (a ValueError) naming the field and value: a bad global batch, dtype, version or clipping, a
         strategy invalid for the cluster, or a config that breaks :func:`validate_deepspeed_config`.
     """
-    return _deepspeed(model, cluster, strategy, global_batch, dtype, deepspeed_version)[0]
+    return _deepspeed(model, cluster, strategy, global_batch, dtype, deepspeed_version, gradient_clipping)[0]
 
 
 def deepspeed_notes(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
@@ -310,6 +322,7 @@ def validate_deepspeed_config(config: dict[str, Any], world_size: int) -> None:
       than and divides the ZeRO partition group (the world or the MiCS shard) and is not combined
       with MiCS.
     - ``zero_quantized_weights`` / ``zero_quantized_gradients`` need stage 3 (ignored otherwise).
+    - ``gradient_clipping``, where given, is a number >= 0.
 
     Raises:
         SpecError (a ValueError) naming the field, its value and the rule.
@@ -322,6 +335,9 @@ def validate_deepspeed_config(config: dict[str, Any], world_size: int) -> None:
         raise SpecError("train_batch_size", train,
                         f"must equal train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size "
                         f"= {micro} x {accum} x {world} = {micro * accum * world}")
+    clip = config.get("gradient_clipping", 0.0)
+    if not isinstance(clip, int | float) or isinstance(clip, bool) or not 0 <= clip < float("inf"):
+        raise SpecError("gradient_clipping", clip, "must be a number >= 0 (0: no clipping)")
     zero = config.get("zero_optimization", {})
     if not isinstance(zero, dict):
         raise SpecError("zero_optimization", zero, "must be an object")

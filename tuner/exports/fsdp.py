@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.train import GRAD_CLIP
 from zerotune.tuner.exports.common import (
     DTYPES,
     _prepare,
@@ -38,7 +39,8 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
     ``reshard_after_forward``, ``mixed_precision`` (torch dtype names for ``MixedPrecisionPolicy``: gradients
     reduce in float32 when ``grad_bits`` is 32, else in the parameters' dtype),
     ``global_batch``, ``micro_batch_size``, ``grad_accum_steps``, ``activation_checkpointing``,
-    ``notes`` (what FSDP2 cannot express) and ``code`` (a Python snippet).
+    ``grad_clip`` (the global gradient norm zerotune's trials clip to: ``clip_grad_norm_`` before each optimizer
+    step, as the snippet says), ``notes`` (what FSDP2 cannot express) and ``code`` (a Python snippet).
     """
     s, gb, accum = _prepare(cluster, strategy, global_batch, dtype, DTYPES, "FSDP2")
     world = cluster.world_size
@@ -121,6 +123,7 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
         "micro_batch_size": s.micro_batch_size,
         "grad_accum_steps": accum,
         "activation_checkpointing": s.activation_checkpointing,
+        "grad_clip": GRAD_CLIP,
         "notes": notes,
         "code": _fsdp_code(mesh_shape, names, reshard, mixed, s.activation_checkpointing),
     }
@@ -156,5 +159,7 @@ def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mix
         "# the root (embeddings, head): its parameters are needed again as soon as backward starts, so resharding",
         "# them after forward would only cost a gather",
         "fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy)",
+        f"# each step, as zerotune's trials: torch.nn.utils.clip_grad_norm_(model.parameters(), {GRAD_CLIP}) "
+        "before optimizer.step()",
     ]
     return "\n".join(lines) + "\n"
