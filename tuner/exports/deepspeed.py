@@ -109,9 +109,6 @@ def _parse_version(version: str | None) -> tuple[int, int, int] | None:
 def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, global_batch: int | None, dtype: str,
                deepspeed_version: str | None, gradient_clipping: float = GRAD_CLIP) -> tuple[dict[str, Any], list[str]]:
     """The DeepSpeed config and its notes (see the module docstring for the mapping)."""
-    if (not isinstance(gradient_clipping, int | float) or isinstance(gradient_clipping, bool)
-            or not 0 <= gradient_clipping < float("inf")):
-        raise SpecError("gradient_clipping", gradient_clipping, "must be a number >= 0 (0: no clipping)")
     s, gb, accum = _prepare(cluster, strategy, global_batch, dtype, DTYPES, "DeepSpeed")
     version = _parse_version(deepspeed_version)
     mics_available = version is not None and version < MICS_REMOVED_IN
@@ -145,7 +142,7 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
         "train_batch_size": gb,
         "train_micro_batch_size_per_gpu": s.micro_batch_size,
         "gradient_accumulation_steps": accum,
-        "gradient_clipping": float(gradient_clipping),
+        "gradient_clipping": gradient_clipping,  # checked with the rest below, then written as a float
     }
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
@@ -167,6 +164,7 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
                      "deepspeed.checkpointing.checkpoint; call it around each transformer block's forward "
                      "(or use the model's own gradient checkpointing) to recompute activations.")
     validate_deepspeed_config(config, world)
+    config["gradient_clipping"] = float(gradient_clipping)
     return config, notes
 
 
