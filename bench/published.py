@@ -29,7 +29,7 @@ says how the engine fetched parameters:
 (one per sub-module, as DeepSpeed ZeRO-3 and the engines built on it do); a strategy column may set its
 own ``gathers`` and ``stack`` where its engine is not the table's. A gather per module also brings DeepSpeed
 ZeRO-3's host floor, measured on a GPU host (``rates.RUNNER_HOST_S_PER_LAYER``): a block whose device time is
-shorter waits for the host's hooks (``with_host_floor``). ``copies = true`` says its engine copied each
+shorter waits for the host's hooks (``rates.with_host_floor``). ``copies = true`` says its engine copied each
 gather's output and each reduction's input (FSDP2: ``Calibration.copies``).
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
@@ -57,7 +57,7 @@ from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_mod
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
 from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster, with_measured_links
-from zerotune.strategies.costmodel.rates import GATHERS, OUTER_REDUCE, RINGS, RUNNER_HOST_S_PER_LAYER, RUNNERS, run_by
+from zerotune.strategies.costmodel.rates import GATHERS, OUTER_REDUCE, RINGS, RUNNERS, run_by, with_host_floor
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,17 +106,6 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
     return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies))
-
-
-def with_host_floor(calib: Calibration) -> Calibration:
-    """``calib`` with the host floor of the engine its ``gathers`` name where one was measured: DeepSpeed's ZeRO-3
-    (a gather per sub-module; ``RUNNER_HOST_S_PER_LAYER["deepspeed"]``, which ``predict`` charges only where
-    parameters are sharded). A bucket-gathering engine of a table (FSDP1, Megatron, InternEvo) keeps none: the
-    floors measured for zerotune's engine and FSDP2 are not theirs. A fitted calibration keeps its own."""
-    if calib.protocols == "simple":
-        return calib
-    return dataclasses.replace(calib, host_s_per_layer=RUNNER_HOST_S_PER_LAYER["deepspeed"]
-                               if calib.gathers == "module" else 0.0)
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:

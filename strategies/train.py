@@ -37,10 +37,10 @@ from zerotune.strategies.health import health, step_spread
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 BETAS = (0.9, 0.95)
+"""AdamW's betas in a short run: GPT-3's (Brown et al. 2020, §2.3), which most large-model recipes keep."""
 GRAD_CLIP = 1.0
 """The global gradient norm the trainer clips to by default (``--grad-clip``); the DeepSpeed and FSDP exports
 carry it so that a run of theirs trains as the trials did."""
-"""AdamW's betas in a short run: GPT-3's (Brown et al. 2020, §2.3), which most large-model recipes keep."""
 SEQUENCES_PER_RANK = 4
 """A step's default sequences per rank: a study's default batch (tuner/space.py), and enough that
 one step's loss is not ruled by a single sequence: with one 128-token sequence per step on gpt-mini

@@ -207,6 +207,18 @@ work) DeepSpeed's ZeRO-3 did 2.8-5.0x our engine's host work per block and FSDP2
 5.8x and 2.1x. Another host's single-thread speed moves these."""
 
 
+def with_host_floor(calib: Calibration) -> Calibration:
+    """``calib`` with the host floor of the engine its ``gathers`` name, for a table's engine that is none of
+    ``RUNNERS``: DeepSpeed ZeRO-3's where it gathers per sub-module (``RUNNER_HOST_S_PER_LAYER["deepspeed"]``,
+    which ``predict`` charges only where parameters are sharded), none where it gathers per bucket (FSDP1,
+    Megatron, InternEvo: the floors measured for zerotune's engine and FSDP2 are not theirs). A fitted
+    calibration keeps its own, as in ``run_by``."""
+    if calib.protocols == "simple":
+        return calib
+    return dataclasses.replace(calib, host_s_per_layer=RUNNER_HOST_S_PER_LAYER["deepspeed"]
+                               if calib.gathers == "module" else 0.0)
+
+
 def run_by(calib: Calibration, runner: str) -> Calibration:
     """``calib`` with the collectives of ``runner`` (a key of ``RUNNERS``), and, for a device profile
     (``protocols`` nccl or rccl), the runner's host floor; a fitted calibration keeps its own."""
