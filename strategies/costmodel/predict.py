@@ -11,7 +11,9 @@ the gradient reduction beyond ``grad_span`` (reduce-scatter to ``optim_span``, a
 replicas) after each reduce group in backward, as zerotune's engine, DeepSpeed's ``overlap_comm`` and
 DDP's buckets do on their accumulation boundary; the boundary keeps the gathers of the updated weights.
 A runner that gathers per sub-module (DeepSpeed's ZeRO-3) also gathers its persistent parameters there,
-one small all-gather each (``persistent_params``).
+one small all-gather each (``persistent_params``), and gathers the root a second time, at the turn to
+backward, where zerotune's engine keeps it (the head's backward waits for it). The bytes booked per level
+stay the engine's; only the seconds are the runner's.
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
 scores and weighted sum); backward twice that (+ a forward recompute with checkpointing); the head
@@ -264,6 +266,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         f_of.update(_by_module(ct, sched.fwd, sched.lengths, sched.units, model))
         b_of.update(_by_module(ct, sched.bwd, sched.lengths, sched.units, model))
     root_f = ct(sched.fwd[sched.root])
+    # DeepSpeed's ZeRO-3 releases the root's parameters (embeddings, final LayerNorm) after forward like every
+    # other module's and gathers them again for the head's backward, as it does a block's (counted on DeepSpeed
+    # 0.19.8: every parameter gathered twice a step, tests/tuner/test_exports.py); zerotune's engine keeps the root
+    root_b = ct(sched.bwd[sched.root]) if calib.gathers == "module" and s.param_span else 0.0
     r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs_of(sched.lengths, sched.units, sched.group_end, p)
     compute_s = (fwd_block + bwd_block) * sched.total_units + head_fwd + head_bwd
 
@@ -272,7 +278,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     head_s = head_fwd + head_bwd
     if kappa and comm0 > t0:
         head_s += kappa * min(comm0 - t0, head_s)
-    t0 += head_s
+    if root_b:  # the head's backward waits for the root's second gather, issued when the backward starts
+        comm0 = max(t0 + head_fwd, comm0) + root_b
+        t0 = comm0 + head_s - head_fwd
+    else:
+        t0 += head_s
 
     def micro_step(reductions: dict[Group, float]) -> tuple[float, float, float]:
         """(seconds, communication seconds, slow-down seconds) of one micro-step reducing by ``reductions``
@@ -280,7 +290,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         t, comm, lost_b = pipeline(t0, comm0, b_of, r_lengths, bwd_block, r_units, reductions,
                                    r_groups, p, bwd_runs, kappa)
         comm = (comm if comm > t else t) + (reductions[sched.root_group] if sched.root_group else 0.0)
-        comm_s = (root_f + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
+        comm_s = (root_f + root_b + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
                   + sum(k * reductions[g] for g, k in sched.group_counts))
         overlapped = t if t > comm else comm
         micro_s = calib.overlap * overlapped + (1 - calib.overlap) * (compute_s + comm_s)

@@ -520,6 +520,37 @@ def test_a_gather_per_sub_module_pays_each_ones_latency_on_the_whole_ring():
         Calibration(gathers="layer")
 
 
+def test_deepspeed_gathers_the_root_again_for_the_backward_and_our_engine_does_not():
+    """DeepSpeed's ZeRO-3 gathers every parameter twice a step, the embeddings included (counted on DeepSpeed
+    0.19.8 in tests/tuner/test_exports.py); zerotune's engine keeps its root unit gathered from forward into
+    backward. So a larger vocabulary (a larger root, the blocks unchanged) adds the root's gather once to our
+    engine's communication and twice to DeepSpeed's, and the head's backward waits for DeepSpeed's second one."""
+    from zerotune.strategies.costmodel.schedule import build_schedule
+    from zerotune.strategies.costmodel.timing import costs_for
+
+    cluster = parse_cluster("frontier:8")
+    small, large = parse_model("gpt-neox-20b"), dataclasses.replace(parse_model("gpt-neox-20b"), vocab=4 * 50432)
+    s = build_strategy("zero3", cluster, prefetch_buckets=0)
+    ds = run_by(calibration_for(cluster), "deepspeed")
+    ours = dataclasses.replace(ds, gathers="bucket")
+    costs = costs_for(cluster, ds, 2, s.quantize_above, 2048)  # volume.QUANT_BLOCK, predict's default
+
+    def root_gathers(model):
+        sched = build_schedule(model, cluster, s)
+        assert sched.bwd[sched.root] == sched.fwd[sched.root]  # zero3: the backward gathers what forward did
+        return costs.time(sched.fwd[sched.root]), sched
+
+    (f_small, sched_small), (f_large, sched_large) = root_gathers(small), root_gathers(large)
+    assert sched_small.lengths == sched_large.lengths  # the same blocks
+    runners = (("ds", ds), ("ours", ours))
+    grown = {name: predict(large, cluster, s, calibration=c)["breakdown"]["comm_s"]
+             - predict(small, cluster, s, calibration=c)["breakdown"]["comm_s"] for name, c in runners}
+    assert grown["ds"] - grown["ours"] == pytest.approx(f_large - f_small, rel=1e-9)
+    assert grown["ours"] > f_large - f_small > 0  # ours: the forward gather and the root's reduction
+    step = {name: predict(large, cluster, s, calibration=c)["step_time_s"] for name, c in runners}
+    assert step["ds"] > step["ours"]
+
+
 def test_prefetch_depth_does_not_move_a_strategy_that_gathers_nothing():
     """ZeRO-1/2 keep every parameter on every rank: no gather is issued, so nothing waits behind the gradient
     reductions in the queue, and the prefetch depth cannot change the step."""

@@ -611,5 +611,6 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     persistent = sorted(n // fp32 for op, n, ranks in calls["zero3"] if op == "all_gather_into_tensor"
                         and ranks == 4 and n <= 10 * model.hidden * fp32)
     assert persistent == sorted(persistent_params(model)) and len(persistent) == 8 * model.layers + 2 == 34
-    # the model's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
+    # the strategy's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
+    # (the bytes zerotune's engine moves; predict times the deepspeed runner's second root gather apart)
     assert modelled["keep"] == pytest.approx(1.0) and 1.7 < modelled["zero3"] < 1.8, modelled
