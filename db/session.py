@@ -20,7 +20,10 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
+
+from zerotune.errors import UsageError
 
 DATA_DIR_ENV = "ZEROTUNE_DATA_DIR"
 SQLITE_FILENAME = "zerotune.sqlite"
@@ -47,10 +50,16 @@ def default_url() -> str:
 def normalize_url(url: str | None = None) -> str:
     """``url`` as zerotune uses it: ``None`` → :func:`default_url`; a bare ``postgresql://`` (or
     ``postgres://``) gets the psycopg 3 driver that zerotune installs, instead of SQLAlchemy's
-    default psycopg2. Pass the result to Optuna too, so both open the database the same way."""
+    default psycopg2. Pass the result to Optuna too, so both open the database the same way. A value that
+    is no URL (a bare file path) is a ``UsageError`` naming the URL it should have been."""
     if url is None:
         return default_url()
-    parsed = make_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        example = f"sqlite:///{Path(url).expanduser().resolve()}" if url.strip() else "sqlite:///<absolute path>"
+        raise UsageError("db", url, f"not a database URL: a SQLite file is written {example}, a PostgreSQL "
+                                    "database postgresql://user@host/dbname") from None
     if parsed.drivername in ("postgresql", "postgres"):
         return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     return url

@@ -39,7 +39,8 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p = sub.add_parser("db", help="database maintenance")
     dbsub = p.add_subparsers(dest="db_command", metavar="SUBCOMMAND", required=True)
     q = dbsub.add_parser("upgrade", help="apply the schema migrations (idempotent)")
-    q.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
+    q.add_argument("--db", help="SQLAlchemy URL (ZEROTUNE_DB, as the service reads it; default: SQLite under the "
+                                "user's data directory)")
     q.add_argument("--revision", default="head")
     q.set_defaults(func=cmd_db)
 
@@ -108,13 +109,12 @@ def cmd_health(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def cmd_db(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.db.migrate import current, prepare_optuna_storage, upgrade
-    from zerotune.db.session import default_url
 
-    url = args.db or default_url()
+    url = _settings(db=args.db).url()  # the database the service and its workers open: --db, ZEROTUNE_DB, default
     upgrade(url, args.revision)
     if args.revision == "head":
         prepare_optuna_storage(url)  # Optuna's own tables too, so optuna-dashboard can open the database at once
-    print(f"zerotune: database {url} at revision {current(url)}", file=sys.stderr)
+    print(f"zerotune: database {_safe_url(url)} at revision {current(url)}", file=sys.stderr)
     return ExitStatus.SUCCESS
 
 def _settings(**overrides: Any) -> Any:

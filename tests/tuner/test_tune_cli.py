@@ -8,8 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from tests.support import ROOT
+from tests.support.postgres import fresh_database
 
 
 def zerotune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -70,6 +72,30 @@ def test_tune_rejects_bad_input_with_one_line(tmp_path):
                  "deepspeed", "--db", f"sqlite:///{tmp_path}/x.sqlite")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "runner='deepspeed': short runs train with zerotune's own engine" in r.stderr
+
+
+def test_a_database_path_that_is_no_url_is_refused_with_the_url_it_should_be(tmp_path):
+    path = tmp_path / "zt.db"
+    r = zerotune("tune", "--model", "gpt-13b", "--cluster", "dgx-h100:8", "--trials", "2", "--db", str(path))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert f"db='{path}': not a database URL" in r.stderr and f"sqlite:///{path}" in r.stderr
+    assert not path.exists()  # nothing created under a name the user did not mean
+
+
+def test_db_upgrade_opens_the_database_the_service_reads_and_never_prints_its_password(tmp_path, monkeypatch):
+    """``zerotune db upgrade`` without ``--db`` migrates ZEROTUNE_DB, the database ``serve`` and ``worker`` open, not
+    the default SQLite file; the URL it prints hides a password."""
+    db = tmp_path / "service.sqlite"
+    monkeypatch.setenv("ZEROTUNE_DB", f"sqlite:///{db}")
+    monkeypatch.setenv("ZEROTUNE_DATA_DIR", str(tmp_path / "default"))
+    r = zerotune("db", "upgrade")
+    assert r.returncode == 0 and f"database sqlite:///{db} at revision" in r.stderr, r.stderr
+    assert db.exists() and not (tmp_path / "default" / "zerotune.sqlite").exists()
+    with fresh_database("zt_upgrade") as url:  # trust auth: the password is taken and not needed
+        with_password = make_url(url).set(password="s3cret").render_as_string(hide_password=False)
+        r = zerotune("db", "upgrade", "--db", with_password, timeout=120)
+        assert r.returncode == 0 and "at revision" in r.stderr and "***" in r.stderr, r.stderr
+        assert "s3cret" not in r.stderr + r.stdout
 
 
 def test_tune_measures_its_shortlist_and_the_next_tune_starts_from_the_refit(tmp_path):
