@@ -74,7 +74,8 @@ class ClusterCreate(_In):
 
 
 class ModelCreate(_In):
-    """An explicit ModelSpec: a decoder-only GPT."""
+    """An explicit ModelSpec: a decoder-only GPT (a Llama by its matmul weights: kv_heads, tied_head false,
+    ffn_hidden 1.5 x its SwiGLU width)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "name": "my-gpt", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 50304, "seq_len": 2048}]})
@@ -86,6 +87,10 @@ class ModelCreate(_In):
     vocab: int = Field(ge=1, le=4_194_304)
     seq_len: int = Field(ge=1, le=1_048_576)
     ffn_hidden: int | None = Field(default=None, ge=1, le=1_048_576)
+    kv_heads: int | None = Field(default=None, ge=1, le=1024, description="key/value heads (grouped-query "
+                                 "attention; a divisor of heads); none: heads")
+    tied_head: bool = Field(default=True, description="the LM head is the token embedding (GPT-2); false: its own "
+                            "V x h matrix (Llama)")
 
 
 class StrategyCreate(_In):

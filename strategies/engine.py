@@ -18,7 +18,7 @@ S_{P+1..G} pieces by the index over levels P+1..G (its *grad shard*); each of th
 - step: AdamW on the fp32 optimizer shard, all-gather the new weights over P+1..O (16-bit: the
   authoritative shard is never quantized), drop secondary shards.
 
-The root unit (embeddings + final LayerNorm, tied to the head) stays gathered from the start of
+The root unit (embeddings, final LayerNorm and the head, tied or its own) stays gathered from the start of
 forward to the end of backward. All collectives run in order on one communication thread, so every
 rank issues the same sequence and, on CPU (gloo, whose collectives block their caller), prefetches
 overlap compute. On a GPU that thread is the caller's own (``InlineExecutor``): NCCL queues a

@@ -1,7 +1,7 @@
 """How the engine cuts a model into buckets — pure Python, shared by the engine and the cost model.
 
-Units (``model.unit_params``): ``root`` = token + position embeddings + final LayerNorm, gathered at
-the start of forward and kept until the end of backward (the tied head uses the embedding at the
+Units (``model.unit_params``): ``root`` = token + position embeddings + final LayerNorm (and an untied LM
+head), gathered at the start of forward and kept until the end of backward (the head uses its weights at the
 other end of the network, as FSDP keeps its root unit unsharded); then one unit per block.
 
 - A *parameter bucket* is one flat buffer: the root alone, or consecutive blocks whose parameters
@@ -26,20 +26,26 @@ BYTES_PER_16BIT = 2
 
 
 def block_modules(spec: ModelSpec) -> tuple[int, ...]:
-    """Parameters of a block's linear sub-modules, weight and bias: qkv, proj, fc, out."""
-    h, f = spec.hidden, spec.ffn
-    return 3 * h * h + 3 * h, h * h + h, h * f + f, f * h + h
+    """Parameters of a block's linear sub-modules, weight and bias: qkv (h + 2k outputs, k = ``ModelSpec.kv``),
+    proj, fc, out."""
+    h, f, q = spec.hidden, spec.ffn, spec.hidden + 2 * spec.kv
+    return h * q + q, h * h + h, h * f + f, f * h + h
 
 
 def block_numel(spec: ModelSpec) -> int:
-    """Parameters of one block: its linear sub-modules and two LayerNorms, 4h² + 2hf + 9h + f (see
+    """Parameters of one block: its linear sub-modules and two LayerNorms, 2h² + 2hk + 2hf + 7h + 2k + f (see
     ``ModelSpec.num_params``)."""
     return sum(block_modules(spec)) + 4 * spec.hidden
 
 
+def head_numel(spec: ModelSpec) -> int:
+    """The LM head's own weight: V·h where it is not tied to the token embedding, else none."""
+    return 0 if spec.tied_head else spec.vocab * spec.hidden
+
+
 def root_numel(spec: ModelSpec) -> int:
-    """Embeddings (V·h + T·h) and the final LayerNorm (2h)."""
-    return spec.vocab * spec.hidden + spec.seq_len * spec.hidden + 2 * spec.hidden
+    """Embeddings (V·h + T·h), the final LayerNorm (2h) and an untied LM head (``head_numel``)."""
+    return spec.vocab * spec.hidden + spec.seq_len * spec.hidden + 2 * spec.hidden + head_numel(spec)
 
 
 @dataclass(frozen=True)

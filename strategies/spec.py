@@ -182,7 +182,13 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only GPT (learned positions, tied LM head, LayerNorm and biases as GPT-2)."""
+    """A decoder-only GPT (learned positions, LayerNorm and biases as GPT-2), with multi-head or grouped-query
+    attention and an LM head tied to the token embedding or of its own.
+
+    A Llama-family model is written in these terms by its matmul weights: ``kv_heads`` as its own (GQA),
+    ``tied_head=False``, and ``ffn_hidden`` 1.5 x its SwiGLU width (three h x f matrices hold as many weights
+    and FLOPs as two h x 1.5f). What stays GPT-2's: LayerNorm and biases (2h and a few h per block where Llama
+    has an RMSNorm's h) and learned positions (T·h where Llama's RoPE has none)."""
 
     name: str
     layers: int
@@ -192,6 +198,11 @@ class ModelSpec:
     seq_len: int
     ffn_hidden: int | None = None
     """MLP width; None means 4 * hidden."""
+    kv_heads: int | None = None
+    """Key and value heads: fewer than ``heads`` is grouped-query attention (Ainslie et al. 2023; Llama 2 70B and
+    Llama 3 use 8), each shared by heads / kv_heads query heads; None means ``heads`` (multi-head attention)."""
+    tied_head: bool = True
+    """The LM head is the token embedding (GPT-2); False: a V x h matrix of its own (Llama)."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
@@ -200,34 +211,56 @@ class ModelSpec:
             _check_int("model.ffn_hidden", self.ffn_hidden, 1)
         if self.hidden % self.heads:
             raise SpecError("model.heads", self.heads, f"must divide hidden={self.hidden}")
+        if self.kv_heads is not None:
+            _check_int("model.kv_heads", self.kv_heads, 1)
+            if self.heads % self.kv_heads:
+                raise SpecError("model.kv_heads", self.kv_heads, f"must divide heads={self.heads}")
+        if not isinstance(self.tied_head, bool):
+            raise SpecError("model.tied_head", self.tied_head, "must be true or false")
 
     @property
     def ffn(self) -> int:
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
 
+    @property
+    def kv(self) -> int:
+        """Width of the keys (and of the values): kv_heads x head size; ``hidden`` without GQA."""
+        return self.hidden // self.heads * (self.kv_heads or self.heads)
+
     def num_params(self) -> int:
         """Ψ, every trainable parameter.
 
-        Per block: LN 2h, QKV 3h²+3h, attention projection h²+h, LN 2h, MLP h·f+f and f·h+h,
-        i.e. 4h² + 2hf + 9h + f (12h² + 13h for f = 4h, as Narayanan et al. 2021, eq. 2). Plus
-        token embeddings V·h (tied with the LM head), positions T·h and the final LN 2h.
+        Per block (k = ``kv``, h without GQA): LN 2h, QKV h(h+2k) + h+2k, attention projection h²+h, LN 2h, MLP
+        h·f+f and f·h+h, i.e. 2h² + 2hk + 2hf + 7h + 2k + f (12h² + 13h for k = h and f = 4h, as Narayanan et al.
+        2021, eq. 2). Plus token embeddings V·h, the LM head's V·h when it is not tied to them, positions T·h and
+        the final LN 2h.
         """
-        h, f = self.hidden, self.ffn
-        block = 4 * h * h + 2 * h * f + 9 * h + f
-        return self.layers * block + self.vocab * h + self.seq_len * h + 2 * h
+        h, f, k = self.hidden, self.ffn, self.kv
+        block = 2 * h * h + 2 * h * k + 2 * h * f + 7 * h + 2 * k + f
+        head = 0 if self.tied_head else self.vocab * h
+        return self.layers * block + self.vocab * h + head + self.seq_len * h + 2 * h
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token: 6Ψ + 12·L·h·T.
+        """Training FLOPs per token: 6Ψ + 12·L·h·T, Ψ without the token embedding of an untied head.
 
         6Ψ for the forward and backward matmuls of every weight, 12·L·h·T for the attention
         scores and weighted sums (Chowdhery et al. 2022, PaLM, Appendix B; nanoGPT's
-        ``estimate_mfu``). Recomputation under activation checkpointing is not counted: this is
-        *model* FLOPs, so TFLOPS figures compare across strategies.
+        ``estimate_mfu``). A tied embedding is counted once, as the head's matmul; an untied one
+        is a lookup, no matmul, and is left out (torchtitan's count). Recomputation under activation
+        checkpointing is not counted: this is *model* FLOPs, so TFLOPS figures compare across strategies.
         """
-        return 6 * self.num_params() + 12 * self.layers * self.hidden * self.seq_len
+        lookup = 0 if self.tied_head else self.vocab * self.hidden
+        return 6 * (self.num_params() - lookup) + 12 * self.layers * self.hidden * self.seq_len
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON; a GPT-2-shaped model leaves ``kv_heads`` and ``tied_head`` out (so a model written
+        before the fields existed keeps its form, and a request its key)."""
+        out = dataclasses.asdict(self)
+        if out["kv_heads"] is None:
+            del out["kv_heads"]
+        if out["tied_head"]:
+            del out["tied_head"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> ModelSpec:

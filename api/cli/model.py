@@ -82,8 +82,10 @@ def cmd_catalog(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"  {name:<12} {c['device']}, {c['device_memory_gib']:g} GiB, {c['peak_tflops']:g} TFLOPS; {levels}")
     print("models:")
     for name, m in data["models"].items():
+        extra = (f" kv_heads={m['kv_heads']}" if m.get("kv_heads") else "") + \
+            (" untied head" if m.get("tied_head") is False else "")
         print(f"  {name:<14} {count_label(m['num_params']):>8} params  layers={m['layers']} hidden={m['hidden']} "
-              f"heads={m['heads']} seq={m['seq_len']}")
+              f"heads={m['heads']} seq={m['seq_len']}{extra}")
     print("strategies:")
     for name, doc in data["strategies"].items():
         print(f"  {name:<10} {doc}")

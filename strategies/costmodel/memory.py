@@ -5,8 +5,9 @@ padded length n: P = n·e/S_P, G = n·e/S_G (4·n/S_G with fp32 reductions, ``gr
 OS = 12·n/S_O (fp32 master, exp_avg, exp_avg_sq), hpZ = n·e/S_H per block bucket — for ZeRO-3,
 (2 + 2 + 12)·Ψ/N with 16-bit e (ZeRO, Rajbhandari et al. 2020, §5).
 
-Activations per micro-batch of t = B·T tokens, per block: 8·t·h·e + 2·t·f·e saved tensors (two LN
-inputs and outputs, the QKV output (3), the attention output, the GELU input and output; cf.
+Activations per micro-batch of t = B·T tokens, per block: (6h + 2k)·t·e + 2·t·f·e saved tensors (two LN
+inputs and outputs, the QKV output (h + 2k, k = ``ModelSpec.kv``: 3h without grouped-query attention, so
+8·t·h·e), the attention output, the GELU input and output; cf.
 Korthikanti et al. 2022 §4, without dropout) plus fp32 LayerNorm statistics and attention
 log-sum-exp; only the block input t·h·e with checkpointing; the head keeps the final LN's input
 and output and the fp32 log-softmax (t·V·4); the embedding keeps the token and position ids.
@@ -57,8 +58,8 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
     t, h, f = s.micro_batch_size * model.seq_len, model.hidden, model.ffn
     if s.activation_checkpointing:
         per_block = t * h * elem_bytes  # the block's input only
-    else:  # 8·t·h + 2·t·f in the run dtype, fp32 LayerNorm mean/rstd, fp32 attention log-sum-exp
-        per_block = (8 * t * h + 2 * t * f) * elem_bytes + 2 * 2 * t * 4 + t * model.heads * 4
+    else:  # (6h + 2k)·t + 2·t·f in the run dtype, fp32 LayerNorm mean/rstd, fp32 attention log-sum-exp
+        per_block = ((6 * h + 2 * model.kv) * t + 2 * t * f) * elem_bytes + 2 * 2 * t * 4 + t * model.heads * 4
     head = 2 * t * h * elem_bytes + 2 * t * 4 + t * model.vocab * 4 + 4  # LN in/out, stats, log-softmax, loss
     # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them
     embed = s.micro_batch_size * (model.seq_len + 1) * 8 + model.seq_len * 8 + (t * 8 if s.micro_batch_size > 1 else 0)

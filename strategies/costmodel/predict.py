@@ -188,10 +188,11 @@ def _by_module(ct: Any, gathers: dict[int, Coll], lengths: tuple[int, ...], unit
 def persistent_params(model: ModelSpec) -> tuple[int, ...]:
     """The elements of each parameter DeepSpeed's ZeRO-3 keeps whole on every rank (``ds_persist``: fewer than
     ``stage3_param_persistence_threshold``, 1e5 by default and 10 x hidden in zerotune's export): a block's two
-    LayerNorms' weights and biases and its four biases (qkv 3h, proj h, fc ffn, out h), and the final LayerNorm's
-    weight and bias. The block's weight matrices and the embeddings are over either threshold."""
+    LayerNorms' weights and biases and its four biases (qkv h + 2k, k = ``ModelSpec.kv``, proj h, fc ffn, out h),
+    and the final LayerNorm's weight and bias. The block's weight matrices, the embeddings and an untied head are
+    over either threshold."""
     h = model.hidden
-    return (h, h, 3 * h, h, h, h, model.ffn, h) * model.layers + (h, h)
+    return (h, h, h + 2 * model.kv, h, h, h, model.ffn, h) * model.layers + (h, h)
 
 
 def _persistent_gathers(ct: Any, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> float:

@@ -10,20 +10,22 @@ a large one: a block's matmul FLOPs grow as h² per token and its memory-bound b
 loss reads and writes V values per token whatever the model's width (at h = 768 and V = 50,368 the
 loss moves as many bytes per token as all twelve blocks' LayerNorms, GELUs and adds together).
 
-The byte counts are the engine's model (``strategies.model``: pre-LN GPT-2 blocks, GELU MLP, tied
-head, ``F.cross_entropy`` on fp32 logits) run eagerly, one kernel per op, each reading its inputs
-and writing its outputs once; views move nothing, index kernels (embedding, NLL) read only the rows
-they index. ``tests/strategies/test_traffic.py`` counts them off the model's own op stream (a
-``TorchDispatchMode`` over a forward and backward) and holds these formulas to that count.
+The byte counts are the engine's model (``strategies.model``: pre-LN GPT-2 blocks, GELU MLP, multi-head
+or grouped-query attention, tied or untied head, ``F.cross_entropy`` on fp32 logits) run eagerly, one
+kernel per op, each reading its inputs and writing its outputs once; views move nothing, index kernels
+(embedding, NLL) read only the rows they index. ``tests/strategies/test_traffic.py`` counts them off the
+model's own op stream (a ``TorchDispatchMode`` over a forward and backward) and holds these formulas to
+that count.
 With ``e`` bytes per activation element (2 in bf16/fp16, 4 in fp32), per token:
 
 - block forward: LayerNorm ×2 (read and write h, fp32 mean and rstd: 2·(2he + 8)), residual add ×2
   (read 2h, write h: 6he), GELU (read and write f: 2fe) — ``10he + 2fe + 16``;
 - block backward: the residual stream's two gradient sums (6he), LayerNorm ×2 (read gradient and
   input, write gradient, read mean and rstd: 2·(3he + 8)), GELU's (read gradient and input, write:
-  3fe), the qkv split's (a concatenation: read and write 3h: 6he), bias gradients (read each linear's
-  output gradient: 3h + h + f + h = 5he + fe) — ``23he + 4fe + 16``; a recomputed forward (activation
-  checkpointing) moves the forward's bytes again;
+  3fe), the qkv split's (a concatenation: read and write h + 2k, k = ``ModelSpec.kv``, the keys' width:
+  2(h + 2k)e), bias gradients (read each linear's output gradient: (h + 2k) + h + f + h) —
+  ``17he + 6ke + 4fe + 16`` (``23he + 4fe + 16`` without grouped-query attention); a recomputed forward
+  (activation checkpointing) moves the forward's bytes again;
 - root forward: the token gather (read and write h, and the token id: 2he + 8; the position gather
   is per position, shared by a micro-batch's sequences), the sum of both (2he), the final LayerNorm
   (2he + 8), then the loss: the logits cast to fp32 (read Ve, write 4V; none in fp32), log-softmax
@@ -44,7 +46,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from zerotune.strategies.plan import block_numel, root_numel
+from zerotune.strategies.plan import block_numel, head_numel, root_numel
 from zerotune.strategies.spec import ModelSpec
 
 
@@ -62,10 +64,10 @@ class Traffic:
 @functools.lru_cache(maxsize=1024)
 def traffic(model: ModelSpec, elem_bytes: int) -> Traffic:
     """Bytes per token the memory-bound kernels of ``model`` move in HBM (formulas: module docstring)."""
-    h, f, v, e = model.hidden, model.ffn, model.vocab, elem_bytes
+    h, f, v, e, k = model.hidden, model.ffn, model.vocab, elem_bytes, model.kv
     cast = 1 if e < 4 else 0  # F.cross_entropy(logits.float()): a cast only below fp32
     return Traffic(block_fwd=10 * h * e + 2 * f * e + 16,
-                   block_bwd=23 * h * e + 4 * f * e + 16,
+                   block_bwd=17 * h * e + 6 * k * e + 4 * f * e + 16,
                    root_fwd=6 * h * e + 8 * v + cast * (4 * v + v * e) + 28,
                    root_bwd=5 * h * e + 16 * v + cast * (4 * v + v * e) + 24)
 
@@ -77,9 +79,10 @@ def block_flops(model: ModelSpec) -> int:
 
 
 def head_flops(model: ModelSpec) -> int:
-    """Forward FLOPs of the root per token: the tied LM head's matmul, 2 per embedding element (the
-    position table included, as ``root_numel`` counts it); the backward is twice that."""
-    return 2 * root_numel(model)
+    """Forward FLOPs of the root per token: the LM head's matmul, 2 per embedding element (the position
+    table included, as ``root_numel`` counts it; an untied head's, not the token embedding it does not
+    multiply: ``ModelSpec.flops_per_token``); the backward is twice that."""
+    return 2 * (root_numel(model) - head_numel(model))
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@
 CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr", "by_roots",
 "inline", "outer_at_step", "guard"} ("inline": collectives on the main thread, as the engine runs them on a GPU;
 "outer_at_step": no micro-step is final, so the step reduces beyond the grad span; "guard": after training, try
-a micro-step after a final one). For each,
-every rank trains gpt-tiny and rank 0 saves losses, grad norms, counted bytes, the memory report
-and the final full parameters to OUT_DIR/<name>.pt; each rank writes rank<r>.json when done.
+a micro-step after a final one). For each, every rank trains gpt-tiny (or the first case's "model": a preset
+name or a ModelSpec dict) and rank 0 saves losses, grad norms, counted bytes, the memory report and the final
+full parameters to OUT_DIR/<name>.pt; each rank writes rank<r>.json when done.
 """
 
 from __future__ import annotations

@@ -123,6 +123,46 @@ def test_unquantized_strategies_match_the_reference(runs):
         assert float((got - want).abs().max()) <= 1e-4, name
 
 
+GQA_UNTIED = {"name": "gpt-tiny-gqa", "layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64,
+              "kv_heads": 2, "tied_head": False}
+"""gpt-tiny with grouped-query attention (two query heads per key head) and an LM head of its own."""
+
+
+@pytest.fixture(scope="module")
+def gqa_runs(ranks_runner, tmp_path_factory):
+    cluster = parse_cluster("local:2x2")
+    cases = [{"name": n, "strategy": p, "set": {**SMALL, **o}, "steps": STEPS, "model": GQA_UNTIED}
+             for n, (p, o) in UNQUANTIZED.items() if n in ("zero3", "mics", "zeropp16")]
+    ranks_runner(cluster.world_size, CHECKS, ["local:2x2", json.dumps(cases)], timeout_s=300)
+    out_dir = max(tmp_path_factory.getbasetemp().glob("engine_checks*"), key=lambda p: p.stat().st_mtime)
+    return cluster, {c["name"]: (c, torch.load(out_dir / f"{c['name']}.pt")) for c in cases}
+
+
+def test_grouped_query_attention_and_an_untied_head_train_as_the_reference_and_move_the_counted_bytes(gqa_runs):
+    """A Llama-like shape (grouped-query attention, an LM head of its own) on 4 gloo ranks: the same losses and
+    parameters as plain PyTorch, the untied head sharded and reduced with the root unit, and the bytes counted
+    equal to the schedule's closed form, whose parameter counts are the model's own."""
+    from zerotune.strategies.costmodel.memory import activation_memory
+    from zerotune.strategies.model import build_gpt
+
+    cluster, results = gqa_runs
+    model = parse_model(GQA_UNTIED)
+    assert sum(p.numel() for p in build_gpt(model).parameters()) == model.num_params()
+    ref_losses, ref_params = train_reference(model, steps=STEPS, world=cluster.world_size, micro_batch_size=1)
+    assert "lm_head" in ref_params and ref_params["blocks.0.qkv.weight"].shape == (64 + 2 * 32, 64)
+    for name, (_, result) in results.items():
+        s = Strategy.from_dict(result["strategy"])
+        for step, (got, want) in enumerate(zip(result["losses"], ref_losses, strict=True)):
+            assert abs(got - want) <= TOL * abs(want), f"{name} step {step}: loss {got} vs reference {want}"
+        got = torch.cat([result["params"][k].flatten() for k in ref_params])
+        want = torch.cat([v.flatten() for v in ref_params.values()])
+        assert rel(got, want) <= TOL, f"{name}: parameters differ by {rel(got, want):.2e} relative"
+        assert result["bytes"] == step_volume(model, cluster, s, elem_bytes=4, accum=1), name
+        for key in ("params", "secondary_params", "grads", "optim_states"):
+            assert result["memory"][key] == state_memory(model, cluster, s, elem_bytes=4)[key], (name, key)
+        assert result["memory"]["activations"] == activation_memory(model, s, 4), name  # q: h, k and v: h / 2 each
+
+
 def test_collectives_on_the_callers_thread_train_exactly_as_on_the_comm_thread(runs):
     """On a GPU the engine issues its collectives inline (InlineExecutor): the same collectives in the
     same order as the communication thread's, so the same losses, norms, bytes and parameters."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -97,6 +98,24 @@ def test_neox_20b_shape_and_flops():
     assert m.flops_per_token() == 6 * m.num_params() + 12 * 44 * 6144 * 2048
 
 
+def test_a_llama_is_written_by_its_matmul_weights():
+    """Llama 3 8B (32 x 4096, 32 query and 8 key/value heads, SwiGLU 14336, vocab 128256, an untied head) as a
+    ModelSpec: kv_heads 8, tied_head false, an MLP of 1.5 x 14336 (two h x f matrices holding SwiGLU's three).
+    Its parameters come within 0.5% of Meta's 8,030,261,248 (learned positions and GPT-2's LayerNorms and biases
+    are the difference); the untied embedding is a lookup and adds no FLOPs."""
+    llama = ModelSpec("llama3-8b", layers=32, hidden=4096, heads=32, vocab=128256, seq_len=8192,
+                      ffn_hidden=21504, kv_heads=8, tied_head=False)
+    assert llama.kv == 1024
+    assert abs(llama.num_params() / 8_030_261_248 - 1) < 0.005
+    # ours over Meta's: the learned positions, and per block GPT-2's biases (h + 2k, h, f, h) and LayerNorms (4h)
+    # where Llama has two RMSNorms (2h), and the final LayerNorm's 2h where Llama's RMSNorm has h
+    h, k, f = 4096, 1024, 21504
+    assert llama.num_params() - 8_030_261_248 == 8192 * h + 32 * (5 * h + 2 * k + f) + h
+    assert llama.flops_per_token() == 6 * (llama.num_params() - 128256 * 4096) + 12 * 32 * 4096 * 8192
+    tied = dataclasses.replace(llama, tied_head=True, kv_heads=None)
+    assert tied.num_params() == llama.num_params() - 128256 * 4096 + 32 * 2 * 4096 * (4096 - 1024) + 32 * 2 * 3072
+
+
 def test_model_presets_round_trip_and_tiny_is_tiny():
     for m in MODELS.values():
         assert ModelSpec.from_dict(json.loads(json.dumps(m.to_dict()))) == m
@@ -110,6 +129,20 @@ def test_model_validation():
         ModelSpec("m", layers=0, hidden=64, heads=4, vocab=10, seq_len=8)
     with pytest.raises(UnknownPresetError, match="unknown model preset"):
         parse_model("gpt-5")
+    with pytest.raises(SpecError, match=r"model.kv_heads=3: must divide heads=8"):
+        ModelSpec("m", layers=1, hidden=64, heads=8, vocab=10, seq_len=8, kv_heads=3)
+    with pytest.raises(SpecError, match=r"model.kv_heads=0: must be >= 1"):
+        ModelSpec("m", layers=1, hidden=64, heads=8, vocab=10, seq_len=8, kv_heads=0)
+    with pytest.raises(SpecError, match=r"model.tied_head='no': must be true or false"):
+        ModelSpec("m", layers=1, hidden=64, heads=8, vocab=10, seq_len=8, tied_head="no")  # type: ignore[arg-type]
+
+
+def test_a_gpt2_shaped_model_is_written_as_before_and_a_grouped_one_in_full():
+    gpt = parse_model("gpt-tiny")
+    assert "kv_heads" not in gpt.to_dict() and "tied_head" not in gpt.to_dict()
+    gqa = dataclasses.replace(gpt, kv_heads=2, tied_head=False)
+    assert gqa.to_dict()["kv_heads"] == 2 and gqa.to_dict()["tied_head"] is False
+    assert ModelSpec.from_dict(json.loads(json.dumps(gqa.to_dict()))) == gqa
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGY_PRESETS))

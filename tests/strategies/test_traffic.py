@@ -82,7 +82,10 @@ def formula(spec: ModelSpec, elem_bytes: int) -> int:
 
 
 SHAPES = [ModelSpec("a", layers=2, hidden=64, heads=4, vocab=96, seq_len=32),
-          ModelSpec("b", layers=1, hidden=48, heads=4, vocab=200, seq_len=16, ffn_hidden=80)]
+          ModelSpec("b", layers=1, hidden=48, heads=4, vocab=200, seq_len=16, ffn_hidden=80),
+          # grouped-query attention (4 query heads per key head) and an LM head of its own
+          ModelSpec("gqa", layers=2, hidden=64, heads=8, vocab=96, seq_len=32, ffn_hidden=80, kv_heads=2,
+                    tied_head=False)]
 
 
 @pytest.mark.parametrize("spec", SHAPES, ids=lambda s: s.name)
