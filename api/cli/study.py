@@ -123,12 +123,13 @@ def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calib
     print(f"zerotune: recommended {_describe(s)} — {rec['value']:.4g} TFLOPS/rank ({rec['evidence']}), "
           f"margin {rec['margin'] or 0:.1%} over the runner-up{band}, every trial at {request.global_batch} "
           f"sequences ({request.tokens_per_step:,} tokens) per step; study {rec['study_id']} in {url}", file=sys.stderr)
-    if rec.get("leaders"):
-        again = set(rec.get("remeasured") or [])
-        print("zerotune: measured leaders (TFLOPS/rank, median [interquartile]): " + "; ".join(
-            f"trial {lead['trial_id']} {lead['value']:.4g} [{lead['interval'][0]:.4g}, {lead['interval'][1]:.4g}]"
-            f"{' re-measured' if lead['trial_id'] in again else ''}"
-            for lead in rec["leaders"] if lead.get("interval")), file=sys.stderr)
+    again = set(rec.get("remeasured") or [])
+    measured = [f"trial {lead['trial_id']} {lead['value']:.4g} [{lead['interval'][0]:.4g}, {lead['interval'][1]:.4g}]"
+                f"{' re-measured' if lead['trial_id'] in again else ''}"
+                for lead in rec.get("leaders") or [] if lead.get("interval")]
+    if measured:  # a model study's leaders are predictions: no interval to print
+        print("zerotune: measured leaders (TFLOPS/rank, median [interquartile]): " + "; ".join(measured),
+              file=sys.stderr)
     if d.get("lossy") and d["lossy"]["kept"] == "unquantized":
         print(f"zerotune: {d['lossy']['why']}", file=sys.stderr)
     if d.get("collectives"):

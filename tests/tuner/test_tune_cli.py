@@ -30,6 +30,7 @@ def test_tune_with_the_model_executor_prints_a_recommendation(tmp_path):
     # progress in a log: one plain line per trial with its phase, no carriage-return frames, no Optuna warnings
     assert "zerotune: screening trial 1/12" in r.stderr and "\r" not in r.stderr
     assert "ExperimentalWarning" not in r.stderr
+    assert "measured leaders" not in r.stderr  # nothing was measured: no empty list of measured runs
     rec = json.loads(r.stdout)
     assert rec["evidence"] in ("predicted", "proxy-verified")
     assert rec["exports"]["deepspeed"]["zero_optimization"]["stage"] in (1, 2, 3)
