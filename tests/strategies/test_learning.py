@@ -22,7 +22,7 @@ from zerotune.tuner.executors.local import proxy_model_for
 
 
 def _shape(m: ModelSpec) -> tuple:
-    return (m.layers, m.hidden, m.heads, m.vocab, m.seq_len)
+    return (m.layers, m.hidden, m.heads, m.vocab, m.seq_len, m.kv_heads, m.tied_head)
 
 
 def _models() -> list[ModelSpec]:
@@ -40,7 +40,12 @@ MODELS_RUN = _models()
 
 def test_the_shapes_cover_presets_and_proxies():
     names = {m.name for m in MODELS_RUN}
-    assert {"gpt-tiny", "gpt-mini"} <= names and len(MODELS_RUN) == 3, names  # + the verification proxy
+    # + the verification proxy; Llama 2's (its own head) and Llama 3's (grouped-query attention too: 8B's 4 query
+    # heads per key head and 70B's 8 keep different groupings at the proxy's 8 heads), each at both proxy sizes
+    assert {"gpt-tiny", "gpt-mini", "llama2-7b-proxy", "llama3-8b-proxy", "llama3-70b-proxy"} <= names, names
+    assert len(MODELS_RUN) == 8, names
+    grouped = [m for m in MODELS_RUN if m.kv_heads]
+    assert grouped and all(m.heads // m.kv_heads > 1 and not m.tied_head for m in grouped), grouped
 
 
 @pytest.mark.parametrize("cluster", ["local:1", "local:2x2x2"])
