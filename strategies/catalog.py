@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zerotune.errors import SpecError, UnknownPresetError
-from zerotune.strategies.costmodel.hardware import PROFILES, profile_cluster
+from zerotune.strategies.costmodel.hardware import IBM_FSDP_7B, PROFILES, profile_cluster
 from zerotune.strategies.spec import MAX_LEVEL_SIZE, MAX_LEVELS, ClusterSpec, Level, ModelSpec, Strategy, check_spans
 
 # Figures from DESIGN.md §7, each level built from its link's profile (costmodel/hardware.py: bandwidth,
@@ -33,8 +33,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("gpt-neox-20b", layers=44, hidden=6144, heads=64, vocab=50432, seq_len=2048),
         # Llama 2 and 3 by their matmul weights (ModelSpec): key/value heads, an untied head, and an MLP of 1.5 x
         # the SwiGLU width (11008, 14336, 28672); the trainer's blocks keep GPT-2's LayerNorm, GELU and positions
-        ModelSpec("llama2-7b", layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, ffn_hidden=16512,
-                  tied_head=False),
+        IBM_FSDP_7B,  # llama2-7b: the model of the eager PyTorch efficiencies' source run
         ModelSpec("llama3-8b", layers=32, hidden=4096, heads=32, vocab=128256, seq_len=8192, ffn_hidden=21504,
                   kv_heads=8, tied_head=False),
         ModelSpec("llama3-70b", layers=80, hidden=8192, heads=64, vocab=128256, seq_len=8192, ffn_hidden=43008,

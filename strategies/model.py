@@ -21,7 +21,7 @@ from torch import nn
 
 from zerotune.strategies.spec import ModelSpec
 
-SDPA_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+SDPA_GQA = torch.__version__ >= "2.5"  # TorchVersion: compared as versions, not as strings
 """Whether SDPA takes ``enable_gqa`` (torch 2.5 on): grouped-query attention without copying keys and values."""
 
 

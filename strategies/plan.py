@@ -38,14 +38,9 @@ def block_numel(spec: ModelSpec) -> int:
     return sum(block_modules(spec)) + 4 * spec.hidden
 
 
-def head_numel(spec: ModelSpec) -> int:
-    """The LM head's own weight: V·h where it is not tied to the token embedding, else none."""
-    return 0 if spec.tied_head else spec.vocab * spec.hidden
-
-
 def root_numel(spec: ModelSpec) -> int:
-    """Embeddings (V·h + T·h), the final LayerNorm (2h) and an untied LM head (``head_numel``)."""
-    return spec.vocab * spec.hidden + spec.seq_len * spec.hidden + 2 * spec.hidden + head_numel(spec)
+    """Embeddings (V·h + T·h), the final LayerNorm (2h) and an untied LM head (``ModelSpec.untied_head_numel``)."""
+    return spec.vocab * spec.hidden + spec.seq_len * spec.hidden + 2 * spec.hidden + spec.untied_head_numel
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,11 @@ class ModelSpec:
         return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
 
     @property
+    def untied_head_numel(self) -> int:
+        """The LM head's own weights: V·h where it is not tied to the token embedding, else none."""
+        return 0 if self.tied_head else self.vocab * self.hidden
+
+    @property
     def kv(self) -> int:
         """Width of the keys (and of the values): kv_heads x head size; ``hidden`` without GQA."""
         return self.hidden // self.heads * (self.kv_heads or self.heads)
@@ -237,8 +242,7 @@ class ModelSpec:
         """
         h, f, k = self.hidden, self.ffn, self.kv
         block = 2 * h * h + 2 * h * k + 2 * h * f + 7 * h + 2 * k + f
-        head = 0 if self.tied_head else self.vocab * h
-        return self.layers * block + self.vocab * h + head + self.seq_len * h + 2 * h
+        return self.layers * block + self.vocab * h + self.untied_head_numel + self.seq_len * h + 2 * h
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6Ψ + 12·L·h·T, Ψ without the token embedding of an untied head.
@@ -249,7 +253,7 @@ class ModelSpec:
         is a lookup, no matmul, and is left out (torchtitan's count). Recomputation under activation
         checkpointing is not counted: this is *model* FLOPs, so TFLOPS figures compare across strategies.
         """
-        lookup = 0 if self.tied_head else self.vocab * self.hidden
+        lookup = self.untied_head_numel  # as many weights as the untied head: V·h
         return 6 * (self.num_params() - lookup) + 12 * self.layers * self.hidden * self.seq_len
 
     def to_dict(self) -> dict[str, Any]:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from zerotune.strategies.plan import block_numel, head_numel, root_numel
+from zerotune.strategies.plan import block_numel, root_numel
 from zerotune.strategies.spec import ModelSpec
 
 
@@ -82,7 +82,7 @@ def head_flops(model: ModelSpec) -> int:
     """Forward FLOPs of the root per token: the LM head's matmul, 2 per embedding element (the position
     table included, as ``root_numel`` counts it; an untied head's, not the token embedding it does not
     multiply: ``ModelSpec.flops_per_token``); the backward is twice that."""
-    return 2 * (root_numel(model) - head_numel(model))
+    return 2 * (root_numel(model) - model.untied_head_numel)
 
 
 @dataclass(frozen=True)

@@ -527,13 +527,14 @@ def test_deepspeed_gathers_the_root_again_for_the_backward_and_our_engine_does_n
     engine's communication and twice to DeepSpeed's, and the head's backward waits for DeepSpeed's second one."""
     from zerotune.strategies.costmodel.schedule import build_schedule
     from zerotune.strategies.costmodel.timing import costs_for
+    from zerotune.strategies.volume import QUANT_BLOCK
 
     cluster = parse_cluster("frontier:8")
     small, large = parse_model("gpt-neox-20b"), dataclasses.replace(parse_model("gpt-neox-20b"), vocab=4 * 50432)
     s = build_strategy("zero3", cluster, prefetch_buckets=0)
     ds = run_by(calibration_for(cluster), "deepspeed")
     ours = dataclasses.replace(ds, gathers="bucket")
-    costs = costs_for(cluster, ds, 2, s.quantize_above, 2048)  # volume.QUANT_BLOCK, predict's default
+    costs = costs_for(cluster, ds, 2, s.quantize_above, QUANT_BLOCK)  # predict's default block
 
     def root_gathers(model):
         sched = build_schedule(model, cluster, s)

@@ -70,15 +70,17 @@ TOPOLOGIES = {"local:2x2x2": cases_8, "local:2x2": cases_4}
 _RUNS: dict[str, tuple] = {}
 
 
-def _run(topology: str, ranks_runner, tmp_path_factory) -> tuple:
-    """Train every case of ``topology`` once per session (several fixtures share the launch)."""
-    if topology not in _RUNS:
+def _run(topology: str, ranks_runner, tmp_path_factory, key: str | None = None, cases=None) -> tuple:
+    """Train every case of ``topology`` (or ``cases``, stored under ``key``) once per session (several fixtures
+    share the launch)."""
+    key = key or topology
+    if key not in _RUNS:
         cluster = parse_cluster(topology)
-        cases = TOPOLOGIES[topology]()
+        cases = cases or TOPOLOGIES[topology]()
         ranks_runner(cluster.world_size, CHECKS, [topology, json.dumps(cases)], timeout_s=420)
         out_dir = max(tmp_path_factory.getbasetemp().glob("engine_checks*"), key=lambda p: p.stat().st_mtime)
-        _RUNS[topology] = (cluster, {c["name"]: (c, torch.load(out_dir / f"{c['name']}.pt")) for c in cases})
-    return _RUNS[topology]
+        _RUNS[key] = (cluster, {c["name"]: (c, torch.load(out_dir / f"{c['name']}.pt")) for c in cases})
+    return _RUNS[key]
 
 
 @pytest.fixture(scope="module", params=list(TOPOLOGIES))
@@ -130,12 +132,9 @@ GQA_UNTIED = {"name": "gpt-tiny-gqa", "layers": 2, "hidden": 64, "heads": 4, "vo
 
 @pytest.fixture(scope="module")
 def gqa_runs(ranks_runner, tmp_path_factory):
-    cluster = parse_cluster("local:2x2")
     cases = [{"name": n, "strategy": p, "set": {**SMALL, **o}, "steps": STEPS, "model": GQA_UNTIED}
              for n, (p, o) in UNQUANTIZED.items() if n in ("zero3", "mics", "zeropp16")]
-    ranks_runner(cluster.world_size, CHECKS, ["local:2x2", json.dumps(cases)], timeout_s=300)
-    out_dir = max(tmp_path_factory.getbasetemp().glob("engine_checks*"), key=lambda p: p.stat().st_mtime)
-    return cluster, {c["name"]: (c, torch.load(out_dir / f"{c['name']}.pt")) for c in cases}
+    return _run("local:2x2", ranks_runner, tmp_path_factory, key="gqa", cases=cases)
 
 
 def test_grouped_query_attention_and_an_untied_head_train_as_the_reference_and_move_the_counted_bytes(gqa_runs):
