@@ -30,7 +30,9 @@ says how the engine fetched parameters:
 own ``gathers`` and ``stack`` where its engine is not the table's. A gather per module also brings DeepSpeed
 ZeRO-3's host floor, measured on a GPU host (``rates.RUNNER_HOST_S_PER_LAYER``): a block whose device time is
 shorter waits for the host's hooks (``rates.with_host_floor``). ``copies = true`` says its engine copied each
-gather's output and each reduction's input (FSDP2: ``Calibration.copies``).
+gather's output and each reduction's input (FSDP2: ``Calibration.copies``). ``weight_sync = "broadcast"`` says its
+optimizer handed out whole parameters and synced the updated weights with one broadcast per owning rank
+(InternEvo: ``Calibration.weight_sync``); the default, ``gather``, an all-gather per bucket.
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -57,7 +59,15 @@ from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_mod
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
 from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster, with_measured_links
-from zerotune.strategies.costmodel.rates import GATHERS, OUTER_REDUCE, RINGS, RUNNERS, run_by, with_host_floor
+from zerotune.strategies.costmodel.rates import (
+    GATHERS,
+    OUTER_REDUCE,
+    RINGS,
+    RUNNERS,
+    WEIGHT_SYNC,
+    run_by,
+    with_host_floor,
+)
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,11 +99,11 @@ class RowId(NamedTuple):
 
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer_reduce: str, gathers: str,
-                  runner: str, copies: bool = False) -> tuple[ClusterSpec, Calibration]:
+                  runner: str, copies: bool = False, weight_sync: str = "gather") -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
-        return cluster, run_by(calibration_for(cluster), runner)
+        return cluster, dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync)
     levels_spec = tuple((lv["name"], lv["size"], lv["link"]) for lv in spec["levels"])
     links = tuple(link for _, _, link in levels_spec)
     # a source's own hardware notes: a link shared by fewer NICs than the profile's, a lower-power part, and the
@@ -105,7 +115,8 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
             cluster.levels, spec["levels"], strict=True)))
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
-    return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies))
+    return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies,
+                                                        weight_sync=weight_sync))
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:
@@ -130,12 +141,13 @@ class Table:
         self.outer_reduce = self._choice("outer_reduce", "boundary", OUTER_REDUCE)
         self.gathers = self._choice("gathers", "bucket", GATHERS)
         self.runner = self._choice("runner", "zerotune", tuple(RUNNERS))
+        self.weight_sync = self._choice("weight_sync", "gather", WEIGHT_SYNC)
         self.copies = self.source.get("copies", False)
         if not isinstance(self.copies, bool):
             raise ValueError(f"{path.name}: source.copies={self.copies!r}: must be true or false")
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
         self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner,
-                                          self.copies) for k, v in self.cluster_specs.items()}
+                                          self.copies, self.weight_sync) for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)
@@ -162,8 +174,9 @@ class Table:
         """How the table's engine ran, as its predictions charge it."""
         if all("preset" in spec for spec in self.cluster_specs.values()):
             return f"cluster presets, run by {self.runner}"
+        sync = ", weights synced by a broadcast per owning rank" if self.weight_sync == "broadcast" else ""
         return (f"{self.stack} stack, {self.rings} rings, a gather per {self.gathers}, "
-                f"outer reduction {'in backward' if self.outer_reduce == 'backward' else 'at the boundary'}")
+                f"outer reduction {'in backward' if self.outer_reduce == 'backward' else 'at the boundary'}{sync}")
 
     def _choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
         value = self.source.get(key, default)
@@ -180,7 +193,8 @@ class Table:
             fields = dict(self.strategies[key.strategy])
             if "stack" in fields:  # a column whose engine ran other kernels than the table's
                 cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], fields.pop("stack"),
-                                               self.rings, self.outer_reduce, self.gathers, self.runner, self.copies)
+                                               self.rings, self.outer_reduce, self.gathers, self.runner, self.copies,
+                                               self.weight_sync)
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:

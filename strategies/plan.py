@@ -38,6 +38,17 @@ def block_numel(spec: ModelSpec) -> int:
     return sum(block_modules(spec)) + 4 * spec.hidden
 
 
+def parameter_numels(spec: ModelSpec) -> tuple[int, ...]:
+    """The elements of each parameter tensor of the engine's model (``model.GPT``), in its order: the token and
+    position embeddings, the final LayerNorm's weight and bias and an untied head, then each block's LayerNorm,
+    qkv, proj, LayerNorm, fc and out, weight then bias. What an optimizer that hands out whole parameters
+    partitions (``predict``'s ``weight_sync = "broadcast"``)."""
+    h, f, q = spec.hidden, spec.ffn, spec.hidden + 2 * spec.kv
+    head = (spec.untied_head_numel,) if spec.untied_head_numel else ()
+    block = (h, h, h * q, q, h * h, h, h, h, h * f, f, f * h, h)
+    return (spec.vocab * h, spec.seq_len * h, h, h, *head) + block * spec.layers
+
+
 def root_numel(spec: ModelSpec) -> int:
     """Embeddings (V·h + T·h), the final LayerNorm (2h) and an untied LM head (``ModelSpec.untied_head_numel``)."""
     return spec.vocab * spec.hidden + spec.seq_len * spec.hidden + 2 * spec.hidden + spec.untied_head_numel

@@ -12,8 +12,10 @@ replicas) after each reduce group in backward, as zerotune's engine, DeepSpeed's
 DDP's buckets do on their accumulation boundary; the boundary keeps the gathers of the updated weights.
 A runner that gathers per sub-module (DeepSpeed's ZeRO-3) also gathers its persistent parameters there,
 one small all-gather each (``persistent_params``), and gathers the root a second time, at the turn to
-backward, where zerotune's engine keeps it (the head's backward waits for it). The bytes booked per level
-stay the engine's; only the seconds are the runner's.
+backward, where zerotune's engine keeps it (the head's backward waits for it). A runner whose optimizer hands
+out whole parameters (``Calibration.weight_sync = "broadcast"``: InternEvo) syncs the updated weights with one
+broadcast per rank that holds any (``_broadcast_sync``) where the boundary would gather them. The bytes booked per
+level stay the engine's; only the seconds are the runner's.
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
 scores and weighted sum); backward twice that (+ a forward recompute with checkpointing); the head
@@ -28,6 +30,7 @@ apart. A block's forward and backward take at least the host's time to issue the
 from __future__ import annotations
 
 import functools
+import heapq
 from collections import Counter
 from typing import Any
 
@@ -39,7 +42,7 @@ from zerotune.strategies.costmodel.rates import Calibration
 from zerotune.strategies.costmodel.schedule import Coll, Group, Schedule, build_schedule
 from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
 from zerotune.strategies.costmodel.traffic import pass_seconds
-from zerotune.strategies.plan import block_modules
+from zerotune.strategies.plan import block_modules, parameter_numels
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.strategies.volume import QUANT_BLOCK, Volume, wire_elem_bytes
 
@@ -212,6 +215,31 @@ def _counted(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple(Counter(sizes).items())
 
 
+@functools.lru_cache(maxsize=1024)
+def _owners(model: ModelSpec, ranks: int, shard: int) -> tuple[tuple[int, int], ...]:
+    """(elements, how many ranks hold that many) of the ranks that hold any parameter when whole parameters are
+    handed out as InternEvo's ``_partition_param_list`` does: largest first, each to the rank holding the fewest
+    elements so far (the lowest such rank), over ``ranks`` ranks; each parameter counted as its 1/``shard``
+    (the slice its rank's gradient shard group holds). 4,096 ranks and 400 parameters take a millisecond."""
+    load = [(0, r) for r in range(ranks)]
+    for numel in sorted(parameter_numels(model), reverse=True):
+        held, rank = heapq.heappop(load)
+        heapq.heappush(load, (held + -(-numel // shard), rank))
+    return _counted(tuple(held for held, _ in load if held))
+
+
+def _broadcast_sync(costs: Costs, model: ModelSpec, s: Strategy) -> float:
+    """Seconds of the weight sync of ``Calibration.weight_sync = "broadcast"``: one broadcast over the optimizer
+    group beyond ``grad_span`` (levels grad_span + 1 .. optim_span) from each rank that holds parameters, of the
+    elements it holds (``_owners``), one after the other on the group's communicator; in place of the boundary's
+    all-gathers over those levels."""
+    lo, hi = s.grad_span + 1, s.optim_span
+    ranks = costs.prefix[hi] // costs.prefix[lo - 1] if lo <= hi else 1
+    if ranks == 1:
+        return 0.0
+    return sum(n * costs.broadcast(lo, hi, numel) for numel, n in _owners(model, ranks, costs.prefix[s.grad_span]))
+
+
 def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int | None = None,
             global_batch: int | None = None, calibration: Calibration | None = None,
             block: int = QUANT_BLOCK) -> dict[str, Any]:
@@ -301,8 +329,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     final = micro_step(r_final)
     rest = micro_step(r_of) if accum > 1 and r_final is not r_of else final
     micros_s, comm_s, slowdown_s = (rest[i] * (accum - 1) + final[i] for i in range(3))
-    boundary_s = sum(k * sum(ct(c) for c in sched.boundary[n][2 if outer_in_backward else 0:])
-                     for n, k in sched.bucket_counts)
+    sync = _broadcast_sync(costs, model, s) if calib.weight_sync == "broadcast" else None
+    boundary_s = sum(k * sum(ct(c) for i, c in enumerate(sched.boundary[n]) if i >= 2 * outer_in_backward
+                             and (sync is None or i != 2)) for n, k in sched.bucket_counts) + (sync or 0.0)
     if calib.gathers == "module" and s.param_span:  # DeepSpeed ZeRO-3's persistent parameters, once a step
         boundary_s += _persistent_gathers(ct, model, cluster, s)
     optimizer_s = sum(n * k for n, k in sched.bucket_counts) / costs.prefix[s.optim_span] / calib.optimizer_elems_per_s

@@ -21,6 +21,8 @@ OUTER_REDUCE = ("boundary", "backward")
 """Where the gradient reduction beyond ``grad_span`` runs (``Calibration.outer_reduce``)."""
 GATHERS = ("bucket", "module")
 """How many all-gathers fetch a bucket's parameters (``Calibration.gathers``)."""
+WEIGHT_SYNC = ("gather", "broadcast")
+"""How the updated weights reach every rank after the optimizer step (``Calibration.weight_sync``)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,15 @@ class Calibration:
     reduction's: memory-bound passes at ``memory_bytes_per_s``. False: the engine gathers into the buffer its
     parameters are views of and reduces the buffer its gradients are views of (zerotune's engine, FSDP1's
     FlatParameter, DeepSpeed's flat partitions)."""
+    weight_sync: str = "gather"
+    """How a step brings the weights its optimizer group updated to every rank of the group: ``gather`` (one
+    all-gather per bucket of the shards each rank updated: zerotune's engine, DeepSpeed, FSDP) or ``broadcast``
+    (InternEvo's HybridZeroOptimizer: its ``_partition_param_list`` hands out *whole* parameters, largest first,
+    each to the rank holding the fewest elements so far, and ``broadcast_params`` then runs one ``dist.broadcast``
+    per rank that holds any, from that rank over the whole group; ``predict._owners``). The bytes each rank
+    receives are the same; a broadcast is a chain along the ring, whose pipeline fills hop by hop
+    (``timing.Costs.broadcast``), so a group of R ranks pays about min(R, parameter tensors) such fills where a
+    gather per bucket pays one ring latency a bucket."""
     host_s_per_layer: float = 0.0
     """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
     to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is
@@ -148,7 +159,7 @@ class Calibration:
 
     def __post_init__(self) -> None:
         for field, allowed in (("rings", RINGS), ("protocols", PROTOCOLS), ("outer_reduce", OUTER_REDUCE),
-                               ("gathers", GATHERS)):
+                               ("gathers", GATHERS), ("weight_sync", WEIGHT_SYNC)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 

@@ -49,6 +49,9 @@ ring all-reduce pays its latency ``Calibration.ring_plateau`` times. The
 profiles of NVIDIA devices choose so (both kinds of ring); fitted calibrations, gloo runs and RCCL
 (whose tables were not sourced) are charged Simple's latencies throughout.
 
+**A broadcast** (``Costs.broadcast``: a runner that syncs weights from their owners, ``Calibration.weight_sync``)
+is a chain along the flat ring, charged its pipeline's fill hop by hop at the best segment count (``chain``).
+
 **The pipeline** (``pipeline``) is the engine's own dependency structure: one FIFO communication thread and one
 compute stream. It is also DeepSpeed's and FSDP's, though they issue gathers and reductions on CUDA streams of
 their own: NCCL launches each kernel of a communicator after the one before it, whatever the stream
@@ -287,6 +290,60 @@ class Costs:
             best = t if t < best else best
         return best
 
+    def broadcast(self, lo: int, hi: int, numel: int) -> float:
+        """Seconds of one broadcast of ``numel`` 16-bit elements from one rank to every rank of levels lo..hi (one
+        NCCL call on the group, however ``Calibration.rings`` runs the rest), under the fastest protocol
+        (``Calibration.protocols``; launch and hop latencies scaled as ``_fastest`` scales them).
+
+        NCCL runs a broadcast along its ring as a chain (``src/device/broadcast.h``, ``runRing``: each rank
+        receives a chunk, and forwards it to the next as it copies it out), so the buffer crosses every one of the
+        ring's R - 1 hops in segments, and the hops are the flat ring's (``_flat_ring``: hops_l at level l, of
+        hop latency α_l and β_l = 1 / (below_l · bandwidth_l · η_l) seconds a byte). A segment of s bytes takes
+        α_l + s·β_l on a hop of level l; k segments of a buffer of S bytes take (the segmented chain of
+        Pješivac-Grbović et al., "Performance analysis of MPI collective operations", Cluster Computing 10:127,
+        2007, with hops of several kinds)
+
+            T(k) = Σ_l hops_l · (α_l + s·β_l) + (k − 1) · max_l (α_l + s·β_l),   s = S / k:
+
+        the first segment's fill of the whole chain, then one segment per slowest-hop time. Charged at the best
+        k (the optimum of Johnsson and Ho, "Optimum broadcasting and personalized communication in hypercubes",
+        IEEE Trans. Computers 38(9), 1989: (√((p − 2)·α) + √(S·β))² on p ranks of one kind), which NCCL's fixed
+        chunks can only reach, not beat: the least a broadcast costs. Unlike an all-gather's ring, where every
+        rank sends its own shard at each step, a broadcast's fill grows with the group, so at a thousand ranks
+        a broadcast of tens of MB costs twice or more what its bytes and latency add up to."""
+        key = ("broadcast", (lo, hi), numel, 16)
+        cached = self._time.get(key)
+        if cached is not None:
+            return cached
+        t = 0.0
+        if self.moves(key):
+            calib, sizes = self.calib, self.cluster.sizes
+            ranks = self.prefix[hi] // self.prefix[lo - 1]
+            alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
+            levels, below, nodes = [], 1, 1
+            for level in range(lo, hi + 1):
+                lv = self.cluster.levels[level - 1]
+                if lv.size > 1:
+                    levels.append((ranks // below - ranks // (below * lv.size), lv.latency_us,
+                                   1 / (below * lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level))))
+                    if calib.protocols != "simple" and self._network(lv.latency_us):
+                        nodes *= lv.size
+                below *= sizes[level - 1]
+            table = RING_PROTOCOLS.get(calib.protocols, {"Simple": (1.0, 1.0, 1.0, 1.0)})
+            base_ref, node_ref, net_ref, _ = table["Simple"]
+            t = math.inf
+            for name, (base, node, net, bw) in table.items():
+                if name == "LL128" and not calib.ll128:
+                    continue
+                floor = calib.net_overhead_us * (3 if name == "Simple" else 1) * 1e-6 if nodes > 1 else 0.0
+                cap = 1 / self._ll_cap(nodes) if name == "LL" else 0.0
+                stages = [(hops, hop * alpha * net / net_ref if hop >= net_ref else max(hop * alpha * node / node_ref,
+                                                                                       floor), max(beta / bw, cap))
+                          for hops, hop, beta in levels]
+                t = min(t, launch * base / base_ref + chain(stages, numel * self.e))
+        self._time[key] = t
+        return t
+
     def moves(self, c: Coll) -> bool:
         """Whether the collective runs at all: a non-empty range of levels holding more than one rank."""
         lo, hi = c[1]
@@ -306,6 +363,25 @@ class Costs:
                 t += self.quant_elems(op, lo, hi, numel) / self.calib.quant_elems_per_s
         self._time[c] = t
         return t
+
+
+def chain(stages: list[tuple[int, float, float]], nbytes: float) -> float:
+    """Seconds of ``nbytes`` pipelined down a chain of (hops, seconds a segment waits on a hop, seconds a byte
+    takes on it) stages, at the number of segments k that takes least (``Costs.broadcast``): k at each stage's
+    stationary point as the slowest hop (√(S · (Σ hops·β − β_m) / α_m)), and where two stages' segment times
+    cross, rounded both ways, and 1."""
+    def total(k: int) -> float:
+        seg = nbytes / k
+        return sum(n * (a + seg * b) for n, a, b in stages) + (k - 1) * max(a + seg * b for _, a, b in stages)
+
+    fill = sum(n * b for n, _, b in stages)
+    marks = [nbytes * (fill - b) / a for _, a, b in stages if a > 0]
+    marks = [math.sqrt(m) for m in marks if m > 0]
+    marks += [nbytes * (bj - bi) / (ai - aj) for _, ai, bi in stages for _, aj, bj in stages if ai > aj and bj > bi]
+    if any(a <= 0 for _, a, _ in stages):
+        marks.append(nbytes)
+    ks = {1} | {max(1, min(int(nbytes), f(m))) for m in marks for f in (math.floor, math.ceil)}
+    return min(total(k) for k in ks)
 
 
 _COSTS: dict[tuple, Costs] = {}

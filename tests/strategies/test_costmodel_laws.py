@@ -303,6 +303,92 @@ def test_a_flat_ring_pays_a_hop_per_rank_of_the_whole_group():
     assert want / per_level > 1.8
 
 
+def test_a_broadcast_pays_the_fill_of_its_chain_and_an_all_gather_of_the_same_bytes_does_not():
+    """NCCL runs a broadcast as a chain along its ring: a segment of s bytes waits α + s·β on each hop, so the buffer's
+    first segment fills the R - 1 hops before the rest streams at the slowest hop's rate. At its best segment count
+    that is Johnsson and Ho's (√((R - 2)·α) + √(S·β))² on hops of one kind: more than the latency and the bytes add
+    up to, by the fill's cross term, where an all-gather of the same bytes moves them shard by shard on every hop."""
+    from zerotune.strategies.costmodel.timing import chain
+
+    nodes = 64
+    cluster = profile_cluster("ib", "A100", (("inter-node", nodes, "ib-hdr-200"),))
+    calib = dataclasses.replace(profile_calibration("ib", "A100", ("ib-hdr-200",), "megatron", "flat"),
+                                protocols="simple", collective_launch_us=0.0)
+    costs = costs_for(cluster, calib, 2, 99, 2048)
+    lv = cluster.levels[0]
+    alpha, beta = lv.latency_us * 1e-6, 1 / (lv.bandwidth_gbps * 1e9 * calib.level_efficiency(1))
+    for numel in (2**12, 2**20, 2**25):
+        nbytes = 2 * numel
+        t = costs.broadcast(1, 1, numel)
+        optimum = (math.sqrt((nodes - 2) * alpha) + math.sqrt(nbytes * beta)) ** 2
+        assert optimum <= t <= optimum * 1.001, numel  # whole segments only: at most a rounding above the optimum
+        additive = (nodes - 1) * alpha + nbytes * beta
+        assert t > additive + math.sqrt((nodes - 2) * alpha * nbytes * beta)  # the fill's cross term, at least half
+        gather = costs.time(("all_gather", (1, 1), numel // nodes, 16))
+        assert gather == pytest.approx((nodes - 1) * alpha + (nodes - 1) * (numel // nodes) * 2 * beta)
+        assert t > gather
+    # a tiny buffer is one segment, latency-bound: R - 1 hops, each waiting α + S·β
+    assert costs.broadcast(1, 1, 1) == pytest.approx((nodes - 1) * (alpha + 2 * beta))
+    # hops of two kinds (a flat ring over 16 nodes of 8): the closed form's segment counts are the best of all
+    stages = [(112, 3.4e-6, 1 / 240e9), (15, 14e-6, 1 / 93e9)]
+    nbytes = 96e6
+    brute = min(sum(n * (a + nbytes / k * b) for n, a, b in stages)
+                + (k - 1) * max(a + nbytes / k * b for _, a, b in stages) for k in range(1, 20_000))
+    assert chain(stages, nbytes) == pytest.approx(brute, rel=1e-9)
+    flat_cluster, flat = a800(16, "flat")
+    t = costs_for(flat_cluster, flat, 2, 1, 2048).broadcast(1, 2, 48_000_000)
+    assert t > costs_for(flat_cluster, flat, 2, 1, 2048).time(("all_gather", (1, 2), 48_000_000 // 128, 16))
+    with pytest.raises(ValueError, match="weight_sync='scatter'"):
+        Calibration(weight_sync="scatter")
+
+
+def test_an_optimizer_that_hands_out_whole_parameters_pays_a_broadcast_per_owner_more_as_its_group_grows():
+    """InternEvo's zero1 = -1 (its optimizer states over every GPU) measured 0.98 of zero1 = 8's throughput at 16 GPUs,
+    0.82 at 256 and 0.63 at 1,024 (bench/published/internevo_a100.toml): its optimizer hands out whole parameters,
+    largest first, to the rank holding the fewest elements, and each rank that got any broadcasts them over the
+    whole group after the step. Charged so (``weight_sync = "broadcast"``), the cost of optimizer states over every
+    GPU grows with the group; charged as a gather per bucket it stays near flat."""
+    from zerotune.strategies.costmodel.predict import _owners
+    from zerotune.strategies.model import build_gpt
+    from zerotune.strategies.plan import parameter_numels
+
+    for spec in ("gpt-tiny", ModelSpec("gqa", layers=2, hidden=64, heads=4, vocab=96, seq_len=32, kv_heads=2,
+                                       tied_head=False)):
+        model = parse_model(spec) if isinstance(spec, str) else spec
+        assert sorted(parameter_numels(model)) == sorted(p.numel() for p in build_gpt(model).parameters())
+    model = ModelSpec("internlm-7b", layers=32, hidden=4096, heads=32, vocab=103168, seq_len=2048, ffn_hidden=16512,
+                      tied_head=False)
+    tensors = parameter_numels(model)
+    assert sum(tensors) == model.num_params() and len(tensors) == 5 + 12 * 32
+    for ranks in (8, 256, 1024):
+        owners = _owners(model, ranks, 1)
+        assert sum(k for _, k in owners) == min(ranks, len(tensors))
+        assert sum(n * k for n, k in owners) == model.num_params()
+        assert max(n for n, _ in owners) >= max(tensors)  # whole parameters: the embedding's rank holds all of it
+
+    def ratio(nodes: int, sync: str) -> float:
+        levels = (("node", 8, "nvlink3-nvswitch"), ("inter-node", nodes, "ib-edr-100"))
+        cluster = profile_cluster("roce", "A100", levels, (None, 6.25))
+        calib = dataclasses.replace(profile_calibration("roce", "A100", ("nvlink3-nvswitch", "ib-edr-100"), "flash",
+                                                        "flat"), weight_sync=sync)
+        step = {name: predict(model, cluster, build_strategy(fields, cluster, micro_batch_size=2), calibration=calib,
+                              global_batch=cluster.world_size * 8)["step_time_s"]
+                for name, fields in (("world", {"preset": "zero1"}), ("node", {"preset": "zero1", "optim_span": 1}))}
+        return step["node"] / step["world"]
+
+    broadcast = [ratio(nodes, "broadcast") for nodes in (2, 32, 128)]
+    gather = [ratio(nodes, "gather") for nodes in (2, 32, 128)]
+    assert broadcast[0] > broadcast[1] > broadcast[2] and broadcast[2] < 0.8
+    assert all(g > 0.9 for g in gather) and gather[2] - broadcast[2] > 0.15
+    # within one node the eight owners' broadcasts cost about what the gathers of the same bytes do
+    cluster = profile_cluster("one", "A100", (("node", 8, "nvlink3-nvswitch"),))
+    s = build_strategy("zero1", cluster, micro_batch_size=2)
+    calib = profile_calibration("one", "A100", ("nvlink3-nvswitch",), "flash", "flat")
+    one = [predict(model, cluster, s, calibration=dataclasses.replace(calib, weight_sync=sync))["breakdown"][
+        "boundary_s"] for sync in ("gather", "broadcast")]
+    assert one[0] < one[1] < 1.3 * one[0]
+
+
 def test_a_levels_measured_bus_bandwidth_is_what_its_collectives_reach():
     """A custom cluster may carry its own collective benchmark (``Level.busbw_gbps``: nccl-tests' busbw across the
     nodes, e.g. 64.9 GB/s for a 256 MB all-reduce on 32 AWS p5 nodes, the Ultra-Scale Playbook's measurement):
@@ -762,7 +848,12 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     assert frontier.runner == "deepspeed" and frontier.how() == "cluster presets, run by deepspeed"
     assert frontier.clusters["frontier48"][1] == run_by(calibration_for(parse_cluster("frontier:48")), "deepspeed")
     text = (ROOT / "bench" / "published" / "frontier_3level.toml").read_text()
-    for key, line in (("runner", 'runner = "nope"'), ("gathers", 'runner = "deepspeed"\ngathers = "nope"')):
+    internevo = published.Table(ROOT / "bench" / "published" / "internevo_a100.toml")
+    assert internevo.how().endswith("weights synced by a broadcast per owning rank")
+    assert {calib.weight_sync for _, calib in internevo.clusters.values()} == {"broadcast"}
+    assert {calib.weight_sync for _, calib in frontier.clusters.values()} == {"gather"}
+    for key, line in (("runner", 'runner = "nope"'), ("gathers", 'runner = "deepspeed"\ngathers = "nope"'),
+                      ("weight_sync", 'runner = "deepspeed"\nweight_sync = "nope"')):
         bad = tmp_path / f"bad_{key}.toml"
         bad.write_text(text.replace('runner = "deepspeed"', line))
         with pytest.raises(ValueError, match=f"source.{key}='nope': must be one of"):
