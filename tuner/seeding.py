@@ -23,9 +23,11 @@ PRESETS = ("zero3", "zeropp", "3level-b", "3level-a", "mics", *REPLICATING)
 
 
 def known_good(request: TuneRequest, calibration: Calibration | None = None) -> list[tuple[Strategy, dict[str, Any]]]:
-    """The known-good presets that exist on the request's cluster and that its runner runs exactly (the
-    replicating ones only where the cost model, with ``calibration``, says they fit), each with the Optuna user
-    attribute that marks it."""
+    """The known-good presets that exist on the request's cluster and that its runner runs exactly, each with the
+    Optuna user attribute that marks it. A preset that the cost model (with ``calibration``) says does not fit is
+    tried as a user would next try it (``_as_fits``: with activation checkpointing, then one sequence per
+    micro-batch, then both); one that fits in none of these ways is kept as it is when it shards the parameters
+    (its trial records what overflows) and left out when it replicates them."""
     r, out = request, []
     for name in PRESETS:
         try:
@@ -34,11 +36,24 @@ def known_good(request: TuneRequest, calibration: Calibration | None = None) -> 
             continue
         if runner_rule(r.runner, r.cluster, s) is not None:
             continue
-        if name in REPLICATING and not predict(r.model, r.cluster, s, global_batch=r.global_batch,
-                                               calibration=calibration)["feasible"]:
+        fitting = _as_fits(r, s, calibration)
+        if fitting is None and name in REPLICATING:
             continue
-        out.append((s, {"preset": name}))
+        out.append((fitting or s, {"preset": name}))
     return out
+
+
+def _as_fits(r: TuneRequest, s: Strategy, calibration: Calibration | None) -> Strategy | None:
+    """``s``, or ``s`` with activation checkpointing, with one sequence per micro-batch, or with both: the first
+    of these the cost model says fits the request's devices; None where none does."""
+    for variant in (s, s.replace(activation_checkpointing=True), s.replace(micro_batch_size=1),
+                    s.replace(activation_checkpointing=True, micro_batch_size=1)):
+        try:
+            if predict(r.model, r.cluster, variant, global_batch=r.global_batch, calibration=calibration)["feasible"]:
+                return variant
+        except SpecError:  # a batch this micro-batch does not divide: the study's own trials say so
+            continue
+    return None
 
 
 def warm_start(session: Session, request: TuneRequest, top: int = 3) -> list[Strategy]:

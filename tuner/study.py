@@ -150,8 +150,7 @@ class Tuner:
                 if progress.done >= self.request.trials or asked > 20 * self.request.trials:
                     break
                 asked += 1
-                self._one_trial(study, study_id, progress)
-                if self.progress_cb:
+                if self._one_trial(study, study_id, progress) and self.progress_cb:
                     self.progress_cb(progress)
                 if progress.best_value is None and self.executor.measures:  # only runs fail, until one completes
                     self._stop_on_repeated_failure(study_id)
@@ -235,7 +234,9 @@ class Tuner:
             # a trial whose runner died is replaced by its retry: only the retry counts against the budget
             return repo.count_spent_trials(session=s, study_id=study_id, replaced_suffix=RETRIED)
 
-    def _one_trial(self, study: Any, study_id: int, progress: Progress) -> None:
+    def _one_trial(self, study: Any, study_id: int, progress: Progress) -> bool:
+        """Ask, run and tell one trial; whether it ended with an outcome (``progress.last``): a point the rules
+        exclude and a run stopped midway have none."""
         import optuna
 
         trial = study.ask()
@@ -244,7 +245,7 @@ class Tuner:
         except SpecError as exc:  # a combination the rules exclude: cheap, not counted
             trial.set_user_attr("reason", str(exc))
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            return
+            return False
         if trial.user_attrs.get("preset"):
             strategy = strategy.replace(name=trial.user_attrs["preset"])
         key = strategy_key(strategy)
@@ -262,11 +263,13 @@ class Tuner:
             infeasible = TrialResult(status="infeasible", reason=prediction["overflow"]["reason"], executor="model")
             self._finish(trial_id, infeasible, prediction, None)
             optuna_study.tell_infeasible(study, trial, prediction, self.request.objective)
-            return
+            progress.last = {"number": trial.number, "status": infeasible.status, "reason": infeasible.reason,
+                             "strategy": strategy.to_dict(), "value": None}
+            return True
         result = self._dispatch(trial_id, strategy, prediction)
         if result.extra.get("interrupted"):  # stopped: the trial is left to be run again
             log.info("trial %d %s", trial_id, result.reason)
-            return
+            return False
         value = optuna_study.values(result.metrics, self.request.objective) \
             if result.status == "complete" and result.metrics is not None else None
         self._finish(trial_id, result, prediction, value[0] if value else None)
@@ -279,6 +282,7 @@ class Tuner:
             progress.best_value = max(progress.best_value or -math.inf, value[0])
         progress.last = {"number": trial.number, "status": result.status, "reason": result.reason,
                          "strategy": strategy.to_dict(), "value": value[0] if value else None}
+        return True
 
     def _dispatch(self, trial_id: int, strategy: Strategy, prediction: dict[str, Any]) -> TrialResult:
         """Run one trial (leased when it was added) while a heartbeat keeps its lease alive.

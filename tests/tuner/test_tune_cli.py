@@ -19,6 +19,22 @@ def zerotune(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def test_a_model_that_fits_only_with_checkpointing_is_answered_from_the_first_trials(tmp_path):
+    """Llama 3 70B at 8,192 tokens on 64 H100s: no preset fits as it is (the activations alone are 178 GiB), so each
+    is tried first as it fits (checkpointing, one sequence per micro-batch); a study of as many trials as presets
+    answers, and every trial that does not fit says in its progress line what overflows."""
+    db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    r = zerotune("tune", "--model", "llama3-70b", "--cluster", "dgx-h100:8", "--trials", "5", "--db", db,
+                 "--workdir", str(tmp_path), "--seed", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("zerotune: screening trial")]
+    assert len(lines) == 5 and "TFLOPS/rank" in lines[0]
+    assert all("TFLOPS/rank;" in line or "infeasible: needs" in line for line in lines), lines
+    rec = json.loads(r.stdout)
+    assert rec["strategy"]["activation_checkpointing"] and rec["strategy"]["micro_batch_size"] == 1
+    assert rec["strategy"]["param_span"] >= 1 and rec["value"] > 0
+
+
 def test_tune_with_the_model_executor_prints_a_recommendation(tmp_path):
     db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
     r = zerotune("db", "upgrade", "--db", db)
