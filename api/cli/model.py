@@ -40,7 +40,8 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--runner", choices=["deepspeed", "fsdp", "zerotune"], default=None,
                    help="the software that runs the spans: zerotune (its engine: one ring per level, a gather "
                         "per bucket), deepspeed or fsdp (as the exported configs run: one NCCL ring over the whole "
-                        "group; DeepSpeed gathers per sub-module); all three reduce gradients beyond the grad span "
+                        "group; DeepSpeed gathers per sub-module in stage 3 and all-reduces each gradient bucket in "
+                        "stages 1-2); all three reduce gradients beyond the grad span "
                         "in the last micro-step's backward; default: the calibration's (zerotune for the presets)")
     p.add_argument("--breakdown", action="store_true",
                    help="also print where each step's seconds go: compute, communication left exposed, the "

@@ -215,6 +215,14 @@ def _counted(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple(Counter(sizes).items())
 
 
+def _all_reduced(ct: Any) -> Any:
+    """``ct`` with each 16-bit reduce-scatter timed as an all-reduce of the same buffer over the same levels."""
+    def time(c: Coll) -> float:
+        op, levels, numel, bits = c
+        return ct(("all_reduce", levels, numel, bits) if op == "reduce_scatter" and bits >= 16 else c)
+    return time
+
+
 @functools.lru_cache(maxsize=1024)
 def _owners(model: ModelSpec, ranks: int, shard: int) -> tuple[tuple[int, int], ...]:
     """(elements, how many ranks hold that many) of the ranks that hold any parameter when whole parameters are
@@ -258,12 +266,15 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     sched = build_schedule(model, cluster, s)
     costs = costs_for(cluster, calib, e, s.quantize_above, block)
     ct = costs.time
+    # a runner that reduces a bucket with an all-reduce where the schedule reduce-scatters it (DeepSpeed's stages 1
+    # and 2: Calibration.grad_reduce) pays the all-reduce's seconds for the same buffer
+    rt = _all_reduced(ct) if calib.grad_reduce == "all_reduce" and not s.param_span else ct
     f_of = {n: ct(c) for n, c in sched.fwd.items()}
     b_of = {n: ct(c) for n, c in sched.bwd.items()}
-    r_of = {g: ct(a) + ct(b) for g, (a, b) in sched.reduce.items()}
+    r_of = {g: rt(a) + rt(b) for g, (a, b) in sched.reduce.items()}
     outer_in_backward = calib.outer_reduce == "backward"
     # the final micro-step queues each group's reduction beyond grad_span after its own reduce-scatters
-    outer_of = {g: sum(ct(c) for c in cs) for g, cs in sched.outer.items()} if outer_in_backward else {}
+    outer_of = {g: sum(rt(c) for c in cs) for g, cs in sched.outer.items()} if outer_in_backward else {}
     r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
 
     tokens = mbs * model.seq_len
@@ -330,8 +341,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     rest = micro_step(r_of) if accum > 1 and r_final is not r_of else final
     micros_s, comm_s, slowdown_s = (rest[i] * (accum - 1) + final[i] for i in range(3))
     sync = _broadcast_sync(costs, model, s) if calib.weight_sync == "broadcast" else None
-    boundary_s = sum(k * sum(ct(c) for i, c in enumerate(sched.boundary[n]) if i >= 2 * outer_in_backward
-                             and (sync is None or i != 2)) for n, k in sched.bucket_counts) + (sync or 0.0)
+    boundary_s = sum(k * sum((rt if i < 2 else ct)(c) for i, c in enumerate(sched.boundary[n])
+                             if i >= 2 * outer_in_backward and (sync is None or i != 2))
+                     for n, k in sched.bucket_counts) + (sync or 0.0)
     if calib.gathers == "module" and s.param_span:  # DeepSpeed ZeRO-3's persistent parameters, once a step
         boundary_s += _persistent_gathers(ct, model, cluster, s)
     optimizer_s = sum(n * k for n, k in sched.bucket_counts) / costs.prefix[s.optim_span] / calib.optimizer_elems_per_s

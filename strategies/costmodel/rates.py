@@ -21,6 +21,8 @@ OUTER_REDUCE = ("boundary", "backward")
 """Where the gradient reduction beyond ``grad_span`` runs (``Calibration.outer_reduce``)."""
 GATHERS = ("bucket", "module")
 """How many all-gathers fetch a bucket's parameters (``Calibration.gathers``)."""
+GRAD_REDUCE = ("reduce_scatter", "all_reduce")
+"""How a runner that shards no parameters reduces a gradient bucket (``Calibration.grad_reduce``)."""
 WEIGHT_SYNC = ("gather", "broadcast")
 """How the updated weights reach every rank after the optimizer step (``Calibration.weight_sync``)."""
 
@@ -139,6 +141,15 @@ class Calibration:
     reduction's: memory-bound passes at ``memory_bytes_per_s``. False: the engine gathers into the buffer its
     parameters are views of and reduces the buffer its gradients are views of (zerotune's engine, FSDP1's
     FlatParameter, DeepSpeed's flat partitions)."""
+    grad_reduce: str = "reduce_scatter"
+    """How a runner that shards no parameters (``param_span`` 0: ZeRO-1 and ZeRO-2) reduces each gradient bucket
+    over the group it partitions gradients or optimizer states on: ``reduce_scatter`` (zerotune's engine, FSDP's
+    SHARD_GRAD_OP) or ``all_reduce`` (DeepSpeed's stages 1 and 2 as 0.19.8 runs them with its defaults,
+    ``reduce_scatter`` and ``use_multi_rank_bucket_allreduce`` both true: ``stage_1_and_2.py``'s ``average_tensor``
+    hands each bucket to ``allreduce_and_scatter``, one all-reduce of the whole bucket after which every rank
+    keeps its partition's slice; counted on DeepSpeed itself in ``tests/tuner/test_exports.py``, as DeepSpeed's
+    own comm log shows it, deepspeedai/DeepSpeed#7059). An all-reduce sends twice a reduce-scatter's bytes: the
+    bytes booked per level stay the schedule's, the seconds are the all-reduce's. Stage 3 reduce-scatters."""
     weight_sync: str = "gather"
     """How a step brings the weights its optimizer group updated to every rank of the group: ``gather`` (one
     all-gather per bucket of the shards each rank updated: zerotune's engine, DeepSpeed, FSDP) or ``broadcast``
@@ -159,7 +170,7 @@ class Calibration:
 
     def __post_init__(self) -> None:
         for field, allowed in (("rings", RINGS), ("protocols", PROTOCOLS), ("outer_reduce", OUTER_REDUCE),
-                               ("gathers", GATHERS), ("weight_sync", WEIGHT_SYNC)):
+                               ("gathers", GATHERS), ("grad_reduce", GRAD_REDUCE), ("weight_sync", WEIGHT_SYNC)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 
@@ -179,15 +190,16 @@ class Calibration:
         return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
 
 
-RUNNERS: dict[str, tuple[str, str, str, bool]] = {
-    "zerotune": ("hierarchical", "backward", "bucket", False),
-    "deepspeed": ("flat", "backward", "module", False),
-    "fsdp": ("flat", "backward", "bucket", True),
+RUNNERS: dict[str, tuple[str, str, str, bool, str]] = {
+    "zerotune": ("hierarchical", "backward", "bucket", False, "reduce_scatter"),
+    "deepspeed": ("flat", "backward", "module", False, "all_reduce"),
+    "fsdp": ("flat", "backward", "bucket", True, "reduce_scatter"),
 }
 """How each runner of a strategy moves its bytes (``Calibration.rings``, ``Calibration.outer_reduce``,
-``Calibration.gathers``, ``Calibration.copies``): zerotune's engine, and the exported configs as DeepSpeed (the
-export sets ``overlap_comm``; ZeRO-3 fetches sub-module by sub-module) and FSDP2 (it reduces across replicas in
-its post-backward hook, and copies each gather's output and each reduction's input) run them."""
+``Calibration.gathers``, ``Calibration.copies``, ``Calibration.grad_reduce``): zerotune's engine, and the exported
+configs as DeepSpeed (the export sets ``overlap_comm``; ZeRO-3 fetches sub-module by sub-module; stages 1 and 2
+all-reduce their gradient buckets) and FSDP2 (it reduces across replicas in its post-backward hook, and copies each
+gather's output and each reduction's input) run them."""
 
 
 RUNNER_HOST_S_PER_LAYER: dict[str, float] = {
@@ -235,10 +247,10 @@ def run_by(calib: Calibration, runner: str) -> Calibration:
     (``protocols`` nccl or rccl), the runner's host floor; a fitted calibration keeps its own."""
     if runner not in RUNNERS:
         raise ValueError(f"runner={runner!r}: must be one of {sorted(RUNNERS)}")
-    rings, outer_reduce, gathers, copies = RUNNERS[runner]
+    rings, outer_reduce, gathers, copies, grad_reduce = RUNNERS[runner]
     host = RUNNER_HOST_S_PER_LAYER[runner] if calib.protocols != "simple" else calib.host_s_per_layer
     return dataclasses.replace(calib, rings=rings, outer_reduce=outer_reduce, gathers=gathers, copies=copies,
-                               host_s_per_layer=host)
+                               grad_reduce=grad_reduce, host_s_per_layer=host)
 
 
 NOMINAL = Calibration()

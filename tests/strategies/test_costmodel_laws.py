@@ -638,6 +638,40 @@ def test_deepspeed_gathers_the_root_again_for_the_backward_and_our_engine_does_n
     assert step["ds"] > step["ours"]
 
 
+def test_deepspeed_stages_1_and_2_pay_an_all_reduce_for_each_gradient_bucket():
+    """DeepSpeed's ZeRO-1 and ZeRO-2 (0.19.8, the exports' defaults) all-reduce each gradient bucket and keep their
+    slice (counted on DeepSpeed in tests/tuner/test_exports.py): the deepspeed runner is charged an all-reduce where
+    the schedule reduce-scatters, every reduction of every micro-step, and the bytes booked stay the schedule's.
+    ZeRO-3 reduce-scatters in DeepSpeed too: unchanged."""
+    from zerotune.strategies.costmodel.schedule import build_schedule
+    from zerotune.strategies.costmodel.timing import costs_for
+    from zerotune.strategies.volume import QUANT_BLOCK
+
+    cluster, model = parse_cluster("dgx-h100:4"), parse_model("gpt-13b")
+    ds = run_by(calibration_for(cluster), "deepspeed")
+    assert ds.grad_reduce == "all_reduce" and run_by(calibration_for(cluster), "fsdp").grad_reduce == "reduce_scatter"
+    scattering = dataclasses.replace(ds, grad_reduce="reduce_scatter")
+    for preset, accum in (("zero1", 1), ("zero2", 1), ("zero2", 4), ("zero3", 2)):
+        s = build_strategy(preset, cluster, micro_batch_size=1)
+        batch = cluster.world_size * accum
+        got, want = (predict(model, cluster, s, calibration=c, global_batch=batch) for c in (ds, scattering))
+        assert got["bytes_per_level"] == want["bytes_per_level"]
+        extra = got["breakdown"]["comm_s"] - want["breakdown"]["comm_s"]
+        if preset == "zero3":
+            assert extra == 0 and got["step_time_s"] == want["step_time_s"]
+            continue
+        sched, costs = build_schedule(model, cluster, s), costs_for(cluster, ds, 2, s.quantize_above, QUANT_BLOCK)
+        more = 0.0
+        for c, times in sched.counts(accum).items():
+            op, levels, numel, bits = c
+            if op == "reduce_scatter" and costs.moves(c):
+                more += times * (costs.time(("all_reduce", levels, numel, bits)) - costs.time(c))
+        assert more > 0 and extra == pytest.approx(more, rel=1e-9), (preset, accum)
+        assert got["step_time_s"] > want["step_time_s"]
+    with pytest.raises(ValueError, match="grad_reduce='reduce'"):
+        Calibration(grad_reduce="reduce")
+
+
 def test_prefetch_depth_does_not_move_a_strategy_that_gathers_nothing():
     """ZeRO-1/2 keep every parameter on every rank: no gather is issued, so nothing waits behind the gradient
     reductions in the queue, and the prefetch depth cannot change the step."""

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "all_gather", "reduce_scatter",
-               "broadcast", "all_to_all_single")
+               "broadcast", "all_to_all_single", "reduce")
 
 
 def record_collectives(log: list[tuple[str, int, int]]) -> None:
@@ -70,7 +70,7 @@ def main() -> None:
         engine.step()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "calls": log, "params": sum(p.ds_numel for p in model.parameters()),
+        "rank": rank, "calls": log, "params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()),
         "elem_bytes": 4, "deepspeed": deepspeed.__version__}))
     dist.barrier()
     # no teardown: gloo's destructors, with DeepSpeed's threads still alive, can abort a rank at exit

@@ -555,6 +555,27 @@ def _ds_moves(cfg: dict[str, Any], world: int, model: str, out: Path) -> tuple[d
     return moved, rank0["calls"]
 
 
+@pytest.mark.timeout(300)
+def test_deepspeed_stages_1_and_2_all_reduce_their_gradient_buckets(ds: Any, tmp_path: Path) -> None:
+    """Real DeepSpeed runs the zero1 and zero2 exports (CPU accelerator, 4 gloo ranks, gpt-mini in fp32): with its
+    defaults for the keys the export leaves alone (reduce_scatter and use_multi_rank_bucket_allreduce, both true in
+    0.19.8) it reduces each gradient bucket with one all-reduce of the whole bucket, every rank then keeping its
+    partition's slice: twice the bytes on the wire of the reduce-scatter the strategy's schedule books, and no
+    reduce per rank. The model charges the deepspeed runner so (``Calibration.grad_reduce``); after the step the
+    updated partitions are all-gathered once, as the schedule has it."""
+    model = parse_model("gpt-mini")
+    cluster = parse_cluster("local:2x2")
+    for preset in ("zero1", "zero2"):
+        strategy = build_strategy(preset, cluster, reduce_bucket_mb=2.0)
+        moved, calls = _ds_moves(deepspeed_config(model, cluster, strategy, dtype="fp32"), cluster.world_size,
+                                 "gpt-mini", tmp_path / preset)
+        reduced = [n for op, n, ranks in calls if op == "all_reduce" and ranks == 4 and n > 4 * model.hidden * 4]
+        assert len(reduced) > 1, calls  # bucket by bucket (1M elements each), not one all-reduce of everything
+        assert moved["all_reduce", 4] == pytest.approx(1.0, abs=0.02), (preset, moved)
+        assert not any(op in ("reduce", "reduce_scatter_tensor", "reduce_scatter") for op, _, _ in calls), calls
+        assert 0.97 < moved["all_gather_into_tensor", 4] + moved.get(("all_gather", 4), 0.0) <= 1.02, moved
+
+
 @pytest.mark.timeout(400)
 def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path: Path) -> None:
     """Real DeepSpeed (CPU accelerator, 4 gloo ranks, gpt-mini in fp32) runs the exports, and every collective it
