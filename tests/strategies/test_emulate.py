@@ -249,21 +249,29 @@ def test_zeropp_beats_zero3_only_when_inter_node_links_are_slow(net, tmp_path):
     its quantization costs about what it saves."""
     cluster = tmp_path / "two-nodes.json"
     cluster.write_text(json.dumps(TWO_NODES))
-    step = {}
+    step, inter = {}, {}
     for strategy in ("zero3", "zeropp"):
         for link, scale in (("slow", "0.004"), ("fast", "1")):  # inter-node links of 40 MB/s, or 10 GB/s
             result, run = _train(tmp_path, f"{strategy}-{link}", "--model", "gpt-mini", "--cluster", str(cluster),
                                  "--strategy", strategy, "--emulate", "--emulate-scale", scale)
             assert result.returncode == 0 and run["status"] == "ok", result.stderr[-3000:]
             step[strategy, link] = run["step_time_s"]
+            if link == "slow":
+                inter[strategy] = sum(run["seconds_per_level"]["inter-node"].values())
             if (strategy, link) == ("zero3", "slow"):  # the time per level shows where the step went
                 seconds = {lv: sum(kinds.values()) for lv, kinds in run["seconds_per_level"].items()}
                 assert seconds["inter-node"] > 3 * seconds["node"] and seconds["inter-node"] < run["step_time_s"]
                 assert set(run["seconds_per_level"]) == set(run["bytes_per_level"])
     slow, fast = step["zero3", "slow"] / step["zeropp", "slow"], step["zero3", "fast"] / step["zeropp", "fast"]
-    # the slow-link ratio shrinks on a slower host: ZeRO++'s quantization is CPU compute that the shaped links
-    # do not slow (1.85 on a loaded 2-core machine whose whole test run took 50 minutes, above 2 on an idle one)
-    assert slow > 1.5 and fast < 1.3 and slow > 1.3 * fast, step
+    # on the slow link ZeRO++'s inter-node seconds are a fraction of ZeRO-3's, whatever the host: its quantized
+    # gathers and reduction move a quarter of the bytes (0.275 s against 3.69 s on a host that ran slowly)
+    assert inter["zeropp"] < 0.35 * inter["zero3"], inter
+    # the ratio of whole steps on the slow link shrinks on a slower host: ZeRO++'s quantization is CPU compute that
+    # the shaped links do not slow (above 2 on an idle 2-core machine, 1.85 on a loaded one whose test run took 50
+    # minutes, 1.44 and 1.12 on one with 9% steal and 18% I/O wait running other tests beside it, where ZeRO++'s
+    # step on the fast link took 3.4 and 4.8 s to ZeRO-3's 2.2 and 2.6 s). The same quantization is in both of
+    # ZeRO++'s steps, so its gain on the slow link over its gain on the fast one holds on any host (2.2, 2.0 there)
+    assert slow > 1.0 and fast < 1.3 and slow > 1.3 * fast, step
 
 
 def test_a_local_study_runs_its_trials_on_the_emulated_cluster(without_net_admin, tmp_path):
