@@ -73,7 +73,7 @@ import math
 from zerotune.strategies.costmodel.hardware import NCCL_TREE_CORRECTION, NCCL_TREE_PROTOCOLS, RING_PROTOCOLS
 from zerotune.strategies.costmodel.rates import Calibration
 from zerotune.strategies.costmodel.schedule import Coll, Group
-from zerotune.strategies.spec import ClusterSpec
+from zerotune.strategies.spec import ClusterSpec, Level
 from zerotune.strategies.volume import (
     Volume,
     all_gather_volume,
@@ -143,30 +143,64 @@ class Costs:
             total += self.quant_elems("all_gather", lo, hi, seen)
         return total
 
+    def _ring_levels(self, lo: int, hi: int) -> list[tuple[Level, int, float]]:
+        """The levels lo..hi of 2+ ranks as one ring over all their R ranks runs them: (level, hops_l, rate_l), of
+        the ring's R − 1 hops those whose two ranks first differ at level l (R/below_l − R/(below_l · s_l)), and
+        the bytes per second a subtree of below_l ranks leaves through (below_l · bandwidth_l · η_l)."""
+        ranks = self.prefix[hi] // self.prefix[lo - 1]
+        out, below = [], 1
+        for level in range(lo, hi + 1):
+            lv = self.cluster.levels[level - 1]
+            if lv.size > 1:
+                out.append((lv, ranks // below - ranks // (below * lv.size),
+                            below * lv.bandwidth_gbps * 1e9 * self.calib.level_efficiency(level)))
+            below *= lv.size
+        return out
+
+    def _protocol_rows(self, nodes: int) -> list[tuple[str, float, float, float, float, float, float]]:
+        """The protocols a collective over ``nodes`` nodes may run under (``Calibration.protocols``) as (name, launch
+        scale, node-hop scale, network-hop scale, bandwidth fraction, per-step floor in seconds, LL's bus-bandwidth
+        cap in bytes/s or inf), each scaled to the library's Simple row; ``simple``: Simple's latencies alone."""
+        calib = self.calib
+        if calib.protocols == "simple":
+            return [("Simple", 1.0, 1.0, 1.0, 1.0, 0.0, math.inf)]
+        table = RING_PROTOCOLS[calib.protocols]
+        base_ref, node_ref, net_ref, _ = table["Simple"]
+        return [(name, base / base_ref, node / node_ref, net / net_ref, bw,
+                 calib.net_overhead_us * (3 if name == "Simple" else 1) * 1e-6 if nodes > 1 else 0.0,
+                 self._ll_cap(nodes) if name == "LL" else math.inf)
+                for name, (base, node, net, bw) in table.items() if name != "LL128" or calib.ll128]
+
+    def _hop_s(self, hop_us: float, node_scale: float, net_scale: float, floor: float) -> float:
+        """Seconds one ring step waits on a hop of ``hop_us`` (Simple): the network's scale where the hop is the
+        library's Simple network latency or more, else the node link's, and never less than ``floor``."""
+        table = RING_PROTOCOLS.get(self.calib.protocols)
+        alpha = self.calib.latency_scale * 1e-6
+        if table is not None and hop_us >= table["Simple"][2]:
+            return hop_us * alpha * net_scale
+        step = hop_us * alpha * node_scale
+        return step if step > floor else floor
+
     def _flat_ring(self, op: str, lo: int, hi: int, numel: int, bits: int) -> float:
         """Seconds on the wire of one collective run as one ring over all its ranks (module docstring)."""
-        calib, sizes = self.calib, self.cluster.sizes
+        calib = self.calib
         ranks = self.prefix[hi] // self.prefix[lo - 1]
         e = wire_elem_bytes(self.e, bits)
         if op == "all_gather":
             sent = (ranks - 1) * (quantized_nbytes(numel, bits, self.block) if bits < 16 else numel * e)
         else:
             sent = _STEPS[op] * (ranks - 1) * (numel // ranks) * e
-        slowest, below, nodes = 0.0, 1, 1
+        slowest, nodes = 0.0, 1
         node_hop = net_hop = 0.0
         hops: list[tuple[int, float]] = []  # (ring steps at the level, its Simple hop latency)
-        for level in range(lo, hi + 1):
-            lv = self.cluster.levels[level - 1]
-            if lv.size > 1:
-                hops.append((_STEPS[op] * (ranks // below - ranks // (below * lv.size)), lv.latency_us))
-                rate = below * lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)
-                slowest = max(slowest, sent / rate)
-                if self._network(lv.latency_us):
-                    nodes *= lv.size
-                    net_hop = max(net_hop, lv.latency_us)
-                else:
-                    node_hop = max(node_hop, lv.latency_us)
-            below *= sizes[level - 1]
+        for lv, steps, rate in self._ring_levels(lo, hi):
+            hops.append((_STEPS[op] * steps, lv.latency_us))
+            slowest = max(slowest, sent / rate)
+            if self._network(lv.latency_us):
+                nodes *= lv.size
+                net_hop = max(net_hop, lv.latency_us)
+            else:
+                node_hop = max(node_hop, lv.latency_us)
         ring = self._fastest(hops, slowest, sent, nodes, op == "all_reduce", nodes > 1 and ranks == nodes)
         if op != "all_reduce" or calib.protocols != "nccl" or not slowest:
             return ring
@@ -261,29 +295,17 @@ class Costs:
         with ``one_per_node`` rank pays NCCL's tree network latency on each hop ("with ppn=1 latencies are
         fully exposed": ``NCCL_TREE_PROTOCOLS``' network column); RCCL's has no sourced tree table."""
         calib = self.calib
-        alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
-        if calib.protocols == "simple":
-            return launch + sum(steps * hop for steps, hop in hops) * alpha + wire_s
-        table = RING_PROTOCOLS[calib.protocols]
-        base_ref, node_ref, net_ref, _ = table["Simple"]
-        best = math.inf
+        launch = calib.collective_launch_us * 1e-6
         exposed = one_per_node and calib.protocols == "nccl"
-        for name, (base, node, net, bw) in table.items():
-            if name == "LL128" and not calib.ll128:
-                continue
+        net_ref = RING_PROTOCOLS[calib.protocols]["Simple"][2] if calib.protocols != "simple" else 1.0
+        best = math.inf
+        for name, base, node, net, bw, floor, cap in self._protocol_rows(nodes):
             if exposed:
-                net = NCCL_TREE_PROTOCOLS[name][2]
+                net = NCCL_TREE_PROTOCOLS[name][2] / net_ref
             wire = wire_s / bw
             if name == "LL" and sent:
-                wire = max(wire, sent / self._ll_cap(nodes))
-            floor = calib.net_overhead_us * (3 if name == "Simple" else 1) * 1e-6 if nodes > 1 else 0.0
-            lat = launch * base / base_ref
-            for steps, hop in hops:
-                if hop >= net_ref:
-                    lat += steps * hop * alpha * net / net_ref
-                else:
-                    step = hop * alpha * node / node_ref
-                    lat += steps * (step if step > floor else floor)
+                wire = max(wire, sent / cap)
+            lat = launch * base + sum(steps * self._hop_s(hop, node, net, floor) for steps, hop in hops)
             if all_reduce and nodes > 1 and name == "Simple":
                 lat *= calib.ring_plateau
             t = lat + wire
@@ -317,30 +339,13 @@ class Costs:
             return cached
         t = 0.0
         if self.moves(key):
-            calib, sizes = self.calib, self.cluster.sizes
-            ranks = self.prefix[hi] // self.prefix[lo - 1]
-            alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
-            levels, below, nodes = [], 1, 1
-            for level in range(lo, hi + 1):
-                lv = self.cluster.levels[level - 1]
-                if lv.size > 1:
-                    levels.append((ranks // below - ranks // (below * lv.size), lv.latency_us,
-                                   1 / (below * lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level))))
-                    if calib.protocols != "simple" and self._network(lv.latency_us):
-                        nodes *= lv.size
-                below *= sizes[level - 1]
-            table = RING_PROTOCOLS.get(calib.protocols, {"Simple": (1.0, 1.0, 1.0, 1.0)})
-            base_ref, node_ref, net_ref, _ = table["Simple"]
-            t = math.inf
-            for name, (base, node, net, bw) in table.items():
-                if name == "LL128" and not calib.ll128:
-                    continue
-                floor = calib.net_overhead_us * (3 if name == "Simple" else 1) * 1e-6 if nodes > 1 else 0.0
-                cap = 1 / self._ll_cap(nodes) if name == "LL" else 0.0
-                stages = [(hops, hop * alpha * net / net_ref if hop >= net_ref else max(hop * alpha * node / node_ref,
-                                                                                       floor), max(beta / bw, cap))
-                          for hops, hop, beta in levels]
-                t = min(t, launch * base / base_ref + chain(stages, numel * self.e))
+            levels = self._ring_levels(lo, hi)
+            nodes = math.prod(lv.size for lv, _, _ in levels if self._network(lv.latency_us))
+            launch = self.calib.collective_launch_us * 1e-6
+            t = min(launch * base + chain([(hops, self._hop_s(lv.latency_us, node, net, floor), max(1 / rate / bw,
+                                                                                                  1 / cap))
+                                           for lv, hops, rate in levels], numel * self.e)
+                    for _, base, node, net, bw, floor, cap in self._protocol_rows(nodes))
         self._time[key] = t
         return t
 
