@@ -16,7 +16,7 @@ import pytest
 from tests.api.conftest import rows, wait_job
 
 HANG = {"ZEROTUNE_FAULT": "hang@1:2", "ZEROTUNE_SHUTDOWN_GRACE_S": "10"}
-BODY = {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budget": {"trials": 2}}
+BODY = {"model": "gpt-tiny", "cluster": "local:2x2", "executor": "local", "budget": {"trials": 1}}
 QUICK_RECOVERY = {"ZEROTUNE_STALE_AFTER_S": "5", "ZEROTUNE_LEASE_S": "3", "ZEROTUNE_HEARTBEAT_S": "1"}
 
 

@@ -126,12 +126,12 @@ def test_local_executor_end_to_end_and_upload(sqlite_url, launcher, tmp_path):
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("model, cluster, trials, evidence", [
-    ("gpt-mini", "local:2x2", 4, "measured"), ("gpt-7b", "dgx-h100:2", 3, "proxy-verified")])
-def test_measured_studies_through_the_service(sqlite_url, launcher, model, cluster, trials, evidence):
-    """gpt-mini on local:2x2, and gpt-7b on dgx-h100:2 through its proxy, with the local executor
-    through the service: no trial fails (a slower one may be pruned), the polled job names its phase while it runs,
-    and the answer states the leaders' intervals."""
+def test_measured_study_through_the_service(sqlite_url, launcher):
+    """gpt-7b on dgx-h100:2 through its proxy, with the local executor through the service: no trial fails (a
+    slower one may be pruned), the polled job names its phase while it runs, and the answer states the leaders'
+    intervals. (A measured study of a preset that runs as itself, gpt-mini, is tests/tuner/test_tune_cli.py's:
+    the service and the CLI run the same Tuner.)"""
+    model, cluster, trials, evidence = "gpt-7b", "dgx-h100:2", 3, "proxy-verified"
     server = launcher.serve(sqlite_url)
     body = {"model": model, "cluster": cluster, "executor": "local", "budget": {"trials": trials}}
     r = httpx.post(f"{server.url}/v1/recommendations", json=body, timeout=30)

@@ -1,8 +1,11 @@
-"""Every model a short run can train here learns in the default short run, on 1 rank and on 8.
+"""Every model a short run can train here learns in the default short run, on 1 rank; on 8 ranks, the two shapes
+that differ most (GPT-2's tied multi-head model and a grouped-query, untied Llama proxy).
 
 "Every model": each preset small enough to run here, the proxy every larger preset runs as
 (tuner/executors/local.py), and the smaller proxy a verification runs; one run per distinct shape.
 "Learns": the run's own health gate says the loss falls beyond its noise (strategies/train.py).
+Eight ranks train the same model as one (tests/strategies/test_engine.py holds every strategy to the one-rank
+reference, GQA and an untied head included) on 8x the sequences a step, so every shape is not run twice.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def _models() -> list[ModelSpec]:
 
 
 MODELS_RUN = _models()
+RUNS = [(m, "local:1") for m in MODELS_RUN] + [
+    (m, "local:2x2x2") for m in MODELS_RUN
+    if m.name == "gpt-tiny" or (m.kv_heads and m.hidden == VERIFY_PROXY["proxy_hidden"])]
 
 
 def test_the_shapes_cover_presets_and_proxies():
@@ -46,10 +52,10 @@ def test_the_shapes_cover_presets_and_proxies():
     assert len(MODELS_RUN) == 8, names
     grouped = [m for m in MODELS_RUN if m.kv_heads]
     assert grouped and all(m.heads // m.kv_heads > 1 and not m.tied_head for m in grouped), grouped
+    assert [m.name for m, c in RUNS if c != "local:1"] == ["gpt-tiny", "llama3-8b-proxy"], RUNS
 
 
-@pytest.mark.parametrize("cluster", ["local:1", "local:2x2x2"])
-@pytest.mark.parametrize("model", MODELS_RUN, ids=lambda m: m.name)
+@pytest.mark.parametrize("model, cluster", RUNS, ids=[f"{m.name}-{c}" for m, c in RUNS])
 def test_default_short_run_learns(tmp_path, model, cluster):
     spec = tmp_path / "model.json"
     spec.write_text(json.dumps(model.to_dict()))

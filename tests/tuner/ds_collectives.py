@@ -1,11 +1,12 @@
 """What DeepSpeed moves when it runs an exported config, for test_exports.py, run under torchrun (gloo, CPU).
 
-    torchrun --standalone --nproc-per-node 4 tests/tuner/ds_collectives.py CONFIG.json MODEL OUT_DIR
+    torchrun --standalone --nproc-per-node 4 tests/tuner/ds_collectives.py CONFIG.json[,CONFIG2.json...] MODEL OUT_DIR
 
-DeepSpeed (its CPU accelerator) trains MODEL for three steps with the DeepSpeed config in CONFIG.json;
+For each config in turn (one launch: the ranks' start, torch's and DeepSpeed's imports, is most of a run's time
+here), DeepSpeed (its CPU accelerator) builds a fresh MODEL and trains it for three steps with that DeepSpeed config;
 every call it makes to torch.distributed's collectives during the third step is recorded (name, the
 bytes of its largest tensor: an all-gather's output, a reduce-scatter's input, and its group's size). Each rank writes
-OUT_DIR/rank{r}.json with those calls and the model's parameter count; the pytest side asserts.
+OUT_DIR/rank{r}.json: per config, those calls and the model's parameter count; the pytest side asserts.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def record_collectives(log: list[tuple[str, int, int]]) -> None:
 
 
 def main() -> None:
-    config_path, model_name, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    config_paths, model_name, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -55,23 +56,28 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     spec = parse_model(model_name)
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build_gpt(spec, seed=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                      config=json.loads(Path(config_path).read_text()))
-    data = TokenSource(spec.vocab, spec.seq_len, seed=0)
-    micro = engine.train_micro_batch_size_per_gpu()
-    for step in range(3):
-        if step == 2:
-            log.clear()
-        idx, targets = data.batch(sequence_ids(step, 0, rank, accum=1, world=world, batch=micro))
-        loss = engine(idx, targets)
-        engine.backward(loss)
-        engine.step()
+    runs = []
+    for config_path in config_paths.split(","):
+        model = build_gpt(spec, seed=0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                          config=json.loads(Path(config_path).read_text()))
+        data = TokenSource(spec.vocab, spec.seq_len, seed=0)
+        micro = engine.train_micro_batch_size_per_gpu()
+        for step in range(3):
+            if step == 2:
+                log.clear()
+            idx, targets = data.batch(sequence_ids(step, 0, rank, accum=1, world=world, batch=micro))
+            loss = engine(idx, targets)
+            engine.backward(loss)
+            engine.step()
+        runs.append({"config": config_path, "calls": list(log), "elem_bytes": 4,
+                     "params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())})
+        log.clear()
+        dist.barrier()
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "calls": log, "params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()),
-        "elem_bytes": 4, "deepspeed": deepspeed.__version__}))
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "runs": runs,
+                                                          "deepspeed": deepspeed.__version__}))
     dist.barrier()
     # no teardown: gloo's destructors, with DeepSpeed's threads still alive, can abort a rank at exit
     # ("terminate called without an active exception") after its result is written

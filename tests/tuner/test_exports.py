@@ -539,20 +539,27 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
             assert all(math.isfinite(x) for x in r["losses"]), (preset, r)
 
 
-def _ds_moves(cfg: dict[str, Any], world: int, model: str, out: Path) -> tuple[dict[tuple[str, int], float], list]:
-    """By (collective, ranks in its group), the bytes DeepSpeed moved in one training step with ``cfg`` on ``world``
-    gloo ranks (an all-gather's output, a reduce-scatter's input; rank 0), in units of the model's fp32
-    parameters; and rank 0's calls, (collective, bytes, ranks) each."""
+def _ds_moves(cfgs: list[dict[str, Any]], world: int, model: str, out: Path) -> list[tuple[
+        dict[tuple[str, int], float], list]]:
+    """For each config in ``cfgs`` (run one after another in one launch of ``world`` gloo ranks): by (collective,
+    ranks in its group), the bytes DeepSpeed moved in one training step (an all-gather's output, a reduce-scatter's
+    input; rank 0), in units of the model's fp32 parameters; and rank 0's calls, (collective, bytes, ranks) each."""
     from tests.support.ranks import run_ranks
 
-    config = out / "ds_config.json"
     out.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps(cfg))
-    rank0 = run_ranks(world, Path(__file__).with_name("ds_collectives.py"), [str(config), model], out / "ranks")[0]
-    moved: dict[tuple[str, int], float] = {}
-    for name, nbytes, ranks in rank0["calls"]:
-        moved[name, ranks] = moved.get((name, ranks), 0.0) + nbytes / (rank0["params"] * rank0["elem_bytes"])
-    return moved, rank0["calls"]
+    paths = []
+    for i, cfg in enumerate(cfgs):
+        paths.append(out / f"ds_config{i}.json")
+        paths[-1].write_text(json.dumps(cfg))
+    rank0 = run_ranks(world, Path(__file__).with_name("ds_collectives.py"), [",".join(map(str, paths)), model],
+                      out / "ranks", timeout_s=120.0 + 90.0 * len(cfgs))[0]
+    found = []
+    for run in rank0["runs"]:
+        moved: dict[tuple[str, int], float] = {}
+        for name, nbytes, ranks in run["calls"]:
+            moved[name, ranks] = moved.get((name, ranks), 0.0) + nbytes / (run["params"] * run["elem_bytes"])
+        found.append((moved, run["calls"]))
+    return found
 
 
 @pytest.mark.timeout(300)
@@ -565,10 +572,11 @@ def test_deepspeed_stages_1_and_2_all_reduce_their_gradient_buckets(ds: Any, tmp
     updated partitions are all-gathered once, as the schedule has it."""
     model = parse_model("gpt-mini")
     cluster = parse_cluster("local:2x2")
-    for preset in ("zero1", "zero2"):
-        strategy = build_strategy(preset, cluster, reduce_bucket_mb=2.0)
-        moved, calls = _ds_moves(deepspeed_config(model, cluster, strategy, dtype="fp32"), cluster.world_size,
-                                 "gpt-mini", tmp_path / preset)
+    presets = ("zero1", "zero2")
+    cfgs = [deepspeed_config(model, cluster, build_strategy(preset, cluster, reduce_bucket_mb=2.0), dtype="fp32")
+            for preset in presets]
+    found = _ds_moves(cfgs, cluster.world_size, "gpt-mini", tmp_path)
+    for preset, (moved, calls) in zip(presets, found, strict=True):
         reduced = [n for op, n, ranks in calls if op == "all_reduce" and ranks == 4 and n > 4 * model.hidden * 4]
         assert len(reduced) > 1, calls  # bucket by bucket (1M elements each), not one all-reduce of everything
         assert moved["all_reduce", 4] == pytest.approx(1.0, abs=0.02), (preset, moved)
@@ -598,23 +606,24 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     from zerotune.strategies.plan import block_modules
 
     model = parse_model("gpt-mini")
-    moved, modelled, calls = {}, {}, {}
+    moved, modelled, calls, cfgs = {}, {}, {}, []
     small = {"allgather_bucket_mb": 0.5}  # a prefetch window smaller than the model, as on real ones
-    for key, cname, spec, drop in (("zero3", "local:2x2", "zero3", False),
-                                   ("defaults", "local:2x2", "zero3", True),
-                                   ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False),
-                                   ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16},
-                                    False)):
+    runs = (("zero3", "local:2x2", "zero3", False),
+            ("defaults", "local:2x2", "zero3", True),
+            ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False),
+            ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, False))
+    for key, cname, spec, drop in runs:
         cluster = parse_cluster(cname)
         strategy = build_strategy(spec, cluster, **small)
-        cfg = deepspeed_config(model, cluster, strategy, dtype="fp32")
+        cfgs.append(deepspeed_config(model, cluster, strategy, dtype="fp32"))
         if drop:
             for k in ("stage3_max_reuse_distance", "stage3_max_live_parameters"):
-                del cfg["zero_optimization"][k]
-        moved[key], calls[key] = _ds_moves(cfg, cluster.world_size, "gpt-mini", tmp_path / key)
+                del cfgs[-1]["zero_optimization"][k]
         vol = step_volume(model, cluster, strategy, elem_bytes=4, accum=1)
         modelled[key] = (sum(k.get("all_gather", 0) for k in vol.values())
                          / sum(k.get("reduce_scatter", 0) for k in vol.values()))
+    for (key, *_), found in zip(runs, _ds_moves(cfgs, 4, "gpt-mini", tmp_path), strict=True):  # all on 4 ranks
+        moved[key], calls[key] = found
     for key, m in moved.items():
         assert m["reduce_scatter_tensor", 4] == pytest.approx(1.0, abs=0.01), (key, m)
         assert {op for op, _ in m} <= {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"}, m

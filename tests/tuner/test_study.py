@@ -122,10 +122,10 @@ def test_infeasible_points_are_never_run(sqlite_url, tmp_path):
     assert rec["metrics"]["feasible"]
 
 
-# a shorter study on PostgreSQL: its storage is what differs there
-@pytest.mark.parametrize("db, budget", [("sqlite", 6), ("postgresql", 4)])
-def test_local_study_stores_every_trial_and_recommends_the_measured_best(db, budget, request, tmp_path):
-    url = request.getfixturevalue("sqlite_url" if db == "sqlite" else "pg_url")
+def test_local_study_stores_every_trial_and_recommends_the_measured_best(pg_url, tmp_path):
+    """A measured study on PostgreSQL (on SQLite, the same Tuner's measured studies are tests/tuner/test_tune_cli.py's
+    and tests/api/test_service.py's)."""
+    url, budget = pg_url, 5
     req = TuneRequest(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2x2"), executor="local",
                       trials=budget, seed=0)
     rec = Tuner(req, db_url=url, executor=LocalExecutor(), workdir=tmp_path, steps=8, trial_timeout_s=120).run()
