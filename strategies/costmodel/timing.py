@@ -342,10 +342,12 @@ class Costs:
             levels = self._ring_levels(lo, hi)
             nodes = math.prod(lv.size for lv, _, _ in levels if self._network(lv.latency_us))
             launch = self.calib.collective_launch_us * 1e-6
-            t = min(launch * base + chain([(hops, self._hop_s(lv.latency_us, node, net, floor), max(1 / rate / bw,
-                                                                                                  1 / cap))
-                                           for lv, hops, rate in levels], numel * self.e)
-                    for _, base, node, net, bw, floor, cap in self._protocol_rows(nodes))
+            t = math.inf
+            for _, base, node, net, bw, floor, cap in self._protocol_rows(nodes):
+                # per level: (hops, seconds a segment waits on a hop, seconds a byte takes on it)
+                stages = [(hops, self._hop_s(lv.latency_us, node, net, floor), max(1 / rate / bw, 1 / cap))
+                          for lv, hops, rate in levels]
+                t = min(t, launch * base + chain(stages, numel * self.e))
         self._time[key] = t
         return t
 

@@ -547,10 +547,9 @@ def _ds_moves(cfgs: list[dict[str, Any]], world: int, model: str, out: Path) -> 
     from tests.support.ranks import run_ranks
 
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i, cfg in enumerate(cfgs):
-        paths.append(out / f"ds_config{i}.json")
-        paths[-1].write_text(json.dumps(cfg))
+    paths = [out / f"ds_config{i}.json" for i in range(len(cfgs))]
+    for path, cfg in zip(paths, cfgs, strict=True):
+        path.write_text(json.dumps(cfg))
     rank0 = run_ranks(world, Path(__file__).with_name("ds_collectives.py"), [",".join(map(str, paths)), model],
                       out / "ranks", timeout_s=120.0 + 90.0 * len(cfgs))[0]
     found = []
@@ -606,7 +605,7 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     from zerotune.strategies.plan import block_modules
 
     model = parse_model("gpt-mini")
-    moved, modelled, calls, cfgs = {}, {}, {}, []
+    modelled, cfgs, worlds = {}, [], set()
     small = {"allgather_bucket_mb": 0.5}  # a prefetch window smaller than the model, as on real ones
     runs = (("zero3", "local:2x2", "zero3", False),
             ("defaults", "local:2x2", "zero3", True),
@@ -614,6 +613,7 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
             ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, False))
     for key, cname, spec, drop in runs:
         cluster = parse_cluster(cname)
+        worlds.add(cluster.world_size)
         strategy = build_strategy(spec, cluster, **small)
         cfgs.append(deepspeed_config(model, cluster, strategy, dtype="fp32"))
         if drop:
@@ -622,8 +622,10 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
         vol = step_volume(model, cluster, strategy, elem_bytes=4, accum=1)
         modelled[key] = (sum(k.get("all_gather", 0) for k in vol.values())
                          / sum(k.get("reduce_scatter", 0) for k in vol.values()))
-    for (key, *_), found in zip(runs, _ds_moves(cfgs, 4, "gpt-mini", tmp_path), strict=True):  # all on 4 ranks
-        moved[key], calls[key] = found
+    (world,) = worlds  # one launch runs every config: the clusters hold as many ranks
+    found = _ds_moves(cfgs, world, "gpt-mini", tmp_path)
+    moved = {key: m for (key, *_), (m, _) in zip(runs, found, strict=True)}
+    calls = {key: c for (key, *_), (_, c) in zip(runs, found, strict=True)}
     for key, m in moved.items():
         assert m["reduce_scatter_tensor", 4] == pytest.approx(1.0, abs=0.01), (key, m)
         assert {op for op, _ in m} <= {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"}, m
