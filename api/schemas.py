@@ -74,8 +74,8 @@ class ClusterCreate(_In):
 
 
 class ModelCreate(_In):
-    """An explicit ModelSpec: a decoder-only GPT (a Llama by its matmul weights: kv_heads, tied_head false,
-    ffn_hidden 1.5 x its SwiGLU width)."""
+    """An explicit ModelSpec: a decoder-only GPT-2 (``arch`` "gpt") or Llama (``arch`` "llama": RMSNorm, rotary
+    positions, SwiGLU of width ffn_hidden, no biases; kv_heads and tied_head false as the model has them)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "name": "my-gpt", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 50304, "seq_len": 2048}]})
@@ -91,6 +91,8 @@ class ModelCreate(_In):
                                  "attention; a divisor of heads); none: heads")
     tied_head: bool = Field(default=True, description="the LM head is the token embedding (GPT-2); false: its own "
                             "V x h matrix (Llama)")
+    arch: Literal["gpt", "llama"] = Field(default="gpt", description="block family: gpt (GPT-2: LayerNorm, learned "
+                                          "positions, GELU) or llama (RMSNorm, rotary positions, SwiGLU)")
 
 
 class StrategyCreate(_In):

@@ -31,13 +31,12 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("gpt-7b", layers=32, hidden=4096, heads=32, vocab=50304, seq_len=2048),
         ModelSpec("gpt-13b", layers=40, hidden=5120, heads=40, vocab=50304, seq_len=2048),
         ModelSpec("gpt-neox-20b", layers=44, hidden=6144, heads=64, vocab=50432, seq_len=2048),
-        # Llama 2 and 3 by their matmul weights (ModelSpec): key/value heads, an untied head, and an MLP of 1.5 x
-        # the SwiGLU width (11008, 14336, 28672); the trainer's blocks keep GPT-2's LayerNorm, GELU and positions
+        # Llama 2 and 3 (Llama blocks: RMSNorm, rotary positions, SwiGLU; key/value heads; an untied head)
         IBM_FSDP_7B,  # llama2-7b: the model of the eager PyTorch efficiencies' source run
-        ModelSpec("llama3-8b", layers=32, hidden=4096, heads=32, vocab=128256, seq_len=8192, ffn_hidden=21504,
-                  kv_heads=8, tied_head=False),
-        ModelSpec("llama3-70b", layers=80, hidden=8192, heads=64, vocab=128256, seq_len=8192, ffn_hidden=43008,
-                  kv_heads=8, tied_head=False),
+        ModelSpec("llama3-8b", layers=32, hidden=4096, heads=32, vocab=128256, seq_len=8192, ffn_hidden=14336,
+                  kv_heads=8, tied_head=False, arch="llama"),
+        ModelSpec("llama3-70b", layers=80, hidden=8192, heads=64, vocab=128256, seq_len=8192, ffn_hidden=28672,
+                  kv_heads=8, tied_head=False, arch="llama"),
     )
 }
 

@@ -1,6 +1,6 @@
 """How the engine cuts a model into buckets — pure Python, shared by the engine and the cost model.
 
-Units (``model.unit_params``): ``root`` = token + position embeddings + final LayerNorm (and an untied LM
+Units (``model.unit_params``): ``root`` = token (and GPT's position) embeddings + final norm (and an untied LM
 head), gathered at the start of forward and kept until the end of backward (the head uses its weights at the
 other end of the network, as FSDP keeps its root unit unsharded); then one unit per block.
 
@@ -26,32 +26,49 @@ BYTES_PER_16BIT = 2
 
 
 def block_modules(spec: ModelSpec) -> tuple[int, ...]:
-    """Parameters of a block's linear sub-modules, weight and bias: qkv (h + 2k outputs, k = ``ModelSpec.kv``),
-    proj, fc, out."""
-    h, f, q = spec.hidden, spec.ffn, spec.hidden + 2 * spec.kv
+    """Parameters of a block's linear sub-modules, weight and bias. GPT: qkv (h + 2k outputs, k = ``ModelSpec.kv``),
+    proj, fc, out. Llama (no biases): wq, wk, wv, wo, w1, w2, w3."""
+    h, f, k = spec.hidden, spec.ffn, spec.kv
+    if spec.llama:
+        return h * h, h * k, h * k, h * h, h * f, f * h, h * f
+    q = h + 2 * k
     return h * q + q, h * h + h, h * f + f, f * h + h
 
 
+def _block_norms(spec: ModelSpec) -> tuple[int, ...]:
+    """A block's two norms' parameters: an RMSNorm's weight (Llama) or a LayerNorm's weight and bias."""
+    h = spec.hidden
+    return (h, h) if spec.llama else (h, h, h, h)
+
+
 def block_numel(spec: ModelSpec) -> int:
-    """Parameters of one block: its linear sub-modules and two LayerNorms, 2h² + 2hk + 2hf + 7h + 2k + f (see
-    ``ModelSpec.num_params``)."""
-    return sum(block_modules(spec)) + 4 * spec.hidden
+    """Parameters of one block: its linear sub-modules and two norms (see ``ModelSpec.num_params``)."""
+    return sum(block_modules(spec)) + sum(_block_norms(spec))
 
 
 def parameter_numels(spec: ModelSpec) -> tuple[int, ...]:
     """The elements of each parameter tensor of the engine's model (``model.GPT``), in its order: the token and
-    position embeddings, the final LayerNorm's weight and bias and an untied head, then each block's LayerNorm,
-    qkv, proj, LayerNorm, fc and out, weight then bias. What an optimizer that hands out whole parameters
-    partitions (``predict``'s ``weight_sync = "broadcast"``)."""
-    h, f, q = spec.hidden, spec.ffn, spec.hidden + 2 * spec.kv
+    position embeddings (GPT), the final norm's weight (and a LayerNorm's bias) and an untied head, then each
+    block's parameters (GPT: LayerNorm, qkv, proj, LayerNorm, fc and out, weight then bias; Llama: RMSNorm, wq,
+    wk, wv, wo, RMSNorm, w1, w2, w3). What an optimizer that hands out whole parameters partitions
+    (``predict``'s ``weight_sync = "broadcast"``)."""
+    h, f, k = spec.hidden, spec.ffn, spec.kv
     head = (spec.untied_head_numel,) if spec.untied_head_numel else ()
-    block = (h, h, h * q, q, h * h, h, h, h, h * f, f, f * h, h)
-    return (spec.vocab * h, spec.seq_len * h, h, h, *head) + block * spec.layers
+    if spec.llama:
+        root: tuple[int, ...] = (spec.vocab * h, h)
+        block: tuple[int, ...] = (h, h * h, h * k, h * k, h * h, h, h * f, f * h, h * f)
+    else:
+        q = h + 2 * k
+        root = (spec.vocab * h, spec.position_numel, h, h)
+        block = (h, h, h * q, q, h * h, h, h, h, h * f, f, f * h, h)
+    return root + head + block * spec.layers
 
 
 def root_numel(spec: ModelSpec) -> int:
-    """Embeddings (V·h + T·h), the final LayerNorm (2h) and an untied LM head (``ModelSpec.untied_head_numel``)."""
-    return spec.vocab * spec.hidden + spec.seq_len * spec.hidden + 2 * spec.hidden + spec.untied_head_numel
+    """Embeddings (V·h, and GPT's positions T·h), the final norm (2h for a LayerNorm, h for an RMSNorm) and an
+    untied LM head (``ModelSpec.untied_head_numel``)."""
+    final = spec.hidden if spec.llama else 2 * spec.hidden
+    return spec.vocab * spec.hidden + spec.position_numel + final + spec.untied_head_numel
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ torchtitan's default, DeepSpeed's ``communication_data_type: fp32``, and Megatro
 gradient all-reduce. It moves twice the bytes of a 16-bit reduction and is an accuracy choice, never a speed
 one: the search offers it only to a request whose training reduces in fp32 (``Space.grad_widths``)."""
 
+ARCHS = ("gpt", "llama")
+"""The block families a ModelSpec names (``ModelSpec.arch``)."""
+
 T = TypeVar("T")
 
 
@@ -182,13 +185,14 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only GPT (learned positions, LayerNorm and biases as GPT-2), with multi-head or grouped-query
+    """A decoder-only transformer of one of two block families (``arch``), with multi-head or grouped-query
     attention and an LM head tied to the token embedding or of its own.
 
-    A Llama-family model is written in these terms by its matmul weights: ``kv_heads`` as its own (GQA),
-    ``tied_head=False``, and ``ffn_hidden`` 1.5 x its SwiGLU width (three h x f matrices hold as many weights
-    and FLOPs as two h x 1.5f). What stays GPT-2's: LayerNorm and biases (2h and a few h per block where Llama
-    has an RMSNorm's h) and learned positions (T·h where Llama's RoPE has none)."""
+    - ``"gpt"`` (GPT-2, the default): learned positions, pre-LayerNorm blocks with biases, a GELU MLP of width
+      ``ffn_hidden`` (4h by default).
+    - ``"llama"`` (Llama 2 and 3, Touvron et al. 2023; Dubey et al. 2024): rotary positions (no position table),
+      pre-RMSNorm blocks without biases, a SwiGLU MLP of three h x f matrices, f = ``ffn_hidden`` (by default
+      Llama's rule, 2/3 of 4h rounded up to a multiple of 256: 11,008 at h = 4,096)."""
 
     name: str
     layers: int
@@ -203,6 +207,8 @@ class ModelSpec:
     Llama 3 use 8), each shared by heads / kv_heads query heads; None means ``heads`` (multi-head attention)."""
     tied_head: bool = True
     """The LM head is the token embedding (GPT-2); False: a V x h matrix of its own (Llama)."""
+    arch: str = "gpt"
+    """The block family: ``"gpt"`` or ``"llama"`` (``ARCHS``; see the class docstring)."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
@@ -217,10 +223,24 @@ class ModelSpec:
                 raise SpecError("model.kv_heads", self.kv_heads, f"must divide heads={self.heads}")
         if not isinstance(self.tied_head, bool):
             raise SpecError("model.tied_head", self.tied_head, "must be true or false")
+        if self.arch not in ARCHS:
+            raise SpecError("model.arch", self.arch, f"must be one of {list(ARCHS)}")
+
+    @property
+    def llama(self) -> bool:
+        return self.arch == "llama"
 
     @property
     def ffn(self) -> int:
-        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+        """MLP width: ``ffn_hidden``, else 4h (GPT-2) or Llama's 256 x ceil(8h / 3 / 256)."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return -(-8 * self.hidden // (3 * 256)) * 256 if self.llama else 4 * self.hidden
+
+    @property
+    def position_numel(self) -> int:
+        """The learned position table's T·h (GPT-2); none with rotary positions (Llama)."""
+        return 0 if self.llama else self.seq_len * self.hidden
 
     @property
     def untied_head_numel(self) -> int:
@@ -235,14 +255,19 @@ class ModelSpec:
     def num_params(self) -> int:
         """Ψ, every trainable parameter.
 
-        Per block (k = ``kv``, h without GQA): LN 2h, QKV h(h+2k) + h+2k, attention projection h²+h, LN 2h, MLP
-        h·f+f and f·h+h, i.e. 2h² + 2hk + 2hf + 7h + 2k + f (12h² + 13h for k = h and f = 4h, as Narayanan et al.
-        2021, eq. 2). Plus token embeddings V·h, the LM head's V·h when it is not tied to them, positions T·h and
-        the final LN 2h.
+        Per GPT block (k = ``kv``, h without GQA): LN 2h, QKV h(h+2k) + h+2k, attention projection h²+h, LN 2h,
+        MLP h·f+f and f·h+h, i.e. 2h² + 2hk + 2hf + 7h + 2k + f (12h² + 13h for k = h and f = 4h, as Narayanan
+        et al. 2021, eq. 2). Per Llama block: RMSNorm h, q and o h² each, k and v h·k each, RMSNorm h, SwiGLU
+        3h·f, i.e. 2h² + 2hk + 3hf + 2h (218,112,000 for Llama 3 8B). Plus token embeddings V·h, the LM head's V·h
+        when it is not tied to them, positions T·h (GPT only) and the final norm (2h for a LayerNorm, h for an
+        RMSNorm): Llama 3 8B has 8,030,261,248.
         """
         h, f, k = self.hidden, self.ffn, self.kv
-        block = 2 * h * h + 2 * h * k + 2 * h * f + 7 * h + 2 * k + f
-        return self.layers * block + self.vocab * h + self.untied_head_numel + self.seq_len * h + 2 * h
+        if self.llama:
+            block, final = 2 * h * h + 2 * h * k + 3 * h * f + 2 * h, h
+        else:
+            block, final = 2 * h * h + 2 * h * k + 2 * h * f + 7 * h + 2 * k + f, 2 * h
+        return self.layers * block + self.vocab * h + self.untied_head_numel + self.position_numel + final
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token: 6Ψ + 12·L·h·T, Ψ without the token embedding of an untied head.
@@ -257,9 +282,11 @@ class ModelSpec:
         return 6 * (self.num_params() - lookup) + 12 * self.layers * self.hidden * self.seq_len
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON; a GPT-2-shaped model leaves ``kv_heads`` and ``tied_head`` out (so a model written
-        before the fields existed keeps its form, and a request its key)."""
+        """The fields as JSON; a GPT-2-shaped model leaves ``kv_heads``, ``tied_head`` and ``arch`` out (so a model
+        written before the fields existed keeps its form, and a request its key)."""
         out = dataclasses.asdict(self)
+        if out["arch"] == "gpt":
+            del out["arch"]
         if out["kv_heads"] is None:
             del out["kv_heads"]
         if out["tied_head"]:
@@ -381,4 +408,4 @@ def count_label(n: float) -> str:
     return f"{n:g}"
 
 
-__all__ = ["BITS", "GRAD_BITS", "check_spans", "count_label", "ClusterSpec", "Level", "ModelSpec", "Strategy"]
+__all__ = ["ARCHS", "BITS", "GRAD_BITS", "check_spans", "count_label", "ClusterSpec", "Level", "ModelSpec", "Strategy"]

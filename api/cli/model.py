@@ -84,7 +84,7 @@ def cmd_catalog(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     print("models:")
     for name, m in data["models"].items():
         extra = (f" kv_heads={m['kv_heads']}" if m.get("kv_heads") else "") + \
-            (" untied head" if m.get("tied_head") is False else "")
+            (" untied head" if m.get("tied_head") is False else "") + (f" {m['arch']}" if m.get("arch") else "")
         print(f"  {name:<14} {count_label(m['num_params']):>8} params  layers={m['layers']} hidden={m['hidden']} "
               f"heads={m['heads']} seq={m['seq_len']}{extra}")
     print("strategies:")

@@ -359,11 +359,10 @@ LINKS: dict[str, Link] = {
                          "per node on LUMI-G, Frontier's node design [lumi-rccl]"),
 }
 
-IBM_FSDP_7B = ModelSpec("llama2-7b", layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, ffn_hidden=16512,
-                        tied_head=False)
-"""The model of [ibm-fsdp]'s 7B MFU, as bench/published/ibm_fsdp.toml writes it in this model's dense GPT
-(Llama-2-7B: SwiGLU's three matrices as an MLP of width 3f/2, its own LM head, vocab 32,000, 4,096-token
-sequences)."""
+IBM_FSDP_7B = ModelSpec("llama2-7b", layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, ffn_hidden=11008,
+                        tied_head=False, arch="llama")
+"""The model of [ibm-fsdp]'s 7B MFU, as bench/published/ibm_fsdp.toml writes it: Llama-2-7B (SwiGLU of width
+11,008, its own LM head, vocab 32,000, 4,096-token sequences)."""
 
 MEGATRON_1T = ModelSpec("megatron-1t", layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048)
 """The model of [megatron-sc21]'s 163 TFLOPS per A100 (its Table 1, 1,008B parameters: 128 layers of

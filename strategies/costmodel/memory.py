@@ -11,6 +11,10 @@ inputs and outputs, the QKV output (h + 2k, k = ``ModelSpec.kv``: 3h without gro
 Korthikanti et al. 2022 §4, without dropout) plus fp32 LayerNorm statistics and attention
 log-sum-exp; only the block input t·h·e with checkpointing; the head keeps the final LN's input
 and output and the fp32 log-softmax (t·V·4); the embedding keeps the token and position ids.
+A Llama block keeps 8·t·h + (6h + 2k)·t·e + 4·t·f·e: each RMSNorm's input in fp32 (its own cast: the run's
+input itself in fp32), normalized value, output and fp32 rstd, the rotated q and k, v, the attention output, and
+the SwiGLU's two projections, silu and product; its head the final RMSNorm's four and the log-softmax; the
+rotary cos and sin tables once per run.
 The predicted ``activations`` add the head's backward transient, t·V·(4 + e): when backward starts,
 every activation is still held, and the cross-entropy's backward allocates the fp32 gradient of the
 log-probabilities and then the run-dtype gradient of the logits beside them — the step's largest
@@ -55,14 +59,25 @@ def state_memory(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_by
 
 def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
     """Bytes autograd keeps for one micro-batch (see the module docstring)."""
-    t, h, f = s.micro_batch_size * model.seq_len, model.hidden, model.ffn
+    t, h, f, e = s.micro_batch_size * model.seq_len, model.hidden, model.ffn, elem_bytes
+    lse = t * model.heads * 4  # fp32 attention log-sum-exp
     if s.activation_checkpointing:
-        per_block = t * h * elem_bytes  # the block's input only
-    else:  # (6h + 2k)·t + 2·t·f in the run dtype, fp32 LayerNorm mean/rstd, fp32 attention log-sum-exp
-        per_block = ((6 * h + 2 * model.kv) * t + 2 * t * f) * elem_bytes + 2 * 2 * t * 4 + t * model.heads * 4
-    head = 2 * t * h * elem_bytes + 2 * t * 4 + t * model.vocab * 4 + 4  # LN in/out, stats, log-softmax, loss
-    # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them
-    embed = s.micro_batch_size * (model.seq_len + 1) * 8 + model.seq_len * 8 + (t * 8 if s.micro_batch_size > 1 else 0)
+        per_block = t * h * e  # the block's input only
+    elif model.llama:  # per RMSNorm its fp32 input, normalized value, output and rstd; q, k, v, sdpa output; SwiGLU
+        per_block = 2 * (4 * t * h + 2 * t * h * e + t * 4) + ((2 * h + 2 * model.kv) * t + 4 * t * f) * e + lse
+    else:  # (6h + 2k)·t + 2·t·f in the run dtype, fp32 LayerNorm mean and rstd
+        per_block = ((6 * h + 2 * model.kv) * t + 2 * t * f) * e + 2 * 2 * t * 4 + lse
+    if model.llama:  # the final RMSNorm's four, log-softmax, loss
+        head = 4 * t * h + 2 * t * h * e + t * 4 + t * model.vocab * 4 + 4
+    else:  # LN in/out, stats, log-softmax, loss
+        head = 2 * t * h * e + 2 * t * 4 + t * model.vocab * 4 + 4
+    # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them; GPT's positions; a
+    # Llama's rotary cos and sin tables (T x head size, one pair per run, saved by its first block's products)
+    embed = s.micro_batch_size * (model.seq_len + 1) * 8 + (t * 8 if s.micro_batch_size > 1 else 0)
+    if not model.llama:
+        embed += model.seq_len * 8
+    elif not s.activation_checkpointing:
+        embed += 2 * model.seq_len * (h // model.heads) * e
     return model.layers * per_block + head + embed
 
 

@@ -36,6 +36,22 @@ With ``e`` bytes per activation element (2 in bf16/fp16, 4 in fp32), per token:
   gradient summed over the micro-batch (read h), the token embedding's gradient (read h and the
   token id) — ``5he + 16V + (4V + Ve)·[e<4] + 24``.
 
+A Llama (``ModelSpec.arch = "llama"``; ``strategies.model.LlamaBlock``) runs other kernels. Its RMSNorm
+(Hugging Face's) computes in fp32 whatever the run's dtype: pow (read and write 4h), mean (read 4h, write 4),
++ε and rsqrt (4 + 4 each), the product with rstd (read 4h + 4, write 4h), then the weight's product in the run
+dtype (2he): ``20h + 2he + 24`` per norm, and below fp32 the casts to fp32 and back (2(4 + e)h). Rotary
+positions on a query or key width w (h, k): x·cos, the rotated half's negation and concatenation, ·sin and the
+sum, ``10we``; the SwiGLU's silu and product, ``5fe``. Per token:
+
+- block forward: two norms, two residual adds, rotary on q and k, SwiGLU —
+  ``20he + 40h + 10ke + 5fe + 48 + 4(4 + e)h·[e<4]``;
+- block backward (autograd's kernels for the same ops: the norms' products, pow, mean's expanded division
+  and rsqrt; the rotary slices' and concatenation's; silu's and the product's; the residual stream's and the
+  three projections' input gradient sums) — ``43he + 144h + 16ke + 9fe + 72 + 4(4 + e)h·[e<4]``;
+- root forward: the token gather (2he + 8), the final norm, the loss as GPT's (8V + 12) —
+  ``4he + 20h + 8V + 44 + (4 + e)(V + 2h)·[e<4]``;
+- root backward — ``7he + 72h + 16V + 52 + (4 + e)(V + 2h)·[e<4]``.
+
 What is per parameter or per position rather than per token (the embedding tables' gradient writes,
 the LayerNorms' and biases' parameter gradients, the position gather) is left out: the optimizer
 step's passes carry the per-parameter bytes.
@@ -66,6 +82,11 @@ def traffic(model: ModelSpec, elem_bytes: int) -> Traffic:
     """Bytes per token the memory-bound kernels of ``model`` move in HBM (formulas: module docstring)."""
     h, f, v, e, k = model.hidden, model.ffn, model.vocab, elem_bytes, model.kv
     cast = 1 if e < 4 else 0  # F.cross_entropy(logits.float()): a cast only below fp32
+    if model.llama:  # the RMSNorms' fp32 casts too
+        return Traffic(block_fwd=20 * h * e + 40 * h + 10 * k * e + 5 * f * e + 48 + cast * 4 * (4 + e) * h,
+                       block_bwd=43 * h * e + 144 * h + 16 * k * e + 9 * f * e + 72 + cast * 4 * (4 + e) * h,
+                       root_fwd=4 * h * e + 20 * h + 8 * v + 44 + cast * (4 + e) * (v + 2 * h),
+                       root_bwd=7 * h * e + 72 * h + 16 * v + 52 + cast * (4 + e) * (v + 2 * h))
     return Traffic(block_fwd=10 * h * e + 2 * f * e + 16,
                    block_bwd=17 * h * e + 6 * k * e + 4 * f * e + 16,
                    root_fwd=6 * h * e + 8 * v + cast * (4 * v + v * e) + 28,

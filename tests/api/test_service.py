@@ -251,6 +251,8 @@ def test_wait_cancel_and_errors(sqlite_url, launcher):
       "cluster": "local:2"}, "body.model.heads", "must divide hidden=100"),
     ({"model": {"name": "m", "layers": 2, "hidden": 64, "heads": 8, "vocab": 10, "seq_len": 8, "kv_heads": 3},
       "cluster": "local:2"}, "body.model.kv_heads", "must divide heads=8"),
+    ({"model": {"name": "m", "layers": 2, "hidden": 64, "heads": 8, "vocab": 10, "seq_len": 8, "arch": "mamba"},
+      "cluster": "local:2"}, "body.model.arch", "'gpt' or 'llama'"),
     ({"model": "gpt-tiny", "cluster": {"name": "c", "levels": [{"name": "a", "size": 2, "bandwidth_gbps": 0}]}},
      "body.cluster.levels[0].bandwidth_gbps", "greater than 0"),
     ({"model": "gpt-tiny", "cluster": {"name": "c", "levels": [{"name": "a", "size": 2, "bandwidth_gbps": 5},

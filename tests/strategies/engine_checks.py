@@ -5,8 +5,8 @@
 CASES is a JSON list of {"name", "strategy", "set": {...}, "steps", "accum", "dtype", "lr", "by_roots",
 "inline", "outer_at_step", "guard"} ("inline": collectives on the main thread, as the engine runs them on a GPU;
 "outer_at_step": no micro-step is final, so the step reduces beyond the grad span; "guard": after training, try
-a micro-step after a final one). For each, every rank trains gpt-tiny (or the first case's "model": a preset
-name or a ModelSpec dict) and rank 0 saves losses, grad norms, counted bytes, the memory report and the final
+a micro-step after a final one). For each, every rank trains gpt-tiny (or the case's "model": a preset name
+or a ModelSpec dict) and rank 0 saves losses, grad norms, counted bytes, the memory report and the final
 full parameters to OUT_DIR/<name>.pt; each rank writes rank<r>.json when done.
 """
 
@@ -35,9 +35,9 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     topo = build_topology(cluster, timeout_s=120)
-    spec = parse_model(cases[0].get("model", "gpt-tiny"))
     world = topo.world_size
     for case in cases:
+        spec = parse_model(case.get("model", "gpt-tiny"))
         strategy = build_strategy(case["strategy"], cluster, **case.get("set", {}))
         dtype, accum, steps = DTYPES[case.get("dtype", "fp32")], case.get("accum", 1), case["steps"]
         # gloo's broadcast / reduce collectives serve buffers from 1 MiB on; gpt-tiny's are smaller

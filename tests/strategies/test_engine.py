@@ -128,28 +128,41 @@ def test_unquantized_strategies_match_the_reference(runs):
 GQA_UNTIED = {"name": "gpt-tiny-gqa", "layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64,
               "kv_heads": 2, "tied_head": False}
 """gpt-tiny with grouped-query attention (two query heads per key head) and an LM head of its own."""
+LLAMA_TINY = {**GQA_UNTIED, "name": "llama-tiny", "arch": "llama"}
+"""The same shape with Llama's blocks (RMSNorm, rotary positions, SwiGLU of Llama's default width, no biases)."""
 
 
 @pytest.fixture(scope="module")
 def gqa_runs(ranks_runner, tmp_path_factory):
     cases = [{"name": n, "strategy": p, "set": {**SMALL, **o}, "steps": STEPS, "model": GQA_UNTIED}
              for n, (p, o) in UNQUANTIZED.items() if n in ("zero3", "mics", "zeropp16")]
+    cases += [{"name": "llama-zero3", "strategy": "zero3", "set": SMALL, "steps": STEPS, "model": LLAMA_TINY},
+              {"name": "llama-mics-ckpt", "strategy": "mics", "set": {**SMALL, "activation_checkpointing": True},
+               "steps": STEPS, "model": LLAMA_TINY}]
     return _run("local:2x2", ranks_runner, tmp_path_factory, key="gqa", cases=cases)
 
 
-def test_grouped_query_attention_and_an_untied_head_train_as_the_reference_and_move_the_counted_bytes(gqa_runs):
-    """A Llama-like shape (grouped-query attention, an LM head of its own) on 4 gloo ranks: the same losses and
-    parameters as plain PyTorch, the untied head sharded and reduced with the root unit, and the bytes counted
-    equal to the schedule's closed form, whose parameter counts are the model's own."""
+def test_grouped_query_attention_an_untied_head_and_llama_blocks_train_as_the_reference_and_move_the_counted_bytes(
+        gqa_runs):
+    """A Llama-like GPT (grouped-query attention, an LM head of its own) and a Llama of the same shape on 4 gloo
+    ranks: the same losses and parameters as plain PyTorch, the untied head sharded and reduced with the root
+    unit, and the bytes and memory counted equal to the schedule's closed forms, whose parameter counts are the
+    model's own."""
     from zerotune.strategies.costmodel.memory import activation_memory
     from zerotune.strategies.model import build_gpt
 
     cluster, results = gqa_runs
-    model = parse_model(GQA_UNTIED)
-    assert sum(p.numel() for p in build_gpt(model).parameters()) == model.num_params()
-    ref_losses, ref_params = train_reference(model, steps=STEPS, world=cluster.world_size, micro_batch_size=1)
-    assert "lm_head" in ref_params and ref_params["blocks.0.qkv.weight"].shape == (64 + 2 * 32, 64)
-    for name, (_, result) in results.items():
+    gpt, llama = parse_model(GQA_UNTIED), parse_model(LLAMA_TINY)
+    refs = {}
+    for model in (gpt, llama):
+        assert sum(p.numel() for p in build_gpt(model).parameters()) == model.num_params()
+        refs[model.name] = train_reference(model, steps=STEPS, world=cluster.world_size, micro_batch_size=1)
+    assert "lm_head" in refs[gpt.name][1] and refs[gpt.name][1]["blocks.0.qkv.weight"].shape == (64 + 2 * 32, 64)
+    assert refs[llama.name][1]["blocks.0.wk.weight"].shape == (32, 64) and "wpe.weight" not in refs[llama.name][1]
+    assert {c["model"]["name"] for c, _ in results.values()} == {gpt.name, llama.name}
+    for name, (case, result) in results.items():
+        model = parse_model(case["model"])
+        ref_losses, ref_params = refs[model.name]
         s = Strategy.from_dict(result["strategy"])
         for step, (got, want) in enumerate(zip(result["losses"], ref_losses, strict=True)):
             assert abs(got - want) <= TOL * abs(want), f"{name} step {step}: loss {got} vs reference {want}"
@@ -159,7 +172,7 @@ def test_grouped_query_attention_and_an_untied_head_train_as_the_reference_and_m
         assert result["bytes"] == step_volume(model, cluster, s, elem_bytes=4, accum=1), name
         for key in ("params", "secondary_params", "grads", "optim_states"):
             assert result["memory"][key] == state_memory(model, cluster, s, elem_bytes=4)[key], (name, key)
-        assert result["memory"]["activations"] == activation_memory(model, s, 4), name  # q: h, k and v: h / 2 each
+        assert result["memory"]["activations"] == activation_memory(model, s, 4), name
 
 
 def test_collectives_on_the_callers_thread_train_exactly_as_on_the_comm_thread(runs):

@@ -98,22 +98,26 @@ def test_neox_20b_shape_and_flops():
     assert m.flops_per_token() == 6 * m.num_params() + 12 * 44 * 6144 * 2048
 
 
-def test_a_llama_is_written_by_its_matmul_weights():
+def test_a_llama_counts_meta_s_parameters():
     """Llama 3 8B (32 x 4096, 32 query and 8 key/value heads, SwiGLU 14336, vocab 128256, an untied head) as a
-    ModelSpec: kv_heads 8, tied_head false, an MLP of 1.5 x 14336 (two h x f matrices holding SwiGLU's three).
-    Its parameters come within 0.5% of Meta's 8,030,261,248 (learned positions and GPT-2's LayerNorms and biases
-    are the difference); the untied embedding is a lookup and adds no FLOPs."""
+    Llama: exactly Meta's 8,030,261,248 parameters (per block two RMSNorms, q and o h², k and v h·k, three
+    h x f matrices; no positions, no biases), and Llama 2 7B's 6,738,415,616 with Llama's default SwiGLU width
+    (11,008 at h = 4,096). The untied embedding is a lookup and adds no FLOPs; a GPT of the same shape counts its
+    learned positions, LayerNorms and biases."""
     llama = ModelSpec("llama3-8b", layers=32, hidden=4096, heads=32, vocab=128256, seq_len=8192,
-                      ffn_hidden=21504, kv_heads=8, tied_head=False)
-    assert llama.kv == 1024
-    assert abs(llama.num_params() / 8_030_261_248 - 1) < 0.005
-    # ours over Meta's: the learned positions, and per block GPT-2's biases (h + 2k, h, f, h) and LayerNorms (4h)
-    # where Llama has two RMSNorms (2h), and the final LayerNorm's 2h where Llama's RMSNorm has h
-    h, k, f = 4096, 1024, 21504
-    assert llama.num_params() - 8_030_261_248 == 8192 * h + 32 * (5 * h + 2 * k + f) + h
+                      ffn_hidden=14336, kv_heads=8, tied_head=False, arch="llama")
+    assert llama.kv == 1024 and llama.position_numel == 0
+    assert llama.num_params() == 8_030_261_248 == 32 * 218_112_000 + 2 * 128256 * 4096 + 4096
     assert llama.flops_per_token() == 6 * (llama.num_params() - 128256 * 4096) + 12 * 32 * 4096 * 8192
-    tied = dataclasses.replace(llama, tied_head=True, kv_heads=None)
-    assert tied.num_params() == llama.num_params() - 128256 * 4096 + 32 * 2 * 4096 * (4096 - 1024) + 32 * 2 * 3072
+    llama2 = ModelSpec("llama2-7b", layers=32, hidden=4096, heads=32, vocab=32000, seq_len=4096, tied_head=False,
+                       arch="llama")
+    assert llama2.ffn == 11008 and llama2.num_params() == 6_738_415_616
+    assert parse_model("llama3-8b").num_params() == 8_030_261_248
+    gpt = dataclasses.replace(llama, arch="gpt")
+    h, k, f = 4096, 1024, 14336
+    # GPT-2's block: LayerNorms (4h) and biases (h + 2k, h, f, h) where a Llama has two RMSNorms (2h) and a third
+    # h x f matrix; the learned positions; a LayerNorm's 2h at the end where an RMSNorm has h
+    assert gpt.num_params() - llama.num_params() == 32 * (5 * h + 2 * k + f - h * f) + 8192 * h + h
 
 
 def test_model_presets_round_trip_and_tiny_is_tiny():
@@ -135,14 +139,18 @@ def test_model_validation():
         ModelSpec("m", layers=1, hidden=64, heads=8, vocab=10, seq_len=8, kv_heads=0)
     with pytest.raises(SpecError, match=r"model.tied_head='no': must be true or false"):
         ModelSpec("m", layers=1, hidden=64, heads=8, vocab=10, seq_len=8, tied_head="no")  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match=r"model.arch='mamba': must be one of \['gpt', 'llama'\]"):
+        ModelSpec("m", layers=1, hidden=64, heads=8, vocab=10, seq_len=8, arch="mamba")
 
 
 def test_a_gpt2_shaped_model_is_written_as_before_and_a_grouped_one_in_full():
     gpt = parse_model("gpt-tiny")
-    assert "kv_heads" not in gpt.to_dict() and "tied_head" not in gpt.to_dict()
+    assert not {"kv_heads", "tied_head", "arch"} & set(gpt.to_dict())
     gqa = dataclasses.replace(gpt, kv_heads=2, tied_head=False)
     assert gqa.to_dict()["kv_heads"] == 2 and gqa.to_dict()["tied_head"] is False
     assert ModelSpec.from_dict(json.loads(json.dumps(gqa.to_dict()))) == gqa
+    llama = dataclasses.replace(gqa, arch="llama")
+    assert llama.to_dict()["arch"] == "llama" and ModelSpec.from_dict(json.loads(json.dumps(llama.to_dict()))) == llama
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGY_PRESETS))

@@ -50,8 +50,9 @@ def runs_as_is(cluster: ClusterSpec, max_ranks: int = 8) -> bool:
 
 def proxy_model_for(model: ModelSpec, max_params: int = 30_000_000, hidden: int = 256, vocab: int = 4096,
                     seq_len: int = 128) -> ModelSpec:
-    """The model itself if small enough for this machine, else a GPT of the same family, scaled down: its
-    attention's grouping (query heads per key head, as near as the proxy's heads allow) and its head's tying kept."""
+    """The model itself if small enough for this machine, else a model of the same family, scaled down: its block
+    family (``arch``), its attention's grouping (query heads per key head, as near as the proxy's heads allow) and
+    its head's tying kept."""
     if model.num_params() <= max_params:
         return model
     heads = hidden // 32
@@ -61,7 +62,7 @@ def proxy_model_for(model: ModelSpec, max_params: int = 30_000_000, hidden: int 
         kv_heads = max(d for d in range(1, heads + 1) if heads % d == 0 and d <= max(1, heads // group))
     return ModelSpec(name=f"{model.name}-proxy", layers=min(model.layers, 4), hidden=hidden, heads=heads,
                      vocab=min(model.vocab, vocab), seq_len=min(model.seq_len, seq_len), kv_heads=kv_heads,
-                     tied_head=model.tied_head)
+                     tied_head=model.tied_head, arch=model.arch)
 
 
 def emulated_links(local: ClusterSpec, target: ClusterSpec) -> ClusterSpec:
