@@ -1,9 +1,10 @@
 """What DeepSpeed moves when it runs an exported config, for test_exports.py, run under torchrun (gloo, CPU).
 
-    torchrun --standalone --nproc-per-node 4 tests/tuner/ds_collectives.py CONFIG.json[,CONFIG2.json...] MODEL OUT_DIR
+    torchrun --standalone --nproc-per-node 4 tests/tuner/ds_collectives.py CONFIG.json[,CONFIG2.json...] MODELS OUT_DIR
 
-For each config in turn (one launch: the ranks' start, torch's and DeepSpeed's imports, is most of a run's time
-here), DeepSpeed (its CPU accelerator) builds a fresh MODEL and trains it for three steps with that DeepSpeed config;
+MODELS is a JSON list, one model per config (a preset name or a ModelSpec dict). For each config in turn (one
+launch: the ranks' start, torch's and DeepSpeed's imports, is most of a run's time here), DeepSpeed (its CPU
+accelerator) builds a fresh model of its own and trains it for three steps with that DeepSpeed config;
 every call it makes to torch.distributed's collectives during the third step is recorded (name, the
 bytes of its largest tensor: an all-gather's output, a reduce-scatter's input, and its group's size). Each rank writes
 OUT_DIR/rank{r}.json: per config, those calls and the model's parameter count; the pytest side asserts.
@@ -40,7 +41,7 @@ def record_collectives(log: list[tuple[str, int, int]]) -> None:
 
 
 def main() -> None:
-    config_paths, model_name, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    config_paths, models, out_dir = sys.argv[1].split(","), json.loads(sys.argv[2]), Path(sys.argv[3])
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -54,10 +55,10 @@ def main() -> None:
     from zerotune.strategies.model import build_gpt
 
     deepspeed.init_distributed(dist_backend="gloo")
-    spec = parse_model(model_name)
     rank, world = dist.get_rank(), dist.get_world_size()
     runs = []
-    for config_path in config_paths.split(","):
+    for config_path, model_spec in zip(config_paths, models, strict=True):
+        spec = parse_model(model_spec)
         model = build_gpt(spec, seed=0)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,

@@ -539,9 +539,10 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
             assert all(math.isfinite(x) for x in r["losses"]), (preset, r)
 
 
-def _ds_moves(cfgs: list[dict[str, Any]], world: int, model: str, out: Path) -> list[tuple[
+def _ds_moves(cfgs: list[dict[str, Any]], world: int, models: list[str | dict[str, Any]], out: Path) -> list[tuple[
         dict[tuple[str, int], float], list]]:
-    """For each config in ``cfgs`` (run one after another in one launch of ``world`` gloo ranks): by (collective,
+    """For each config in ``cfgs`` and its model in ``models`` (run one after another in one launch of ``world``
+    gloo ranks): by (collective,
     ranks in its group), the bytes DeepSpeed moved in one training step (an all-gather's output, a reduce-scatter's
     input; rank 0), in units of the model's fp32 parameters; and rank 0's calls, (collective, bytes, ranks) each."""
     from tests.support.ranks import run_ranks
@@ -550,7 +551,8 @@ def _ds_moves(cfgs: list[dict[str, Any]], world: int, model: str, out: Path) -> 
     paths = [out / f"ds_config{i}.json" for i in range(len(cfgs))]
     for path, cfg in zip(paths, cfgs, strict=True):
         path.write_text(json.dumps(cfg))
-    rank0 = run_ranks(world, Path(__file__).with_name("ds_collectives.py"), [",".join(map(str, paths)), model],
+    rank0 = run_ranks(world, Path(__file__).with_name("ds_collectives.py"),
+                      [",".join(map(str, paths)), json.dumps(models)],
                       out / "ranks", timeout_s=120.0 + 90.0 * len(cfgs))[0]
     found = []
     for run in rank0["runs"]:
@@ -574,7 +576,7 @@ def test_deepspeed_stages_1_and_2_all_reduce_their_gradient_buckets(ds: Any, tmp
     presets = ("zero1", "zero2")
     cfgs = [deepspeed_config(model, cluster, build_strategy(preset, cluster, reduce_bucket_mb=2.0), dtype="fp32")
             for preset in presets]
-    found = _ds_moves(cfgs, cluster.world_size, "gpt-mini", tmp_path)
+    found = _ds_moves(cfgs, cluster.world_size, ["gpt-mini"] * len(cfgs), tmp_path)
     for preset, (moved, calls) in zip(presets, found, strict=True):
         reduced = [n for op, n, ranks in calls if op == "all_reduce" and ranks == 4 and n > 4 * model.hidden * 4]
         assert len(reduced) > 1, calls  # bucket by bucket (1M elements each), not one all-reduce of everything
@@ -597,7 +599,9 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     four weight matrices (qkv, proj, fc, out) in one all-gather each, in forward and again in backward, the
     gathers the model charges the deepspeed runner (``plan.block_modules``, ``Calibration.gathers``), and after
     each optimizer step it gathers every persistent parameter (LayerNorms, biases) in an all-gather of its own,
-    which the model charges at the step boundary (``predict.persistent_params``).
+    which the model charges at the step boundary (``predict.persistent_params``). A Llama of the same size
+    (``arch = "llama"``) is fetched as its seven weight matrices (wq, wk, wv, wo, w1, w2, w3) and keeps only its
+    RMSNorms' weights whole.
     Buckets of 0.5 MB keep DeepSpeed's prefetch window (which it does not release at the turn from forward to
     backward) smaller than the model, as it is on models of billions of parameters."""
     from zerotune.strategies.costmodel import step_volume
@@ -605,25 +609,29 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     from zerotune.strategies.plan import block_modules
 
     model = parse_model("gpt-mini")
+    llama = ModelSpec.from_dict({**model.to_dict(), "name": "llama-mini", "kv_heads": 2, "tied_head": False,
+                                 "arch": "llama"})
     modelled, cfgs, worlds = {}, [], set()
     small = {"allgather_bucket_mb": 0.5}  # a prefetch window smaller than the model, as on real ones
-    runs = (("zero3", "local:2x2", "zero3", False),
-            ("defaults", "local:2x2", "zero3", True),
-            ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False),
-            ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, False))
-    for key, cname, spec, drop in runs:
+    # hpZ last: DeepSpeed 0.19.8 keeps its secondary group for the engines built after it in the same process
+    runs = (("zero3", "local:2x2", "zero3", False, model),
+            ("llama", "local:2x2", "zero3", False, llama),
+            ("defaults", "local:2x2", "zero3", True, model),
+            ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False, model),
+            ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, False, model))
+    for key, cname, spec, drop, m in runs:
         cluster = parse_cluster(cname)
         worlds.add(cluster.world_size)
         strategy = build_strategy(spec, cluster, **small)
-        cfgs.append(deepspeed_config(model, cluster, strategy, dtype="fp32"))
+        cfgs.append(deepspeed_config(m, cluster, strategy, dtype="fp32"))
         if drop:
             for k in ("stage3_max_reuse_distance", "stage3_max_live_parameters"):
                 del cfgs[-1]["zero_optimization"][k]
-        vol = step_volume(model, cluster, strategy, elem_bytes=4, accum=1)
+        vol = step_volume(m, cluster, strategy, elem_bytes=4, accum=1)
         modelled[key] = (sum(k.get("all_gather", 0) for k in vol.values())
                          / sum(k.get("reduce_scatter", 0) for k in vol.values()))
     (world,) = worlds  # one launch runs every config: the clusters hold as many ranks
-    found = _ds_moves(cfgs, world, "gpt-mini", tmp_path)
+    found = _ds_moves(cfgs, world, [m.to_dict() for *_, m in runs], tmp_path)
     moved = {key: m for (key, *_), (m, _) in zip(runs, found, strict=True)}
     calls = {key: c for (key, *_), (_, c) in zip(runs, found, strict=True)}
     for key, m in moved.items():
@@ -634,15 +642,16 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     assert 0.97 < moved["keep"]["all_gather_into_tensor", 4] <= 1.0, moved
     hpz = moved["hpz"]
     assert 0.97 < hpz["all_gather_into_tensor", 4] <= 1.0 and 0.97 < hpz["all_gather_into_tensor", 2] <= 1.0, hpz
-    fp32 = 4  # a sub-module's weight gathers: above the persistence threshold and not the embeddings
-    embeddings = {model.vocab * model.hidden * fp32, model.seq_len * model.hidden * fp32}
-    fetched = [n for op, n, ranks in calls["zero3"] if op == "all_gather_into_tensor" and ranks == 4
-               and n > 10 * model.hidden * fp32 and n not in embeddings]
-    assert len(fetched) == 2 * len(block_modules(model)) * model.layers == 32, sorted(fetched)
-    # and after each optimizer step, every persistent parameter (LayerNorms, biases) in an all-gather of its own
-    persistent = sorted(n // fp32 for op, n, ranks in calls["zero3"] if op == "all_gather_into_tensor"
-                        and ranks == 4 and n <= 10 * model.hidden * fp32)
-    assert persistent == sorted(persistent_params(model)) and len(persistent) == 8 * model.layers + 2 == 34
+    fp32 = 4  # a sub-module's weight gathers: above the persistence threshold and not the embeddings (or head)
+    for key, m, modules, kept in (("zero3", model, 4, 8 * model.layers + 2), ("llama", llama, 7, 2 * llama.layers + 1)):
+        embeddings = {m.vocab * m.hidden * fp32, m.position_numel * fp32}
+        fetched = [n for op, n, ranks in calls[key] if op == "all_gather_into_tensor" and ranks == 4
+                   and n > 10 * m.hidden * fp32 and n not in embeddings]
+        assert len(fetched) == 2 * len(block_modules(m)) * m.layers == 2 * modules * 4, (key, sorted(fetched))
+        # and after each optimizer step, every persistent parameter (norms, biases) in an all-gather of its own
+        persistent = sorted(n // fp32 for op, n, ranks in calls[key] if op == "all_gather_into_tensor"
+                            and ranks == 4 and n <= 10 * m.hidden * fp32)
+        assert persistent == sorted(persistent_params(m)) and len(persistent) == kept, (key, persistent)
     # the strategy's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
     # (the bytes zerotune's engine moves; predict times the deepspeed runner's second root gather apart)
     assert modelled["keep"] == pytest.approx(1.0) and 1.7 < modelled["zero3"] < 1.8, modelled
