@@ -305,6 +305,9 @@ def test_bad_ids_and_queries_are_422(path, api_server):
 def test_catalog_and_health(api_server):
     catalog = httpx.get(f"{api_server.url}/v1/catalog").json()
     assert "gpt-neox-20b" in catalog["models"] and "frontier" in catalog["clusters"]
+    llama = catalog["models"]["llama3-8b"]  # a Llama's blocks, counted as Meta counts them
+    assert llama["arch"] == "llama" and llama["num_params"] == 8_030_261_248
+    assert "arch" not in catalog["models"]["gpt-7b"]
     assert "zeropp" in catalog["strategies"] and catalog["executors"] == ["model", "local", "slurm"]
     assert httpx.get(f"{api_server.url}/healthz").json()["status"] == "ok"
     schema = httpx.get(f"{api_server.url}/openapi.json").json()
