@@ -30,6 +30,17 @@ SDPA_GQA = torch.__version__ >= "2.5"  # TorchVersion: compared as versions, not
 """Whether SDPA takes ``enable_gqa`` (torch 2.5 on): grouped-query attention without copying keys and values."""
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """SDPA with a causal mask: q (B, nh, T, hs), k and v (B, nkv, T, hs), each key and value head shared by
+    nh / nkv query heads (grouped-query attention when nkv < nh); returns (B, nh, T, hs)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads != heads and SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    if kv_heads != heads:  # torch 2.4: each key and value head repeated for its query heads
+        k, v = (z.repeat_interleave(heads // kv_heads, dim=1) for z in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
@@ -50,13 +61,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split((h, self.kv, self.kv), dim=2)
         q = q.view(b, t, self.heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         k, v = (z.view(b, t, self.kv_heads, hs).transpose(1, 2) for z in (k, v))  # (B, nkv, T, hs)
-        if self.kv_heads != self.heads and SDPA_GQA:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, nh, T, hs)
-        else:
-            if self.kv_heads != self.heads:  # torch 2.4: each key and value head repeated for its query heads
-                k, v = (z.repeat_interleave(self.heads // self.kv_heads, dim=1) for z in (k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, h))
+        x = x + self.proj(causal_attention(q, k, v).transpose(1, 2).reshape(b, t, h))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
@@ -121,13 +126,7 @@ class LlamaBlock(nn.Module):
         q = self.wq(n).view(b, t, self.heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         k, v = (w(n).view(b, t, self.kv_heads, hs).transpose(1, 2) for w in (self.wk, self.wv))  # (B, nkv, T, hs)
         cos, sin = (z[:t] for z in rope_tables(self.seq_len, hs, x.device, x.dtype))
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if self.kv_heads != self.heads and SDPA_GQA:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, nh, T, hs)
-        else:
-            if self.kv_heads != self.heads:
-                k, v = (z.repeat_interleave(self.heads // self.kv_heads, dim=1) for z in (k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        y = causal_attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v)  # (B, nh, T, hs)
         x = x + self.wo(y.transpose(1, 2).reshape(b, t, h))
         n = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(n)) * self.w3(n))
