@@ -1,4 +1,5 @@
-"""The memory-bound bytes the time model charges, against the engine's model's own op stream."""
+"""The memory-bound bytes and the saved activations the time model charges, against the engine's model's own op
+stream."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from zerotune.strategies.costmodel.hardware import (
     V100_BERT_SAMPLES_PER_S,
     profile_calibration,
 )
+from zerotune.strategies.costmodel.memory import activation_memory
 from zerotune.strategies.costmodel.traffic import block_flops, step_seconds, traffic
 from zerotune.strategies.model import build_gpt
-from zerotune.strategies.spec import ModelSpec
+from zerotune.strategies.spec import ModelSpec, Strategy
 
 COMPUTE_OPS = {"mm", "addmm", "bmm", "baddbmm"}
 """Charged by their FLOPs, as the attention kernel is."""
@@ -110,6 +112,42 @@ def test_the_bytes_charged_are_the_bytes_the_models_kernels_move(spec):
     # split between the passes is the kernels' own, not only their sum
     assert formula(spec, 4, backward=False) == per_token_bytes(spec, torch.float32, backward=False)
     assert formula(spec, 2, backward=False) - 4 * layer_norms == per_token_bytes(spec, torch.bfloat16, backward=False)
+
+
+def saved_bytes(spec: ModelSpec, dtype: torch.dtype, batch: int) -> int:
+    """Bytes autograd saves over one forward of ``batch`` sequences, once per storage, parameters left out (what
+    the engine's accountant books as activations), with the token ids as the engine's data gives them: views of
+    one (batch, T + 1) row of tokens."""
+    model = build_gpt(spec, dtype=dtype)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params | seen and storage.nbytes():
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+        return t
+
+    tokens = torch.randint(0, spec.vocab, (batch, spec.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(tokens[:, :-1], tokens[:, 1:])
+    return total
+
+
+@pytest.mark.parametrize("spec", SHAPES, ids=lambda s: s.name)
+def test_the_activations_charged_are_what_autograd_saves(spec):
+    """fp32 and bf16, one and two sequences: exact, but the LayerNorms' statistics, which the CPU kernel keeps in
+    bf16 (2 + 2 bytes fewer per LayerNorm and token) where a GPU keeps fp32 (the formula); a Llama's RMSNorm keeps
+    its input in fp32 and its statistics in fp32 on both."""
+    layer_norms = 0 if spec.llama else 2 * spec.layers + 1
+    for batch in (1, 2):
+        s = Strategy(1, 1, 1, micro_batch_size=batch)
+        tokens = batch * spec.seq_len
+        assert activation_memory(spec, s, 4) == saved_bytes(spec, torch.float32, batch)
+        assert activation_memory(spec, s, 2) - 4 * tokens * layer_norms == saved_bytes(spec, torch.bfloat16, batch)
 
 
 def test_a_small_model_reaches_less_of_the_peak_than_a_large_one():
