@@ -35,40 +35,37 @@ def block_modules(spec: ModelSpec) -> tuple[int, ...]:
     return h * q + q, h * h + h, h * f + f, f * h + h
 
 
-def _block_norms(spec: ModelSpec) -> tuple[int, ...]:
-    """A block's two norms' parameters: an RMSNorm's weight (Llama) or a LayerNorm's weight and bias."""
-    h = spec.hidden
-    return (h, h) if spec.llama else (h, h, h, h)
+@functools.lru_cache(maxsize=256)
+def _tensors(spec: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The elements of each parameter tensor of the engine's model (``model.GPT``), in its order: the root's (the
+    token and, GPT's, position embeddings, the final norm's weight and a LayerNorm's bias, an untied head) and one
+    block's (GPT: LayerNorm, qkv, proj, LayerNorm, fc and out, weight then bias; Llama: RMSNorm, wq, wk, wv, wo,
+    RMSNorm, w1, w2, w3). Their sums are ``ModelSpec.num_params``' per-block and outer terms."""
+    h, f, k = spec.hidden, spec.ffn, spec.kv
+    head = (spec.untied_head_numel,) if spec.untied_head_numel else ()
+    if spec.llama:
+        return (spec.vocab * h, h, *head), (h, h * h, h * k, h * k, h * h, h, h * f, f * h, h * f)
+    q = h + 2 * k
+    return (spec.vocab * h, spec.position_numel, h, h, *head), (h, h, h * q, q, h * h, h, h, h, h * f, f, f * h, h)
 
 
 def block_numel(spec: ModelSpec) -> int:
     """Parameters of one block: its linear sub-modules and two norms (see ``ModelSpec.num_params``)."""
-    return sum(block_modules(spec)) + sum(_block_norms(spec))
+    return sum(_tensors(spec)[1])
 
 
 def parameter_numels(spec: ModelSpec) -> tuple[int, ...]:
-    """The elements of each parameter tensor of the engine's model (``model.GPT``), in its order: the token and
-    position embeddings (GPT), the final norm's weight (and a LayerNorm's bias) and an untied head, then each
-    block's parameters (GPT: LayerNorm, qkv, proj, LayerNorm, fc and out, weight then bias; Llama: RMSNorm, wq,
-    wk, wv, wo, RMSNorm, w1, w2, w3). What an optimizer that hands out whole parameters partitions
-    (``predict``'s ``weight_sync = "broadcast"``)."""
-    h, f, k = spec.hidden, spec.ffn, spec.kv
-    head = (spec.untied_head_numel,) if spec.untied_head_numel else ()
-    if spec.llama:
-        root: tuple[int, ...] = (spec.vocab * h, h)
-        block: tuple[int, ...] = (h, h * h, h * k, h * k, h * h, h, h * f, f * h, h * f)
-    else:
-        q = h + 2 * k
-        root = (spec.vocab * h, spec.position_numel, h, h)
-        block = (h, h, h * q, q, h * h, h, h, h, h * f, f, f * h, h)
-    return root + head + block * spec.layers
+    """The elements of each parameter tensor of the engine's model, in its order (``_tensors``): the root's, then
+    every block's. What an optimizer that hands out whole parameters partitions (``predict``'s
+    ``weight_sync = "broadcast"``)."""
+    root, block = _tensors(spec)
+    return root + block * spec.layers
 
 
 def root_numel(spec: ModelSpec) -> int:
     """Embeddings (V·h, and GPT's positions T·h), the final norm (2h for a LayerNorm, h for an RMSNorm) and an
     untied LM head (``ModelSpec.untied_head_numel``)."""
-    final = spec.hidden if spec.llama else 2 * spec.hidden
-    return spec.vocab * spec.hidden + spec.position_numel + final + spec.untied_head_numel
+    return sum(_tensors(spec)[0])
 
 
 @dataclass(frozen=True)

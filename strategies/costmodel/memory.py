@@ -61,23 +61,21 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
     """Bytes autograd keeps for one micro-batch (see the module docstring)."""
     t, h, f, e = s.micro_batch_size * model.seq_len, model.hidden, model.ffn, elem_bytes
     lse = t * model.heads * 4  # fp32 attention log-sum-exp
-    if s.activation_checkpointing:
-        per_block = t * h * e  # the block's input only
-    elif model.llama:  # per RMSNorm its fp32 input, normalized value, output and rstd; q, k, v, sdpa output; SwiGLU
-        per_block = 2 * (4 * t * h + 2 * t * h * e + t * 4) + ((2 * h + 2 * model.kv) * t + 4 * t * f) * e + lse
-    else:  # (6h + 2k)·t + 2·t·f in the run dtype, fp32 LayerNorm mean and rstd
-        per_block = ((6 * h + 2 * model.kv) * t + 2 * t * f) * e + 2 * 2 * t * 4 + lse
-    if model.llama:  # the final RMSNorm's four, log-softmax, loss
-        head = 4 * t * h + 2 * t * h * e + t * 4 + t * model.vocab * 4 + 4
-    else:  # LN in/out, stats, log-softmax, loss
-        head = 2 * t * h * e + 2 * t * 4 + t * model.vocab * 4 + 4
-    # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them; GPT's positions; a
-    # Llama's rotary cos and sin tables (T x head size, one pair per run, saved by its first block's products)
-    embed = s.micro_batch_size * (model.seq_len + 1) * 8 + (t * 8 if s.micro_batch_size > 1 else 0)
-    if not model.llama:
-        embed += model.seq_len * 8
-    elif not s.activation_checkpointing:
-        embed += 2 * model.seq_len * (h // model.heads) * e
+    if model.llama:
+        # per RMSNorm its fp32 input, normalized value, output and fp32 rstd; q, k, v, the attention output; SwiGLU
+        saved = 2 * (4 * t * h + 2 * t * h * e + t * 4) + ((2 * h + 2 * model.kv) * t + 4 * t * f) * e + lse
+        head = 4 * t * h + 2 * t * h * e + t * 4  # the final RMSNorm's four
+        # the rotary cos and sin tables (T x head size, one pair per run, saved by its first block's products)
+        positions = 0 if s.activation_checkpointing else 2 * model.seq_len * (h // model.heads) * e
+    else:
+        # (6h + 2k)·t + 2·t·f in the run dtype, fp32 LayerNorm mean and rstd
+        saved = ((6 * h + 2 * model.kv) * t + 2 * t * f) * e + 2 * 2 * t * 4 + lse
+        head = 2 * t * h * e + 2 * t * 4  # the final LayerNorm's input and output, its statistics
+        positions = model.seq_len * 8  # the position ids
+    per_block = t * h * e if s.activation_checkpointing else saved  # checkpointed: the block's input only
+    head += t * model.vocab * 4 + 4  # the fp32 log-softmax, the loss
+    # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them
+    embed = s.micro_batch_size * (model.seq_len + 1) * 8 + (t * 8 if s.micro_batch_size > 1 else 0) + positions
     return model.layers * per_block + head + embed
 
 

@@ -23,6 +23,7 @@ from zerotune.strategies.costmodel.hardware import (
 )
 from zerotune.strategies.costmodel.memory import activation_memory
 from zerotune.strategies.costmodel.traffic import block_flops, step_seconds, traffic
+from zerotune.strategies.memory import MemoryAccountant
 from zerotune.strategies.model import build_gpt
 from zerotune.strategies.spec import ModelSpec, Strategy
 
@@ -115,26 +116,18 @@ def test_the_bytes_charged_are_the_bytes_the_models_kernels_move(spec):
 
 
 def saved_bytes(spec: ModelSpec, dtype: torch.dtype, batch: int) -> int:
-    """Bytes autograd saves over one forward of ``batch`` sequences, once per storage, parameters left out (what
-    the engine's accountant books as activations), with the token ids as the engine's data gives them: views of
-    one (batch, T + 1) row of tokens."""
+    """Bytes the engine's accountant books as activations over one forward of ``batch`` sequences (what autograd
+    saves, once per storage, the parameters left out), with the token ids as the engine's data gives them: views
+    of one (batch, T + 1) row of tokens."""
     model = build_gpt(spec, dtype=dtype)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set[int] = set()
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params | seen and storage.nbytes():
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-        return t
-
+    mem = MemoryAccountant()
+    for p in model.parameters():
+        mem.exclude(p)
+    counted = [0]
     tokens = torch.randint(0, spec.vocab, (batch, spec.seq_len + 1), generator=torch.Generator().manual_seed(0))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with mem.saved_activations(set(), counted):
         model(tokens[:, :-1], tokens[:, 1:])
-    return total
+    return counted[0]
 
 
 @pytest.mark.parametrize("spec", SHAPES, ids=lambda s: s.name)

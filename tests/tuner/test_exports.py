@@ -542,9 +542,9 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
 def _ds_moves(cfgs: list[dict[str, Any]], world: int, models: list[str | dict[str, Any]], out: Path) -> list[tuple[
         dict[tuple[str, int], float], list]]:
     """For each config in ``cfgs`` and its model in ``models`` (run one after another in one launch of ``world``
-    gloo ranks): by (collective,
-    ranks in its group), the bytes DeepSpeed moved in one training step (an all-gather's output, a reduce-scatter's
-    input; rank 0), in units of the model's fp32 parameters; and rank 0's calls, (collective, bytes, ranks) each."""
+    gloo ranks): by (collective, ranks in its group), the bytes DeepSpeed moved in one training step (an
+    all-gather's output, a reduce-scatter's input; rank 0), in units of the model's fp32 parameters; and rank 0's
+    calls, (collective, bytes, ranks) each."""
     from tests.support.ranks import run_ranks
 
     out.mkdir(parents=True, exist_ok=True)
