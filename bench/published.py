@@ -13,7 +13,10 @@ nothing here is fitted to these tables — and the error is (predicted - publish
 
 A table's ``stack`` names the software its figures ran on (``pytorch``: eager PyTorch, FSDP;
 ``megatron``: Megatron-DeepSpeed-class fused kernels; ``flash``: fused kernels with FlashAttention-2),
-which picks the device's efficiency (``hardware.STACKS``). A table
+which picks the device's efficiency (``hardware.STACKS``). Its ``attention`` names the attention kernel the runs
+used where it has a published rate of its own (``hardware.ATTENTION_KERNELS``: ``flash2`` for FlashAttention-2 and
+SDPA's flash backend, the ``flash`` stack's default; ``triton``); the default, ``matmul``, charges attention at the
+stack's compute rate, as an unfused attention's batched matmuls run. A table
 with ``role = "calibration"`` is where a profile constant comes from, and one with ``role = "reference"``
 measured what the model does not express (tensor or pipeline parallelism): both are printed, never scored.
 A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the
@@ -58,7 +61,14 @@ from typing import Any, NamedTuple
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import profile_calibration, profile_cluster, with_measured_links
+from zerotune.strategies.costmodel.hardware import (
+    ATTENTION_KERNELS,
+    attention_efficiency,
+    device_key_of,
+    profile_calibration,
+    profile_cluster,
+    with_measured_links,
+)
 from zerotune.strategies.costmodel.rates import (
     GATHERS,
     OUTER_REDUCE,
@@ -99,11 +109,14 @@ class RowId(NamedTuple):
 
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer_reduce: str, gathers: str,
-                  runner: str, copies: bool = False, weight_sync: str = "gather") -> tuple[ClusterSpec, Calibration]:
+                  runner: str, copies: bool = False, weight_sync: str = "gather",
+                  attention: str = "matmul") -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
-        return cluster, dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync)
+        rate = attention_efficiency(attention, device_key_of(cluster.device) or "")
+        return cluster, dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync,
+                                            attention_efficiency=rate)
     levels_spec = tuple((lv["name"], lv["size"], lv["link"]) for lv in spec["levels"])
     links = tuple(link for _, _, link in levels_spec)
     # a source's own hardware notes: a link shared by fewer NICs than the profile's, a lower-power part, and the
@@ -114,7 +127,7 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
         dataclasses.replace(lv, busbw_gbps=given.get("busbw_gbps")) for lv, given in zip(
             cluster.levels, spec["levels"], strict=True)))
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
-                                outer_reduce, host=spec.get("host", "unknown"), gathers=gathers)
+                                outer_reduce, host=spec.get("host", "unknown"), gathers=gathers, attention=attention)
     return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies,
                                                         weight_sync=weight_sync))
 
@@ -142,12 +155,16 @@ class Table:
         self.gathers = self._choice("gathers", "bucket", GATHERS)
         self.runner = self._choice("runner", "zerotune", tuple(RUNNERS))
         self.weight_sync = self._choice("weight_sync", "gather", WEIGHT_SYNC)
+        # FlashAttention-2 is what makes a stack the flash stack; any other names its kernel where it has a rate
+        self.attention = self._choice("attention", "flash2" if self.stack == "flash" else "matmul",
+                                      tuple(ATTENTION_KERNELS))
         self.copies = self.source.get("copies", False)
         if not isinstance(self.copies, bool):
             raise ValueError(f"{path.name}: source.copies={self.copies!r}: must be true or false")
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
         self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner,
-                                          self.copies, self.weight_sync) for k, v in self.cluster_specs.items()}
+                                          self.copies, self.weight_sync, self.attention)
+                         for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)
@@ -192,9 +209,10 @@ class Table:
             model = self.models[key.model]
             fields = dict(self.strategies[key.strategy])
             if "stack" in fields:  # a column whose engine ran other kernels than the table's
-                cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], fields.pop("stack"),
+                stack = fields.pop("stack")
+                cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], stack,
                                                self.rings, self.outer_reduce, self.gathers, self.runner, self.copies,
-                                               self.weight_sync)
+                                               self.weight_sync, "flash2" if stack == "flash" else self.attention)
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:

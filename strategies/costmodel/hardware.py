@@ -56,6 +56,17 @@ Sources (cited by key below and in ``rates``):
   2k context 205 TFLOPS per GPU (GPT3-1.3B 196; at 8k 220-225, up to "72% model FLOPs utilization"), counting
   6·params + 12·layers·hidden·seqlen FLOPs per token (the attention not halved for the causal mask);
   the same table's baseline without FlashAttention ran 142-149 at 2k.
+- [fa2-kernel] the same paper's abstract: FlashAttention-2 reaches "50-73% of the theoretical maximum FLOPs/s on
+  A100" over its attention benchmarks (forward, backward, causal or not, head size 64 and 128, 512 to 16k tokens;
+  FLOPs counted on what the kernel computes: a causal kernel skips the masked half, the backward counted 2.5 times
+  the forward).
+- [fa3] Shah et al., "FlashAttention-3" (arXiv 2407.08608), abstract: "FlashAttention-2 achieving only 35%
+  utilization on the H100 GPU" (the FA2 paper's §4.1 ran the A100 code on an H100: "up to 335 TFLOPs/s", 34%).
+- [triton-perf] triton-lang/triton ``python/test/regression/test_performance.py`` at 00693c1c,
+  ``flash_attention_data["a100"]``: Triton's fused attention (``triton.ops.attention``), causal, fp16, 4 x 48
+  heads of size 64 over 4,096 tokens: forward 0.37, backward 0.25 of the A100's tensor-core peak at the running
+  clock, counted on the causal half with the backward 2.5 times the forward (the same file's 8k x 8k x 8k fp16
+  matmul reaches 0.77 there: "A100 in the CI server is slow-ish").
 - [megatron-core] Megatron-LM README (d98e8a64): "up to 47% Model FLOP Utilization (MFU) on H100".
 - [ds-zero3-offload] DeepSpeed blog 2021-03-07 (deepspeed.ai/2021/03/07/zero3-offload.html):
   "standard data parallel training with PyTorch can only achieve 30 TFlops per GPU" (V100).
@@ -97,7 +108,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotune.strategies.costmodel.rates import NOMINAL, NOMINAL_LINK_EFFICIENCY, Calibration, run_by
-from zerotune.strategies.costmodel.traffic import pass_seconds
+from zerotune.strategies.costmodel.traffic import attention_flops, pass_seconds
 from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
 
 NCCL_RING_BASE_US = 8.4
@@ -309,15 +320,77 @@ class Device:
         return next(((m, on) for k, m, on in self.measured_on if k == used), None)
 
 
-def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_bytes_per_s: float) -> float:
+def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_bytes_per_s: float,
+                    attention_efficiency: float = 0.0) -> float:
     """The fraction of peak the compute-bound kernels reach in a run of ``model`` whose whole step reached
     ``mfu``: the step's compute time (this model's FLOPs at ``mfu``) less its memory-bound kernels' time
-    (``traffic.traffic`` in 16-bit at ``memory_bytes_per_s``), so that ``predict`` gives that model the
-    published figure's compute time back, and a model of another shape its own share of memory-bound work."""
+    (``traffic.traffic`` in 16-bit at ``memory_bytes_per_s``) and, where the run's attention kernel has its
+    own rate (``attention_efficiency``, 0: none), the attention's time at that rate, so that ``predict`` gives
+    that model the published figure's compute time back, and a model of another shape its own share of
+    memory-bound work and of attention."""
     at_peak = pass_seconds(model, 2, peak_tflops * 1e12, memory_bytes_per_s)
     kernels = model.layers * at_peak.block_memory + at_peak.head_memory
     flops_s = at_peak.step(model.layers) - kernels  # its FLOPs at the whole peak
-    return flops_s / (flops_s / mfu - kernels)
+    if not attention_efficiency:
+        return flops_s / (flops_s / mfu - kernels)
+    attention_s = 3 * model.layers * attention_flops(model) / (peak_tflops * 1e12)  # forward and backward, at peak
+    return (flops_s - attention_s) / (flops_s / mfu - kernels - attention_s / attention_efficiency)
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """A fused attention kernel's published rate on each device it was measured on: the fraction of dense
+    peak its forward and its backward reach, counted as its benchmarks count them (a causal kernel computes
+    the unmasked half of the T x T square: 2·T²·h FLOPs per layer and sequence forward, the backward 2.5
+    times that, its recomputation of the scores included)."""
+
+    rates: dict[str, tuple[float, float]]
+    """(forward, backward) fraction of peak by key in ``DEVICES``."""
+    source: str
+
+    def efficiency(self, device: str) -> float:
+        """Its rate on the attention's FLOPs as the model counts them (``traffic.attention_flops``: the whole
+        square, the backward twice the forward): 3 model-FLOPs take 0.5/f + 1.25/b at peak, so 3 / (0.5/f +
+        1.25/b); 0 where it was not measured on ``device``."""
+        if device not in self.rates:
+            return 0.0
+        forward, backward = self.rates[device]
+        return 3 / (0.5 / forward + 1.25 / backward)
+
+
+FA2_A100 = (0.50 + 0.73) / 2
+"""[fa2-kernel]: the middle of FlashAttention-2's 50-73% of peak on A100, for its forward and backward alike
+(the paper's figures that split them by pass and mask are images); 1.05 of peak in the model's terms."""
+FA2_H100 = 0.35
+"""[fa3]: FlashAttention-2's 35% of peak on H100, for both passes; 0.60 in the model's terms. zerotune's engine's
+cuDNN attention measured 0.48-0.62 in the same terms on one H100 (``H100_ENGINE_EFFICIENCY``)."""
+ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
+    "matmul": None,
+    "flash2": AttentionKernel({"A100": (FA2_A100, FA2_A100), "A100-40GB": (FA2_A100, FA2_A100),
+                               "H100": (FA2_H100, FA2_H100), "H200": (FA2_H100, FA2_H100)},
+                              "[fa2-kernel] on A100 (both A100 parts: the same SMs and clocks), [fa3] on H100 (and "
+                              "the H200: the same SMs and peak; attention's FLOPs do not wait on HBM)"),
+    "triton": AttentionKernel({"A100": (0.37, 0.25), "A100-40GB": (0.37, 0.25)},
+                              "[triton-perf]: Triton's causal fused attention on A100, 0.47 of peak in the model's "
+                              "terms; FlashAttention-2 is '1.3-2.5x faster than FlashAttention in Triton' ([fa2] "
+                              "§4.1), which puts it at 0.42-0.81 of FA2_A100's 1.05"),
+}
+"""The attention a run's kernels compute, by name (a table's ``attention``, ``profile_calibration``'s): ``matmul``
+(the default: charged at the stack's compute rate, as an unfused attention's batched matmuls, and a kernel
+without a published rate, run), ``flash2`` (FlashAttention-2: its own package, and PyTorch's SDPA, whose flash
+backend it is from PyTorch 2.2 on), ``triton`` (Triton's fused attention, and the FlashAttention port in Triton
+that LLM Foundry's ``attn_impl: triton`` runs, by inference: it is built on the same tutorial kernel)."""
+FIGURE_ATTENTION = {"pytorch": "flash2", "flash": "flash2"}
+"""The attention kernel of the runs the re-based stack figures came from: [ibm-fsdp]'s SDPA (FlashAttention-2 on
+A100 and H100 with PyTorch 2.2) and [fa2]'s own; Megatron's 1T run and DeepSpeed's BERT ran unfused attention."""
+
+
+def attention_efficiency(kernel: str, device: str) -> float:
+    """``ATTENTION_KERNELS[kernel]``'s rate on ``device`` in the model's terms; 0: charged at the compute rate."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention={kernel!r}: must be one of {list(ATTENTION_KERNELS)}")
+    found = ATTENTION_KERNELS[kernel]
+    return found.efficiency(device) if found else 0.0
 
 
 NVLINK_EFFICIENCY = 370 / 450
@@ -493,7 +566,8 @@ def peak_tflops_of(name: str) -> float | None:
 
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
                         rings: str = "hierarchical", outer_reduce: str = "backward",
-                        host: str = "unknown", gathers: str = "bucket", whole_run: bool = True) -> Calibration:
+                        host: str = "unknown", gathers: str = "bucket", whole_run: bool = True,
+                        attention: str = "matmul") -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
     for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
     runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
@@ -502,7 +576,9 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     on nodes of the ``host`` design (a key of ``HOSTS``). No host floor: ``run_by`` gives it the floor of
     the runner that runs it. A published efficiency whose run the model expresses (``SOURCE_RUNS``) is
     re-based so that the model predicts that run's published step (``source_run_efficiency``);
-    ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``)."""
+    ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``). ``attention`` names the
+    run's attention kernel (``ATTENTION_KERNELS``): where it has a rate on this device its FLOPs are charged at
+    it, and the re-base takes the source run's own kernel's time out (``FIGURE_ATTENTION``)."""
     if host not in HOSTS:
         raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
     d, h = DEVICES[device], HOSTS[host]
@@ -515,8 +591,10 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
             efficiency = source_run_efficiency(ran_on, figure)
         else:
             efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
-                                         source.memory_fraction(stack) * source.hbm_gbps * 1e9)
+                                         source.memory_fraction(stack) * source.hbm_gbps * 1e9,
+                                         attention_efficiency(FIGURE_ATTENTION.get(figure, "matmul"), ran_on))
     return Calibration(name=name, compute_efficiency=efficiency,
+                       attention_efficiency=attention_efficiency(attention, device),
                        memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
@@ -578,7 +656,7 @@ def source_run_efficiency(ran_on: str, stack: str) -> float:
     cluster = profile_cluster(f"{ran_on}-{stack}-source", ran_on, tuple(lv[:3] for lv in run.levels),
                               tuple(lv[3] for lv in run.levels))
     base = profile_calibration("source", ran_on, tuple(lv[2] for lv in run.levels), stack, run.rings,
-                               run.outer_reduce, whole_run=False)
+                               run.outer_reduce, whole_run=False, attention=FIGURE_ATTENTION.get(stack, "matmul"))
     strategy = build_strategy(dict(run.strategy), cluster, micro_batch_size=run.micro_batch)
     target = run.micro_batch * model.seq_len / run.tokens_per_s_per_gpu
 

@@ -58,6 +58,12 @@ class Calibration:
     name: str = "nominal"
     compute_efficiency: float = 0.45
     """Achieved fraction of ``peak_tflops`` on the model's kernels, recomputation included."""
+    attention_efficiency: float = 0.0
+    """Achieved fraction of ``peak_tflops`` on the attention's FLOPs as the model counts them (the whole
+    T x T square, the backward twice the forward: ``traffic.attention_flops``), where the run's attention
+    kernel has its own published rate on this device (``hardware.ATTENTION_KERNELS``); 0 = at
+    ``compute_efficiency``, as an unfused attention's batched matmuls run (and fitted calibrations, which
+    measured both together)."""
     bandwidth_efficiency: tuple[float, ...] = ()
     """Achieved fraction of each level's bandwidth, innermost first; empty = ``NOMINAL_LINK_EFFICIENCY`` for every
     level."""

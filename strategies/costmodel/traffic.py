@@ -1,7 +1,8 @@
 """FLOPs and memory traffic of one token through the model: what sets the compute time.
 
 A step's compute is two kinds of kernel. The matmuls and the attention are compute-bound: their
-FLOPs at the device's achievable rate (``Calibration.compute_efficiency``). Everything else the
+FLOPs at the device's achievable rate (``Calibration.compute_efficiency``; a fused attention kernel's
+at its own published rate where the run names it, ``Calibration.attention_efficiency``). Everything else the
 model runs — LayerNorms, the GELU, residual adds, bias gradients, the qkv split's backward, the
 embedding gathers and the loss over the vocabulary — is memory-bound: it moves bytes through HBM
 and does next to no arithmetic, so it costs its bytes at the device's streaming rate
@@ -95,8 +96,14 @@ def traffic(model: ModelSpec, elem_bytes: int) -> Traffic:
 
 def block_flops(model: ModelSpec) -> int:
     """Forward FLOPs of one block per token: its matmuls (2 per weight) and the attention's scores
-    and weighted sum (4·h·T); the backward is twice that."""
-    return 2 * block_numel(model) + 4 * model.hidden * model.seq_len
+    and weighted sum (``attention_flops``); the backward is twice that."""
+    return 2 * block_numel(model) + attention_flops(model)
+
+
+def attention_flops(model: ModelSpec) -> int:
+    """Forward FLOPs of one block's attention per token, as MFU counts them: the scores and the weighted sum
+    over the whole T x T square (4·h·T), not halved for the causal mask; the backward is twice that."""
+    return 4 * model.hidden * model.seq_len
 
 
 def head_flops(model: ModelSpec) -> int:
@@ -126,12 +133,16 @@ class PassSeconds:
 
 
 def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
-                 recompute: bool = False) -> PassSeconds:
+                 recompute: bool = False, attention_flops_per_s: float = 0.0) -> PassSeconds:
     """Seconds per token of a block's and the head's forward and backward: FLOPs (``block_flops``,
-    ``head_flops``; the backward twice the forward) at ``flops_per_s``, bytes (``traffic``) at
-    ``bytes_per_s`` (0: not charged), and with ``recompute`` the backward rerunning the forward."""
+    ``head_flops``; the backward twice the forward) at ``flops_per_s``, the attention's part of them
+    (``attention_flops``) at ``attention_flops_per_s`` where its kernel has its own rate (0: at
+    ``flops_per_s``), bytes (``traffic``) at ``bytes_per_s`` (0: not charged), and with ``recompute``
+    the backward rerunning the forward."""
     t, per_byte = traffic(model, elem_bytes), (1 / bytes_per_s if bytes_per_s else 0.0)
-    block, head, redo = block_flops(model) / flops_per_s, head_flops(model) / flops_per_s, int(recompute)
+    attention = attention_flops(model)
+    block = (block_flops(model) - attention) / flops_per_s + attention / (attention_flops_per_s or flops_per_s)
+    head, redo = head_flops(model) / flops_per_s, int(recompute)
     mem_fwd, mem_bwd = t.block_fwd * per_byte, (t.block_bwd + redo * t.block_fwd) * per_byte
     head_mem_fwd, head_mem_bwd = t.root_fwd * per_byte, t.root_bwd * per_byte
     return PassSeconds(block_fwd=block + mem_fwd, block_bwd=(2 + redo) * block + mem_bwd,
@@ -139,7 +150,10 @@ def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_pe
                        block_memory=mem_fwd + mem_bwd, head_memory=head_mem_fwd + head_mem_bwd)
 
 
-def step_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float) -> float:
+def step_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
+                 attention_flops_per_s: float = 0.0) -> float:
     """Seconds per token of one forward and backward pass (no recomputation), at ``flops_per_s`` on
-    the compute-bound kernels and ``bytes_per_s`` on the memory-bound ones (0: not charged)."""
-    return pass_seconds(model, elem_bytes, flops_per_s, bytes_per_s).step(model.layers)
+    the compute-bound kernels (the attention's at ``attention_flops_per_s``, 0: the same) and ``bytes_per_s``
+    on the memory-bound ones (0: not charged)."""
+    return pass_seconds(model, elem_bytes, flops_per_s, bytes_per_s,
+                        attention_flops_per_s=attention_flops_per_s).step(model.layers)

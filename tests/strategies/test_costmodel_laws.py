@@ -19,6 +19,7 @@ from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     ENGINE_STACK,
     FA2_A100_TFLOPS,
+    FIGURE_ATTENTION,
     GPT3_2_7B_2K,
     H100_EAGER_MEMORY_FRACTION,
     H100_ENGINE_EFFICIENCY,
@@ -37,6 +38,7 @@ from zerotune.strategies.costmodel.hardware import (
     RCCL_RING_PROTOCOLS,
     SOURCE_RUNS,
     STREAM_FRACTION,
+    attention_efficiency,
     device_of,
     gemm_efficiency,
     peak_tflops_of,
@@ -146,7 +148,8 @@ def test_presets_carry_their_profile_custom_clusters_their_devices_and_the_rest_
     assert fsdp.compute_efficiency == source_run_efficiency("H100", "pytorch")
     compute_alone = profile_calibration("x", "H100", ("nvlink4-nvswitch",), stack="pytorch", whole_run=False)
     assert compute_alone.compute_efficiency == pytest.approx(gemm_efficiency(
-        h100.pytorch_efficiency, IBM_FSDP_7B, h100.peak_tflops, H100_EAGER_MEMORY_FRACTION * h100.hbm_gbps * 1e9))
+        h100.pytorch_efficiency, IBM_FSDP_7B, h100.peak_tflops, H100_EAGER_MEMORY_FRACTION * h100.hbm_gbps * 1e9,
+        attention_efficiency("flash2", "H100")))  # IBM's run: SDPA's FlashAttention-2 at its own rate
     assert fsdp.memory_bytes_per_s == engine.memory_bytes_per_s  # the same eager kernels
     megatron = profile_calibration("x", "H100", ("nvlink4-nvswitch",), stack="megatron")
     assert megatron.memory_bytes_per_s == pytest.approx(STREAM_FRACTION * h100.hbm_gbps * 1e9)
@@ -160,7 +163,8 @@ def test_presets_carry_their_profile_custom_clusters_their_devices_and_the_rest_
     assert a100.efficiency("flash") == pytest.approx(FA2_A100_TFLOPS / a100.peak_tflops, abs=1e-3)
     flash = profile_calibration("x", "A100", ("nvlink3-nvswitch",), stack="flash")
     assert flash.compute_efficiency == pytest.approx(gemm_efficiency(
-        a100.flash_efficiency, GPT3_2_7B_2K, a100.peak_tflops, STREAM_FRACTION * a100.hbm_gbps * 1e9))
+        a100.flash_efficiency, GPT3_2_7B_2K, a100.peak_tflops, STREAM_FRACTION * a100.hbm_gbps * 1e9,
+        attention_efficiency("flash2", "A100")))
     megatron_a100 = profile_calibration("x", "A100", ("nvlink3-nvswitch",), "megatron")
     assert flash.compute_efficiency > megatron_a100.compute_efficiency
     assert flash.memory_bytes_per_s == pytest.approx(STREAM_FRACTION * a100.hbm_gbps * 1e9)
@@ -869,10 +873,21 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] != by_block != by_module
     # AMSP's columns also ran other kernels than the DeepSpeed baselines: their own stack (InternEvo's FlashAttention-2)
     assert amsp.stack == "megatron" and amsp.strategies["amsp_13b"]["stack"] == "flash"
+    # and the flash stack's attention kernel (FlashAttention-2 at its own rate) where the table's is unfused
+    assert amsp.attention == "matmul" and calib.attention_efficiency == 0.0
     _, flash = published.build_cluster("a800-1024-halfnode", amsp.cluster_specs["a800-1024-halfnode"], "flash",
-                                       amsp.rings, amsp.outer_reduce, amsp.gathers, amsp.runner)
+                                       amsp.rings, amsp.outer_reduce, amsp.gathers, amsp.runner, attention="flash2")
+    assert flash.attention_efficiency == attention_efficiency("flash2", "A100") > 0
     on_flash = predict(model, halfnode, s, calibration=dataclasses.replace(flash, gathers="bucket"))["step_time_s"]
     assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] == on_flash < by_block
+    unfused = predict(model, halfnode, s, calibration=dataclasses.replace(flash, gathers="bucket",
+                                                                          attention_efficiency=0.0))["step_time_s"]
+    assert unfused > on_flash
+    bad_kernel = tmp_path / "bad_attention.toml"
+    bad_kernel.write_text((ROOT / "bench" / "published" / "amsp_paper.toml").read_text().replace(
+        '[source]\n', '[source]\nattention = "xformers"\n', 1))
+    with pytest.raises(ValueError, match=r"attention='xformers': must be one of \['matmul', 'flash2', 'triton'\]"):
+        published.Table(bad_kernel)
     bad = tmp_path / "bad_stack.toml"
     amsp_text = (ROOT / "bench" / "published" / "amsp_paper.toml").read_text()
     bad.write_text(amsp_text.replace('stack = "flash"', 'stack = "jax"'))
@@ -1041,6 +1056,7 @@ def test_the_pytorch_figures_source_runs_are_the_ones_their_table_prints_and_rep
     assert {k: getattr(IBM_FSDP_7B, "ffn" if k == "ffn_hidden" else k) for k in written} == written
     table = published.Table(path)
     assert (table.stack, table.rings, table.outer_reduce) == ("pytorch", "flat", "backward")
+    assert table.attention == FIGURE_ATTENTION["pytorch"] == "flash2"  # SDPA's FlashAttention-2, re-based with it
     seven_b = {RowId.parse(i).cluster: (RowId.parse(i), v) for i, (v, _) in table.rows.items() if "/llama2-7b/" in i}
     assert len(seven_b) == 2
     for (key, stack), run in SOURCE_RUNS.items():
@@ -1057,7 +1073,7 @@ def test_the_pytorch_figures_source_runs_are_the_ones_their_table_prints_and_rep
         # the same calibration re-based on the compute alone: 3-5% slow
         cluster, calib = table.clusters[row.cluster]
         alone = profile_calibration("x", key, tuple(lv[2] for lv in run.levels), stack, run.rings,
-                                    run.outer_reduce, whole_run=False)
+                                    run.outer_reduce, whole_run=False, attention=table.attention)
         assert calib.compute_efficiency > alone.compute_efficiency
         strategy = build_strategy(dict(run.strategy), cluster, micro_batch_size=run.micro_batch)
         slow = predict(IBM_FSDP_7B, cluster, strategy, calibration=alone, global_batch=cluster.world_size * row.mbs)
@@ -1067,7 +1083,9 @@ def test_the_pytorch_figures_source_runs_are_the_ones_their_table_prints_and_rep
 def test_the_flash_figure_is_the_one_its_table_prints_and_carries_to_the_tables_other_rows(monkeypatch):
     """The A100's FlashAttention-2 figure is [fa2]'s GPT3-2.7B at 2k, as bench/published/flash_attention2.toml
     prints it (a calibration table: shown, not scored); the model re-based on it predicts that row within 2% and
-    the same table's other sizes and sequence lengths within 10%."""
+    the same table's other sizes and sequence lengths within 5%. The 8k rows, where attention is 2.5 times the
+    share of the FLOPs it is at 2k, hold only with the kernel's own rate (the paper's abstract's, not this
+    table's): charged at the matmul rate, as before kernels had rates, they are 5% or more slow."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import published
 
@@ -1077,7 +1095,14 @@ def test_the_flash_figure_is_the_one_its_table_prints_and_carries_to_the_tables_
     assert table.rows[source][0] == FA2_A100_TFLOPS and table.models["gpt3-2.7b-2k"] == dataclasses.replace(
         GPT3_2_7B_2K, name="gpt3-2.7b-2k")
     for row, (value, _) in table.rows.items():
-        assert abs(table.predict(row)["value"] / value - 1) <= (0.02 if row == source else 0.10), row
+        assert abs(table.predict(row)["value"] / value - 1) <= (0.02 if row == source else 0.05), row
+    assert table.attention == "flash2"  # the flash stack's kernel
+    cluster, calib = table.clusters["a100x8"]
+    assert calib.attention_efficiency == attention_efficiency("flash2", "A100") > calib.compute_efficiency
+    table.clusters["a100x8"] = (cluster, dataclasses.replace(calib, attention_efficiency=0.0))
+    table._predicted.clear()
+    for row in ("a100x8/gpt3-1.3b-8k/4x4/zero1", "a100x8/gpt3-2.7b-8k/2x8/zero1"):
+        assert table.predict(row)["value"] / table.rows[row][0] - 1 < -0.05, row
 
 
 def test_presets_built_on_first_use_are_the_same_for_threads_that_ask_at_once():

@@ -19,10 +19,12 @@ from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     IBM_FSDP_7B,
     V100_BERT_SAMPLES_PER_S,
+    AttentionKernel,
+    attention_efficiency,
     profile_calibration,
 )
 from zerotune.strategies.costmodel.memory import activation_memory
-from zerotune.strategies.costmodel.traffic import block_flops, step_seconds, traffic
+from zerotune.strategies.costmodel.traffic import attention_flops, block_flops, pass_seconds, step_seconds, traffic
 from zerotune.strategies.memory import MemoryAccountant
 from zerotune.strategies.model import build_gpt
 from zerotune.strategies.spec import ModelSpec, Strategy
@@ -177,14 +179,52 @@ def test_a_published_mfu_keeps_its_own_model_and_moves_the_rest():
         assert calib.compute_efficiency > d.pytorch_efficiency
         assert calib.memory_bytes_per_s == pytest.approx(d.eager_memory_fraction * d.hbm_gbps * 1e9)
         published = step_seconds(IBM_FSDP_7B, 2, d.peak_tflops * 1e12 * d.pytorch_efficiency, 0.0)
+        assert calib.attention_efficiency == 0.0  # the profile of an unnamed kernel: attention at the matmul rate
         modelled = step_seconds(IBM_FSDP_7B, 2, d.peak_tflops * 1e12 * calib.compute_efficiency,
-                                calib.memory_bytes_per_s)
+                                calib.memory_bytes_per_s,  # the run's own kernel: SDPA's FlashAttention-2
+                                d.peak_tflops * 1e12 * attention_efficiency("flash2", key))
         assert modelled == pytest.approx(published, rel=1e-9)
     # the 40 GB A100 has the 80 GB one's efficiency (the run was on 80 GB) and its own slower HBM
     small = profile_calibration("x", "A100-40GB", ("nvlink3-4gpu",))
     big = profile_calibration("x", "A100", ("nvlink3-nvswitch",))
     assert small.compute_efficiency == big.compute_efficiency
     assert small.memory_bytes_per_s < big.memory_bytes_per_s
+
+
+def test_a_fused_attention_kernel_is_charged_its_own_rate_on_its_share_of_the_flops():
+    """A block's compute is its matmuls at the compute rate and its attention (4·h·T per token forward, the whole
+    square) at the attention kernel's rate, forward, backward (twice) and a recomputed forward alike; no rate of
+    its own (0) charges the attention at the compute rate, as before kernels had rates."""
+    model, peak = parse_model("llama3-8b"), 989e12
+    matmul, attention = 0.5 * peak, 0.6 * peak
+    plain = pass_seconds(model, 2, matmul, 0.0, recompute=True)
+    split = pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=attention)
+    assert plain == pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=matmul)
+    a = attention_flops(model)
+    assert a == 4 * model.hidden * model.seq_len and 0 < a < block_flops(model)
+    assert split.block_fwd == pytest.approx((block_flops(model) - a) / matmul + a / attention, rel=1e-12)
+    assert split.block_bwd == pytest.approx(3 * split.block_fwd, rel=1e-12)  # backward 2x, the recompute 1x
+    assert split.head_fwd == plain.head_fwd  # the head has no attention
+    saved = 4 * a * (1 / matmul - 1 / attention) * model.layers  # forward, backward and the recompute
+    assert plain.step(model.layers) - split.step(model.layers) == pytest.approx(saved, rel=1e-9)
+
+
+def test_an_attention_kernels_rate_in_the_models_terms():
+    """A causal kernel's benchmark counts the unmasked half of the square, its backward 2.5 times its forward;
+    the model counts the whole square and a backward twice the forward: 3 model-FLOPs take 0.5/f + 1.25/b of
+    the kernel's time at peak. A kernel at one rate r both ways is 12r/7 in the model's terms; a device it was
+    not measured on is charged at the compute rate (0); an unknown kernel is refused by name."""
+    kernel = AttentionKernel({"A100": (0.4, 0.4), "H100": (0.37, 0.25)}, "test")
+    assert kernel.efficiency("A100") == pytest.approx(0.4 * 12 / 7)
+    assert kernel.efficiency("H100") == pytest.approx(3 / (0.5 / 0.37 + 1.25 / 0.25))
+    assert kernel.efficiency("V100") == 0.0
+    assert attention_efficiency("matmul", "A100") == 0.0
+    assert attention_efficiency("flash2", "A100") > attention_efficiency("flash2", "H100") > 0  # 0.615 vs 0.35
+    assert attention_efficiency("flash2", "A100-40GB") == attention_efficiency("flash2", "A100")
+    assert attention_efficiency("triton", "A100") < attention_efficiency("flash2", "A100")
+    assert attention_efficiency("triton", "H100") == 0.0
+    with pytest.raises(ValueError, match=r"attention='xformers': must be one of \['matmul', 'flash2', 'triton'\]"):
+        attention_efficiency("xformers", "A100")
 
 
 def test_the_v100_megatron_figure_is_one_gpu_running_bert_large():
