@@ -203,16 +203,22 @@ H100_EAGER_MEMORY_FRACTION = 0.62
 The same kernels move 2.07 TB/s here and 2.40 on the H200 at the medians: on the H200's 43% faster
 HBM3e they gain 16% and reach a smaller fraction of it. The H100 once took the H200's 0.50 by
 inference, which charged its memory-bound kernels 24% too long."""
-H200_ENGINE_EFFICIENCY = 0.70
-"""The fraction of dense bf16 peak zerotune's engine's compute-bound kernels reach on an H200: the
-same H200 runs (``bench/kernel_split.py``), the matmuls' and the attention's FLOPs (the attention's
-charged full-square, as ``traffic.block_flops`` charges it) over their kernels' device time, median of
-the four micro-batches (0.692-0.717; matmuls alone 0.70-0.77, cuDNN attention 0.50-0.63). A
-kernel-level figure of the engine itself, so no re-base (``gemm_efficiency``) applies; the IBM FSDP
-figure (0.37 MFU of a whole 128-GPU run) stays the ``pytorch`` stack's."""
-H100_ENGINE_EFFICIENCY = 0.72
-"""The same figure on an H100 SXM (``bench/data/h100-kernels``): 0.705-0.736 of its 989 TFLOPS, median
-0.72 (matmuls alone 0.72-0.77, cuDNN attention 0.48-0.62)."""
+H200_ENGINE_EFFICIENCY = 0.73
+"""The fraction of dense bf16 peak zerotune's engine's matmuls reach on an H200: the same H200 runs
+(``bench/kernel_split.py``), the matmuls' FLOPs over their kernels' device time, median of the four
+micro-batches (0.70-0.77). A kernel-level figure of the engine itself, so no re-base (``gemm_efficiency``)
+applies; the IBM FSDP figure (0.37 MFU of a whole 128-GPU run) stays the ``pytorch`` stack's. Its attention
+runs at its own rate (``H200_ENGINE_ATTENTION``); the two together were 0.70 of peak on that model."""
+H200_ENGINE_ATTENTION = 0.58
+"""The engine's attention (SDPA, cuDNN's kernels on Hopper) on the same H200 runs: its FLOPs as the model counts
+them (the whole square: ``traffic.attention_flops``) over its kernels' device time, median of the four
+micro-batches (0.50-0.63; ATTENTION_KERNELS["sdpa"])."""
+H100_ENGINE_EFFICIENCY = 0.76
+"""The same figure on an H100 SXM (``bench/data/h100-kernels``): matmuls 0.72-0.77 of its 989 TFLOPS, median
+0.76 (with the attention, 0.72)."""
+H100_ENGINE_ATTENTION = 0.58
+"""The engine's cuDNN attention on the same H100 runs: 0.48-0.62, median 0.58 (FlashAttention-2's 35% of an H100's
+peak [fa3] is 0.60 in these terms)."""
 QUANT_BYTES_PER_ELEM = 3.0
 """Block quantization reads a 16-bit element and writes one 8-bit code (dequantization the reverse):
 ~3 bytes of HBM traffic per element; the fp32 scale per 2048-element block is negligible."""
@@ -337,52 +343,62 @@ def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_byt
     return (flops_s - attention_s) / (flops_s / mfu - kernels - attention_s / attention_efficiency)
 
 
+def causal_kernel_efficiency(forward: float, backward: float) -> float:
+    """A causal attention kernel's rate on the attention's FLOPs as the model counts them
+    (``traffic.attention_flops``: the whole T x T square, the backward twice the forward), from its forward's
+    and backward's fractions of peak as its benchmarks count them (the unmasked half of the square, 2·T²·h
+    FLOPs per layer and sequence forward, the backward 2.5 times that, its recomputation of the scores
+    included): 3 model-FLOPs take 0.5/f + 1.25/b at peak, so 3 / (0.5/f + 1.25/b)."""
+    return 3 / (0.5 / forward + 1.25 / backward)
+
+
 @dataclass(frozen=True)
 class AttentionKernel:
-    """A fused attention kernel's published rate on each device it was measured on: the fraction of dense
-    peak its forward and its backward reach, counted as its benchmarks count them (a causal kernel computes
-    the unmasked half of the T x T square: 2·T²·h FLOPs per layer and sequence forward, the backward 2.5
-    times that, its recomputation of the scores included)."""
+    """A fused attention kernel's rate on each device it was measured on, as a fraction of dense peak on the
+    attention's FLOPs as the model counts them (``causal_kernel_efficiency`` converts a kernel benchmark's)."""
 
-    rates: dict[str, tuple[float, float]]
-    """(forward, backward) fraction of peak by key in ``DEVICES``."""
+    rates: dict[str, float]
+    """By key in ``DEVICES``."""
     source: str
 
     def efficiency(self, device: str) -> float:
-        """Its rate on the attention's FLOPs as the model counts them (``traffic.attention_flops``: the whole
-        square, the backward twice the forward): 3 model-FLOPs take 0.5/f + 1.25/b at peak, so 3 / (0.5/f +
-        1.25/b); 0 where it was not measured on ``device``."""
-        if device not in self.rates:
-            return 0.0
-        forward, backward = self.rates[device]
-        return 3 / (0.5 / forward + 1.25 / backward)
+        """Its rate on ``device``; 0 where it was not measured there (charged at the compute rate)."""
+        return self.rates.get(device, 0.0)
 
 
-FA2_A100 = (0.50 + 0.73) / 2
+FA2_A100 = causal_kernel_efficiency((0.50 + 0.73) / 2, (0.50 + 0.73) / 2)
 """[fa2-kernel]: the middle of FlashAttention-2's 50-73% of peak on A100, for its forward and backward alike
-(the paper's figures that split them by pass and mask are images); 1.05 of peak in the model's terms."""
-FA2_H100 = 0.35
-"""[fa3]: FlashAttention-2's 35% of peak on H100, for both passes; 0.60 in the model's terms. zerotune's engine's
-cuDNN attention measured 0.48-0.62 in the same terms on one H100 (``H100_ENGINE_EFFICIENCY``)."""
+(the paper's figures that split them by pass and mask are images): 1.05 of peak in the model's terms."""
+FA2_H100 = causal_kernel_efficiency(0.35, 0.35)
+"""[fa3]: FlashAttention-2's 35% of peak on H100, for both passes: 0.60 in the model's terms (zerotune's engine's
+cuDNN attention measured 0.58 on the same part: ``H100_ENGINE_ATTENTION``)."""
+TRITON_A100 = causal_kernel_efficiency(0.37, 0.25)
+"""[triton-perf]: Triton's causal fused attention on A100, forward 0.37 and backward 0.25: 0.47 of peak in the
+model's terms. FlashAttention-2 is '1.3-2.5x faster than FlashAttention in Triton' ([fa2] §4.1), which puts Triton's
+at 0.42-0.81 of ``FA2_A100``."""
 ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
     "matmul": None,
-    "flash2": AttentionKernel({"A100": (FA2_A100, FA2_A100), "A100-40GB": (FA2_A100, FA2_A100),
-                               "H100": (FA2_H100, FA2_H100), "H200": (FA2_H100, FA2_H100)},
+    "flash2": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": FA2_H100, "H200": FA2_H100},
                               "[fa2-kernel] on A100 (both A100 parts: the same SMs and clocks), [fa3] on H100 (and "
                               "the H200: the same SMs and peak; attention's FLOPs do not wait on HBM)"),
-    "triton": AttentionKernel({"A100": (0.37, 0.25), "A100-40GB": (0.37, 0.25)},
-                              "[triton-perf]: Triton's causal fused attention on A100, 0.47 of peak in the model's "
-                              "terms; FlashAttention-2 is '1.3-2.5x faster than FlashAttention in Triton' ([fa2] "
-                              "§4.1), which puts it at 0.42-0.81 of FA2_A100's 1.05"),
+    "triton": AttentionKernel({"A100": TRITON_A100, "A100-40GB": TRITON_A100}, "[triton-perf]"),
+    "sdpa": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": H100_ENGINE_ATTENTION,
+                             "H200": H200_ENGINE_ATTENTION},
+                            "PyTorch's scaled_dot_product_attention as zerotune's engine calls it: cuDNN's attention "
+                            "on Hopper, measured (H100_ENGINE_ATTENTION, H200_ENGINE_ATTENTION); FlashAttention-2 on "
+                            "A100, where SDPA has no cuDNN backend by default ([fa2-kernel])"),
 }
 """The attention a run's kernels compute, by name (a table's ``attention``, ``profile_calibration``'s): ``matmul``
-(the default: charged at the stack's compute rate, as an unfused attention's batched matmuls, and a kernel
-without a published rate, run), ``flash2`` (FlashAttention-2: its own package, and PyTorch's SDPA, whose flash
-backend it is from PyTorch 2.2 on), ``triton`` (Triton's fused attention, and the FlashAttention port in Triton
-that LLM Foundry's ``attn_impl: triton`` runs, by inference: it is built on the same tutorial kernel)."""
-FIGURE_ATTENTION = {"pytorch": "flash2", "flash": "flash2"}
-"""The attention kernel of the runs the re-based stack figures came from: [ibm-fsdp]'s SDPA (FlashAttention-2 on
-A100 and H100 with PyTorch 2.2) and [fa2]'s own; Megatron's 1T run and DeepSpeed's BERT ran unfused attention."""
+(charged at the stack's compute rate, as an unfused attention's batched matmuls, and a kernel without a published
+rate, run), ``flash2`` (FlashAttention-2: its own package, and PyTorch's SDPA, whose flash backend it is from
+PyTorch 2.2 on), ``triton`` (Triton's fused attention, and the FlashAttention port in Triton that LLM Foundry's
+``attn_impl: triton`` runs, by inference: it is built on the same tutorial kernel), ``sdpa`` (zerotune's engine:
+SDPA with the backend PyTorch picks on each device)."""
+FIGURE_ATTENTION = {"pytorch": "flash2", "flash": "flash2", "zerotune": "sdpa"}
+"""The attention kernel of the runs each stack's figure came from: [ibm-fsdp]'s SDPA (FlashAttention-2 on A100 and
+H100 with PyTorch 2.2), [fa2]'s own, zerotune's engine's SDPA (its own measured figures on Hopper; elsewhere it
+takes the ``pytorch`` figure, whose kernel SDPA is too); Megatron's 1T run and DeepSpeed's BERT ran unfused
+attention. Also a stack's own attention where a run names none (``profile_calibration``)."""
 
 
 def attention_efficiency(kernel: str, device: str) -> float:
@@ -567,7 +583,7 @@ def peak_tflops_of(name: str) -> float | None:
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
                         rings: str = "hierarchical", outer_reduce: str = "backward",
                         host: str = "unknown", gathers: str = "bucket", whole_run: bool = True,
-                        attention: str = "matmul") -> Calibration:
+                        attention: str | None = None) -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
     for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
     runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
@@ -577,8 +593,9 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     the runner that runs it. A published efficiency whose run the model expresses (``SOURCE_RUNS``) is
     re-based so that the model predicts that run's published step (``source_run_efficiency``);
     ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``). ``attention`` names the
-    run's attention kernel (``ATTENTION_KERNELS``): where it has a rate on this device its FLOPs are charged at
-    it, and the re-base takes the source run's own kernel's time out (``FIGURE_ATTENTION``)."""
+    run's attention kernel (``ATTENTION_KERNELS``; default: zerotune's engine's SDPA for its stack, ``matmul`` for
+    the others): where it has a rate on this device its FLOPs are charged at it, and the re-base takes the source
+    run's own kernel's time out (``FIGURE_ATTENTION``)."""
     if host not in HOSTS:
         raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
     d, h = DEVICES[device], HOSTS[host]
@@ -594,7 +611,8 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                                          source.memory_fraction(stack) * source.hbm_gbps * 1e9,
                                          attention_efficiency(FIGURE_ATTENTION.get(figure, "matmul"), ran_on))
     return Calibration(name=name, compute_efficiency=efficiency,
-                       attention_efficiency=attention_efficiency(attention, device),
+                       attention_efficiency=attention_efficiency(
+                           attention or ("sdpa" if stack == ENGINE_STACK else "matmul"), device),
                        memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,

@@ -886,7 +886,8 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     bad_kernel = tmp_path / "bad_attention.toml"
     bad_kernel.write_text((ROOT / "bench" / "published" / "amsp_paper.toml").read_text().replace(
         '[source]\n', '[source]\nattention = "xformers"\n', 1))
-    with pytest.raises(ValueError, match=r"attention='xformers': must be one of \['matmul', 'flash2', 'triton'\]"):
+    with pytest.raises(ValueError, match=(r"attention='xformers': must be one of "
+                                          r"\['matmul', 'flash2', 'triton', 'sdpa'\]")):
         published.Table(bad_kernel)
     bad = tmp_path / "bad_stack.toml"
     amsp_text = (ROOT / "bench" / "published" / "amsp_paper.toml").read_text()

@@ -21,6 +21,7 @@ from zerotune.strategies.costmodel.hardware import (
     V100_BERT_SAMPLES_PER_S,
     AttentionKernel,
     attention_efficiency,
+    causal_kernel_efficiency,
     profile_calibration,
 )
 from zerotune.strategies.costmodel.memory import activation_memory
@@ -214,16 +215,17 @@ def test_an_attention_kernels_rate_in_the_models_terms():
     the model counts the whole square and a backward twice the forward: 3 model-FLOPs take 0.5/f + 1.25/b of
     the kernel's time at peak. A kernel at one rate r both ways is 12r/7 in the model's terms; a device it was
     not measured on is charged at the compute rate (0); an unknown kernel is refused by name."""
-    kernel = AttentionKernel({"A100": (0.4, 0.4), "H100": (0.37, 0.25)}, "test")
-    assert kernel.efficiency("A100") == pytest.approx(0.4 * 12 / 7)
-    assert kernel.efficiency("H100") == pytest.approx(3 / (0.5 / 0.37 + 1.25 / 0.25))
-    assert kernel.efficiency("V100") == 0.0
+    assert causal_kernel_efficiency(0.4, 0.4) == pytest.approx(0.4 * 12 / 7)
+    assert causal_kernel_efficiency(0.37, 0.25) == pytest.approx(3 / (0.5 / 0.37 + 1.25 / 0.25))
+    kernel = AttentionKernel({"A100": 0.5}, "test")
+    assert kernel.efficiency("A100") == 0.5 and kernel.efficiency("V100") == 0.0
     assert attention_efficiency("matmul", "A100") == 0.0
     assert attention_efficiency("flash2", "A100") > attention_efficiency("flash2", "H100") > 0  # 0.615 vs 0.35
     assert attention_efficiency("flash2", "A100-40GB") == attention_efficiency("flash2", "A100")
     assert attention_efficiency("triton", "A100") < attention_efficiency("flash2", "A100")
     assert attention_efficiency("triton", "H100") == 0.0
-    with pytest.raises(ValueError, match=r"attention='xformers': must be one of \['matmul', 'flash2', 'triton'\]"):
+    with pytest.raises(ValueError, match=(r"attention='xformers': must be one of "
+                                          r"\['matmul', 'flash2', 'triton', 'sdpa'\]")):
         attention_efficiency("xformers", "A100")
 
 
@@ -257,7 +259,10 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     extra = (predict(model, cluster, ckpt)["breakdown"]["compute_s"]
              - predict(model, cluster, plain)["breakdown"]["compute_s"])
     tokens = plain.micro_batch_size * model.seq_len
-    forward = model.layers * tokens * (block_flops(model) / (cluster.peak_tflops * 1e12 * calib.compute_efficiency)
+    peak, a = cluster.peak_tflops * 1e12, attention_flops(model)
+    assert calib.attention_efficiency > 0  # the engine's SDPA (FlashAttention-2 on an A100) at its own rate
+    forward = model.layers * tokens * ((block_flops(model) - a) / (peak * calib.compute_efficiency)
+                                       + a / (peak * calib.attention_efficiency)
                                        + traffic(model, 2).block_fwd / calib.memory_bytes_per_s)
     assert extra == pytest.approx(forward, rel=1e-9)
     # the breakdown names the memory-bound part of compute: the bytes of every pass at the HBM rate
@@ -270,10 +275,11 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
 
 @pytest.mark.parametrize("part", ["h200", "h100"])
 def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
-    """Each Hopper part's ``*_ENGINE_EFFICIENCY`` and ``*_EAGER_MEMORY_FRACTION`` are read off the kept
-    profile of the engine's model on one GPU of that part (``bench/kernel_split.py``; gpt-1.3b, bf16, 1-8
-    sequences per micro-batch; ``bench/data/h200-kernels``, ``bench/data/h100-kernels``), not chosen: each is
-    the median of its per-micro-batch rate, to two places, and the device's profile holds it. The bytes
+    """Each Hopper part's ``*_ENGINE_EFFICIENCY`` (matmuls), ``*_ENGINE_ATTENTION`` (SDPA's cuDNN attention, on
+    the FLOPs the model counts) and ``*_EAGER_MEMORY_FRACTION`` are read off the kept profile of the engine's
+    model on one GPU of that part (``bench/kernel_split.py``; gpt-1.3b, bf16, 1-8 sequences per micro-batch;
+    ``bench/data/h200-kernels``, ``bench/data/h100-kernels``), not chosen: each is the median of its
+    per-micro-batch rate, to two places, and the device's profile and preset hold it. The bytes
     that run charged are this module's formulas, its kernels' classes add up to every kernel's time,
     and a plain add on large tensors streams at ``STREAM_FRACTION`` (within 0.1) where the model's own
     kernels reach less."""
@@ -292,16 +298,27 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
     spec, passes = parse_model(kept["model"]), kept["passes"]
     assert [p["batch"] for p in passes] == [1, 2, 4, 8]
     peak, hbm = kept["peak_tflops"] * 1e12, kept["hbm_gbps"] * 1e9
-    compute, memory = [], []
+    matmul, attention, both, memory = [], [], [], []
     for p in passes:
         assert p["memory_bytes"] == p["tokens"] * formula(spec, 2)
+        assert p["attention_flops"] == p["tokens"] * 3 * spec.layers * attention_flops(spec)  # the model's count
         assert p["matmul_ms"] + p["attention_ms"] + p["memory_ms"] == pytest.approx(p["kernels_ms"], rel=0.01)
-        compute.append((p["matmul_flops"] + p["attention_flops"]) / ((p["matmul_ms"] + p["attention_ms"]) / 1e3) / peak)
+        matmul.append(p["matmul_flops"] / (p["matmul_ms"] / 1e3) / peak)
+        attention.append(p["attention_flops"] / (p["attention_ms"] / 1e3) / peak)
+        both.append((p["matmul_flops"] + p["attention_flops"]) / ((p["matmul_ms"] + p["attention_ms"]) / 1e3) / peak)
         memory.append(p["memory_bytes"] / (p["memory_ms"] / 1e3) / hbm)
     engine = getattr(hardware, f"{part.upper()}_ENGINE_EFFICIENCY")
+    own_attention = getattr(hardware, f"{part.upper()}_ENGINE_ATTENTION")
     eager = getattr(hardware, f"{part.upper()}_EAGER_MEMORY_FRACTION")
-    assert engine == round(statistics.median(compute), 2) == device.efficiency("zerotune")
+    assert engine == round(statistics.median(matmul), 2) == device.efficiency("zerotune")
+    assert own_attention == round(statistics.median(attention), 2) == attention_efficiency("sdpa", part.upper())
     assert eager == round(statistics.median(memory), 2) == device.memory_fraction("zerotune")
+    # charged apart, the two rates give each profiled pass its matmuls' and attention's time back within 6%
+    for p, measured in zip(passes, both, strict=True):
+        charged = p["matmul_flops"] / engine + p["attention_flops"] / own_attention
+        assert charged / ((p["matmul_flops"] + p["attention_flops"]) / measured) == pytest.approx(1, abs=0.06)
+    preset = calibration_for(parse_cluster(f"dgx-{part}:1"))
+    assert (preset.compute_efficiency, preset.attention_efficiency) == (engine, own_attention)
     add = next(s for s in kept["streaming"] if s["kernel"].startswith("add"))
     assert abs(add["fraction"] - STREAM_FRACTION) <= 0.1
     assert max(memory) < 0.85 * add["fraction"]
