@@ -289,8 +289,9 @@ class Device:
     """The whole-step MFU of a FlashAttention-2 stack (the ``flash`` stack: FlashAttention-2 with fused MLP,
     LayerNorm and loss kernels) where one is published for this device; elsewhere the Megatron figure."""
     engine_efficiency: float | None = None
-    """The fraction of peak zerotune's own engine's compute-bound kernels reach, where it was measured on
-    this device's architecture (the ``zerotune`` stack; elsewhere the ``pytorch`` figure stands for it)."""
+    """The fraction of peak zerotune's own engine's matmuls reach, where it was measured on this device's
+    architecture (the ``zerotune`` stack; elsewhere the ``pytorch`` figure stands for it); its attention has
+    its own measured rate there (``ATTENTION_KERNELS["sdpa"]``)."""
     eager_memory_fraction: float = STREAM_FRACTION
     """The fraction of ``hbm_gbps`` eager PyTorch's memory-bound kernels reach (the ``zerotune`` and
     ``pytorch`` stacks; the fused kernels of the ``megatron`` and ``flash`` stacks keep ``STREAM_FRACTION``)."""
@@ -328,7 +329,7 @@ class Device:
 
 def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_bytes_per_s: float,
                     attention_efficiency: float = 0.0) -> float:
-    """The fraction of peak the compute-bound kernels reach in a run of ``model`` whose whole step reached
+    """The fraction of peak the matmuls reach in a run of ``model`` whose whole step reached
     ``mfu``: the step's compute time (this model's FLOPs at ``mfu``) less its memory-bound kernels' time
     (``traffic.traffic`` in 16-bit at ``memory_bytes_per_s``) and, where the run's attention kernel has its
     own rate (``attention_efficiency``, 0: none), the attention's time at that rate, so that ``predict`` gives
