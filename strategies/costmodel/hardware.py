@@ -375,8 +375,8 @@ FA2_H100 = causal_kernel_efficiency(0.35, 0.35)
 cuDNN attention measured 0.58 on the same part: ``H100_ENGINE_ATTENTION``)."""
 TRITON_A100 = causal_kernel_efficiency(0.37, 0.25)
 """[triton-perf]: Triton's causal fused attention on A100, forward 0.37 and backward 0.25: 0.47 of peak in the
-model's terms. FlashAttention-2 is '1.3-2.5x faster than FlashAttention in Triton' ([fa2] §4.1), which puts Triton's
-at 0.42-0.81 of ``FA2_A100``."""
+model's terms, 0.45 of ``FA2_A100`` (measured on a CI machine whose 8k matmuls ran at 0.77 of peak, where Triton's
+file notes 'about 90%' elsewhere: a kernel on a faster A100 may reach more)."""
 ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
     "matmul": None,
     "flash2": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": FA2_H100, "H200": FA2_H100},
@@ -399,7 +399,7 @@ FIGURE_ATTENTION = {"pytorch": "flash2", "flash": "flash2", "zerotune": "sdpa"}
 """The attention kernel of the runs each stack's figure came from: [ibm-fsdp]'s SDPA (FlashAttention-2 on A100 and
 H100 with PyTorch 2.2), [fa2]'s own, zerotune's engine's SDPA (its own measured figures on Hopper; elsewhere it
 takes the ``pytorch`` figure, whose kernel SDPA is too); Megatron's 1T run and DeepSpeed's BERT ran unfused
-attention. Also a stack's own attention where a run names none (``profile_calibration``)."""
+attention."""
 
 
 def attention_efficiency(kernel: str, device: str) -> float:
