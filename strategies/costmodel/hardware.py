@@ -61,7 +61,7 @@ Sources (cited by key below and in ``rates``):
   FLOPs counted on what the kernel computes: a causal kernel skips the masked half, the backward counted 2.5 times
   the forward).
 - [fa3] Shah et al., "FlashAttention-3" (arXiv 2407.08608), abstract: "FlashAttention-2 achieving only 35%
-  utilization on the H100 GPU" (the FA2 paper's §4.1 ran the A100 code on an H100: "up to 335 TFLOPs/s", 34%).
+  utilization on the H100 GPU".
 - [triton-perf] triton-lang/triton ``python/test/regression/test_performance.py`` at 00693c1c,
   ``flash_attention_data["a100"]``: Triton's fused attention (``triton.ops.attention``), causal, fp16, 4 x 48
   heads of size 64 over 4,096 tokens: forward 0.37, backward 0.25 of the A100's tensor-core peak at the running
