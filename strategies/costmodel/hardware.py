@@ -57,9 +57,9 @@ Sources (cited by key below and in ``rates``):
   6·params + 12·layers·hidden·seqlen FLOPs per token (the attention not halved for the causal mask);
   the same table's baseline without FlashAttention ran 142-149 at 2k.
 - [fa2-kernel] the same paper's abstract: FlashAttention-2 reaches "50-73% of the theoretical maximum FLOPs/s on
-  A100" over its attention benchmarks (forward, backward, causal or not, head size 64 and 128, 512 to 16k tokens;
-  FLOPs counted on what the kernel computes: a causal kernel skips the masked half, the backward counted 2.5 times
-  the forward).
+  A100" over its attention benchmarks, whose FLOPs are counted as the repository's
+  ``benchmarks/benchmark_flash_attention.py`` counts them: 4·T²·d per head forward, halved for a causal mask, the
+  backward 2.5 times the forward.
 - [fa3] Shah et al., "FlashAttention-3" (arXiv 2407.08608), abstract: "FlashAttention-2 achieving only 35%
   utilization on the H100 GPU".
 - [triton-perf] triton-lang/triton ``python/test/regression/test_performance.py`` at 00693c1c,
