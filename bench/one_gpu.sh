@@ -13,7 +13,9 @@
 # 4. zerotune train's micro-batch sweep (1, 2, 4, 8 sequences per micro-step, 8 per step), whose
 #    run.json files the cost model's tests compare with;
 # 5. the model's forward and backward split by kernel class (bench/kernel_split.py): the rates the cost
-#    model's Hopper figures were read from (bench/data/h200-kernels), for this device.
+#    model's Hopper figures were read from (bench/data/h200-kernels), for this device;
+# 6. causal attention alone (bench/attention_rate.py): SDPA's forward and backward at 1-8k tokens, head sizes 64
+#    and 128, in the kernel benchmarks' terms and the model's (hardware.ATTENTION_KERNELS).
 # Each part writes into $OUT as it finishes, so a run cut short keeps what it measured.
 OUT=${OUT:-bench/data/one-gpu}
 source "$(dirname "$0")/gpu_setup.sh"
@@ -45,4 +47,9 @@ done
 log "kernel classes, $MODEL, micro-batches 1, 2, 4, 8"
 timeout 150 $PY bench/kernel_split.py --model "$MODEL" ${PEAK_TFLOPS:+--peak-tflops $PEAK_TFLOPS} \
     --json-out "$OUT/kernel_split-$MODEL.json" 2>&1 | grep -v USDT | tee "$OUT/kernel_split-$MODEL.txt"
+log "causal attention, SDPA's pick and FlashAttention-2 pinned"
+for backend in auto flash; do
+  timeout 120 $PY bench/attention_rate.py --backend $backend ${PEAK_TFLOPS:+--peak-tflops $PEAK_TFLOPS} \
+      --json-out "$OUT/attention-$backend.json" 2>&1 | tee "$OUT/attention-$backend.txt"
+done
 log "done"

@@ -394,7 +394,8 @@ ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
 rate, run), ``flash2`` (FlashAttention-2: its own package, and PyTorch's SDPA, whose flash backend it is from
 PyTorch 2.2 on), ``triton`` (Triton's fused attention, and the FlashAttention port in Triton that LLM Foundry's
 ``attn_impl: triton`` runs, by inference: it is built on the same tutorial kernel), ``sdpa`` (zerotune's engine:
-SDPA with the backend PyTorch picks on each device)."""
+SDPA with the backend PyTorch picks on each device). ``python bench/attention_rate.py`` measures a device's rate in
+both terms, the way a figure is added here."""
 FIGURE_ATTENTION = {"pytorch": "flash2", "flash": "flash2", "zerotune": "sdpa"}
 """The attention kernel of the runs each stack's figure came from: [ibm-fsdp]'s SDPA (FlashAttention-2 on A100 and
 H100 with PyTorch 2.2), [fa2]'s own, zerotune's engine's SDPA (its own measured figures on Hopper; elsewhere it

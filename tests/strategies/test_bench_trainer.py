@@ -137,6 +137,7 @@ def test_the_gpu_scripts_parse_and_pass_only_options_their_commands_take(script)
                 "zerotune.strategies.train": [sys.executable, "-m", "zerotune.strategies.train"],
                 "bench/kernel_split.py": [sys.executable, str(ROOT / "bench" / "kernel_split.py")],
                 "bench/gemm_efficiency.py": [sys.executable, str(ROOT / "bench" / "gemm_efficiency.py")],
+                "bench/attention_rate.py": [sys.executable, str(ROOT / "bench" / "attention_rate.py")],
                 "bench/trace_phases.py": [sys.executable, str(ROOT / "bench" / "trace_phases.py")]}
     text = path.read_text().replace("\\\n", " ")  # join continued lines
     used = 0

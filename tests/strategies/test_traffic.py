@@ -229,6 +229,38 @@ def test_an_attention_kernels_rate_in_the_models_terms():
         attention_efficiency("xformers", "A100")
 
 
+def test_the_attention_bench_reports_a_kernels_rate_in_both_terms(tmp_path):
+    """``bench/attention_rate.py`` (here on CPU, fp32, small: a check that it runs, not a figure) times causal
+    SDPA's forward and backward and reports each as its kernel benchmarks count it (the causal half, the backward
+    2.5 times the forward) and both in the model's terms, the conversion ``ATTENTION_KERNELS`` figures take; a
+    width that is not a multiple of a head size is refused by name."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "attention_rate.py"
+    out = tmp_path / "attention.json"
+    proc = subprocess.run([sys.executable, str(script), "--tokens", "32,64", "--head-dims", "8,16", "--width", "32",
+                           "--peak-tflops", "0.5", "--repeats", "3", "--json-out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    kept = json.loads(out.read_text())
+    assert kept["peak_tflops"] == 0.5 and kept["backend"] == "auto" and len(kept["rows"]) == 4
+    for row in kept["rows"]:
+        flops = 4 * row["heads"] * row["tokens"] ** 2 * row["head_dim"] / 2  # one sequence, the unmasked half
+        assert row["heads"] * row["head_dim"] == 32
+        assert row["forward_tflops"] == pytest.approx(flops / row["forward_s"] / 1e12)
+        assert row["backward_tflops"] == pytest.approx(2.5 * flops / row["backward_s"] / 1e12)
+        assert row["forward_of_peak"] == pytest.approx(row["forward_tflops"] / 0.5)
+        assert row["model_terms"] == pytest.approx(causal_kernel_efficiency(row["forward_of_peak"],
+                                                                            row["backward_of_peak"]))
+    assert "median in the model's terms" in proc.stdout
+    bad = subprocess.run([sys.executable, str(script), "--width", "60", "--head-dims", "16"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--width=60: must be a multiple of every head size" in bad.stderr
+
+
 def test_the_v100_megatron_figure_is_one_gpu_running_bert_large():
     """The V100's Megatron-class efficiency is DeepSpeed's BERT-Large on one V100 (52 sequences of 512 per
     second): this model's FLOP count of it is the blog's 53 TFLOPS, and the compute efficiency the profile
