@@ -11,8 +11,7 @@ bytes over a fraction of the datasheet HBM bandwidth (``STREAM_FRACTION`` where 
 measured). This script measures both parts on the device in hand, for the engine's own model
 (``strategies.model``) run eagerly; the Hopper figures of ``strategies/costmodel/hardware.py``
 (``H200_ENGINE_EFFICIENCY``, ``H200_ENGINE_ATTENTION``, ``H200_EAGER_MEMORY_FRACTION``, and the H100's) are its
-medians on one H200
-(``bench/data/h200-kernels``) and one H100 (``bench/data/h100-kernels``):
+medians on one H200 (``bench/data/h200-kernels``) and one H100 (``bench/data/h100-kernels``):
 
 1. **Kernel classes.** One forward and backward per iteration under ``torch.profiler`` (host and
    device); each kernel's time goes to the ATen operator that launched it, and the operators are
@@ -20,7 +19,7 @@ medians on one H200
    scaled-dot-product attention's forward and backward (attention), everything else (memory-bound).
    Printed per micro-batch: the measured milliseconds of each class, the model's charge for the
    memory-bound class (``traffic`` bytes at ``STREAM_FRACTION`` × HBM) and the bandwidth those kernels
-   reached, and the rate the matmuls reached as a fraction of peak.
+   reached, and the rates the matmuls and the attention reached as fractions of peak.
 2. **Streaming rate.** Three memory-bound kernels on large tensors, each's bytes over its time as a
    fraction of the datasheet bandwidth: an element-wise add (reads two, writes one), a LayerNorm
    forward, and torch's fused AdamW step (``ADAMW_BYTES_PER_ELEM`` bytes per fp32 element) — the

@@ -15,8 +15,9 @@ A table's ``stack`` names the software its figures ran on (``pytorch``: eager Py
 ``megatron``: Megatron-DeepSpeed-class fused kernels; ``flash``: fused kernels with FlashAttention-2),
 which picks the device's efficiency (``hardware.STACKS``). Its ``attention`` names the attention kernel the runs
 used where it has a published rate of its own (``hardware.ATTENTION_KERNELS``: ``flash2`` for FlashAttention-2 and
-SDPA's flash backend, the ``flash`` stack's default; ``triton``); the default, ``matmul``, charges attention at the
-stack's compute rate, as an unfused attention's batched matmuls run. A table
+SDPA's flash backend; ``triton``); the default is the stack's own (``hardware.STACK_ATTENTION``: ``flash2`` for
+the ``flash`` stack, else ``matmul``, attention at the stack's compute rate, as an unfused attention's batched
+matmuls run), and a preset cluster keeps its own unless the table names one. A table
 with ``role = "calibration"`` is where a profile constant comes from, and one with ``role = "reference"``
 measured what the model does not express (tensor or pipeline parallelism): both are printed, never scored.
 A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the
@@ -63,6 +64,7 @@ from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
 from zerotune.strategies.costmodel.hardware import (
     ATTENTION_KERNELS,
+    STACK_ATTENTION,
     attention_efficiency,
     device_key_of,
     profile_calibration,
@@ -110,13 +112,16 @@ class RowId(NamedTuple):
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer_reduce: str, gathers: str,
                   runner: str, copies: bool = False, weight_sync: str = "gather",
-                  attention: str = "matmul") -> tuple[ClusterSpec, Calibration]:
-    """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``)."""
+                  attention: str | None = None) -> tuple[ClusterSpec, Calibration]:
+    """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``);
+    ``attention``: the runs' attention kernel, None for the stack's (the preset's) own."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
-        rate = attention_efficiency(attention, device_key_of(cluster.device) or "")
-        return cluster, dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync,
-                                            attention_efficiency=rate)
+        calib = dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync)
+        if attention is not None:
+            calib = dataclasses.replace(calib, attention_efficiency=attention_efficiency(
+                attention, device_key_of(cluster.device) or ""))
+        return cluster, calib
     levels_spec = tuple((lv["name"], lv["size"], lv["link"]) for lv in spec["levels"])
     links = tuple(link for _, _, link in levels_spec)
     # a source's own hardware notes: a link shared by fewer NICs than the profile's, a lower-power part, and the
@@ -155,15 +160,15 @@ class Table:
         self.gathers = self._choice("gathers", "bucket", GATHERS)
         self.runner = self._choice("runner", "zerotune", tuple(RUNNERS))
         self.weight_sync = self._choice("weight_sync", "gather", WEIGHT_SYNC)
-        # FlashAttention-2 is what makes a stack the flash stack; any other names its kernel where it has a rate
-        self.attention = self._choice("attention", "flash2" if self.stack == "flash" else "matmul",
-                                      tuple(ATTENTION_KERNELS))
+        # the kernel the table names, else its stack's own (hardware.STACK_ATTENTION)
+        self.named_attention = self.source.get("attention")
+        self.attention = self._choice("attention", STACK_ATTENTION.get(self.stack, "matmul"), tuple(ATTENTION_KERNELS))
         self.copies = self.source.get("copies", False)
         if not isinstance(self.copies, bool):
             raise ValueError(f"{path.name}: source.copies={self.copies!r}: must be true or false")
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
         self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner,
-                                          self.copies, self.weight_sync, self.attention)
+                                          self.copies, self.weight_sync, self.named_attention)
                          for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
@@ -212,7 +217,7 @@ class Table:
                 stack = fields.pop("stack")
                 cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], stack,
                                                self.rings, self.outer_reduce, self.gathers, self.runner, self.copies,
-                                               self.weight_sync, "flash2" if stack == "flash" else self.attention)
+                                               self.weight_sync, STACK_ATTENTION.get(stack, self.named_attention))
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:

@@ -396,7 +396,11 @@ PyTorch 2.2 on), ``triton`` (Triton's fused attention, and the FlashAttention po
 ``attn_impl: triton`` runs, by inference: it is built on the same tutorial kernel), ``sdpa`` (zerotune's engine:
 SDPA with the backend PyTorch picks on each device). ``python bench/attention_rate.py`` measures a device's rate in
 both terms, the way a figure is added here."""
-FIGURE_ATTENTION = {"pytorch": "flash2", "flash": "flash2", "zerotune": "sdpa"}
+STACK_ATTENTION = {"zerotune": "sdpa", "flash": "flash2"}
+"""The attention kernel a stack runs where a run names none (``profile_calibration``, a table's default): zerotune's
+engine its SDPA, a FlashAttention-2 stack FlashAttention-2; any other, ``matmul`` (eager PyTorch and Megatron-class
+stacks ran all kinds: a run names its own)."""
+FIGURE_ATTENTION = {**STACK_ATTENTION, "pytorch": "flash2"}
 """The attention kernel of the runs each stack's figure came from: [ibm-fsdp]'s SDPA (FlashAttention-2 on A100 and
 H100 with PyTorch 2.2), [fa2]'s own, zerotune's engine's SDPA (its own measured figures on Hopper; elsewhere it
 takes the ``pytorch`` figure, whose kernel SDPA is too); Megatron's 1T run and DeepSpeed's BERT ran unfused
@@ -595,9 +599,9 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     the runner that runs it. A published efficiency whose run the model expresses (``SOURCE_RUNS``) is
     re-based so that the model predicts that run's published step (``source_run_efficiency``);
     ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``). ``attention`` names the
-    run's attention kernel (``ATTENTION_KERNELS``; default: zerotune's engine's SDPA for its stack, ``matmul`` for
-    the others): where it has a rate on this device its FLOPs are charged at it, and the re-base takes the source
-    run's own kernel's time out (``FIGURE_ATTENTION``)."""
+    run's attention kernel (``ATTENTION_KERNELS``; default: the stack's own, ``STACK_ATTENTION``): where it has a
+    rate on this device its FLOPs are charged at it, and the re-base takes the source run's own kernel's time out
+    (``FIGURE_ATTENTION``)."""
     if host not in HOSTS:
         raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
     d, h = DEVICES[device], HOSTS[host]
@@ -613,8 +617,8 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                                          source.memory_fraction(stack) * source.hbm_gbps * 1e9,
                                          attention_efficiency(FIGURE_ATTENTION.get(figure, "matmul"), ran_on))
     return Calibration(name=name, compute_efficiency=efficiency,
-                       attention_efficiency=attention_efficiency(
-                           attention or ("sdpa" if stack == ENGINE_STACK else "matmul"), device),
+                       attention_efficiency=attention_efficiency(attention or STACK_ATTENTION.get(stack, "matmul"),
+                                                                 device),
                        memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
