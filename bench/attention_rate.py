@@ -11,8 +11,9 @@ a fraction of ``--peak-tflops`` (default: the device's datasheet dense 16-bit pe
 matched by name) counted as FlashAttention's and Triton's benchmarks count it (the unmasked half of the square:
 2·T²·d FLOPs per head forward, the backward 2.5 times that, its recomputation included), and the two together in
 the time model's terms (``hardware.causal_kernel_efficiency``: the whole square, the backward twice the forward),
-the figure ``hardware.ATTENTION_KERNELS`` holds per device. ``--backend`` pins SDPA's backend (``flash``,
-``cudnn``, ``efficient``, ``math``); the default lets PyTorch pick, as zerotune's engine does.
+the figure ``hardware.ATTENTION_KERNELS`` holds per device, with the forward's share of the two passes' time
+(``hardware.kernel_forward_share``: what a recomputed forward pays again). ``--backend`` pins SDPA's backend
+(``flash``, ``cudnn``, ``efficient``, ``math``); the default lets PyTorch pick, as zerotune's engine does.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     stated = f"peak {peak} TFLOPS" if peak else "peak unknown (give --peak-tflops)"
     print(f"{name}, {str(dtype).removeprefix('torch.')}, {stated}; causal SDPA, backend {args.backend}, "
           f"{args.batch} sequences of width {args.width}")
-    print(f"{'tokens':>8}{'head':>6}{'fwd ms':>9}{'bwd ms':>9}{'fwd TF':>8}{'bwd TF':>8}"
+    print(f"{'tokens':>8}{'head':>6}{'fwd ms':>9}{'bwd ms':>9}{'fwd share':>10}{'fwd TF':>8}{'bwd TF':>8}"
           f"{'fwd of pk':>10}{'bwd of pk':>10}{'model terms':>12}")
     rows = []
     for head_dim in head_dims:
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             flops = causal_flops(args.batch, heads, tokens, head_dim)
             fwd_tf, bwd_tf = flops / fwd_s / 1e12, 2.5 * flops / bwd_s / 1e12
             row: dict[str, Any] = {"tokens": tokens, "head_dim": head_dim, "heads": heads, "forward_s": fwd_s,
-                                   "backward_s": bwd_s, "forward_tflops": fwd_tf, "backward_tflops": bwd_tf}
+                                   "backward_s": bwd_s, "forward_tflops": fwd_tf, "backward_tflops": bwd_tf,
+                                   "forward_share": fwd_s / (fwd_s + bwd_s)}
             fractions = "-".rjust(10) * 3
             if peak:
                 row["forward_of_peak"], row["backward_of_peak"] = fwd_tf / peak, bwd_tf / peak
@@ -110,13 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                 fractions = (f"{row['forward_of_peak']:>10.3f}{row['backward_of_peak']:>10.3f}"
                              f"{row['model_terms']:>12.3f}")
             rows.append(row)
-            print(f"{tokens:>8}{head_dim:>6}{fwd_s * 1e3:>9.3f}{bwd_s * 1e3:>9.3f}{fwd_tf:>8.1f}{bwd_tf:>8.1f}"
-                  f"{fractions}", flush=True)
+            print(f"{tokens:>8}{head_dim:>6}{fwd_s * 1e3:>9.3f}{bwd_s * 1e3:>9.3f}{row['forward_share']:>10.3f}"
+                  f"{fwd_tf:>8.1f}{bwd_tf:>8.1f}{fractions}", flush=True)
             if cuda:
                 torch.cuda.empty_cache()
     if peak and rows:
-        print(f"median in the model's terms: {statistics.median(r['model_terms'] for r in rows):.3f} of peak "
-              "(hardware.ATTENTION_KERNELS holds this per device and kernel)")
+        print(f"median in the model's terms: {statistics.median(r['model_terms'] for r in rows):.3f} of peak, "
+              f"the forward {statistics.median(r['forward_share'] for r in rows):.3f} of the kernel's time "
+              "(hardware.ATTENTION_KERNELS holds both per device and kernel)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"device": name, "dtype": str(dtype), "peak_tflops": peak,
                                                    "backend": args.backend, "batch": args.batch,

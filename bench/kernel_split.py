@@ -19,7 +19,8 @@ medians on one H200 (``bench/data/h200-kernels``) and one H100 (``bench/data/h10
    scaled-dot-product attention's forward and backward (attention), everything else (memory-bound).
    Printed per micro-batch: the measured milliseconds of each class, the model's charge for the
    memory-bound class (``traffic`` bytes at ``STREAM_FRACTION`` × HBM) and the bandwidth those kernels
-   reached, and the rates the matmuls and the attention reached as fractions of peak.
+   reached, the rates the matmuls and the attention reached as fractions of peak, and the attention forward's
+   share of the attention's time (``Calibration.attention_forward_share``).
 2. **Streaming rate.** Three memory-bound kernels on large tensors, each's bytes over its time as a
    fraction of the datasheet bandwidth: an element-wise add (reads two, writes one), a LayerNorm
    forward, and torch's fused AdamW step (``ADAMW_BYTES_PER_ELEM`` bytes per fp32 element) — the
@@ -132,8 +133,10 @@ def split_step(model: Any, spec: ModelSpec, batch: int, iters: int, warmup: int,
     for p in model.parameters():
         p.grad = None
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:12]
+    attention_forward_us = sum(v for k, v in by_op.items() if op_class(k) == "attention" and "backward" not in k)
     return {"batch": batch, "tokens": batch * spec.seq_len, "wall_ms": 1e3 * statistics.median(walls),
             **{f"{k}_ms": v / 1e3 / iters for k, v in by_class.items()},
+            "attention_forward_ms": attention_forward_us / 1e3 / iters,
             "kernels_ms": kernels_us / 1e3 / iters,
             "top_ops": [{"op": k, "class": op_class(k), "ms": v / 1e3 / iters} for k, v in top]}
 
@@ -212,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     unit = "device" if cuda else "operator CPU"
     print(f"\nper forward + backward ({unit} ms; memory charged: traffic bytes at STREAM's {STREAM_FRACTION} x HBM)")
     print(f"{'batch':>5} {'tokens':>7} {'wall':>8} {'kernels':>8} {'matmul':>8} {'attn':>7} {'memory':>8} "
-          f"{'charged':>8} {'meas/chg':>8} {'mem GB':>7} {'HBM frac':>8} {'mm frac':>7} {'attn frac':>9}")
+          f"{'charged':>8} {'meas/chg':>8} {'mem GB':>7} {'HBM frac':>8} {'mm frac':>7} {'attn frac':>9} "
+          f"{'attn fwd':>8}")
     for r in rows:
         chg = r.get("memory_charged_ms")
         fmt = (lambda v, w, p=3: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}")  # noqa: E731
@@ -220,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['attention_ms']:>7.2f} {r['memory_ms']:>8.2f} {fmt(chg, 8, 2)} "
               f"{fmt(r['memory_ms'] / chg if chg else None, 8, 2)} {r['memory_bytes'] / 1e9:>7.2f} "
               f"{fmt(r.get('memory_reached'), 8)} {fmt(r.get('matmul_reached'), 7)} "
-              f"{fmt(r.get('attention_reached'), 9)}")
+              f"{fmt(r.get('attention_reached'), 9)} "
+              f"{fmt(r['attention_forward_ms'] / r['attention_ms'] if r['attention_ms'] else None, 8)}")
     last = rows[-1]
     print(f"\nlargest operators at micro-batch {last['batch']} (ms per pass):")
     for o in last["top_ops"]:

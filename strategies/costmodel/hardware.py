@@ -219,6 +219,13 @@ H100_ENGINE_EFFICIENCY = 0.76
 H100_ENGINE_ATTENTION = 0.58
 """The engine's cuDNN attention on the same H100 runs: 0.48-0.62, median 0.58 (FlashAttention-2's 35% of an H100's
 peak [fa3] is 0.60 in these terms)."""
+H200_ENGINE_ATTENTION_FORWARD = 0.24
+"""The share of the engine's attention time (cuDNN's forward and backward kernels, the same H200 runs) its forward
+takes: 0.237-0.246, median 0.24, where the model's FLOP count alone would give a third (the backward recomputes the
+scores and runs at a lower rate). A recomputed forward pays this share again
+(``Calibration.attention_forward_share``)."""
+H100_ENGINE_ATTENTION_FORWARD = 0.24
+"""The same on the H100 runs: 0.232-0.239, median 0.24."""
 QUANT_BYTES_PER_ELEM = 3.0
 """Block quantization reads a 16-bit element and writes one 8-bit code (dequantization the reverse):
 ~3 bytes of HBM traffic per element; the fp32 scale per 2048-element block is negligible."""
@@ -344,6 +351,14 @@ def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_byt
     return (flops_s - attention_s) / (flops_s / mfu - kernels - attention_s / attention_efficiency)
 
 
+def kernel_forward_share(forward: float, backward: float) -> float:
+    """The share of a causal attention kernel's forward-and-backward time its forward takes, from its passes'
+    fractions of peak as its benchmarks count them (``causal_kernel_efficiency``'s terms): 0.5/f over
+    0.5/f + 1.25/b. The FLOPs alone would give a third; a kernel whose backward does 2.5 times its forward's work
+    (the scores recomputed) at the same rate gives 2/7, and one whose backward is also slower, less."""
+    return (0.5 / forward) / (0.5 / forward + 1.25 / backward)
+
+
 def causal_kernel_efficiency(forward: float, backward: float) -> float:
     """A causal attention kernel's rate on the attention's FLOPs as the model counts them
     (``traffic.attention_flops``: the whole T x T square, the backward twice the forward), from its forward's
@@ -361,10 +376,22 @@ class AttentionKernel:
     rates: dict[str, float]
     """By key in ``DEVICES``."""
     source: str
+    forward_shares: dict[str, float]
+    """The share of its time its forward takes on each device of ``rates`` (``kernel_forward_share``): what a
+    recomputed forward pays again."""
+
+    def __post_init__(self) -> None:
+        if set(self.forward_shares) != set(self.rates):
+            raise ValueError(f"AttentionKernel: forward_shares for {sorted(self.forward_shares)}, rates for "
+                             f"{sorted(self.rates)}: must name the same devices")
 
     def efficiency(self, device: str) -> float:
         """Its rate on ``device``; 0 where it was not measured there (charged at the compute rate)."""
         return self.rates.get(device, 0.0)
+
+    def forward_share(self, device: str) -> float:
+        """Its forward's share of its time on ``device``; 0 where it has no rate there (the FLOPs' third)."""
+        return self.forward_shares.get(device, 0.0)
 
 
 FA2_A100 = causal_kernel_efficiency((0.50 + 0.73) / 2, (0.50 + 0.73) / 2)
@@ -377,17 +404,26 @@ TRITON_A100 = causal_kernel_efficiency(0.37, 0.25)
 """[triton-perf]: Triton's causal fused attention on A100, forward 0.37 and backward 0.25: 0.47 of peak in the
 model's terms, 0.45 of ``FA2_A100`` (measured on a CI machine whose 8k matmuls ran at 0.77 of peak, where Triton's
 file notes 'about 90%' elsewhere: a kernel on a faster A100 may reach more)."""
+FA2_FORWARD = kernel_forward_share(0.5, 0.5)
+"""FlashAttention-2's forward share, its passes at the same fraction of peak ([fa2-kernel] and [fa3] give one figure
+for both): 2/7, its backward doing 2.5 times the forward's FLOPs."""
+TRITON_A100_FORWARD = kernel_forward_share(0.37, 0.25)
+"""Triton's on A100 ([triton-perf]'s two passes): 0.21."""
 ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
     "matmul": None,
     "flash2": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": FA2_H100, "H200": FA2_H100},
                               "[fa2-kernel] on A100 (both A100 parts: the same SMs and clocks), [fa3] on H100 (and "
-                              "the H200: the same SMs and peak; attention's FLOPs do not wait on HBM)"),
-    "triton": AttentionKernel({"A100": TRITON_A100, "A100-40GB": TRITON_A100}, "[triton-perf]"),
+                              "the H200: the same SMs and peak; attention's FLOPs do not wait on HBM)",
+                              dict.fromkeys(("A100", "A100-40GB", "H100", "H200"), FA2_FORWARD)),
+    "triton": AttentionKernel({"A100": TRITON_A100, "A100-40GB": TRITON_A100}, "[triton-perf]",
+                              dict.fromkeys(("A100", "A100-40GB"), TRITON_A100_FORWARD)),
     "sdpa": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": H100_ENGINE_ATTENTION,
                              "H200": H200_ENGINE_ATTENTION},
                             "PyTorch's scaled_dot_product_attention as zerotune's engine calls it: cuDNN's attention "
                             "on Hopper, measured (H100_ENGINE_ATTENTION, H200_ENGINE_ATTENTION); FlashAttention-2 on "
-                            "A100, where SDPA has no cuDNN backend by default ([fa2-kernel])"),
+                            "A100, where SDPA has no cuDNN backend by default ([fa2-kernel])",
+                            {"A100": FA2_FORWARD, "A100-40GB": FA2_FORWARD, "H100": H100_ENGINE_ATTENTION_FORWARD,
+                             "H200": H200_ENGINE_ATTENTION_FORWARD}),
 }
 """The attention a run's kernels compute, by name (a table's ``attention``, ``profile_calibration``'s): ``matmul``
 (charged at the stack's compute rate, as an unfused attention's batched matmuls, and a kernel without a published
@@ -407,12 +443,22 @@ takes the ``pytorch`` figure, whose kernel SDPA is too); Megatron's 1T run and D
 attention."""
 
 
-def attention_efficiency(kernel: str, device: str) -> float:
-    """``ATTENTION_KERNELS[kernel]``'s rate on ``device`` in the model's terms; 0: charged at the compute rate."""
+def _kernel(kernel: str) -> AttentionKernel | None:
     if kernel not in ATTENTION_KERNELS:
         raise ValueError(f"attention={kernel!r}: must be one of {list(ATTENTION_KERNELS)}")
-    found = ATTENTION_KERNELS[kernel]
+    return ATTENTION_KERNELS[kernel]
+
+
+def attention_efficiency(kernel: str, device: str) -> float:
+    """``ATTENTION_KERNELS[kernel]``'s rate on ``device`` in the model's terms; 0: charged at the compute rate."""
+    found = _kernel(kernel)
     return found.efficiency(device) if found else 0.0
+
+
+def attention_forward_share(kernel: str, device: str) -> float:
+    """``ATTENTION_KERNELS[kernel]``'s forward's share of its time on ``device``; 0: the FLOPs' third."""
+    found = _kernel(kernel)
+    return found.forward_share(device) if found else 0.0
 
 
 NVLINK_EFFICIENCY = 370 / 450
@@ -616,9 +662,10 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
             efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
                                          source.memory_fraction(stack) * source.hbm_gbps * 1e9,
                                          attention_efficiency(FIGURE_ATTENTION.get(figure, "matmul"), ran_on))
+    kernel = attention or STACK_ATTENTION.get(stack, "matmul")
     return Calibration(name=name, compute_efficiency=efficiency,
-                       attention_efficiency=attention_efficiency(attention or STACK_ATTENTION.get(stack, "matmul"),
-                                                                 device),
+                       attention_efficiency=attention_efficiency(kernel, device),
+                       attention_forward_share=attention_forward_share(kernel, device),
                        memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,

@@ -64,6 +64,11 @@ class Calibration:
     kernel has its own published rate on this device (``hardware.ATTENTION_KERNELS``); 0 = at
     ``compute_efficiency``, as an unfused attention's batched matmuls run (and fitted calibrations, which
     measured both together)."""
+    attention_forward_share: float = 0.0
+    """The share of the attention kernel's forward-and-backward time its forward takes (``hardware.ATTENTION_KERNELS``:
+    a fused kernel's backward recomputes the scores and runs slower, so its forward takes less than the third its
+    FLOPs give): what a recomputed forward pays again, and how the kernel's time splits between the passes. 0 = the
+    FLOPs' third (no kernel rate, fitted and nominal calibrations)."""
     bandwidth_efficiency: tuple[float, ...] = ()
     """Achieved fraction of each level's bandwidth, innermost first; empty = ``NOMINAL_LINK_EFFICIENCY`` for every
     level."""

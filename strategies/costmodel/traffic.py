@@ -133,19 +133,24 @@ class PassSeconds:
 
 
 def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
-                 recompute: bool = False, attention_flops_per_s: float = 0.0) -> PassSeconds:
+                 recompute: bool = False, attention_flops_per_s: float = 0.0,
+                 attention_forward_share: float = 0.0) -> PassSeconds:
     """Seconds per token of a block's and the head's forward and backward: FLOPs (``block_flops``,
     ``head_flops``; the backward twice the forward) at ``flops_per_s``, the attention's part of them
     (``attention_flops``) at ``attention_flops_per_s`` where its kernel has its own rate (0: at
-    ``flops_per_s``), bytes (``traffic``) at ``bytes_per_s`` (0: not charged), and with ``recompute``
-    the backward rerunning the forward."""
+    ``flops_per_s``), its forward taking ``attention_forward_share`` of that kernel's forward-and-backward
+    time (0: a third, as its FLOPs), bytes (``traffic``) at ``bytes_per_s`` (0: not charged), and with
+    ``recompute`` the backward rerunning the forward."""
     t, per_byte = traffic(model, elem_bytes), (1 / bytes_per_s if bytes_per_s else 0.0)
     attention = attention_flops(model)
-    block = (block_flops(model) - attention) / flops_per_s + attention / (attention_flops_per_s or flops_per_s)
+    matmuls = (block_flops(model) - attention) / flops_per_s
+    kernel = 3 * attention / (attention_flops_per_s or flops_per_s)  # the attention's forward and backward
+    share = attention_forward_share if attention_flops_per_s and attention_forward_share else 1 / 3
+    block = matmuls + share * kernel
     head, redo = head_flops(model) / flops_per_s, int(recompute)
     mem_fwd, mem_bwd = t.block_fwd * per_byte, (t.block_bwd + redo * t.block_fwd) * per_byte
     head_mem_fwd, head_mem_bwd = t.root_fwd * per_byte, t.root_bwd * per_byte
-    return PassSeconds(block_fwd=block + mem_fwd, block_bwd=(2 + redo) * block + mem_bwd,
+    return PassSeconds(block_fwd=block + mem_fwd, block_bwd=2 * matmuls + (1 - share) * kernel + redo * block + mem_bwd,
                        head_fwd=head + head_mem_fwd, head_bwd=2 * head + head_mem_bwd,
                        block_memory=mem_fwd + mem_bwd, head_memory=head_mem_fwd + head_mem_bwd)
 

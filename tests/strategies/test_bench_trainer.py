@@ -242,6 +242,7 @@ def test_the_kernel_split_bench_classes_a_passes_operators_and_charges_the_traff
     for p in kept["passes"]:
         assert p["tokens"] == p["batch"] * spec.seq_len and p["memory_bytes"] == p["tokens"] * per_token
         assert p["matmul_ms"] > 0 and p["attention_ms"] > 0 and p["memory_ms"] > 0
+        assert 0 < p["attention_forward_ms"] < p["attention_ms"]  # the attention's forward operators, of both passes
         assert p["memory_charged_ms"] == pytest.approx(1e3 * p["memory_bytes"] / (0.85 * 50e9))
         assert p["matmul_reached"] == pytest.approx(p["matmul_flops"] / (p["matmul_ms"] / 1e3) / 1e12)
         classes = {o["op"]: o["class"] for o in p["top_ops"]}

@@ -775,12 +775,16 @@ def test_one_sequence_micro_steps_wait_for_the_host_as_every_kept_gpu_sweep_meas
                        calibration=dataclasses.replace(profile, host_s_per_layer=0.0))
         free_errors.append(free["step_time_s"] / run["step_time_s"] - 1)
         assert free["step_time_s"] < run["step_time_s"], path
-        # the model now ranks the sweep's micro-batches as measured: one sequence the slowest
+        # the model now ranks the sweep's micro-batches as measured: one sequence the slowest. At two the
+        # forward (its attention at the kernel's forward share) is about as long as the host's third of the
+        # floor: a wait of at most 1% of the step (the sweeps ran two sequences 7-13% slower than four)
         for mbs in (2, 4, 8):
             other = predict(model, cluster, dataclasses.replace(s, micro_batch_size=mbs), elem_bytes=2,
                             global_batch=run["global_batch"], calibration=profile)
-            assert other["step_time_s"] < p["step_time_s"] / 1.15 and other["breakdown"]["host_wait_s"] == 0
-            assert free["step_time_s"] == pytest.approx(other["step_time_s"], rel=1e-9)
+            assert other["step_time_s"] < p["step_time_s"] / 1.15
+            wait = other["breakdown"]["host_wait_s"]
+            assert wait == 0 if mbs > 2 else 0 <= wait <= 0.01 * other["step_time_s"]
+            assert free["step_time_s"] == pytest.approx(other["step_time_s"] - wait, rel=1e-9)
     assert max(abs(e) for e in errors) <= 0.20 and statistics.median(abs(e) for e in errors) <= 0.07, errors
     assert statistics.median(free_errors) < -0.10, free_errors
 

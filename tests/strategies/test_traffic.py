@@ -15,13 +15,16 @@ from torch.utils._pytree import tree_flatten
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.hardware import (
+    ATTENTION_KERNELS,
     BERT_LARGE_512,
     DEVICES,
     IBM_FSDP_7B,
     V100_BERT_SAMPLES_PER_S,
     AttentionKernel,
     attention_efficiency,
+    attention_forward_share,
     causal_kernel_efficiency,
+    kernel_forward_share,
     profile_calibration,
 )
 from zerotune.strategies.costmodel.memory import activation_memory
@@ -210,6 +213,37 @@ def test_a_fused_attention_kernel_is_charged_its_own_rate_on_its_share_of_the_fl
     assert plain.step(model.layers) - split.step(model.layers) == pytest.approx(saved, rel=1e-9)
 
 
+
+def test_a_recomputed_forward_pays_the_attention_kernels_forward_share_again():
+    """A fused kernel's backward recomputes the scores and runs slower than its forward, so its forward takes
+    less than the third of its time its FLOPs give (``Calibration.attention_forward_share``): the forward and
+    backward together still take the kernel's whole time (an uncheckpointed step is unchanged), the forward that
+    share of it, and a recomputed forward pays that share again, not a third. Without a kernel rate the share is
+    the FLOPs' third whatever is given; a share of 0 is a third."""
+    model, peak = parse_model("llama3-8b"), 989e12
+    matmul, attention, share = 0.5 * peak, 0.6 * peak, 0.24
+    a = attention_flops(model)
+    kernel = 3 * a / attention
+    thirds = pass_seconds(model, 2, matmul, 0.0, attention_flops_per_s=attention)
+    split = pass_seconds(model, 2, matmul, 0.0, attention_flops_per_s=attention, attention_forward_share=share)
+    assert split.block_fwd + split.block_bwd == pytest.approx(thirds.block_fwd + thirds.block_bwd, rel=1e-12)
+    assert split.step(model.layers) == pytest.approx(thirds.step(model.layers), rel=1e-12)
+    matmuls = (block_flops(model) - a) / matmul
+    assert split.block_fwd == pytest.approx(matmuls + share * kernel, rel=1e-12)
+    assert split.block_bwd == pytest.approx(2 * matmuls + (1 - share) * kernel, rel=1e-12)
+    redo = pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=attention,
+                        attention_forward_share=share)
+    assert redo.block_bwd - split.block_bwd == pytest.approx(split.block_fwd, rel=1e-12)
+    redo_thirds = pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=attention)
+    assert redo.block_bwd == pytest.approx(redo_thirds.block_bwd, rel=1e-12)  # backward + forward: the whole kernel
+    saved = model.layers * (1 / 3 - share) * kernel  # the recomputed forward's attention, a step's
+    assert redo_thirds.step(model.layers) - redo.step(model.layers) == pytest.approx(saved, rel=1e-9)
+    assert pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_forward_share=share) == pass_seconds(
+        model, 2, matmul, 0.0, recompute=True)  # no kernel rate: the attention's FLOPs at the compute rate
+    assert pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=attention,
+                        attention_forward_share=0.0) == redo_thirds
+
+
 def test_an_attention_kernels_rate_in_the_models_terms():
     """A causal kernel's benchmark counts the unmasked half of the square, its backward 2.5 times its forward;
     the model counts the whole square and a backward twice the forward: 3 model-FLOPs take 0.5/f + 1.25/b of
@@ -217,8 +251,19 @@ def test_an_attention_kernels_rate_in_the_models_terms():
     not measured on is charged at the compute rate (0); an unknown kernel is refused by name."""
     assert causal_kernel_efficiency(0.4, 0.4) == pytest.approx(0.4 * 12 / 7)
     assert causal_kernel_efficiency(0.37, 0.25) == pytest.approx(3 / (0.5 / 0.37 + 1.25 / 0.25))
-    kernel = AttentionKernel({"A100": 0.5}, "test")
+    kernel = AttentionKernel({"A100": 0.5}, "test", {"A100": 0.25})
     assert kernel.efficiency("A100") == 0.5 and kernel.efficiency("V100") == 0.0
+    assert kernel.forward_share("A100") == 0.25 and kernel.forward_share("V100") == 0.0
+    with pytest.raises(ValueError, match=r"forward_shares for \['H100'\], rates for \['A100'\]"):
+        AttentionKernel({"A100": 0.5}, "test", {"H100": 0.25})
+    # its forward's share of its time: 0.5/f of 0.5/f + 1.25/b; one rate both ways gives 2/7, a slower backward less
+    assert kernel_forward_share(0.4, 0.4) == pytest.approx(2 / 7)
+    assert kernel_forward_share(0.37, 0.25) == pytest.approx((0.5 / 0.37) / (0.5 / 0.37 + 1.25 / 0.25))
+    assert attention_forward_share("triton", "A100") == kernel_forward_share(0.37, 0.25) < 2 / 7
+    assert attention_forward_share("flash2", "H100") == pytest.approx(2 / 7)
+    assert attention_forward_share("matmul", "A100") == attention_forward_share("triton", "H100") == 0.0
+    for name, found in ATTENTION_KERNELS.items():  # every rate has its share
+        assert found is None or set(found.rates) == set(found.forward_shares), name
     assert attention_efficiency("matmul", "A100") == 0.0
     assert attention_efficiency("flash2", "A100") > attention_efficiency("flash2", "H100") > 0  # 0.615 vs 0.35
     assert attention_efficiency("flash2", "A100-40GB") == attention_efficiency("flash2", "A100")
@@ -255,6 +300,9 @@ def test_the_attention_bench_reports_a_kernels_rate_in_both_terms(tmp_path):
         assert row["forward_of_peak"] == pytest.approx(row["forward_tflops"] / 0.5)
         assert row["model_terms"] == pytest.approx(causal_kernel_efficiency(row["forward_of_peak"],
                                                                             row["backward_of_peak"]))
+        assert row["forward_share"] == pytest.approx(row["forward_s"] / (row["forward_s"] + row["backward_s"]))
+        assert row["forward_share"] == pytest.approx(kernel_forward_share(row["forward_of_peak"],
+                                                                          row["backward_of_peak"]))
     assert "median in the model's terms" in proc.stdout
     bad = subprocess.run([sys.executable, str(script), "--width", "60", "--head-dims", "16"],
                          capture_output=True, text=True, timeout=60)
@@ -282,7 +330,7 @@ def test_the_v100_megatron_figure_is_one_gpu_running_bert_large():
 
 def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     """Activation checkpointing reruns each block's forward in the backward: its FLOPs and its
-    memory-bound bytes once more, nothing else."""
+    memory-bound bytes once more (the attention kernel's forward, its share of the kernel's time), nothing else."""
     cluster = parse_cluster("dgx-a100:1")
     calib = calibration_for(cluster)
     model = parse_model("gpt-1.3b")
@@ -293,8 +341,9 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     tokens = plain.micro_batch_size * model.seq_len
     peak, a = cluster.peak_tflops * 1e12, attention_flops(model)
     assert calib.attention_efficiency > 0  # the engine's SDPA (FlashAttention-2 on an A100) at its own rate
+    assert calib.attention_forward_share == pytest.approx(2 / 7)  # FlashAttention-2's: both passes at one rate
     forward = model.layers * tokens * ((block_flops(model) - a) / (peak * calib.compute_efficiency)
-                                       + a / (peak * calib.attention_efficiency)
+                                       + calib.attention_forward_share * 3 * a / (peak * calib.attention_efficiency)
                                        + traffic(model, 2).block_fwd / calib.memory_bytes_per_s)
     assert extra == pytest.approx(forward, rel=1e-9)
     # the breakdown names the memory-bound part of compute: the bytes of every pass at the HBM rate
@@ -341,6 +390,16 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
         memory.append(p["memory_bytes"] / (p["memory_ms"] / 1e3) / hbm)
     engine = getattr(hardware, f"{part.upper()}_ENGINE_EFFICIENCY")
     own_attention = getattr(hardware, f"{part.upper()}_ENGINE_ATTENTION")
+    # the forward's share of the attention kernels' time: the forward operators' over both passes'
+    shares = []
+    for p in passes:
+        ops = [o for o in p["top_ops"] if o["class"] == "attention"]
+        forward = sum(o["ms"] for o in ops if "backward" not in o["op"])
+        assert {o["op"] for o in ops} >= {"aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward"}
+        assert sum(o["ms"] for o in ops) == pytest.approx(p["attention_ms"], rel=0.01)  # the top operators hold it
+        shares.append(forward / p["attention_ms"])
+    forward_share = getattr(hardware, f"{part.upper()}_ENGINE_ATTENTION_FORWARD")
+    assert forward_share == round(statistics.median(shares), 2) == attention_forward_share("sdpa", part.upper())
     eager = getattr(hardware, f"{part.upper()}_EAGER_MEMORY_FRACTION")
     assert engine == round(statistics.median(matmul), 2) == device.efficiency("zerotune")
     assert own_attention == round(statistics.median(attention), 2) == attention_efficiency("sdpa", part.upper())
@@ -351,6 +410,7 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
         assert charged / ((p["matmul_flops"] + p["attention_flops"]) / measured) == pytest.approx(1, abs=0.06)
     preset = calibration_for(parse_cluster(f"dgx-{part}:1"))
     assert (preset.compute_efficiency, preset.attention_efficiency) == (engine, own_attention)
+    assert preset.attention_forward_share == forward_share
     add = next(s for s in kept["streaming"] if s["kernel"].startswith("add"))
     assert abs(add["fraction"] - STREAM_FRACTION) <= 0.1
     assert max(memory) < 0.85 * add["fraction"]
