@@ -10,8 +10,10 @@ Three rates per (model, cluster):
 - search: every strategy of the tuner's search space (``tuner.space.Space``, enumerated before the
   clock starts) predicted once each, in the space's order, as an exhaustive search on the cost model
   ranks them: plans, schedules and collective costs are built as they are first met;
-- unseen: every call a bucket layout not seen before (bucket sizes drawn from 1 to 4,096 MB, not the
-  space's five), so each call builds its own plan and schedule: the worst case.
+- unseen: every call bucket sizes not seen before (drawn from 1 to 4,093 MB, not the space's five; the pairs
+  repeat only after 4,093 x 4,091 calls): each call cuts its bucket plan anew, and a schedule is built for
+  each cut not met before (sizes that put the same blocks in each bucket and each reduce group move the
+  same bytes and share one). The output gives the calls and the schedules they built.
 The caches are cleared before each measure (``costmodel.clear_caches``). The figures are this
 machine's; nothing is asserted about them.
 """
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
-from zerotune.strategies.costmodel import clear_caches, predict  # noqa: E402
+from zerotune.strategies.costmodel import clear_caches, predict, schedule  # noqa: E402
 from zerotune.strategies.spec import Strategy  # noqa: E402
 from zerotune.tuner.space import Space  # noqa: E402
 
@@ -68,16 +70,17 @@ def measure(model_name: str, cluster_name: str, seconds: float, limit: int = SEA
     def unseen() -> Iterator[Strategy]:
         for i in itertools.count():
             yield build_strategy(presets[i % len(presets)], cluster, micro_batch_size=1, activation_checkpointing=True,
-                                 allgather_bucket_mb=1 + (i * 37) % 4096, reduce_bucket_mb=1 + (i * 101) % 4096)
+                                 allgather_bucket_mb=1 + (i * 37) % 4093, reduce_bucket_mb=1 + (i * 101) % 4091)
 
     warm_rate, warm_n = _rate(calls(itertools.cycle(warm_strategies)), seconds)
     search_rate, search_n = _rate(calls(space), seconds)
     unseen_strategies = list(itertools.islice(unseen(), max(64, int(seconds * 20_000))))
     unseen_rate, unseen_n = _rate(calls(unseen_strategies), seconds)
+    built = schedule._build.cache_info().currsize  # schedules the unseen calls built: their distinct cuts
     return {"model": model_name, "cluster": cluster_name, "warm_strategies": presets,
             "warm_per_s": round(warm_rate), "warm_calls": warm_n, "search_per_s": round(search_rate),
             "search_calls": search_n, "space_size": len(space), "unseen_per_s": round(unseen_rate),
-            "unseen_calls": unseen_n}
+            "unseen_calls": unseen_n, "unseen_schedules": built}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,10 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
-    print(f"{'model':14} {'cluster':12} {'warm /s':>9} {'search /s':>10} {'unseen /s':>10}  space  warm strategies")
+    print(f"{'model':14} {'cluster':12} {'warm /s':>9} {'search /s':>10} {'unseen /s':>10} {'(calls, schedules)':>19}"
+          f"  space  warm strategies")
     for r in results:
+        seen = f"({r['unseen_calls']:,}, {r['unseen_schedules']:,})"
         print(f"{r['model']:14} {r['cluster']:12} {r['warm_per_s']:>9,} {r['search_per_s']:>10,} "
-              f"{r['unseen_per_s']:>10,}  {r['space_size']:,}  {', '.join(r['warm_strategies'])}")
+              f"{r['unseen_per_s']:>10,} {seen:>19}  {r['space_size']:,}  {', '.join(r['warm_strategies'])}")
     return 0
 
 

@@ -130,11 +130,22 @@ def _buckets(spec: ModelSpec, world_size: int, k: int) -> tuple[tuple[Bucket, ..
     return tuple(buckets), tuple(b.padded for b in buckets), tuple(len(b.units) for b in buckets[1:])
 
 
-def plan_buckets(spec: ModelSpec, world_size: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> Plan:
-    """The bucket plan of ``spec`` for ``world_size`` ranks (see the module docstring). Bucket sizes that hold the
-    same number of blocks share their buckets (memoized): only the reduce groups are cut for each call."""
-    buckets, padded, blocks = _buckets(spec, world_size, blocks_per_bucket(block_numel(spec), allgather_bucket_mb))
+def padded_buckets(spec: ModelSpec, world_size: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The padded lengths of the buckets of ``k`` blocks (root first) and the blocks in each block bucket."""
+    _, padded, blocks = _buckets(spec, world_size, k)
+    return padded, blocks
 
+
+def bucket_layout(spec: ModelSpec, world_size: int, allgather_bucket_mb: float) -> tuple[int, tuple[int, ...]]:
+    """The blocks a bucket holds at ``allgather_bucket_mb`` and the buckets' padded lengths, root first: all that
+    the all-gather bucket size decides (bucket sizes that hold the same number of blocks share it, memoized)."""
+    k = blocks_per_bucket(block_numel(spec), allgather_bucket_mb)
+    return k, _buckets(spec, world_size, k)[1]
+
+
+def cut_reduce_groups(padded: tuple[int, ...], reduce_bucket_mb: float) -> tuple[tuple[int, ...], ...]:
+    """The reduce groups of buckets of ``padded`` lengths (root first): from the last block bucket back, as many
+    whole buckets as fit ``reduce_bucket_mb`` (at least one), then the root alone."""
     reduce_cap = reduce_bucket_mb * 1e6 / BYTES_PER_16BIT
     groups: list[tuple[int, ...]] = []
     group: list[int] = []
@@ -147,4 +158,11 @@ def plan_buckets(spec: ModelSpec, world_size: int, allgather_bucket_mb: float, r
         size += padded[i]
     groups.append(tuple(group))
     groups.append((0,))
-    return Plan(buckets, tuple(groups), padded, blocks)
+    return tuple(groups)
+
+
+def plan_buckets(spec: ModelSpec, world_size: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> Plan:
+    """The bucket plan of ``spec`` for ``world_size`` ranks (see the module docstring). Bucket sizes that hold the
+    same number of blocks share their buckets (memoized): only the reduce groups are cut for each call."""
+    buckets, padded, blocks = _buckets(spec, world_size, blocks_per_bucket(block_numel(spec), allgather_bucket_mb))
+    return Plan(buckets, cut_reduce_groups(padded, reduce_bucket_mb), padded, blocks)

@@ -120,6 +120,9 @@ class ClusterSpec:
         names = [lv.name for lv in levels]
         if len(set(names)) != len(names):
             raise SpecError("cluster.levels", names, "level names must be unique")
+        sizes = tuple(lv.size for lv in levels)  # read on every prediction: computed once (not fields)
+        object.__setattr__(self, "_sizes", sizes)
+        object.__setattr__(self, "_world_size", math.prod(sizes))
         _check_pos("cluster.device_memory_gib", self.device_memory_gib)
         _check_pos("cluster.peak_tflops", self.peak_tflops)
         below = 1
@@ -137,11 +140,11 @@ class ClusterSpec:
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        return tuple(lv.size for lv in self.levels)
+        return self._sizes  # type: ignore[attr-defined]
 
     @property
     def world_size(self) -> int:
-        return math.prod(self.sizes)
+        return self._world_size  # type: ignore[attr-defined]
 
     @property
     def node_span(self) -> int:

@@ -45,6 +45,7 @@ def clear_caches() -> None:
     schedule.clear()
     timing.clear()
     traffic.traffic.cache_clear()
+    traffic.pass_seconds.cache_clear()
     _runs_of.cache_clear()
 
 

@@ -25,7 +25,7 @@ import math
 from collections import Counter
 from typing import NamedTuple
 
-from zerotune.strategies.plan import plan_buckets
+from zerotune.strategies.plan import bucket_layout, cut_reduce_groups, padded_buckets
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 Coll = tuple[str, tuple[int, int], int, int]
@@ -92,21 +92,20 @@ class Schedule(NamedTuple):
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan_facts(model: ModelSpec, world: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> tuple:
-    plan = plan_buckets(model, world, allgather_bucket_mb, reduce_bucket_mb)
-    padded = plan.padded
-    ends = {g[-1]: tuple([padded[i] for i in g]) for g in plan.reduce_groups}
-    return (padded[0], padded[1:], plan.blocks, tuple([ends.get(i, ()) for i in range(1, len(padded))]), ends[0])
+def _plan_facts(model: ModelSpec, world: int, k: int, groups: tuple[tuple[int, ...], ...]) -> tuple:
+    padded, blocks = padded_buckets(model, world, k)
+    ends = {g[-1]: tuple([padded[i] for i in g]) for g in groups}
+    return (padded[0], padded[1:], blocks, tuple([ends.get(i, ()) for i in range(1, len(padded))]), ends[0])
 
 
 @functools.lru_cache(maxsize=16384)
-def _build(model: ModelSpec, sizes: tuple[int, ...], allgather_bucket_mb: float, reduce_bucket_mb: float,
+def _build(model: ModelSpec, sizes: tuple[int, ...], k: int, reduce_groups: tuple[tuple[int, ...], ...],
            spans: tuple[int, int, int, int | None], bits: tuple[int, int]) -> Schedule:
     L = len(sizes)  # noqa: N806
     P, G, O, H = spans  # noqa: E741, N806 (the paper's names)
     wb, gb = bits
-    size = [math.prod(sizes[:k]) for k in range(L + 1)]
-    root, lengths, units, group_end, root_group = _plan_facts(model, size[L], allgather_bucket_mb, reduce_bucket_mb)
+    size = [math.prod(sizes[:n]) for n in range(L + 1)]
+    root, lengths, units, group_end, root_group = _plan_facts(model, size[L], k, reduce_groups)
     fwd, bwd, boundary, reduce, outer = {}, {}, {}, {}, {}
 
     def beyond_grad_span(n: int) -> tuple[Coll, Coll]:
@@ -122,21 +121,30 @@ def _build(model: ModelSpec, sizes: tuple[int, ...], allgather_bucket_mb: float,
         m = sum(g)
         reduce[g] = (("reduce_scatter", (1, P), m, gb), ("reduce_scatter", (P + 1, G), m // size[P], gb))
         outer[g] = tuple(c for n in g for c in boundary[n][:2])
-    key = (model, sizes, allgather_bucket_mb, reduce_bucket_mb, spans, bits)
-    blocks = tuple(Counter(lengths).items())
-    buckets = Counter(dict(blocks))
-    buckets[root] += 1
+    key = (model, sizes, k, reduce_groups, spans, bits)
+    block_counts = dict(Counter(lengths))
+    buckets = dict(block_counts)
+    buckets[root] = buckets.get(root, 0) + 1
     return Schedule(key, root, lengths, units, group_end, root_group, fwd, bwd, reduce, boundary, outer,
-                    blocks, tuple(Counter(groups).items()), tuple(buckets.items()), sum(units),
-                    max(sum(g) for g in groups))
+                    tuple(block_counts.items()), tuple(Counter(groups).items()), tuple(buckets.items()), sum(units),
+                    max(map(sum, groups)))
+
+
+@functools.lru_cache(maxsize=16384)
+def _schedule_of(model: ModelSpec, sizes: tuple[int, ...], world: int, allgather_bucket_mb: float,
+                 reduce_bucket_mb: float, spans: tuple[int, int, int, int | None], bits: tuple[int, int]) -> Schedule:
+    k, padded = bucket_layout(model, world, allgather_bucket_mb)
+    return _build(model, sizes, k, cut_reduce_groups(padded, reduce_bucket_mb), spans, bits)
 
 
 def build_schedule(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Schedule:
-    """The schedule of one step of ``s`` (cached: strategies that move the same bytes share it)."""
-    return _build(model, cluster.sizes, s.allgather_bucket_mb, s.reduce_bucket_mb,
-                  (s.param_span, s.grad_span, s.optim_span, s.secondary_span), (s.weight_bits, s.grad_bits))
+    """The schedule of one step of ``s`` (cached: strategies that move the same bytes share it, bucket sizes that
+    cut the same buckets and reduce groups included)."""
+    return _schedule_of(model, cluster.sizes, cluster.world_size, s.allgather_bucket_mb, s.reduce_bucket_mb,
+                        (s.param_span, s.grad_span, s.optim_span, s.secondary_span), (s.weight_bits, s.grad_bits))
 
 
 def clear() -> None:
     _plan_facts.cache_clear()
     _build.cache_clear()
+    _schedule_of.cache_clear()

@@ -132,6 +132,7 @@ class PassSeconds:
         return layers * (self.block_fwd + self.block_bwd) + self.head_fwd + self.head_bwd
 
 
+@functools.lru_cache(maxsize=4096)
 def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
                  recompute: bool = False, attention_flops_per_s: float = 0.0,
                  attention_forward_share: float = 0.0) -> PassSeconds:

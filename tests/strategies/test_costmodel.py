@@ -949,6 +949,34 @@ def test_the_quantization_rate_is_read_off_the_runs_clocks_where_gloo_timed_it(t
         assert measured_quant_rate(ms) is None and "quant_elems_per_s" in identifiable_fields(ms)[0]
 
 
+def test_bucket_sizes_that_cut_the_same_plan_share_one_schedule():
+    """A schedule is keyed on what the bucket sizes cut (the blocks in each bucket and each reduce group), not on
+    the sizes: two strategies whose sizes cut the same plan get the very same schedule (and so the same bytes and
+    time), and ones whose plans differ get their own, each that of its own plan."""
+    import random
+
+    from zerotune.strategies.costmodel.schedule import build_schedule
+    from zerotune.strategies.plan import plan_buckets
+
+    rng = random.Random(1)
+    model, cluster = parse_model("gpt-neox-20b"), parse_cluster("dgx-h100:16")
+    seen: dict[tuple, tuple] = {}
+    for _ in range(400):
+        ag, rs = rng.uniform(1, 4096), rng.uniform(1, 4096)
+        s = build_strategy("zero3", cluster, allgather_bucket_mb=ag, reduce_bucket_mb=rs)
+        plan = plan_buckets(model, cluster.world_size, ag, rs)
+        cut = (plan.blocks, plan.reduce_groups)
+        sched = build_schedule(model, cluster, s)
+        assert sched.lengths == plan.padded[1:] and sched.units == plan.blocks
+        if cut in seen:  # the same cut from other sizes: the same schedule, and the same prediction
+            first, other = seen[cut]
+            assert sched is first and predict(model, cluster, s) == predict(model, cluster, other), (ag, rs)
+        else:
+            seen[cut] = (sched, s)
+    assert 5 <= len(seen) < 400  # many sizes, few cuts
+    assert len({id(first) for first, _ in seen.values()}) == len(seen)  # a schedule per cut
+
+
 def test_predict_rate_bench_times_warm_search_and_unseen_predictions():
     """bench/predict_rate.py prints predictions per second of the three workloads it names, over the tuner's real
     search space; it measures and asserts nothing about speed. Bad flags exit 2 with one line naming them."""
@@ -960,7 +988,7 @@ def test_predict_rate_bench_times_warm_search_and_unseen_predictions():
                                                              ("gpt-neox-20b", "dgx-h100:16")]
     for r in results:
         assert r["space_size"] == 300 and 16 <= r["search_calls"] <= 300
-        assert r["warm_calls"] >= 16 and r["unseen_calls"] >= 16
+        assert r["warm_calls"] >= 16 and r["unseen_calls"] >= 16 and 1 <= r["unseen_schedules"] <= r["unseen_calls"]
         assert all(r[k] > 0 for k in ("warm_per_s", "search_per_s", "unseen_per_s"))
     assert "3level-b" in results[0]["warm_strategies"] and "3level-b" not in results[1]["warm_strategies"]
     bad = subprocess.run([sys.executable, "bench/predict_rate.py", "--limit", "0"], cwd=ROOT, capture_output=True,
