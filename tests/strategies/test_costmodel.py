@@ -661,6 +661,7 @@ def test_the_engines_kept_gpu_sweeps_are_predicted_from_its_measured_kernel_rate
         own, named = calibration_for(cluster), preset_profile_of(cluster.device)[0]
         assert own.name.endswith("-device") and own.compute_efficiency == named.compute_efficiency
         assert own.attention_efficiency == named.attention_efficiency > 0  # its SDPA (cuDNN) at its measured rate
+        assert own.attention_forward_share == named.attention_forward_share > 0  # and its forward's measured share
         model, s = ModelSpec.from_dict(run["model"]), Strategy.from_dict(run["strategy"])
         assert predict(model, cluster, s, elem_bytes=2, global_batch=run["global_batch"])["step_time_s"] == \
             pytest.approx(predict(model, cluster, s, elem_bytes=2, global_batch=run["global_batch"],
