@@ -20,7 +20,9 @@ medians on one H200 (``bench/data/h200-kernels``) and one H100 (``bench/data/h10
    Printed per micro-batch: the measured milliseconds of each class, the model's charge for the
    memory-bound class (``traffic`` bytes at ``STREAM_FRACTION`` × HBM) and the bandwidth those kernels
    reached, the rates the matmuls and the attention reached as fractions of peak, and the attention forward's
-   share of the attention's time (``Calibration.attention_forward_share``).
+   share of the attention's time (``Calibration.attention_forward_share``); and the forward alone timed (``fwd``,
+   its graph recorded as training records it), what a recomputed forward pays again: its share of the step's
+   wall time is the measure of activation checkpointing's cost on the device in hand.
 2. **Streaming rate.** Three memory-bound kernels on large tensors, each's bytes over its time as a
    fraction of the datasheet bandwidth: an element-wise add (reads two, writes one), a LayerNorm
    forward, and torch's fused AdamW step (``ADAMW_BYTES_PER_ELEM`` bytes per fp32 element) — the
@@ -112,6 +114,13 @@ def split_step(model: Any, spec: ModelSpec, batch: int, iters: int, warmup: int,
         step()
         sync()
         walls.append(time.perf_counter() - t0)
+    forwards = []  # the forward alone, its graph recorded as training records it: what a recompute pays again
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        loss = model(idx, targets)
+        sync()
+        forwards.append(time.perf_counter() - t0)
+        del loss
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(iters):
@@ -135,6 +144,7 @@ def split_step(model: Any, spec: ModelSpec, batch: int, iters: int, warmup: int,
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:12]
     attention_forward_us = sum(v for k, v in by_op.items() if op_class(k) == "attention" and "backward" not in k)
     return {"batch": batch, "tokens": batch * spec.seq_len, "wall_ms": 1e3 * statistics.median(walls),
+            "forward_ms": 1e3 * statistics.median(forwards),
             **{f"{k}_ms": v / 1e3 / iters for k, v in by_class.items()},
             "attention_forward_ms": attention_forward_us / 1e3 / iters,
             "kernels_ms": kernels_us / 1e3 / iters,
@@ -214,18 +224,21 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     unit = "device" if cuda else "operator CPU"
     print(f"\nper forward + backward ({unit} ms; memory charged: traffic bytes at STREAM's {STREAM_FRACTION} x HBM)")
-    print(f"{'batch':>5} {'tokens':>7} {'wall':>8} {'kernels':>8} {'matmul':>8} {'attn':>7} {'memory':>8} "
+    print(f"{'batch':>5} {'tokens':>7} {'wall':>8} {'fwd':>7} {'kernels':>8} {'matmul':>8} {'attn':>7} {'memory':>8} "
           f"{'charged':>8} {'meas/chg':>8} {'mem GB':>7} {'HBM frac':>8} {'mm frac':>7} {'attn frac':>9} "
           f"{'attn fwd':>8}")
     for r in rows:
         chg = r.get("memory_charged_ms")
         fmt = (lambda v, w, p=3: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}")  # noqa: E731
-        print(f"{r['batch']:>5} {r['tokens']:>7} {r['wall_ms']:>8.2f} {r['kernels_ms']:>8.2f} {r['matmul_ms']:>8.2f} "
+        print(f"{r['batch']:>5} {r['tokens']:>7} {r['wall_ms']:>8.2f} {r['forward_ms']:>7.2f} {r['kernels_ms']:>8.2f} "
+              f"{r['matmul_ms']:>8.2f} "
               f"{r['attention_ms']:>7.2f} {r['memory_ms']:>8.2f} {fmt(chg, 8, 2)} "
               f"{fmt(r['memory_ms'] / chg if chg else None, 8, 2)} {r['memory_bytes'] / 1e9:>7.2f} "
               f"{fmt(r.get('memory_reached'), 8)} {fmt(r.get('matmul_reached'), 7)} "
               f"{fmt(r.get('attention_reached'), 9)} "
               f"{fmt(r['attention_forward_ms'] / r['attention_ms'] if r['attention_ms'] else None, 8)}")
+    shares = ", ".join(f"{r['forward_ms'] / r['wall_ms']:.3f}" for r in rows)
+    print(f"\nthe forward alone over the whole step, by micro-batch: {shares} (a checkpointed step pays it again)")
     last = rows[-1]
     print(f"\nlargest operators at micro-batch {last['batch']} (ms per pass):")
     for o in last["top_ops"]:

@@ -243,6 +243,7 @@ def test_the_kernel_split_bench_classes_a_passes_operators_and_charges_the_traff
         assert p["tokens"] == p["batch"] * spec.seq_len and p["memory_bytes"] == p["tokens"] * per_token
         assert p["matmul_ms"] > 0 and p["attention_ms"] > 0 and p["memory_ms"] > 0
         assert 0 < p["attention_forward_ms"] < p["attention_ms"]  # the attention's forward operators, of both passes
+        assert 0 < p["forward_ms"] < p["wall_ms"]  # the forward alone, timed apart: what a recompute pays again
         assert p["memory_charged_ms"] == pytest.approx(1e3 * p["memory_bytes"] / (0.85 * 50e9))
         assert p["matmul_reached"] == pytest.approx(p["matmul_flops"] / (p["matmul_ms"] / 1e3) / 1e12)
         classes = {o["op"]: o["class"] for o in p["top_ops"]}
@@ -250,7 +251,7 @@ def test_the_kernel_split_bench_classes_a_passes_operators_and_charges_the_traff
         assert all(c == "attention" for op, c in classes.items() if "scaled_dot_product" in op)
     assert {s["kernel"].split()[0] for s in kept["streaming"]} == {"add", "LayerNorm", "AdamW"}
     assert all(s["gbps"] > 0 and s["fraction"] == pytest.approx(s["gbps"] / 50) for s in kept["streaming"])
-    assert "per forward + backward" in proc.stdout
+    assert "per forward + backward" in proc.stdout and "the forward alone over the whole step" in proc.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_split.py"), "--device", "cpu",
                           "--model", "gpt-nope"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "gpt-nope" in bad.stderr
