@@ -108,19 +108,18 @@ def split_step(model: Any, spec: ModelSpec, batch: int, iters: int, warmup: int,
     for _ in range(warmup):
         step()
     sync()
-    walls = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        walls.append(time.perf_counter() - t0)
-    forwards = []  # the forward alone, its graph recorded as training records it: what a recompute pays again
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        loss = model(idx, targets)
-        sync()
-        forwards.append(time.perf_counter() - t0)
-        del loss
+    def median_s(run: Any) -> float:
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            run()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    wall_s = median_s(step)
+    # the forward alone, its graph recorded as training records it (and dropped): what a recompute pays again
+    forward_s = median_s(lambda: model(idx, targets))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(iters):
@@ -143,8 +142,7 @@ def split_step(model: Any, spec: ModelSpec, batch: int, iters: int, warmup: int,
         p.grad = None
     top = sorted(by_op.items(), key=lambda kv: -kv[1])[:12]
     attention_forward_us = sum(v for k, v in by_op.items() if op_class(k) == "attention" and "backward" not in k)
-    return {"batch": batch, "tokens": batch * spec.seq_len, "wall_ms": 1e3 * statistics.median(walls),
-            "forward_ms": 1e3 * statistics.median(forwards),
+    return {"batch": batch, "tokens": batch * spec.seq_len, "wall_ms": 1e3 * wall_s, "forward_ms": 1e3 * forward_s,
             **{f"{k}_ms": v / 1e3 / iters for k, v in by_class.items()},
             "attention_forward_ms": attention_forward_us / 1e3 / iters,
             "kernels_ms": kernels_us / 1e3 / iters,

@@ -76,7 +76,7 @@ def measure(model_name: str, cluster_name: str, seconds: float, limit: int = SEA
     search_rate, search_n = _rate(calls(space), seconds)
     unseen_strategies = list(itertools.islice(unseen(), max(64, int(seconds * 20_000))))
     unseen_rate, unseen_n = _rate(calls(unseen_strategies), seconds)
-    built = schedule._build.cache_info().currsize  # schedules the unseen calls built: their distinct cuts
+    built = schedule.schedules_built()  # by the unseen calls (_rate cleared the caches): their distinct cuts
     return {"model": model_name, "cluster": cluster_name, "warm_strategies": presets,
             "warm_per_s": round(warm_rate), "warm_calls": warm_n, "search_per_s": round(search_rate),
             "search_calls": search_n, "space_size": len(space), "unseen_per_s": round(unseen_rate),

@@ -65,10 +65,10 @@ from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, o
 from zerotune.strategies.costmodel.hardware import (
     ATTENTION_KERNELS,
     STACK_ATTENTION,
-    attention_efficiency,
     device_key_of,
     profile_calibration,
     profile_cluster,
+    with_attention,
     with_measured_links,
 )
 from zerotune.strategies.costmodel.rates import (
@@ -118,9 +118,8 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
         calib = dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync)
-        if attention is not None:
-            calib = dataclasses.replace(calib, attention_efficiency=attention_efficiency(
-                attention, device_key_of(cluster.device) or ""))
+        if attention is not None:  # the rate and the forward share of the kernel the table names
+            calib = with_attention(calib, attention, device_key_of(cluster.device) or "")
         return cluster, calib
     levels_spec = tuple((lv["name"], lv["size"], lv["link"]) for lv in spec["levels"])
     links = tuple(link for _, _, link in levels_spec)

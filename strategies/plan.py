@@ -164,5 +164,6 @@ def cut_reduce_groups(padded: tuple[int, ...], reduce_bucket_mb: float) -> tuple
 def plan_buckets(spec: ModelSpec, world_size: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> Plan:
     """The bucket plan of ``spec`` for ``world_size`` ranks (see the module docstring). Bucket sizes that hold the
     same number of blocks share their buckets (memoized): only the reduce groups are cut for each call."""
-    buckets, padded, blocks = _buckets(spec, world_size, blocks_per_bucket(block_numel(spec), allgather_bucket_mb))
+    k, padded = bucket_layout(spec, world_size, allgather_bucket_mb)
+    buckets, _, blocks = _buckets(spec, world_size, k)
     return Plan(buckets, cut_reduce_groups(padded, reduce_bucket_mb), padded, blocks)

@@ -11,6 +11,7 @@ rule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -120,9 +121,6 @@ class ClusterSpec:
         names = [lv.name for lv in levels]
         if len(set(names)) != len(names):
             raise SpecError("cluster.levels", names, "level names must be unique")
-        sizes = tuple(lv.size for lv in levels)  # read on every prediction: computed once (not fields)
-        object.__setattr__(self, "_sizes", sizes)
-        object.__setattr__(self, "_world_size", math.prod(sizes))
         _check_pos("cluster.device_memory_gib", self.device_memory_gib)
         _check_pos("cluster.peak_tflops", self.peak_tflops)
         below = 1
@@ -138,13 +136,13 @@ class ClusterSpec:
         """L, the number of levels; spans run 0..L."""
         return len(self.levels)
 
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return self._sizes  # type: ignore[attr-defined]
+    @functools.cached_property
+    def sizes(self) -> tuple[int, ...]:  # read on every prediction: computed once (levels are immutable)
+        return tuple(lv.size for lv in self.levels)
 
-    @property
+    @functools.cached_property
     def world_size(self) -> int:
-        return self._world_size  # type: ignore[attr-defined]
+        return math.prod(self.sizes)
 
     @property
     def node_span(self) -> int:

@@ -409,14 +409,15 @@ FA2_FORWARD = kernel_forward_share(0.5, 0.5)
 for both): 2/7, its backward doing 2.5 times the forward's FLOPs."""
 TRITON_A100_FORWARD = kernel_forward_share(0.37, 0.25)
 """Triton's on A100 ([triton-perf]'s two passes): 0.21."""
+_FLASH2_RATES = {"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": FA2_H100, "H200": FA2_H100}
+_TRITON_RATES = {"A100": TRITON_A100, "A100-40GB": TRITON_A100}
 ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
     "matmul": None,
-    "flash2": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": FA2_H100, "H200": FA2_H100},
+    "flash2": AttentionKernel(_FLASH2_RATES,
                               "[fa2-kernel] on A100 (both A100 parts: the same SMs and clocks), [fa3] on H100 (and "
                               "the H200: the same SMs and peak; attention's FLOPs do not wait on HBM)",
-                              dict.fromkeys(("A100", "A100-40GB", "H100", "H200"), FA2_FORWARD)),
-    "triton": AttentionKernel({"A100": TRITON_A100, "A100-40GB": TRITON_A100}, "[triton-perf]",
-                              dict.fromkeys(("A100", "A100-40GB"), TRITON_A100_FORWARD)),
+                              dict.fromkeys(_FLASH2_RATES, FA2_FORWARD)),
+    "triton": AttentionKernel(_TRITON_RATES, "[triton-perf]", dict.fromkeys(_TRITON_RATES, TRITON_A100_FORWARD)),
     "sdpa": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": H100_ENGINE_ATTENTION,
                              "H200": H200_ENGINE_ATTENTION},
                             "PyTorch's scaled_dot_product_attention as zerotune's engine calls it: cuDNN's attention "
@@ -459,6 +460,13 @@ def attention_forward_share(kernel: str, device: str) -> float:
     """``ATTENTION_KERNELS[kernel]``'s forward's share of its time on ``device``; 0: the FLOPs' third."""
     found = _kernel(kernel)
     return found.forward_share(device) if found else 0.0
+
+
+def with_attention(calib: Calibration, kernel: str, device: str) -> Calibration:
+    """``calib`` with its runs' attention ``kernel`` on ``device``: the kernel's rate and its forward's share, always
+    set together (``profile_calibration``, and a table that names the kernel of a preset's runs)."""
+    return dataclasses.replace(calib, attention_efficiency=attention_efficiency(kernel, device),
+                               attention_forward_share=attention_forward_share(kernel, device))
 
 
 NVLINK_EFFICIENCY = 370 / 450
@@ -662,20 +670,18 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
             efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
                                          source.memory_fraction(stack) * source.hbm_gbps * 1e9,
                                          attention_efficiency(FIGURE_ATTENTION.get(figure, "matmul"), ran_on))
-    kernel = attention or STACK_ATTENTION.get(stack, "matmul")
-    return Calibration(name=name, compute_efficiency=efficiency,
-                       attention_efficiency=attention_efficiency(kernel, device),
-                       attention_forward_share=attention_forward_share(kernel, device),
-                       memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
-                       bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
-                       quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
-                       optimizer_elems_per_s=memory_bound / STEP_BYTES_PER_ELEM,
-                       collective_launch_us=RING_PROTOCOLS[d.protocols]["Simple"][0],
-                       overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
-                       outer_reduce=outer_reduce, gathers=gathers, protocols=d.protocols,
-                       net_overhead_us=h.net_overhead_us,
-                       ll_max_busbw_gbps=(d.ll_max_busbw_gbps, *h.ll_max_busbw_gbps) if d.ll_max_busbw_gbps else (),
-                       ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau)
+    calib = Calibration(name=name, compute_efficiency=efficiency,
+                        memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
+                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
+                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
+                        optimizer_elems_per_s=memory_bound / STEP_BYTES_PER_ELEM,
+                        collective_launch_us=RING_PROTOCOLS[d.protocols]["Simple"][0],
+                        overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
+                        outer_reduce=outer_reduce, gathers=gathers, protocols=d.protocols,
+                        net_overhead_us=h.net_overhead_us,
+                        ll_max_busbw_gbps=(d.ll_max_busbw_gbps, *h.ll_max_busbw_gbps) if d.ll_max_busbw_gbps else (),
+                        ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau)
+    return with_attention(calib, attention or STACK_ATTENTION.get(stack, "matmul"), device)
 
 
 def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...],

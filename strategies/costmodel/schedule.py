@@ -144,6 +144,11 @@ def build_schedule(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Sched
                         (s.param_span, s.grad_span, s.optim_span, s.secondary_span), (s.weight_bits, s.grad_bits))
 
 
+def schedules_built() -> int:
+    """Distinct schedules built since the last ``clear``: one per cut of the buckets met, not per bucket size."""
+    return _build.cache_info().currsize
+
+
 def clear() -> None:
     _plan_facts.cache_clear()
     _build.cache_clear()
