@@ -22,7 +22,11 @@ error of its predicted strategy comparisons against published ones, the *band*):
 - the runner-up is the best trial of another *partition* (spans, hpZ, bits), not the same strategy
   with another bucket size, and the margin over it is stated against the band (``beyond`` or
   ``within``); within it, ``decision.shortlist`` names the partitions worth measuring (those within
-  the band of the winner), since the model cannot tell them apart.
+  the band of the winner), since the model cannot tell them apart;
+- the model's figures for checkpointed runs lean against its figures for uncheckpointed ones (about 10% in the
+  published tables that measured both: ``error_band.checkpointing``); where the pick and the best trial of the
+  other checkpointing setting trade places once that lean is allowed for, ``decision.checkpointing`` says so
+  and both join the shortlist. Nothing is corrected: the lean is stated, not fitted away.
 """
 
 from __future__ import annotations
@@ -219,6 +223,31 @@ def _lossy_within_spread(ranked: list) -> tuple[list, dict[str, Any] | None]:
     return _first(ranked, plain), lossy
 
 
+def _checkpointing_call(pick: tuple, rivals: list, lean: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How a predicted pick stands against the best trial with the other activation-checkpointing setting, once the
+    model's lean on checkpointed runs is allowed for (``lean``: ``error_band.checkpointing``, from the published
+    tables that measured both kinds; ``bench/published.py``'s ``checkpointing_lean``). The model's figure for the
+    checkpointed side is divided by ``1 + lean``; ``within`` says that the pick then no longer leads (the two are
+    worth measuring), ``beyond`` that it still does. None without a lean or a rival of the other setting."""
+    if not lean or lean.get("lean") is None or not pick[2]:
+        return None
+    mine = pick[1].activation_checkpointing
+    rival = next((r for r in rivals if r[1].activation_checkpointing != mine and r[2]), None)
+    if rival is None:
+        return None
+    share = 1 + lean["lean"]
+    pick_fair, rival_fair = (pick[2] / share, rival[2]) if mine else (pick[2], rival[2] / share)
+    verdict = "beyond" if pick_fair > rival_fair else "within"
+    kinds = ("with", "without") if mine else ("without", "with")
+    gain = pick[2] / rival[2] - 1
+    why = (f"the pick runs {kinds[0]} activation checkpointing and is predicted {gain:+.1%} against the best trial "
+           f"{kinds[1]} it (trial {rival[0]}); the model's figures for checkpointed runs sat {lean['lean']:+.1%} from "
+           f"its figures for uncheckpointed ones in the published tables that measured both ({lean['source']}): "
+           + ("the pick leads beyond that lean" if verdict == "beyond" else
+              "allowing for it, the pick no longer leads: measure both before trusting it"))
+    return {"rival_trial_id": rival[0], "gain": gain, "lean": lean["lean"], "verdict": verdict, "why": why}
+
+
 def leading_partitions(session: Any, study_id: int, n: int = 3) -> list[Strategy]:
     """The best completed trial of each of the study's ``n`` fastest partitions (its strategy)."""
     rows = repo.ranked_trials(session=session, study_id=study_id)
@@ -290,6 +319,16 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
             if part not in seen and cand[2] is not None and cand[2] >= floor and len(seen) < 5:
                 seen.add(part)
                 decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(), "value": cand[2]})
+    lean = ((metrics or {}).get("error_band") or {}).get("checkpointing") if evidence == "predicted" else None
+    call = _checkpointing_call(ranked[chosen], rivals, lean)
+    if call is not None:
+        decision["checkpointing"] = call
+        if call["verdict"] == "within":  # the model cannot tell the two apart: both are worth measuring
+            listed = {c["trial_id"] for c in decision["shortlist"]}
+            for cand in (ranked[chosen], next(r for r in rivals if r[0] == call["rival_trial_id"])):
+                if cand[0] not in listed:
+                    decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(),
+                                                  "value": cand[2]})
     extra = {"decision": decision, "refit": chooser.refit, "runner": request.runner, **chooser.note}
     if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
         extra["front"] = front

@@ -48,6 +48,10 @@ def plan(session: Session, request: TuneRequest, predicted: dict[str, Any]) -> P
         candidates = [Strategy.from_dict(c["strategy"]) for c in decision["shortlist"]]
         why = (f"{len(candidates)} partitions lay within the model's error ({decision['band']:.1%}) of the "
                "predicted winner")
+        call = decision.get("checkpointing") or {}
+        if call.get("verdict") == "within":  # the pick and its rival of the other checkpointing setting
+            why += (f", or within its lean on checkpointed runs ({call['lean']:+.1%}: trial "
+                    f"{call['rival_trial_id']})")
     if len(candidates) < 2:
         return None
     measured = dataclasses.replace(request, executor=request.measure, measure=None, trials=len(candidates),

@@ -132,6 +132,8 @@ def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calib
               file=sys.stderr)
     if d.get("lossy") and d["lossy"]["kept"] == "unquantized":
         print(f"zerotune: {d['lossy']['why']}", file=sys.stderr)
+    if d.get("checkpointing"):
+        print(f"zerotune: {d['checkpointing']['why']}", file=sys.stderr)
     if d.get("collectives"):
         from zerotune.api.prologue import collectives_caveat
 

@@ -34,6 +34,11 @@ vendor library's collectives were measured more than 15% off the model's ring
 (``bench/collectives_at_scale.py``, stored as ``collectives`` by the same ``--write-error``), the band
 also says so (``collectives``: the library, the GPU count, the measured ratio): RCCL's flat rings past
 16 Frontier nodes ran 3-7x the model's time, which no band of strategy figures shows.
+Every preset band also states the model's lean on checkpointed runs (``checkpointing``): in the published tables
+that measured runs with and without activation checkpointing, the median of each table's
+``(1 + checkpointed rows' median error) / (1 + uncheckpointed rows' median error) - 1`` (about -10%: the model
+charges a recomputed forward more than those runs paid). A decision between the two kinds is held to it
+(``tuner.choice``); no prediction is corrected by it.
 A prediction with another calibration (the nominal one of a ``local:`` or custom cluster) has no
 published band; a calibration refitted from measured trials (``strategies.calibration.refit``)
 carries the error those trials show under cross-validation.
@@ -149,6 +154,11 @@ def _band(calibration: Calibration, world: int | None, device: str | None) -> di
     slower = _collectives(err, calibration, world)
     if slower is not None:
         band["collectives"] = slower
+    lean = err.get("checkpointing") or {}
+    if lean.get("lean") is not None:
+        band["checkpointing"] = {"lean": lean["lean"], "source": "bench/published.py: the median of "
+                                 f"{len(lean['tables'])} tables' checkpointed over uncheckpointed rows ("
+                                 + ", ".join(t["table"] for t in lean["tables"]) + ")"}
     return band
 
 

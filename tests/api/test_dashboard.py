@@ -490,6 +490,10 @@ def test_recommendation_and_compare(tab: Tab, seeded: Seeded) -> None:
     assert page.locator("#shortlist li").count() == len(decision["shortlist"])
     if decision["lossy"]:
         assert decision["lossy"]["why"] in page.locator("#lossy").inner_text()
+    # the pick against the best trial of the other checkpointing setting, held to the model's lean on checkpointing
+    assert page.locator("#checkpointing").count() == (1 if decision.get("checkpointing") else 0)
+    if decision.get("checkpointing"):
+        assert decision["checkpointing"]["why"] in page.locator("#checkpointing").inner_text()
     assert page.locator("#collectives").count() == 0  # zerotune's per-level rings on 2 nodes: nothing to add
     # DeepSpeed's flat RCCL rings on 48 Frontier nodes: the answer says they were measured far slower than modelled
     at_scale = api(seeded, f"/v1/recommendations/{seeded.at_scale}")

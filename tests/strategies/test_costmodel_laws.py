@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tomllib
@@ -785,6 +786,34 @@ def test_a_band_says_where_the_vendor_library_ran_slower_than_the_ring_model():
     assert abs(ratios["nccl"][32] - 1) <= 0.15 and "collectives" not in band("dgx-h100:4", "fsdp")
     big = band("dgx-h100:128", "fsdp")["collectives"]
     assert (big["library"], big["gpus"], big["measured_over_predicted"]) == ("NCCL", 1024, ratios["nccl"][1024])
+
+
+def test_a_band_states_the_models_lean_on_checkpointed_runs(monkeypatch):
+    """Within each table that measured runs with and without activation checkpointing, the model's checkpointed
+    figures sit below its uncheckpointed ones (it charges a recomputed forward more than those runs paid): the lean
+    is the median of the tables' ratios of the two sides' median errors, tables with one side only left out. Every
+    preset prediction's band states it and the tables it came from; nothing is corrected by it."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    rows = [{"table": "a", "checkpointing": True, "error": e} for e in (-0.10, -0.12, -0.2)] + \
+        [{"table": "a", "checkpointing": False, "error": e} for e in (0.0, 0.02)] + \
+        [{"table": "b", "checkpointing": True, "error": -0.5}] + \
+        [{"table": "c", "checkpointing": True, "error": 0.1}, {"table": "c", "checkpointing": False, "error": 0.1}]
+    lean = published.checkpointing_lean(rows)
+    assert [t["table"] for t in lean["tables"]] == ["a", "c"]  # b measured one side only
+    assert lean["tables"][0]["checkpointed"] == [3, -0.12] and lean["tables"][0]["uncheckpointed"] == [2, 0.01]
+    assert lean["tables"][0]["ratio"] == round(0.88 / 1.01 - 1, 4) and lean["tables"][1]["ratio"] == 0
+    assert lean["lean"] == round((0.88 / 1.01 - 1) / 2, 4) and published.checkpointing_lean([])["lean"] is None
+    stored = json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text())["checkpointing"]
+    assert len(stored["tables"]) >= 5 and all(t["checkpointed"][0] and t["uncheckpointed"][0] for t in stored["tables"])
+    assert stored["lean"] == round(statistics.median(t["ratio"] for t in stored["tables"]), 4)
+    assert abs(stored["lean"]) < 0.2  # a lean past the band's own scale would be a defect to fix, not to state
+    cluster = parse_cluster("dgx-a100:8")
+    for ckpt in (False, True):  # the band is the model's, whichever side the prediction is on
+        band = predict(parse_model("gpt-7b"), cluster, build_strategy("zero3", cluster).replace(
+            activation_checkpointing=ckpt))["error_band"]["checkpointing"]
+        assert band["lean"] == stored["lean"] and all(t["table"] in band["source"] for t in stored["tables"])
 
 
 def test_published_bench_reproduces_its_tables(monkeypatch):
