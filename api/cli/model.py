@@ -158,7 +158,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             base = base or p
             p.update(cluster=cluster.name, strategy=s.name or strategy_name,
                      scaling_efficiency=p["tflops_per_rank"] / base["tflops_per_rank"],
-                     cross_node_bytes=cross_node_bytes(p, cluster))
+                     cross_node_bytes=cross_node_bytes(p, cluster), checkpointed=s.activation_checkpointing)
             rows.append(p)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
@@ -184,6 +184,12 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
               f"{p['memory_bytes']['peak'] / GIB:>9.1f}  {fits:<5}{p['cross_node_bytes'] / 1e9:>10.2f}  {error:>9}")
     for note, clusters in bands.items():
         print(f"error on {', '.join(dict.fromkeys(clusters))}: {note}")
+    lean = next((p["error_band"]["checkpointing"] for p in rows
+                 if p["checkpointed"] and p["error_band"] and p["error_band"].get("checkpointing")), None)
+    if lean:  # a checkpointed prediction: the model's known lean on such runs
+        print(f"checkpointed: the model's figures for checkpointed runs sat {lean['lean']:+.1%} from its figures for "
+              f"uncheckpointed ones in the published tables that measured both ({lean['source']}); "
+              "set against an uncheckpointed prediction, allow for it")
     if args.breakdown:
         _print_breakdown(rows)
     for p in rows:  # a prediction that is mostly the host's pace says how to leave it

@@ -464,7 +464,15 @@ def test_predict_cli_sweep_table_and_json(capsys):
     out = capsys.readouterr().out
     assert "host-bound on dgx-h100:1 zero3: " in out and "--set micro_batch_size=N" in out
     assert main(["predict", "--model", "gpt-1.3b", "--cluster", "dgx-h100:1", "--set", "micro_batch_size=4"]) == 0
-    assert "host-bound" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "host-bound" not in out and "checkpointed:" not in out
+    # a checkpointed prediction states the model's lean on checkpointed runs, from the published tables
+    assert main(["predict", "--model", "gpt-1.3b", "--cluster", "dgx-h100:1", "--set", "micro_batch_size=4",
+                 "--set", "activation_checkpointing=true"]) == 0
+    lean = predict(parse_model("gpt-1.3b"), parse_cluster("dgx-h100:1"), build_strategy(
+        "zero3", parse_cluster("dgx-h100:1")))["error_band"]["checkpointing"]
+    assert f"checkpointed: the model's figures for checkpointed runs sat {lean['lean']:+.1%}" in \
+        capsys.readouterr().out
     # --breakdown: each row's terms add up to its step, and the row names the term beyond compute that costs most
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:2,48", "--strategy", "zero3",
                  "--strategy", "3level-b", "--runner", "deepspeed", "--breakdown"]) == 0
