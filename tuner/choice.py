@@ -243,8 +243,9 @@ def _checkpointing_call(pick: tuple, rivals: list, lean: dict[str, Any] | None) 
     why = (f"the pick runs {kinds[0]} activation checkpointing and is predicted {gain:+.1%} against the best trial "
            f"{kinds[1]} it (trial {rival[0]}); the model's figures for checkpointed runs sat {lean['lean']:+.1%} from "
            f"its figures for uncheckpointed ones in the published tables that measured both ({lean['source']}): "
-           + ("the pick leads beyond that lean" if verdict == "beyond" else
-              "allowing for it, the pick no longer leads: measure both before trusting it"))
+           + ("allowing for it, the pick no longer leads: measure both before trusting it" if verdict == "within"
+              else "the lean only widens the pick's lead" if (lean["lean"] < 0) == mine
+              else "the pick leads beyond that lean"))
     return {"rival_trial_id": rival[0], "gain": gain, "lean": lean["lean"], "verdict": verdict, "why": why}
 
 

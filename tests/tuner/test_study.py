@@ -430,8 +430,10 @@ def test_a_pick_is_held_to_the_models_lean_on_checkpointed_runs():
         call = _checkpointing_call(pick, [pick, rival], lean)
         assert call["verdict"] == verdict and call["rival_trial_id"] == 2 and call["gain"] == pytest.approx(gain)
         assert ("no longer leads" in call["why"]) == (verdict == "within") and "-10.0%" in call["why"]
+        assert ("leads beyond that lean" in call["why"]) == (verdict == "beyond")
     pick, rival = (1, ckpt, 95.0, "predicted", {}), (2, plain, 100.0, "predicted", {})  # 95 / 0.9 = 105.6 > 100
-    assert _checkpointing_call(pick, [pick, rival], lean)["verdict"] == "beyond"
+    call = _checkpointing_call(pick, [pick, rival], lean)
+    assert call["verdict"] == "beyond" and "only widens the pick's lead" in call["why"]
     assert _checkpointing_call(pick, [pick, (3, ckpt, 90.0, "predicted", {})], lean) is None
     assert _checkpointing_call(pick, [pick, rival], None) is None
 
