@@ -146,8 +146,9 @@ def env_lines(values: Mapping[str, Any]) -> list[str]:
 
 def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
     """What the ``fmt`` config does differently from the measured strategy (the exports' own notes), in
-    which precision the measurement ran when that is not the export's, and where the answer's collectives
-    were measured off the model at its scale (``metrics.decision.collectives``)."""
+    which precision the measurement ran when that is not the export's, where the answer's collectives
+    were measured off the model at its scale (``metrics.decision.collectives``), and where the model's lean on
+    checkpointed runs could overturn the pick (``metrics.decision.checkpointing``, verdict ``within``)."""
     exports = rec.get("exports") or {}
     fsdp = exports.get("fsdp") or {}
     deepspeed = [f"DeepSpeed: {n}" for n in exports.get("deepspeed_notes") or []]
@@ -160,8 +161,11 @@ def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
                  f"{measured} on {(rec.get('metrics') or {}).get('device', 'another device')}: its memory and time "
                  "figures are for that precision"]
     picked = {"deepspeed": deepspeed, "fsdp": fsdp_notes, "env": deepspeed + fsdp_notes}.get(fmt, [])
-    slower = ((rec.get("metrics") or {}).get("decision") or {}).get("collectives")
-    return picked + dtype + ([f"model: {collectives_caveat(slower)}"] if slower else [])
+    decision = (rec.get("metrics") or {}).get("decision") or {}
+    slower = decision.get("collectives")
+    lean = decision.get("checkpointing") or {}  # only a pick the model's lean on checkpointing could overturn
+    return picked + dtype + ([f"model: {collectives_caveat(slower)}"] if slower else []) + (
+        [f"model: {lean['why']}"] if lean.get("verdict") == "within" else [])
 
 
 def collectives_caveat(slower: Mapping[str, Any], advice: bool = True) -> str:

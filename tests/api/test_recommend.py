@@ -597,6 +597,18 @@ def test_notes_name_the_precision_the_measurement_ran_in():
     assert notes_of(same, "zerotune") == []
 
 
+def test_notes_say_where_the_models_lean_on_checkpointing_could_overturn_the_pick():
+    from zerotune.api.prologue import notes_of
+
+    call = {"rival_trial_id": 7, "gain": 0.05, "lean": -0.099, "verdict": "within",
+            "why": "the pick runs without activation checkpointing ... measure both before trusting it"}
+    rec = {"metrics": {"dtype": "bfloat16", "decision": {"checkpointing": call}}, "exports": {"zerotune": {}}}
+    for fmt in ("zerotune", "deepspeed", "fsdp", "env"):
+        assert notes_of(rec, fmt) == [f"model: {call['why']}"]
+    held = {**rec, "metrics": {"decision": {"checkpointing": {**call, "verdict": "beyond"}}}}
+    assert notes_of(held, "env") == []  # a pick that leads beyond the lean needs no caveat
+
+
 def test_notes_say_where_the_answers_collectives_were_measured_off_the_model():
     from zerotune.api.prologue import notes_of
 
