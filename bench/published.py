@@ -254,6 +254,8 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
                          "step_s": p["step_time_s"], "compute_s": b["compute_s"],
                          "exposed_comm_s": b["exposed_comm_s"], "slowdown_s": b["overlap_slowdown_s"],
                          "boundary_s": b["boundary_s"], "feasible": p["feasible"],
+                         "peak_over_memory": p["memory_bytes"]["peak"] / (p["memory_bytes"]["peak"]
+                                                                          + p["headroom_bytes"]),
                          "checkpointing": p["checkpointing"]})
         for c in t.compares:
             published = c.get("value")
@@ -390,6 +392,14 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
                  for label, b in (("figures", on_device(items["rows"], device, None)),
                                   ("comparisons", on_device(items["comparisons"], device, None))) if b]
         print(f"   {device}: {', '.join(parts) or 'fewer than 3 items'}")
+    over = [r for r in result["rows"] if r["role"] == "agreement" and not r["feasible"]]
+    scored = sum(r["role"] == "agreement" for r in result["rows"])
+    if over:  # every published row ran, so each of these is the memory model's error, not the run's
+        print(f"memory: every published run fit its GPUs; the model puts {len(over)} of the {scored} scored rows "
+              "over their memory (predicted peak over capacity):")
+        for name in sorted({r["table"] for r in over}):
+            mine = [r["peak_over_memory"] for r in over if r["table"] == name]
+            print(f"   {name:<22} {len(mine):>3} rows, {min(mine):.2f}-{max(mine):.2f}")
     lean = result["error"]["checkpointing"]
     if lean["lean"] is not None:
         print(f"checkpointed against uncheckpointed runs, in the tables that measured both (median signed error of "
