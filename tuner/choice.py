@@ -43,6 +43,7 @@ from zerotune.db import repository as repo
 from zerotune.db.models import Trial
 from zerotune.db.session import session_scope
 from zerotune.errors import StudyFailed
+from zerotune.strategies.costmodel.error import lean_sentence
 from zerotune.strategies.spec import Strategy
 from zerotune.tuner import failures, remeasure
 from zerotune.tuner.executors.base import TrialSpec
@@ -241,8 +242,7 @@ def _checkpointing_call(pick: tuple, rivals: list, lean: dict[str, Any] | None) 
     kinds = ("with", "without") if mine else ("without", "with")
     gain = pick[2] / rival[2] - 1
     why = (f"the pick runs {kinds[0]} activation checkpointing and is predicted {gain:+.1%} against the best trial "
-           f"{kinds[1]} it (trial {rival[0]}); the model's figures for checkpointed runs sat {lean['lean']:+.1%} from "
-           f"its figures for uncheckpointed ones in the published tables that measured both ({lean['source']}): "
+           f"{kinds[1]} it (trial {rival[0]}); {lean_sentence(lean)}: "
            + ("allowing for it, the pick no longer leads: measure both before trusting it" if verdict == "within"
               else "the lean only widens the pick's lead" if (lean["lean"] < 0) == mine
               else "the pick leads beyond that lean"))

@@ -137,6 +137,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.api.prologue import collectives_caveat
     from zerotune.strategies.calibration import load_calibration
     from zerotune.strategies.costmodel import GIB, calibration_for, cross_node_bytes, predict
+    from zerotune.strategies.costmodel.error import lean_sentence
     from zerotune.strategies.costmodel.hardware import DEVICE_CALIBRATION_SUFFIX
     from zerotune.strategies.costmodel.rates import run_by
     from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
@@ -187,9 +188,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     lean = next((p["error_band"]["checkpointing"] for p in rows
                  if p["checkpointed"] and p["error_band"] and p["error_band"].get("checkpointing")), None)
     if lean:  # a checkpointed prediction: the model's known lean on such runs
-        print(f"checkpointed: the model's figures for checkpointed runs sat {lean['lean']:+.1%} from its figures for "
-              f"uncheckpointed ones in the published tables that measured both ({lean['source']}); "
-              "set against an uncheckpointed prediction, allow for it")
+        print(f"checkpointed: {lean_sentence(lean)}; set against an uncheckpointed prediction, allow for it")
     if args.breakdown:
         _print_breakdown(rows)
     for p in rows:  # a prediction that is mostly the host's pace says how to leave it

@@ -162,6 +162,12 @@ def _band(calibration: Calibration, world: int | None, device: str | None) -> di
     return band
 
 
+def lean_sentence(lean: dict[str, Any]) -> str:
+    """The clause every client says of a band's ``checkpointing`` lean (``zerotune predict``, a decision's ``why``)."""
+    return (f"the model's figures for checkpointed runs sat {lean['lean']:+.1%} from its figures for uncheckpointed "
+            f"ones in the published tables that measured both ({lean['source']})")
+
+
 def _collectives(err: dict[str, Any], calibration: Calibration, world: int | None) -> dict[str, Any] | None:
     """Where a prediction runs its library's flat rings (DeepSpeed's and FSDP's) at a scale whose vendor
     collectives were measured more than ``COLLECTIVES_WITHIN`` off the model's ring: the measured ratio
