@@ -56,6 +56,13 @@ class LevelCreate(_In):
     busbw_gbps: Positive | None = Field(
         default=None, description="measured bus bandwidth (GB/s) of one collective spanning this level and those "
         "under it, e.g. nccl-tests' busbw at 256 MB across the nodes; at most bandwidth_gbps x the ranks under it")
+    all_gather_busbw_gbps: Positive | None = Field(
+        default=None, description="busbw_gbps of the all-gather alone (all_gather_perf), where it was measured apart: "
+        "the level's all-gathers reach it")
+    reduce_scatter_busbw_gbps: Positive | None = Field(
+        default=None, description="busbw_gbps of the reduce-scatter alone (reduce_scatter_perf)")
+    all_reduce_busbw_gbps: Positive | None = Field(
+        default=None, description="busbw_gbps of the all-reduce alone (all_reduce_perf)")
 
 
 class ClusterCreate(_In):

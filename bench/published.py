@@ -80,7 +80,7 @@ from zerotune.strategies.costmodel.rates import (
     run_by,
     with_host_floor,
 )
-from zerotune.strategies.spec import ClusterSpec, ModelSpec
+from zerotune.strategies.spec import BUSBW_FIELDS, ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,7 +128,7 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
     cluster = profile_cluster(name, spec["device"], levels_spec,
                               tuple(lv.get("gbps_per_rank") for lv in spec["levels"]))
     cluster = dataclasses.replace(cluster, peak_tflops=spec.get("peak_tflops", cluster.peak_tflops), levels=tuple(
-        dataclasses.replace(lv, busbw_gbps=given.get("busbw_gbps")) for lv, given in zip(
+        dataclasses.replace(lv, **{f: given.get(f) for f in BUSBW_FIELDS}) for lv, given in zip(
             cluster.levels, spec["levels"], strict=True)))
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers, attention=attention)

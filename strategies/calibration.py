@@ -317,6 +317,8 @@ def _fit(measurements: Sequence[Measurement], *, name: str, start: Calibration |
     gbps = [lv.bandwidth_gbps for lv in measurements[0].cluster.levels]
     # tied: the first busy level's; others share
     fitted_bw = (busy[:1] if tied else busy) if bandwidths is True else []
+    if bandwidths == "measured" or fitted_bw:  # the runs' own rates replace any one collective's measured apart
+        base = dataclasses.replace(base, collective_efficiency=())
     n_unknowns = len(scalars) + len(fitted_bw)
     if len(measurements) < n_unknowns:
         raise SpecError("measurements", len(measurements), f"need at least {n_unknowns} runs for {n_unknowns} unknowns")

@@ -77,6 +77,14 @@ class Level:
     across the nodes): the level's collectives then reach it instead of the nominal share of
     ``bandwidth_gbps`` (``costmodel.hardware.calibration_for``). At most what the level's links carry:
     ``bandwidth_gbps`` times the ranks under it (a ring leaves a group through that many links)."""
+    all_gather_busbw_gbps: float | None = None
+    """``busbw_gbps`` of the all-gather alone (``all_gather_perf``), where it was measured apart: a cluster's
+    collectives need not reach one rate (an EFA cluster's all-gather reached 28 GB/s on 32 nodes where its all-reduce
+    reached 65, bench/published/hf_playbook.toml). The level's all-gathers reach it; ``busbw_gbps`` where not given."""
+    reduce_scatter_busbw_gbps: float | None = None
+    """``busbw_gbps`` of the reduce-scatter alone (``reduce_scatter_perf``), as ``all_gather_busbw_gbps``."""
+    all_reduce_busbw_gbps: float | None = None
+    """``busbw_gbps`` of the all-reduce alone (``all_reduce_perf``), as ``all_gather_busbw_gbps``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -85,10 +93,24 @@ class Level:
         _check_pos(f"level[{self.name}].bandwidth_gbps", self.bandwidth_gbps)
         if not isinstance(self.latency_us, int | float) or self.latency_us < 0:
             raise SpecError(f"level[{self.name}].latency_us", self.latency_us, "must be a number >= 0")
-        if self.busbw_gbps is not None:
-            _check_pos(f"level[{self.name}].busbw_gbps", self.busbw_gbps)
+        for field, value in self.measured_busbw():
+            _check_pos(f"level[{self.name}].{field}", value)
+
+    def measured_busbw(self) -> tuple[tuple[str, float], ...]:
+        """The bus bandwidths measured on this level, as (field name, GB/s): ``busbw_gbps`` and each collective's."""
+        return tuple((f, v) for f in BUSBW_FIELDS if (v := getattr(self, f)) is not None)
+
+    def collective_busbw(self, op: str) -> float | None:
+        """The bus bandwidth measured for collective ``op`` (``all_gather``, ``reduce_scatter``, ``all_reduce``) on
+        this level: its own where given, else ``busbw_gbps``, else None."""
+        own = getattr(self, f"{op}_busbw_gbps")
+        return own if own is not None else self.busbw_gbps
 
 
+BUSBW_FIELDS = ("busbw_gbps", "all_gather_busbw_gbps", "reduce_scatter_busbw_gbps", "all_reduce_busbw_gbps")
+"""A level's measured bus bandwidths: one for every collective, and each collective's own."""
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+"""The collectives a level's bus bandwidth may be measured for apart (``Level.collective_busbw``)."""
 MAX_LEVELS = 8
 """The most levels a cluster has (explicit specs, local:AxB… presets and the API alike)."""
 MAX_LEVEL_SIZE = 65536
@@ -125,10 +147,11 @@ class ClusterSpec:
         _check_pos("cluster.peak_tflops", self.peak_tflops)
         below = 1
         for lv in levels:
-            if lv.busbw_gbps is not None and lv.busbw_gbps > below * lv.bandwidth_gbps:
-                raise SpecError(f"level[{lv.name}].busbw_gbps", lv.busbw_gbps,
-                                f"must be at most what the level's links carry: {below} rank(s) under it x "
-                                f"bandwidth_gbps {lv.bandwidth_gbps:g} = {below * lv.bandwidth_gbps:g} GB/s")
+            for field, value in lv.measured_busbw():
+                if value > below * lv.bandwidth_gbps:
+                    raise SpecError(f"level[{lv.name}].{field}", value,
+                                    f"must be at most what the level's links carry: {below} rank(s) under it x "
+                                    f"bandwidth_gbps {lv.bandwidth_gbps:g} = {below * lv.bandwidth_gbps:g} GB/s")
             below *= lv.size
 
     @property
@@ -166,17 +189,20 @@ class ClusterSpec:
         the outermost level holds at the size it was measured at only, so another size drops it."""
         _check_int(f"cluster {self.name}: outermost level size", size, 1)
         outer = self.levels[-1]
-        busbw = outer.busbw_gbps if size == outer.size else None
-        levels = self.levels[:-1] + (dataclasses.replace(outer, size=size, busbw_gbps=busbw),)
+        if size != outer.size:  # every bus bandwidth measured there
+            outer = dataclasses.replace(outer, busbw_gbps=None, all_gather_busbw_gbps=None,
+                                        reduce_scatter_busbw_gbps=None, all_reduce_busbw_gbps=None)
+        levels = self.levels[:-1] + (dataclasses.replace(outer, size=size),)
         return dataclasses.replace(self, levels=levels)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON; a level without a measured bus bandwidth leaves ``busbw_gbps`` out (so a cluster
-        written before the field existed keeps its form, and a request its key)."""
+        """The fields as JSON; a level leaves out each bus bandwidth it has not measured (``BUSBW_FIELDS``: so a
+        cluster written before those fields existed keeps its form, and a request its key)."""
         out = dataclasses.asdict(self)
         for lv in out["levels"]:
-            if lv["busbw_gbps"] is None:
-                del lv["busbw_gbps"]
+            for field in BUSBW_FIELDS:
+                if lv[field] is None:
+                    del lv[field]
         return out
 
     @classmethod

@@ -109,7 +109,7 @@ from typing import Any
 
 from zerotune.strategies.costmodel.rates import NOMINAL, NOMINAL_LINK_EFFICIENCY, Calibration, run_by
 from zerotune.strategies.costmodel.traffic import attention_flops, pass_seconds
-from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
+from zerotune.strategies.spec import COLLECTIVES, ClusterSpec, Level, ModelSpec
 
 NCCL_RING_BASE_US = 8.4
 """Fixed cost of one ring collective, Simple protocol [nccl-tuning]."""
@@ -804,15 +804,20 @@ def with_measured_links(calib: Calibration, cluster: ClusterSpec) -> Calibration
     """``calib`` with each level that carries a measured bus bandwidth (``Level.busbw_gbps``) at the efficiency
     it measured: busbw / (ranks under the level x ``bandwidth_gbps``), the rate at which a ring over the level's
     span leaves each group through that many links (``timing.Costs._flat_ring``) and each rank's share of it in
-    zerotune's hierarchical exchange. The other levels keep ``calib``'s; ``calib`` itself where none was measured."""
-    measured, below = [], 1
-    for lv in cluster.levels:
-        measured.append(None if lv.busbw_gbps is None else lv.busbw_gbps / (below * lv.bandwidth_gbps))
+    zerotune's hierarchical exchange; a collective measured apart there (``Level.all_gather_busbw_gbps`` and its
+    kin) at its own (``Calibration.collective_efficiency``). The other levels keep ``calib``'s; ``calib`` itself
+    where none was measured."""
+    measured, own, below = [], [], 1
+    for k, lv in enumerate(cluster.levels, 1):
+        links = below * lv.bandwidth_gbps
+        measured.append(None if lv.busbw_gbps is None else lv.busbw_gbps / links)
+        own += [(op, k, v / links) for op in COLLECTIVES if (v := getattr(lv, f"{op}_busbw_gbps")) is not None]
         below *= lv.size
-    if all(e is None for e in measured):
+    if all(e is None for e in measured) and not own:
         return calib
     return dataclasses.replace(calib, bandwidth_efficiency=tuple(
-        calib.level_efficiency(k) if e is None else e for k, e in enumerate(measured, 1)))
+        calib.level_efficiency(k) if e is None else e for k, e in enumerate(measured, 1)),
+        collective_efficiency=tuple(own))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -822,7 +827,7 @@ def calibration_for(cluster: ClusterSpec) -> Calibration:
     levels (``device_calibration``); else the generic nominal one (fit your own with ``zerotune calibrate``).
     A level with a measured bus bandwidth (``Level.busbw_gbps``) makes the cluster a custom one, whose
     collectives on that level reach what was measured (``with_measured_links``)."""
-    measured = any(lv.busbw_gbps is not None for lv in cluster.levels)
+    measured = any(lv.measured_busbw() for lv in cluster.levels)
     base = cluster.name.partition(":")[0]
     profile = PROFILES.get(base)
     if profile is not None and not measured:

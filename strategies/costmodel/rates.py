@@ -72,6 +72,10 @@ class Calibration:
     bandwidth_efficiency: tuple[float, ...] = ()
     """Achieved fraction of each level's bandwidth, innermost first; empty = ``NOMINAL_LINK_EFFICIENCY`` for every
     level."""
+    collective_efficiency: tuple[tuple[str, int, float], ...] = ()
+    """(collective, level, fraction): where one collective was measured apart on a level
+    (``Level.all_gather_busbw_gbps`` and its kin: ``hardware.with_measured_links``), what that collective achieves
+    there instead of ``bandwidth_efficiency``'s."""
     latency_scale: float = 1.0
     """Multiplies every level's ``latency_us`` (per ring step)."""
     quant_elems_per_s: float = 1e11
@@ -185,7 +189,11 @@ class Calibration:
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 
-    def level_efficiency(self, level: int) -> float:
+    def level_efficiency(self, level: int, op: str | None = None) -> float:
+        """The fraction of level ``level``'s bandwidth collective ``op`` achieves (None: any collective)."""
+        for kind, at, efficiency in self.collective_efficiency:
+            if kind == op and at == level:
+                return efficiency
         return self.bandwidth_efficiency[level - 1] if self.bandwidth_efficiency else NOMINAL_LINK_EFFICIENCY
 
     def to_dict(self) -> dict[str, Any]:
@@ -195,6 +203,8 @@ class Calibration:
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
         data = dict(data)
         data["bandwidth_efficiency"] = tuple(data.get("bandwidth_efficiency", ()))
+        data["collective_efficiency"] = tuple((str(op), int(level), float(eff))
+                                              for op, level, eff in data.get("collective_efficiency", ()))
         data["ll_max_busbw_gbps"] = tuple(data.get("ll_max_busbw_gbps", ()))
         if isinstance(data.get("measured_error"), dict):
             data["measured_error"] = MeasuredError(**data["measured_error"])

@@ -14,7 +14,8 @@ other. A primitive over s ranks of level l moving b bytes per rank costs (α-β 
   collective of small messages is latency-bound and its cost grows with the group size;
 - b / (β_l · η_l): bytes sent per rank (``volume.py``, exactly what the engine's counter books)
   over the level's per-rank bandwidth times the achievable fraction η_l
-  (``Calibration.level_efficiency``, from collective benchmarks' bus bandwidth);
+  (``Calibration.level_efficiency``, from collective benchmarks' bus bandwidth: each collective's own where it
+  was measured apart, ``Level.all_gather_busbw_gbps`` and its kin);
 - quantization: elements quantized + dequantized / ``quant_elems_per_s`` (``quant_elems``);
 - an all-to-all's bytes (ZeRO++'s quantized reduce-scatter) go at ``all_to_all_efficiency`` of the
   level's ring rate.
@@ -143,17 +144,18 @@ class Costs:
             total += self.quant_elems("all_gather", lo, hi, seen)
         return total
 
-    def _ring_levels(self, lo: int, hi: int) -> list[tuple[Level, int, float]]:
+    def _ring_levels(self, lo: int, hi: int, op: str | None = None) -> list[tuple[Level, int, float]]:
         """The levels lo..hi of 2+ ranks as one ring over all their R ranks runs them: (level, hops_l, rate_l), of
         the ring's R − 1 hops those whose two ranks first differ at level l (R/below_l − R/(below_l · s_l)), and
-        the bytes per second a subtree of below_l ranks leaves through (below_l · bandwidth_l · η_l)."""
+        the bytes per second a subtree of below_l ranks leaves through (below_l · bandwidth_l · η_l, η_l what
+        collective ``op`` achieves there: ``Calibration.level_efficiency``)."""
         ranks = self.prefix[hi] // self.prefix[lo - 1]
         out, below = [], 1
         for level in range(lo, hi + 1):
             lv = self.cluster.levels[level - 1]
             if lv.size > 1:
                 out.append((lv, ranks // below - ranks // (below * lv.size),
-                            below * lv.bandwidth_gbps * 1e9 * self.calib.level_efficiency(level)))
+                            below * lv.bandwidth_gbps * 1e9 * self.calib.level_efficiency(level, op)))
             below *= lv.size
         return out
 
@@ -193,7 +195,7 @@ class Costs:
         slowest, nodes = 0.0, 1
         node_hop = net_hop = 0.0
         hops: list[tuple[int, float]] = []  # (ring steps at the level, its Simple hop latency)
-        for lv, steps, rate in self._ring_levels(lo, hi):
+        for lv, steps, rate in self._ring_levels(lo, hi, op):
             hops.append((_STEPS[op] * steps, lv.latency_us))
             slowest = max(slowest, sent / rate)
             if self._network(lv.latency_us):
@@ -219,7 +221,7 @@ class Costs:
                 continue
             kinds = vol.get(lv.name, {})
             sent = sum(kinds.values()) + (1 / calib.all_to_all_efficiency - 1) * kinds.get("all_to_all", 0)
-            rate = lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level)
+            rate = lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level, op)
             network = self._network(lv.latency_us)
             nodes = lv.size if network else 1
             ring = self._fastest([(_STEPS[op] * (lv.size - 1), lv.latency_us)], sent / rate, sent, nodes,

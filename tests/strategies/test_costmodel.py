@@ -236,6 +236,13 @@ def test_runs_on_one_host_share_one_bandwidth():
     assert calib.compute_efficiency == pytest.approx(0.2, rel=1e-3)
     _, per_level = fit(runs, name="each", fields=["compute_efficiency"], start=truth, tie_levels=False)
     assert per_level["bandwidths"] == "one per level"
+    # a start whose all-gathers were measured apart (Level.all_gather_busbw_gbps): fitted bandwidths replace it
+    apart = dataclasses.replace(truth, collective_efficiency=(("all_gather", 2, 0.01),))
+    refitted, _ = fit(runs, name="each", fields=["compute_efficiency"], start=apart, tie_levels=False)
+    assert refitted.collective_efficiency == () and refitted.level_efficiency(2, "all_gather") == pytest.approx(
+        refitted.level_efficiency(2))
+    kept, _ = fit(runs, name="held", fields=["compute_efficiency"], start=apart, bandwidths=False)
+    assert kept.collective_efficiency == apart.collective_efficiency  # bandwidths held: the measured ones stand
     # which runs count as one host: run.json's host, or a local: cluster where it predates that field
     run = json.loads(next(FIDELITY_RUNS.glob("run00-*.json")).read_text())
     assert "host" not in run and Measurement.from_run(run).one_host

@@ -85,6 +85,31 @@ def test_a_measured_bus_bandwidth_is_checked_kept_and_left_out_when_absent():
         ClusterSpec(name="neg", levels=(levels[0], {**levels[1], "busbw_gbps": -1}))
 
 
+def test_each_collective_may_carry_its_own_measured_bus_bandwidth():
+    """``all_gather_busbw_gbps``, ``reduce_scatter_busbw_gbps`` and ``all_reduce_busbw_gbps``: a collective measured
+    apart (nccl-tests' all_gather_perf beside all_reduce_perf), checked as ``busbw_gbps`` is (positive, at most what the
+    level's links carry, named in the error), round-tripped through JSON, left out when absent, dropped with the outer
+    size; ``collective_busbw`` gives each collective its own, else ``busbw_gbps``."""
+    node = {"name": "node", "size": 8, "bandwidth_gbps": 450.0, "latency_us": 3.4}
+    outer = {"name": "inter-node", "size": 32, "bandwidth_gbps": 50.0, "latency_us": 14.0, "busbw_gbps": 64.9,
+             "all_gather_busbw_gbps": 28.0, "reduce_scatter_busbw_gbps": 27.9}
+    c = ClusterSpec(name="p5", levels=(node, outer), device="NVIDIA H100 80GB", peak_tflops=989.0)
+    lv = c.levels[1]
+    assert (lv.collective_busbw("all_gather"), lv.collective_busbw("reduce_scatter"),
+            lv.collective_busbw("all_reduce")) == (28.0, 27.9, 64.9)
+    assert c.levels[0].collective_busbw("all_gather") is None and c.levels[0].measured_busbw() == ()
+    written = c.to_dict()["levels"]
+    assert written[1]["all_gather_busbw_gbps"] == 28.0 and "all_reduce_busbw_gbps" not in written[1]
+    assert not {"all_gather_busbw_gbps", "reduce_scatter_busbw_gbps", "all_reduce_busbw_gbps"} & set(written[0])
+    assert ClusterSpec.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert c.with_outer_size(16).levels[1].measured_busbw() == ()
+    with pytest.raises(SpecError) as bad:
+        ClusterSpec(name="over", levels=(node, {**outer, "all_reduce_busbw_gbps": 401.0}))
+    assert bad.value.field == "level[inter-node].all_reduce_busbw_gbps" and bad.value.value == 401.0
+    with pytest.raises(SpecError, match="reduce_scatter_busbw_gbps"):
+        ClusterSpec(name="neg", levels=(node, {**outer, "reduce_scatter_busbw_gbps": 0}))
+
+
 def test_num_params_gpt2_small_shape():
     # GPT-2 small (124,439,808 parameters with tied head, vocab 50257, positions 1024)
     gpt2 = ModelSpec("gpt2", layers=12, hidden=768, heads=12, vocab=50257, seq_len=1024)
