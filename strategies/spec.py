@@ -100,11 +100,11 @@ class Level:
         """The bus bandwidths measured on this level, as (field name, GB/s): ``busbw_gbps`` and each collective's."""
         return tuple((f, v) for f in BUSBW_FIELDS if (v := getattr(self, f)) is not None)
 
-    def collective_busbw(self, op: str) -> float | None:
-        """The bus bandwidth measured for collective ``op`` (``all_gather``, ``reduce_scatter``, ``all_reduce``) on
-        this level: its own where given, else ``busbw_gbps``, else None."""
-        own = getattr(self, f"{op}_busbw_gbps")
-        return own if own is not None else self.busbw_gbps
+    def collective_busbw(self) -> tuple[tuple[str, float], ...]:
+        """The collectives measured apart on this level, as (collective, GB/s); the others reach ``busbw_gbps``
+        where it was measured (``Calibration.level_efficiency`` holds that rule, ``hardware.with_measured_links``
+        fills it)."""
+        return tuple((op, v) for op in COLLECTIVES if (v := getattr(self, f"{op}_busbw_gbps")) is not None)
 
 
 BUSBW_FIELDS = ("busbw_gbps", "all_gather_busbw_gbps", "reduce_scatter_busbw_gbps", "all_reduce_busbw_gbps")
@@ -190,8 +190,8 @@ class ClusterSpec:
         _check_int(f"cluster {self.name}: outermost level size", size, 1)
         outer = self.levels[-1]
         if size != outer.size:  # every bus bandwidth measured there
-            outer = dataclasses.replace(outer, busbw_gbps=None, all_gather_busbw_gbps=None,
-                                        reduce_scatter_busbw_gbps=None, all_reduce_busbw_gbps=None)
+            cleared: dict[str, Any] = dict.fromkeys(BUSBW_FIELDS)
+            outer = dataclasses.replace(outer, **cleared)
         levels = self.levels[:-1] + (dataclasses.replace(outer, size=size),)
         return dataclasses.replace(self, levels=levels)
 

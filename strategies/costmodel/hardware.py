@@ -109,7 +109,7 @@ from typing import Any
 
 from zerotune.strategies.costmodel.rates import NOMINAL, NOMINAL_LINK_EFFICIENCY, Calibration, run_by
 from zerotune.strategies.costmodel.traffic import attention_flops, pass_seconds
-from zerotune.strategies.spec import COLLECTIVES, ClusterSpec, Level, ModelSpec
+from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
 
 NCCL_RING_BASE_US = 8.4
 """Fixed cost of one ring collective, Simple protocol [nccl-tuning]."""
@@ -811,7 +811,7 @@ def with_measured_links(calib: Calibration, cluster: ClusterSpec) -> Calibration
     for k, lv in enumerate(cluster.levels, 1):
         links = below * lv.bandwidth_gbps
         measured.append(None if lv.busbw_gbps is None else lv.busbw_gbps / links)
-        own += [(op, k, v / links) for op in COLLECTIVES if (v := getattr(lv, f"{op}_busbw_gbps")) is not None]
+        own += [(op, k, gbps / links) for op, gbps in lv.collective_busbw()]
         below *= lv.size
     if all(e is None for e in measured) and not own:
         return calib

@@ -89,15 +89,15 @@ def test_each_collective_may_carry_its_own_measured_bus_bandwidth():
     """``all_gather_busbw_gbps``, ``reduce_scatter_busbw_gbps`` and ``all_reduce_busbw_gbps``: a collective measured
     apart (nccl-tests' all_gather_perf beside all_reduce_perf), checked as ``busbw_gbps`` is (positive, at most what the
     level's links carry, named in the error), round-tripped through JSON, left out when absent, dropped with the outer
-    size; ``collective_busbw`` gives each collective its own, else ``busbw_gbps``."""
+    size; ``collective_busbw`` lists the collectives measured apart (the all-reduce here reaches ``busbw_gbps``:
+    ``test_a_levels_measured_bus_bandwidth_is_what_its_collectives_reach``)."""
     node = {"name": "node", "size": 8, "bandwidth_gbps": 450.0, "latency_us": 3.4}
     outer = {"name": "inter-node", "size": 32, "bandwidth_gbps": 50.0, "latency_us": 14.0, "busbw_gbps": 64.9,
              "all_gather_busbw_gbps": 28.0, "reduce_scatter_busbw_gbps": 27.9}
     c = ClusterSpec(name="p5", levels=(node, outer), device="NVIDIA H100 80GB", peak_tflops=989.0)
     lv = c.levels[1]
-    assert (lv.collective_busbw("all_gather"), lv.collective_busbw("reduce_scatter"),
-            lv.collective_busbw("all_reduce")) == (28.0, 27.9, 64.9)
-    assert c.levels[0].collective_busbw("all_gather") is None and c.levels[0].measured_busbw() == ()
+    assert lv.collective_busbw() == (("all_gather", 28.0), ("reduce_scatter", 27.9)) and lv.busbw_gbps == 64.9
+    assert c.levels[0].collective_busbw() == () and c.levels[0].measured_busbw() == ()
     written = c.to_dict()["levels"]
     assert written[1]["all_gather_busbw_gbps"] == 28.0 and "all_reduce_busbw_gbps" not in written[1]
     assert not {"all_gather_busbw_gbps", "reduce_scatter_busbw_gbps", "all_reduce_busbw_gbps"} & set(written[0])
