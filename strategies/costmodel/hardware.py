@@ -60,6 +60,15 @@ Sources (cited by key below and in ``rates``):
   A100" over its attention benchmarks, whose FLOPs are counted as the repository's
   ``benchmarks/benchmark_flash_attention.py`` counts them: 4·T²·d per head forward, halved for a causal mask, the
   backward 2.5 times the forward.
+- [fa2-bench] Dao-AILab/flash-attention ``assets/flash2_a100_fwd_bwd_benchmark.png`` and
+  ``assets/flash2_h100_fwd_bwd_benchmark.png`` (4f285b35, 2023-07-17, the FlashAttention-2 release; the README's
+  "Performance" section): attention forward + backward speed, TFLOPs/s as printed on the bars, on an A100 80GB SXM4
+  and an H100 80GB SXM5, sequence lengths 512 to 16k, heads of 64 and 128 (``benchmarks/benchmark_flash_attention.py``:
+  16k tokens per batch, hidden 2048, the FLOPs as [fa2-kernel] counts them), for FlashAttention-2 and, on the A100,
+  "FlashAttention Triton" (the repository's ``flash_attn_triton.py``, which LLM Foundry's ``attn_impl: triton`` runs
+  as its own copy). With causal mask, A100: FlashAttention-2 88, 119, 140, 156, 165, 171 (heads of 64) and 99, 133,
+  155, 173, 182, 189 (128); Triton 59, 75, 79, 76, 79, 80 and 50, 61, 68, 74, 78, 80. H100: FlashAttention-2 141,
+  192, 232, 257, 273, 284 and 163, 221, 265, 294, 308, 328.
 - [fa3] Shah et al., "FlashAttention-3" (arXiv 2407.08608), abstract: "FlashAttention-2 achieving only 35%
   utilization on the H100 GPU".
 - [triton-perf] triton-lang/triton ``python/test/regression/test_performance.py`` at 00693c1c,
@@ -107,7 +116,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from zerotune.strategies.costmodel.rates import NOMINAL, NOMINAL_LINK_EFFICIENCY, Calibration, run_by
+from zerotune.strategies.costmodel.rates import NOMINAL, NOMINAL_LINK_EFFICIENCY, Calibration, curve_rate, run_by
 from zerotune.strategies.costmodel.traffic import attention_flops, pass_seconds
 from zerotune.strategies.spec import ClusterSpec, Level, ModelSpec
 
@@ -379,14 +388,31 @@ class AttentionKernel:
     forward_shares: dict[str, float]
     """The share of its time its forward takes on each device of ``rates`` (``kernel_forward_share``): what a
     recomputed forward pays again."""
+    curves: dict[str, tuple[tuple[int, int, float], ...]] = dataclasses.field(default_factory=dict)
+    """Its published rate by sequence length and head size on the devices a benchmark swept it on
+    (``Calibration.attention_curve``); there ``rates`` holds the curve at ``REFERENCE_POINT``."""
+
+    @classmethod
+    def from_curves(cls, curves: dict[str, tuple[tuple[int, int, float], ...]], source: str,
+                    forward_shares: dict[str, float]) -> AttentionKernel:
+        """A kernel known by its curves alone: its one figure per device read at ``REFERENCE_POINT``."""
+        return cls({device: curve_rate(curve, *REFERENCE_POINT) for device, curve in curves.items()}, source,
+                   forward_shares, curves)
 
     def __post_init__(self) -> None:
         if set(self.forward_shares) != set(self.rates):
             raise ValueError(f"AttentionKernel: forward_shares for {sorted(self.forward_shares)}, rates for "
                              f"{sorted(self.rates)}: must name the same devices")
+        if not set(self.curves) <= set(self.rates):
+            raise ValueError(f"AttentionKernel: curves for {sorted(self.curves)}, rates for {sorted(self.rates)}: "
+                             "a device with a curve needs its rate")
 
-    def efficiency(self, device: str) -> float:
-        """Its rate on ``device``; 0 where it was not measured there (charged at the compute rate)."""
+    def efficiency(self, device: str, model: ModelSpec | None = None) -> float:
+        """Its rate on ``device`` (for ``model``'s sequence length and head size where a curve has it); 0 where it
+        was not measured there (charged at the compute rate)."""
+        curve = self.curves.get(device)
+        if curve and model is not None:
+            return curve_rate(curve, model.seq_len, model.hidden // model.heads)
         return self.rates.get(device, 0.0)
 
     def forward_share(self, device: str) -> float:
@@ -394,37 +420,57 @@ class AttentionKernel:
         return self.forward_shares.get(device, 0.0)
 
 
-FA2_A100 = causal_kernel_efficiency((0.50 + 0.73) / 2, (0.50 + 0.73) / 2)
-"""[fa2-kernel]: the middle of FlashAttention-2's 50-73% of peak on A100, for its forward and backward alike
-(the paper's figures that split them by pass and mask are images): 1.05 of peak in the model's terms."""
-FA2_H100 = causal_kernel_efficiency(0.35, 0.35)
-"""[fa3]: FlashAttention-2's 35% of peak on H100, for both passes: 0.60 in the model's terms (zerotune's engine's
-cuDNN attention measured 0.58 on the same part: ``H100_ENGINE_ATTENTION``)."""
+BENCH_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+"""The sequence lengths of [fa2-bench]'s bars."""
+
+
+def bench_curve(peak_tflops: float, by_head: dict[int, tuple[float, ...]]) -> tuple[tuple[int, int, float], ...]:
+    """``Calibration.attention_curve`` points from a causal attention benchmark's forward-and-backward TFLOPS at
+    ``BENCH_SEQS`` for each head size (its passes at one rate: ``causal_kernel_efficiency(f, f)``)."""
+    return tuple((seq, head, round(causal_kernel_efficiency(tflops / peak_tflops, tflops / peak_tflops), 4))
+                 for head, row in sorted(by_head.items()) for seq, tflops in zip(BENCH_SEQS, row, strict=True))
+
+
+FA2_A100_CURVE = bench_curve(312.0, {64: (88, 119, 140, 156, 165, 171), 128: (99, 133, 155, 173, 182, 189)})
+"""[fa2-bench]: FlashAttention-2 on an A100, causal: 0.48-1.04 of peak in the model's terms (heads of 128: 0.54 at 512
+tokens, 0.85 at 2k, 1.04 at 16k). It replaces the middle of the abstract's 50-73% ([fa2-kernel]: 1.05 at every
+length), which is the forward alone at its best; the forward and backward together reach 0.28-0.61 of peak."""
+TRITON_A100_CURVE = bench_curve(312.0, {64: (59, 75, 79, 76, 79, 80), 128: (50, 61, 68, 74, 78, 80)})
+"""[fa2-bench]: FlashAttention's Triton port on an A100, causal: 0.27-0.44 of peak in the model's terms, flat from 2k
+on (heads of 128: 0.37 at 2k, 0.41 at 4k; [triton-perf]'s Triton tutorial kernel at 4k: 0.47)."""
+FA2_H100_CURVE = bench_curve(989.0, {64: (141, 192, 232, 257, 273, 284), 128: (163, 221, 265, 294, 308, 328)})
+"""[fa2-bench]: FlashAttention-2 on an H100, causal: 0.24-0.57 of peak in the model's terms (heads of 128: 0.46 at 2k,
+0.57 at 16k; [fa3]'s "35%" is 0.60)."""
 TRITON_A100 = causal_kernel_efficiency(0.37, 0.25)
 """[triton-perf]: Triton's causal fused attention on A100, forward 0.37 and backward 0.25: 0.47 of peak in the
-model's terms, 0.45 of ``FA2_A100`` (measured on a CI machine whose 8k matmuls ran at 0.77 of peak, where Triton's
-file notes 'about 90%' elsewhere: a kernel on a faster A100 may reach more)."""
+model's terms (measured on a CI machine whose 8k matmuls ran at 0.77 of peak, where Triton's file notes 'about 90%'
+elsewhere: a kernel on a faster A100 may reach more)."""
+REFERENCE_POINT = (2048, 128)
+"""Where a kernel's curve is read for its one figure per device (``AttentionKernel.efficiency``): 2,048 tokens, heads
+of 128."""
 FA2_FORWARD = kernel_forward_share(0.5, 0.5)
 """FlashAttention-2's forward share, its passes at the same fraction of peak ([fa2-kernel] and [fa3] give one figure
 for both): 2/7, its backward doing 2.5 times the forward's FLOPs."""
 TRITON_A100_FORWARD = kernel_forward_share(0.37, 0.25)
 """Triton's on A100 ([triton-perf]'s two passes): 0.21."""
-_FLASH2_RATES = {"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": FA2_H100, "H200": FA2_H100}
-_TRITON_RATES = {"A100": TRITON_A100, "A100-40GB": TRITON_A100}
+_FLASH2_CURVES = {"A100": FA2_A100_CURVE, "A100-40GB": FA2_A100_CURVE, "H100": FA2_H100_CURVE, "H200": FA2_H100_CURVE}
+_TRITON_CURVES = {"A100": TRITON_A100_CURVE, "A100-40GB": TRITON_A100_CURVE}
 ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
     "matmul": None,
-    "flash2": AttentionKernel(_FLASH2_RATES,
-                              "[fa2-kernel] on A100 (both A100 parts: the same SMs and clocks), [fa3] on H100 (and "
-                              "the H200: the same SMs and peak; attention's FLOPs do not wait on HBM)",
-                              dict.fromkeys(_FLASH2_RATES, FA2_FORWARD)),
-    "triton": AttentionKernel(_TRITON_RATES, "[triton-perf]", dict.fromkeys(_TRITON_RATES, TRITON_A100_FORWARD)),
-    "sdpa": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100, "H100": H100_ENGINE_ATTENTION,
-                             "H200": H200_ENGINE_ATTENTION},
+    "flash2": AttentionKernel.from_curves(
+        _FLASH2_CURVES, "[fa2-bench] on A100 (both A100 parts: the same SMs and clocks) and on H100 (and the H200: the "
+        "same SMs and peak; attention's FLOPs do not wait on HBM)", dict.fromkeys(_FLASH2_CURVES, FA2_FORWARD)),
+    "triton": AttentionKernel({"A100": TRITON_A100, "A100-40GB": TRITON_A100}, "[triton-perf]",
+                              {"A100": TRITON_A100_FORWARD, "A100-40GB": TRITON_A100_FORWARD}),
+    "sdpa": AttentionKernel({"A100": curve_rate(FA2_A100_CURVE, *REFERENCE_POINT),
+                             "A100-40GB": curve_rate(FA2_A100_CURVE, *REFERENCE_POINT),
+                             "H100": H100_ENGINE_ATTENTION, "H200": H200_ENGINE_ATTENTION},
                             "PyTorch's scaled_dot_product_attention as zerotune's engine calls it: cuDNN's attention "
                             "on Hopper, measured (H100_ENGINE_ATTENTION, H200_ENGINE_ATTENTION); FlashAttention-2 on "
-                            "A100, where SDPA has no cuDNN backend by default ([fa2-kernel])",
+                            "A100, where SDPA has no cuDNN backend by default ([fa2-bench])",
                             {"A100": FA2_FORWARD, "A100-40GB": FA2_FORWARD, "H100": H100_ENGINE_ATTENTION_FORWARD,
-                             "H200": H200_ENGINE_ATTENTION_FORWARD}),
+                             "H200": H200_ENGINE_ATTENTION_FORWARD},
+                            {"A100": FA2_A100_CURVE, "A100-40GB": FA2_A100_CURVE}),
 }
 """The attention a run's kernels compute, by name (a table's ``attention``, ``profile_calibration``'s): ``matmul``
 (charged at the stack's compute rate, as an unfused attention's batched matmuls, and a kernel without a published
@@ -450,10 +496,11 @@ def _kernel(kernel: str) -> AttentionKernel | None:
     return ATTENTION_KERNELS[kernel]
 
 
-def attention_efficiency(kernel: str, device: str) -> float:
-    """``ATTENTION_KERNELS[kernel]``'s rate on ``device`` in the model's terms; 0: charged at the compute rate."""
+def attention_efficiency(kernel: str, device: str, model: ModelSpec | None = None) -> float:
+    """``ATTENTION_KERNELS[kernel]``'s rate on ``device`` in the model's terms (for ``model`` where its curve has one;
+    None: at ``REFERENCE_POINT``); 0: charged at the compute rate."""
     found = _kernel(kernel)
-    return found.efficiency(device) if found else 0.0
+    return found.efficiency(device, model) if found else 0.0
 
 
 def attention_forward_share(kernel: str, device: str) -> float:
@@ -465,8 +512,10 @@ def attention_forward_share(kernel: str, device: str) -> float:
 def with_attention(calib: Calibration, kernel: str, device: str) -> Calibration:
     """``calib`` with its runs' attention ``kernel`` on ``device``: the kernel's rate and its forward's share, always
     set together (``profile_calibration``, and a table that names the kernel of a preset's runs)."""
+    found = _kernel(kernel)
     return dataclasses.replace(calib, attention_efficiency=attention_efficiency(kernel, device),
-                               attention_forward_share=attention_forward_share(kernel, device))
+                               attention_forward_share=attention_forward_share(kernel, device),
+                               attention_curve=found.curves.get(device, ()) if found else ())
 
 
 NVLINK_EFFICIENCY = 370 / 450
@@ -669,7 +718,7 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
         else:
             efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
                                          source.memory_fraction(stack) * source.hbm_gbps * 1e9,
-                                         attention_efficiency(FIGURE_ATTENTION.get(figure, "matmul"), ran_on))
+                                         attention_efficiency(FIGURE_ATTENTION.get(figure, "matmul"), ran_on, model))
     calib = Calibration(name=name, compute_efficiency=efficiency,
                         memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
                         bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),

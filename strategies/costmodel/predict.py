@@ -280,9 +280,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
 
     tokens = mbs * model.seq_len
+    attention = calib.attention_rate(model.seq_len, model.hidden // model.heads)
     per_token = pass_seconds(model, e, cluster.peak_tflops * 1e12 * calib.compute_efficiency,
                              calib.memory_bytes_per_s, s.activation_checkpointing,
-                             cluster.peak_tflops * 1e12 * calib.attention_efficiency, calib.attention_forward_share)
+                             cluster.peak_tflops * 1e12 * attention, calib.attention_forward_share)
     fwd_block, bwd_block = tokens * per_token.block_fwd, tokens * per_token.block_bwd
     head_fwd, head_bwd = tokens * per_token.head_fwd, tokens * per_token.head_bwd
     # of which the memory-bound kernels (the device's time: a host floor may hide part of it)

@@ -10,6 +10,9 @@ Sources are cited by the keys of ``hardware``'s docstring: [nccl-netoverhead] an
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,31 @@ GRAD_REDUCE = ("reduce_scatter", "all_reduce")
 """How a runner that shards no parameters reduces a gradient bucket (``Calibration.grad_reduce``)."""
 WEIGHT_SYNC = ("gather", "broadcast")
 """How the updated weights reach every rank after the optimizer step (``Calibration.weight_sync``)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def curve_rate(curve: tuple[tuple[int, int, float], ...], seq_len: int, head_dim: int) -> float:
+    """The rate ``curve`` (``Calibration.attention_curve``: (sequence length, head size, rate) points) gives a model
+    of ``seq_len`` tokens and heads of ``head_dim``: along each measured head size, linear in log2 of the sequence
+    length between its two nearest points; across head sizes, linear between the two that bracket ``head_dim``.
+    Beyond the benchmark's ends the nearest measured point holds (a kernel's rate levels off at long sequences: the
+    published curves gain 1-4% from 8k to 16k tokens)."""
+    heads = sorted({head for _, head, _ in curve})
+
+    def along(head: int) -> float:
+        points = sorted((seq, rate) for seq, h, rate in curve if h == head)
+        x = min(max(math.log2(seq_len), math.log2(points[0][0])), math.log2(points[-1][0]))
+        for (s0, r0), (s1, r1) in itertools.pairwise(points):
+            if x <= math.log2(s1):
+                return r0 + (r1 - r0) * (x - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+        return points[-1][1]
+
+    if head_dim <= heads[0] or len(heads) == 1:
+        return along(heads[0])
+    for h0, h1 in itertools.pairwise(heads):
+        if head_dim <= h1:
+            return along(h0) + (along(h1) - along(h0)) * (head_dim - h0) / (h1 - h0)
+    return along(heads[-1])
 
 
 @dataclass(frozen=True)
@@ -69,6 +97,12 @@ class Calibration:
     a fused kernel's backward recomputes the scores and runs slower, so its forward takes less than the third its
     FLOPs give): what a recomputed forward pays again, and how the kernel's time splits between the passes. 0 = the
     FLOPs' third (no kernel rate, fitted and nominal calibrations)."""
+    attention_curve: tuple[tuple[int, int, float], ...] = ()
+    """(sequence length, head size, rate) points of the run's attention kernel's published benchmark on this device,
+    the rate in ``attention_efficiency``'s terms (``hardware.ATTENTION_KERNELS``): a fused kernel's rate grows with the
+    sequence (FlashAttention-2 on an A100, heads of 128: 0.55 of peak at 512 tokens, 1.04 at 16k in these terms) and
+    with the head size, so a model's rate is read off the curve at its own (``attention_rate``); empty =
+    ``attention_efficiency`` for every model."""
     bandwidth_efficiency: tuple[float, ...] = ()
     """Achieved fraction of each level's bandwidth, innermost first; empty = ``NOMINAL_LINK_EFFICIENCY`` for every
     level."""
@@ -189,6 +223,13 @@ class Calibration:
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 
+    def attention_rate(self, seq_len: int, head_dim: int) -> float:
+        """The attention kernel's rate for a model of ``seq_len`` tokens and heads of ``head_dim``: ``attention_curve``
+        at that point (``curve_rate``), or ``attention_efficiency`` where there is no curve."""
+        if not self.attention_curve:
+            return self.attention_efficiency
+        return curve_rate(self.attention_curve, seq_len, head_dim)
+
     def level_efficiency(self, level: int, op: str | None = None) -> float:
         """The fraction of level ``level``'s bandwidth collective ``op`` achieves (None: any collective)."""
         for kind, at, efficiency in self.collective_efficiency:
@@ -206,6 +247,8 @@ class Calibration:
         data["collective_efficiency"] = tuple((str(op), int(level), float(eff))
                                               for op, level, eff in data.get("collective_efficiency", ()))
         data["ll_max_busbw_gbps"] = tuple(data.get("ll_max_busbw_gbps", ()))
+        data["attention_curve"] = tuple((int(seq), int(head), float(rate))
+                                        for seq, head, rate in data.get("attention_curve", ()))
         if isinstance(data.get("measured_error"), dict):
             data["measured_error"] = MeasuredError(**data["measured_error"])
         return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})

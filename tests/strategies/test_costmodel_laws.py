@@ -150,7 +150,7 @@ def test_presets_carry_their_profile_custom_clusters_their_devices_and_the_rest_
     compute_alone = profile_calibration("x", "H100", ("nvlink4-nvswitch",), stack="pytorch", whole_run=False)
     assert compute_alone.compute_efficiency == pytest.approx(gemm_efficiency(
         h100.pytorch_efficiency, IBM_FSDP_7B, h100.peak_tflops, H100_EAGER_MEMORY_FRACTION * h100.hbm_gbps * 1e9,
-        attention_efficiency("flash2", "H100")))  # IBM's run: SDPA's FlashAttention-2 at its own rate
+        attention_efficiency("flash2", "H100", IBM_FSDP_7B)))  # IBM's run: SDPA's FlashAttention-2 at its own rate
     assert fsdp.memory_bytes_per_s == engine.memory_bytes_per_s  # the same eager kernels
     megatron = profile_calibration("x", "H100", ("nvlink4-nvswitch",), stack="megatron")
     assert megatron.memory_bytes_per_s == pytest.approx(STREAM_FRACTION * h100.hbm_gbps * 1e9)
@@ -165,7 +165,7 @@ def test_presets_carry_their_profile_custom_clusters_their_devices_and_the_rest_
     flash = profile_calibration("x", "A100", ("nvlink3-nvswitch",), stack="flash")
     assert flash.compute_efficiency == pytest.approx(gemm_efficiency(
         a100.flash_efficiency, GPT3_2_7B_2K, a100.peak_tflops, STREAM_FRACTION * a100.hbm_gbps * 1e9,
-        attention_efficiency("flash2", "A100")))
+        attention_efficiency("flash2", "A100", GPT3_2_7B_2K)))
     megatron_a100 = profile_calibration("x", "A100", ("nvlink3-nvswitch",), "megatron")
     assert flash.compute_efficiency > megatron_a100.compute_efficiency
     assert flash.memory_bytes_per_s == pytest.approx(STREAM_FRACTION * a100.hbm_gbps * 1e9)
@@ -941,8 +941,8 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     assert flash.attention_efficiency == attention_efficiency("flash2", "A100") > 0
     on_flash = predict(model, halfnode, s, calibration=dataclasses.replace(flash, gathers="bucket"))["step_time_s"]
     assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] == on_flash < by_block
-    unfused = predict(model, halfnode, s, calibration=dataclasses.replace(flash, gathers="bucket",
-                                                                          attention_efficiency=0.0))["step_time_s"]
+    unfused = predict(model, halfnode, s, calibration=dataclasses.replace(
+        flash, gathers="bucket", attention_efficiency=0.0, attention_curve=()))["step_time_s"]
     assert unfused > on_flash
     bad_kernel = tmp_path / "bad_attention.toml"
     bad_kernel.write_text((ROOT / "bench" / "published" / "amsp_paper.toml").read_text().replace(
@@ -1195,7 +1195,7 @@ def test_the_flash_figure_is_the_one_its_table_prints_and_carries_to_the_tables_
     assert table.attention == "flash2"  # the flash stack's kernel
     cluster, calib = table.clusters["a100x8"]
     assert calib.attention_efficiency == attention_efficiency("flash2", "A100") > calib.compute_efficiency
-    table.clusters["a100x8"] = (cluster, dataclasses.replace(calib, attention_efficiency=0.0))
+    table.clusters["a100x8"] = (cluster, dataclasses.replace(calib, attention_efficiency=0.0, attention_curve=()))
     table._predicted.clear()
     for row in ("a100x8/gpt3-1.3b-8k/4x4/zero1", "a100x8/gpt3-2.7b-8k/2x8/zero1"):
         assert table.predict(row)["value"] / table.rows[row][0] - 1 < -0.05, row
@@ -1236,7 +1236,7 @@ def test_the_triton_kernel_rate_carries_from_512_to_65536_tokens_a_context(monke
     for name, (cluster, calib) in list(table.clusters.items()):
         device = table.cluster_specs[name]["device"]
         assert calib.attention_efficiency == attention_efficiency("triton", device) < calib.compute_efficiency
-        table.clusters[name] = (cluster, dataclasses.replace(calib, attention_efficiency=0.0))
+        table.clusters[name] = (cluster, dataclasses.replace(calib, attention_efficiency=0.0, attention_curve=()))
     table._predicted.clear()
     long = [row for row in plain if row.split("/")[1].endswith(("16k", "32k", "64k"))]
     assert len(long) >= 15

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -16,9 +17,13 @@ from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_mod
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.hardware import (
     ATTENTION_KERNELS,
+    BENCH_SEQS,
     BERT_LARGE_512,
     DEVICES,
+    FA2_A100_CURVE,
+    FA2_H100_CURVE,
     IBM_FSDP_7B,
+    REFERENCE_POINT,
     V100_BERT_SAMPLES_PER_S,
     AttentionKernel,
     attention_efficiency,
@@ -28,6 +33,7 @@ from zerotune.strategies.costmodel.hardware import (
     profile_calibration,
 )
 from zerotune.strategies.costmodel.memory import activation_memory
+from zerotune.strategies.costmodel.rates import curve_rate
 from zerotune.strategies.costmodel.traffic import attention_flops, block_flops, pass_seconds, step_seconds, traffic
 from zerotune.strategies.memory import MemoryAccountant
 from zerotune.strategies.model import build_gpt
@@ -186,7 +192,7 @@ def test_a_published_mfu_keeps_its_own_model_and_moves_the_rest():
         assert calib.attention_efficiency == 0.0  # the profile of an unnamed kernel: attention at the matmul rate
         modelled = step_seconds(IBM_FSDP_7B, 2, d.peak_tflops * 1e12 * calib.compute_efficiency,
                                 calib.memory_bytes_per_s,  # the run's own kernel: SDPA's FlashAttention-2
-                                d.peak_tflops * 1e12 * attention_efficiency("flash2", key))
+                                d.peak_tflops * 1e12 * attention_efficiency("flash2", key, IBM_FSDP_7B))
         assert modelled == pytest.approx(published, rel=1e-9)
     # the 40 GB A100 has the 80 GB one's efficiency (the run was on 80 GB) and its own slower HBM
     small = profile_calibration("x", "A100-40GB", ("nvlink3-4gpu",))
@@ -265,13 +271,57 @@ def test_an_attention_kernels_rate_in_the_models_terms():
     for name, found in ATTENTION_KERNELS.items():  # every rate has its share
         assert found is None or set(found.rates) == set(found.forward_shares), name
     assert attention_efficiency("matmul", "A100") == 0.0
-    assert attention_efficiency("flash2", "A100") > attention_efficiency("flash2", "H100") > 0  # 0.615 vs 0.35
+    assert attention_efficiency("flash2", "A100") > attention_efficiency("flash2", "H100") > 0  # 0.85 vs 0.46 at 2k
     assert attention_efficiency("flash2", "A100-40GB") == attention_efficiency("flash2", "A100")
     assert attention_efficiency("triton", "A100") < attention_efficiency("flash2", "A100")
     assert attention_efficiency("triton", "H100") == 0.0
     with pytest.raises(ValueError, match=(r"attention='xformers': must be one of "
                                           r"\['matmul', 'flash2', 'triton', 'sdpa'\]")):
         attention_efficiency("xformers", "A100")
+
+
+def test_a_fused_kernels_rate_is_read_off_its_benchmark_at_the_models_sequence_and_head_size():
+    """FlashAttention-2's rate is its repository's forward-and-backward benchmark ([fa2-bench]: causal, 512 to 16k
+    tokens, heads of 64 and 128), converted to the model's terms as one rate both ways (12r/7). Between the printed
+    points it is linear in log2 of the sequence and in the head size; beyond them the nearest point holds. A model's
+    attention is charged at its own point, its one figure per device is the curve at 2,048 tokens and heads of 128,
+    and a calibration carries the curve through its dictionary."""
+    # the points give back the bars as printed: A100, heads of 128, 99 TFLOPS at 512 tokens ... 189 at 16k
+    a100 = {(seq, head): rate for seq, head, rate in FA2_A100_CURVE}
+    for seq, tflops in zip(BENCH_SEQS, (99, 133, 155, 173, 182, 189), strict=True):
+        assert a100[(seq, 128)] * 312 * 7 / 12 == pytest.approx(tflops, abs=0.01)
+    assert {(seq, head) for seq, head, _ in FA2_H100_CURVE} == set(a100)
+    # between points: log2-linear in the sequence (3k tokens: 155 + 0.585 of the way to 173), linear in the head
+    # size (heads of 96: the middle of 64's and 128's), the ends held beyond the benchmark (64k: 16k's; heads of 256)
+    mid = 155 + (173 - 155) * (math.log2(3072) - 11)
+    assert curve_rate(FA2_A100_CURVE, 3072, 128) * 312 * 7 / 12 == pytest.approx(mid, abs=0.01)
+    assert curve_rate(FA2_A100_CURVE, 2048, 96) == pytest.approx((a100[(2048, 64)] + a100[(2048, 128)]) / 2)
+    assert curve_rate(FA2_A100_CURVE, 65536, 128) == a100[(16384, 128)]
+    assert curve_rate(FA2_A100_CURVE, 256, 256) == a100[(512, 128)]
+    assert curve_rate(FA2_A100_CURVE, 2048, 32) == a100[(2048, 64)]
+    # the kernel's one figure per device, and a model's own point
+    assert attention_efficiency("flash2", "A100") == a100[REFERENCE_POINT] == attention_efficiency("sdpa", "A100")
+    long_model = dataclasses.replace(IBM_FSDP_7B, seq_len=16384)
+    assert attention_efficiency("flash2", "A100", long_model) == a100[(16384, 128)] > a100[(4096, 128)] == \
+        attention_efficiency("flash2", "A100", IBM_FSDP_7B)
+    assert attention_efficiency("triton", "A100", long_model) == attention_efficiency("triton", "A100")  # no curve
+    with pytest.raises(ValueError, match=r"curves for \['H100'\], rates for \['A100'\]"):
+        AttentionKernel({"A100": 0.5}, "test", {"A100": 0.25}, {"H100": FA2_H100_CURVE})
+    # a calibration charges each model at its own point, and keeps the curve through to_dict / from_dict
+    calib = profile_calibration("a100", "A100", ("nvlink3-nvswitch",), stack="flash")
+    assert calib.attention_curve == FA2_A100_CURVE and calib.attention_efficiency == a100[REFERENCE_POINT]
+    assert calib.attention_rate(16384, 128) == a100[(16384, 128)]
+    assert Calibration.from_dict(calib.to_dict()) == calib
+    assert dataclasses.replace(calib, attention_curve=()).attention_rate(16384, 128) == calib.attention_efficiency
+    cluster = parse_cluster("dgx-a100:1")
+    s = dataclasses.replace(build_strategy("zero3", cluster), micro_batch_size=1)
+    peak = cluster.peak_tflops * 1e12
+    for seq in (512, 16384):
+        model = dataclasses.replace(IBM_FSDP_7B, seq_len=seq)
+        got = predict(model, cluster, s, calibration=calib)["breakdown"]["compute_s"]
+        per_token = pass_seconds(model, 2, peak * calib.compute_efficiency, calib.memory_bytes_per_s, False,
+                                 peak * a100[(seq, 128)], calib.attention_forward_share)
+        assert got == pytest.approx(seq * per_token.step(model.layers), rel=1e-9)
 
 
 def test_the_attention_bench_reports_a_kernels_rate_in_both_terms(tmp_path):
