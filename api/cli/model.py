@@ -218,16 +218,18 @@ def _print_breakdown(rows: list[dict[str, Any]]) -> None:
     print("where each step goes, seconds: compute (host wait included), communication not hidden behind it, the "
           "slow-down of compute beside collectives, the step boundary, the optimizer update, fixed overhead; "
           "comm = every collective's time, hidden or not; mem-bd = the part of compute in memory-bound kernels "
-          "(LayerNorms, GELU, adds, the loss over the vocabulary)")
+          "(LayerNorms, GELU, adds, the loss over the vocabulary); attn = the part in the attention kernel, and "
+          "the fraction of peak it is charged at (on the FLOPs MFU counts: the whole square; a fused kernel's at its "
+          "published rate for the model's sequence length and head size)")
     print(f"{'cluster':<14}{'strategy':<10}{'step s':>9}" + "".join(f"{c:>9}" for c, _ in BREAKDOWN)
-          + f"{'comm':>9}{'mem-bd':>9}  most beyond compute")
+          + f"{'comm':>9}{'mem-bd':>9}{'attn':>9}{'of peak':>8}  most beyond compute")
     for p in rows:
         b = p["breakdown"]
         beyond = max(BREAKDOWN[1:], key=lambda term: b[term[1]])
         most = f"{beyond[0]} {b[beyond[1]] / p['step_time_s']:.0%}" if b[beyond[1]] > 0 else "-"
         print(f"{p['cluster']:<14}{p['strategy']:<10} {p['step_time_s']:>8.4g}"
               + "".join(f" {b[k]:>8.4g}" for _, k in BREAKDOWN) + f" {b['comm_s']:>8.4g} {b['memory_bound_s']:>8.4g}"
-              f"  {most}")
+              f" {b['attention_s']:>8.4g} {b['attention_of_peak']:>7.2f}  {most}")
 
 
 def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:

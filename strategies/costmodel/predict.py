@@ -288,6 +288,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     head_fwd, head_bwd = tokens * per_token.head_fwd, tokens * per_token.head_bwd
     # of which the memory-bound kernels (the device's time: a host floor may hide part of it)
     memory_bound_s = tokens * (sched.total_units * per_token.block_memory + per_token.head_memory)
+    attention_s = tokens * sched.total_units * per_token.block_attention  # and the attention kernel's
     if calib.copies and calib.memory_bytes_per_s:  # FSDP2's copy-out of each gather, copy-in of each reduction
         copy_fwd, copy_bwd = _copy_seconds(sched, costs, wire_elem_bytes(e, s.grad_bits))
         fwd_block += copy_fwd / sched.total_units
@@ -370,7 +371,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
                       "exposed_comm_s": max(0.0, micros_s - accum * compute_s - slowdown_s),
                       "overlap_slowdown_s": slowdown_s, "boundary_s": boundary_s,
                       "optimizer_s": optimizer_s, "overhead_s": calib.step_overhead_s,
-                      "host_wait_s": accum * host_wait_s, "memory_bound_s": accum * memory_bound_s},
+                      "host_wait_s": accum * host_wait_s, "memory_bound_s": accum * memory_bound_s,
+                      "attention_s": accum * attention_s, "attention_of_peak": attention or calib.compute_efficiency},
     }
     if not feasible:
         out["overflow"] = overflow(memory, cluster.device_memory_gib)

@@ -126,6 +126,8 @@ class PassSeconds:
     """The memory-bound kernels' part of ``block_fwd + block_bwd``."""
     head_memory: float
     """The memory-bound kernels' part of ``head_fwd + head_bwd``."""
+    block_attention: float = 0.0
+    """The attention kernel's part of ``block_fwd + block_bwd`` (its recomputed forward included)."""
 
     def step(self, layers: int) -> float:
         """A forward and backward pass over ``layers`` blocks and the head."""
@@ -153,7 +155,8 @@ def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_pe
     head_mem_fwd, head_mem_bwd = t.root_fwd * per_byte, t.root_bwd * per_byte
     return PassSeconds(block_fwd=block + mem_fwd, block_bwd=2 * matmuls + (1 - share) * kernel + redo * block + mem_bwd,
                        head_fwd=head + head_mem_fwd, head_bwd=2 * head + head_mem_bwd,
-                       block_memory=mem_fwd + mem_bwd, head_memory=head_mem_fwd + head_mem_bwd)
+                       block_memory=mem_fwd + mem_bwd, head_memory=head_mem_fwd + head_mem_bwd,
+                       block_attention=kernel * (1 + redo * share))
 
 
 def step_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,

@@ -493,8 +493,10 @@ def test_predict_cli_sweep_table_and_json(capsys):
         step, terms = float(r[2]), [float(x) for x in r[3:9]]
         assert sum(terms) == pytest.approx(step, abs=0.004), r
         assert 0 < float(r[10]) < terms[0], r  # the memory-bound kernels: a part of compute
+        assert 0 < float(r[11]) < terms[0] - float(r[10]), r  # the attention kernel: another part
+        assert float(r[12]) == pytest.approx(calibration_for(parse_cluster(r[0])).compute_efficiency, abs=0.005), r
         beyond = max(range(1, 6), key=lambda i: terms[i])
-        assert r[11] == names[beyond] and r[12] == f"{terms[beyond] / step:.0%}", r
+        assert r[13] == names[beyond] and r[14] == f"{terms[beyond] / step:.0%}", r  # (no kernel rate on MI250X)
     # a batch the strategy cannot run is refused, not rounded to another training
     assert main(["predict", "--model", "gpt-7b", "--cluster", "dgx-h100:8", "--global-batch", "100"]) == 2
     assert "global_batch=100: must be a multiple of world size x micro_batch_size = 64 x 1 = 64" in \

@@ -318,10 +318,13 @@ def test_a_fused_kernels_rate_is_read_off_its_benchmark_at_the_models_sequence_a
     peak = cluster.peak_tflops * 1e12
     for seq in (512, 16384):
         model = dataclasses.replace(IBM_FSDP_7B, seq_len=seq)
-        got = predict(model, cluster, s, calibration=calib)["breakdown"]["compute_s"]
+        got = predict(model, cluster, s, calibration=calib)["breakdown"]
         per_token = pass_seconds(model, 2, peak * calib.compute_efficiency, calib.memory_bytes_per_s, False,
                                  peak * a100[(seq, 128)], calib.attention_forward_share)
-        assert got == pytest.approx(seq * per_token.step(model.layers), rel=1e-9)
+        assert got["compute_s"] == pytest.approx(seq * per_token.step(model.layers), rel=1e-9)
+        # the breakdown names the attention's part of it and the rate it was charged
+        attention = 3 * model.layers * seq * attention_flops(model) / (peak * a100[(seq, 128)])
+        assert got["attention_s"] == pytest.approx(attention, rel=1e-9) and got["attention_of_peak"] == a100[(seq, 128)]
 
 
 def test_the_attention_bench_reports_a_kernels_rate_in_both_terms(tmp_path):
