@@ -14,6 +14,9 @@ the time model's terms (``hardware.causal_kernel_efficiency``: the whole square,
 the figure ``hardware.ATTENTION_KERNELS`` holds per device, with the forward's share of the two passes' time
 (``hardware.kernel_forward_share``: what a recomputed forward pays again). ``--backend`` pins SDPA's backend
 (``flash``, ``cudnn``, ``efficient``, ``math``); the default lets PyTorch pick, as zerotune's engine does.
+On a device FlashAttention-2's published benchmark swept ([fa2-bench]: A100, H100, and the H200 by its SMs), each
+row also prints that benchmark at the same point in the model's terms (``hardware.ATTENTION_KERNELS['flash2']``'s
+curve, what the time model charges a FlashAttention-2 run) and the measured rate over it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_efficiency import time_kernel  # noqa: E402  - a sibling bench script: this file's folder is on sys.path
 
-from zerotune.strategies.costmodel.hardware import causal_kernel_efficiency, peak_tflops_of  # noqa: E402
+from zerotune.strategies.costmodel.hardware import (  # noqa: E402
+    ATTENTION_KERNELS,
+    causal_kernel_efficiency,
+    device_key_of,
+    peak_tflops_of,
+)
+from zerotune.strategies.costmodel.rates import curve_rate  # noqa: E402
 
 BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 
@@ -37,6 +46,13 @@ BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 def causal_flops(batch: int, heads: int, tokens: int, head_dim: int) -> float:
     """Forward FLOPs of causal attention as kernel benchmarks count them: QK^T and PV over the unmasked half."""
     return 4.0 * batch * heads * tokens * tokens * head_dim / 2
+
+
+def published_curve(name: str) -> tuple[tuple[int, int, float], ...] | None:
+    """FlashAttention-2's published benchmark on the device ``name`` names ([fa2-bench], the curve the time model
+    charges FlashAttention-2 at), or None where it swept no such part."""
+    flash2 = ATTENTION_KERNELS["flash2"]
+    return flash2.curves.get(device_key_of(name) or "") if flash2 else None
 
 
 def measure(batch: int, heads: int, tokens: int, head_dim: int, dtype: Any, device: Any, backend: str,
@@ -90,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     peak = args.peak_tflops or peak_tflops_of(name)
     dtype = torch.bfloat16 if cuda else torch.float32
     stated = f"peak {peak} TFLOPS" if peak else "peak unknown (give --peak-tflops)"
+    bench = published_curve(name) if cuda else None
     print(f"{name}, {str(dtype).removeprefix('torch.')}, {stated}; causal SDPA, backend {args.backend}, "
           f"{args.batch} sequences of width {args.width}")
     print(f"{'tokens':>8}{'head':>6}{'fwd ms':>9}{'bwd ms':>9}{'fwd share':>10}{'fwd TF':>8}{'bwd TF':>8}"
-          f"{'fwd of pk':>10}{'bwd of pk':>10}{'model terms':>12}")
+          f"{'fwd of pk':>10}{'bwd of pk':>10}{'model terms':>12}{'fa2 bench':>10}{'vs bench':>9}")
     rows = []
     for head_dim in head_dims:
         heads = args.width // head_dim
@@ -111,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                 row["model_terms"] = causal_kernel_efficiency(row["forward_of_peak"], row["backward_of_peak"])
                 fractions = (f"{row['forward_of_peak']:>10.3f}{row['backward_of_peak']:>10.3f}"
                              f"{row['model_terms']:>12.3f}")
+                if bench:  # the published benchmark at this point, as the model charges FlashAttention-2
+                    row["fa2_bench_model_terms"] = curve_rate(bench, tokens, head_dim)
+                    fractions += (f"{row['fa2_bench_model_terms']:>10.3f}"
+                                  f"{row['model_terms'] / row['fa2_bench_model_terms']:>9.2f}")
             rows.append(row)
             print(f"{tokens:>8}{head_dim:>6}{fwd_s * 1e3:>9.3f}{bwd_s * 1e3:>9.3f}{row['forward_share']:>10.3f}"
                   f"{fwd_tf:>8.1f}{bwd_tf:>8.1f}{fractions}", flush=True)

@@ -345,6 +345,15 @@ def test_the_attention_bench_reports_a_kernels_rate_in_both_terms(tmp_path):
     assert proc.returncode == 0, proc.stderr
     kept = json.loads(out.read_text())
     assert kept["peak_tflops"] == 0.5 and kept["backend"] == "auto" and len(kept["rows"]) == 4
+    assert all("fa2_bench_model_terms" not in row for row in kept["rows"])  # a CPU: no published benchmark beside it
+    sys.path.insert(0, str(script.parent))
+    try:
+        from attention_rate import published_curve  # the benchmark a GPU run is printed beside, by the part's name
+    finally:
+        sys.path.remove(str(script.parent))
+    assert published_curve("NVIDIA A100-SXM4-80GB") == published_curve("NVIDIA A100-SXM4-40GB") == FA2_A100_CURVE
+    assert published_curve("NVIDIA H100 80GB HBM3") == published_curve("NVIDIA H200") == FA2_H100_CURVE
+    assert published_curve("cpu") is None and published_curve("Tesla V100-SXM2-32GB") is None
     for row in kept["rows"]:
         flops = 4 * row["heads"] * row["tokens"] ** 2 * row["head_dim"] / 2  # one sequence, the unmasked half
         assert row["heads"] * row["head_dim"] == 32
