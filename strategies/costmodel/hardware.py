@@ -435,26 +435,24 @@ FA2_A100_CURVE = bench_curve(312.0, {64: (88, 119, 140, 156, 165, 171), 128: (99
 """[fa2-bench]: FlashAttention-2 on an A100, causal: 0.48-1.04 of peak in the model's terms (heads of 128: 0.54 at 512
 tokens, 0.85 at 2k, 1.04 at 16k). It replaces the middle of the abstract's 50-73% ([fa2-kernel]: 1.05 at every
 length), which is the forward alone at its best; the forward and backward together reach 0.28-0.61 of peak."""
-TRITON_A100_CURVE = bench_curve(312.0, {64: (59, 75, 79, 76, 79, 80), 128: (50, 61, 68, 74, 78, 80)})
-"""[fa2-bench]: FlashAttention's Triton port on an A100, causal: 0.27-0.44 of peak in the model's terms, flat from 2k
-on (heads of 128: 0.37 at 2k, 0.41 at 4k; [triton-perf]'s Triton tutorial kernel at 4k: 0.47)."""
 FA2_H100_CURVE = bench_curve(989.0, {64: (141, 192, 232, 257, 273, 284), 128: (163, 221, 265, 294, 308, 328)})
 """[fa2-bench]: FlashAttention-2 on an H100, causal: 0.24-0.57 of peak in the model's terms (heads of 128: 0.46 at 2k,
 0.57 at 16k; [fa3]'s "35%" is 0.60)."""
 TRITON_A100 = causal_kernel_efficiency(0.37, 0.25)
 """[triton-perf]: Triton's causal fused attention on A100, forward 0.37 and backward 0.25: 0.47 of peak in the
 model's terms (measured on a CI machine whose 8k matmuls ran at 0.77 of peak, where Triton's file notes 'about 90%'
-elsewhere: a kernel on a faster A100 may reach more)."""
+elsewhere: a kernel on a faster A100 may reach more). One rate at every length: [fa2-bench]'s bars for the Triton
+port (0.27-0.44 in these terms, flat from 2k on) put LLM Foundry's long-context runs 3-5 points slower than they ran
+(bench/published/llm_foundry_context.toml 79 of 98 within 15%, not 88): those runs' Triton was faster."""
 REFERENCE_POINT = (2048, 128)
 """Where a kernel's curve is read for its one figure per device (``AttentionKernel.efficiency``): 2,048 tokens, heads
 of 128."""
 FA2_FORWARD = kernel_forward_share(0.5, 0.5)
-"""FlashAttention-2's forward share, its passes at the same fraction of peak ([fa2-kernel] and [fa3] give one figure
-for both): 2/7, its backward doing 2.5 times the forward's FLOPs."""
+"""FlashAttention-2's forward share, its passes at the same fraction of peak ([fa2-bench] times them together): 2/7,
+its backward doing 2.5 times the forward's FLOPs."""
 TRITON_A100_FORWARD = kernel_forward_share(0.37, 0.25)
 """Triton's on A100 ([triton-perf]'s two passes): 0.21."""
 _FLASH2_CURVES = {"A100": FA2_A100_CURVE, "A100-40GB": FA2_A100_CURVE, "H100": FA2_H100_CURVE, "H200": FA2_H100_CURVE}
-_TRITON_CURVES = {"A100": TRITON_A100_CURVE, "A100-40GB": TRITON_A100_CURVE}
 ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
     "matmul": None,
     "flash2": AttentionKernel.from_curves(

@@ -36,7 +36,7 @@ def curve_rate(curve: tuple[tuple[int, int, float], ...], seq_len: int, head_dim
     of ``seq_len`` tokens and heads of ``head_dim``: along each measured head size, linear in log2 of the sequence
     length between its two nearest points; across head sizes, linear between the two that bracket ``head_dim``.
     Beyond the benchmark's ends the nearest measured point holds (a kernel's rate levels off at long sequences: the
-    published curves gain 1-4% from 8k to 16k tokens)."""
+    published curves gain 4-7% from 8k to 16k tokens)."""
     heads = sorted({head for _, head, _ in curve})
 
     def along(head: int) -> float:
@@ -100,7 +100,7 @@ class Calibration:
     attention_curve: tuple[tuple[int, int, float], ...] = ()
     """(sequence length, head size, rate) points of the run's attention kernel's published benchmark on this device,
     the rate in ``attention_efficiency``'s terms (``hardware.ATTENTION_KERNELS``): a fused kernel's rate grows with the
-    sequence (FlashAttention-2 on an A100, heads of 128: 0.55 of peak at 512 tokens, 1.04 at 16k in these terms) and
+    sequence (FlashAttention-2 on an A100, heads of 128: 0.54 of peak at 512 tokens, 1.04 at 16k in these terms) and
     with the head size, so a model's rate is read off the curve at its own (``attention_rate``); empty =
     ``attention_efficiency`` for every model."""
     bandwidth_efficiency: tuple[float, ...] = ()
