@@ -1180,8 +1180,9 @@ def test_the_flash_figure_is_the_one_its_table_prints_and_carries_to_the_tables_
     """The A100's FlashAttention-2 figure is [fa2]'s GPT3-2.7B at 2k, as bench/published/flash_attention2.toml
     prints it (a calibration table: shown, not scored); the model re-based on it predicts that row within 2% and
     the same table's other sizes and sequence lengths within 5%. The 8k rows, where attention is 2.5 times the
-    share of the FLOPs it is at 2k, hold only with the kernel's own rate (the paper's abstract's, not this
-    table's): charged at the matmul rate, as before kernels had rates, they are 5% or more slow."""
+    share of the FLOPs it is at 2k, hold only with the kernel's own rate (its repository's benchmark at each row's
+    length and head size, not this table): charged at the matmul rate, as before kernels had rates, they are 5% or
+    more slow."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import published
 
