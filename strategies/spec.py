@@ -104,13 +104,14 @@ class Level:
         """The collectives measured apart on this level, as (collective, GB/s); the others reach ``busbw_gbps``
         where it was measured (``Calibration.level_efficiency`` holds that rule, ``hardware.with_measured_links``
         fills it)."""
-        return tuple((op, v) for op in COLLECTIVES if (v := getattr(self, f"{op}_busbw_gbps")) is not None)
+        return tuple((op, v) for op, f in zip(COLLECTIVES, BUSBW_FIELDS[1:], strict=True)
+                     if (v := getattr(self, f)) is not None)
 
 
-BUSBW_FIELDS = ("busbw_gbps", "all_gather_busbw_gbps", "reduce_scatter_busbw_gbps", "all_reduce_busbw_gbps")
-"""A level's measured bus bandwidths: one for every collective, and each collective's own."""
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 """The collectives a level's bus bandwidth may be measured for apart (``Level.collective_busbw``)."""
+BUSBW_FIELDS = ("busbw_gbps", *(f"{op}_busbw_gbps" for op in COLLECTIVES))
+"""A level's measured bus bandwidths: one for every collective, and each collective's own."""
 MAX_LEVELS = 8
 """The most levels a cluster has (explicit specs, local:AxB… presets and the API alike)."""
 MAX_LEVEL_SIZE = 65536
@@ -275,9 +276,14 @@ class ModelSpec:
         return 0 if self.tied_head else self.vocab * self.hidden
 
     @property
+    def head_dim(self) -> int:
+        """The width of one attention head: ``hidden`` / ``heads``."""
+        return self.hidden // self.heads
+
+    @property
     def kv(self) -> int:
         """Width of the keys (and of the values): kv_heads x head size; ``hidden`` without GQA."""
-        return self.hidden // self.heads * (self.kv_heads or self.heads)
+        return self.head_dim * (self.kv_heads or self.heads)
 
     def num_params(self) -> int:
         """Ψ, every trainable parameter.

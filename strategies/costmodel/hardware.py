@@ -412,7 +412,7 @@ class AttentionKernel:
         was not measured there (charged at the compute rate)."""
         curve = self.curves.get(device)
         if curve and model is not None:
-            return curve_rate(curve, model.seq_len, model.hidden // model.heads)
+            return curve_rate(curve, model.seq_len, model.head_dim)
         return self.rates.get(device, 0.0)
 
     def forward_share(self, device: str) -> float:
@@ -447,6 +447,9 @@ port (0.27-0.44 in these terms, flat from 2k on) put LLM Foundry's long-context 
 REFERENCE_POINT = (2048, 128)
 """Where a kernel's curve is read for its one figure per device (``AttentionKernel.efficiency``): 2,048 tokens, heads
 of 128."""
+FA2_A100 = curve_rate(FA2_A100_CURVE, *REFERENCE_POINT)
+"""FlashAttention-2's one figure on an A100 (``FA2_A100_CURVE`` at ``REFERENCE_POINT``): 0.85 of peak in the model's
+terms, where SDPA runs it (``ATTENTION_KERNELS['sdpa']``)."""
 FA2_FORWARD = kernel_forward_share(0.5, 0.5)
 """FlashAttention-2's forward share, its passes at the same fraction of peak ([fa2-bench] times them together): 2/7,
 its backward doing 2.5 times the forward's FLOPs."""
@@ -460,8 +463,7 @@ ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
         "same SMs and peak; attention's FLOPs do not wait on HBM)", dict.fromkeys(_FLASH2_CURVES, FA2_FORWARD)),
     "triton": AttentionKernel({"A100": TRITON_A100, "A100-40GB": TRITON_A100}, "[triton-perf]",
                               {"A100": TRITON_A100_FORWARD, "A100-40GB": TRITON_A100_FORWARD}),
-    "sdpa": AttentionKernel({"A100": curve_rate(FA2_A100_CURVE, *REFERENCE_POINT),
-                             "A100-40GB": curve_rate(FA2_A100_CURVE, *REFERENCE_POINT),
+    "sdpa": AttentionKernel({"A100": FA2_A100, "A100-40GB": FA2_A100,
                              "H100": H100_ENGINE_ATTENTION, "H200": H200_ENGINE_ATTENTION},
                             "PyTorch's scaled_dot_product_attention as zerotune's engine calls it: cuDNN's attention "
                             "on Hopper, measured (H100_ENGINE_ATTENTION, H200_ENGINE_ATTENTION); FlashAttention-2 on "

@@ -66,7 +66,7 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
         saved = 2 * (4 * t * h + 2 * t * h * e + t * 4) + ((2 * h + 2 * model.kv) * t + 4 * t * f) * e + lse
         head = 4 * t * h + 2 * t * h * e + t * 4  # the final RMSNorm's four
         # the rotary cos and sin tables (T x head size, one pair per run, saved by its first block's products)
-        positions = 0 if s.activation_checkpointing else 2 * model.seq_len * (h // model.heads) * e
+        positions = 0 if s.activation_checkpointing else 2 * model.seq_len * model.head_dim * e
     else:
         # (6h + 2k)·t + 2·t·f in the run dtype, fp32 LayerNorm mean and rstd
         saved = ((6 * h + 2 * model.kv) * t + 2 * t * f) * e + 2 * 2 * t * 4 + lse

@@ -280,7 +280,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
 
     tokens = mbs * model.seq_len
-    attention = calib.attention_rate(model.seq_len, model.hidden // model.heads)
+    attention = calib.attention_rate(model.seq_len, model.head_dim)
     per_token = pass_seconds(model, e, cluster.peak_tflops * 1e12 * calib.compute_efficiency,
                              calib.memory_bytes_per_s, s.activation_checkpointing,
                              cluster.peak_tflops * 1e12 * attention, calib.attention_forward_share)

@@ -126,7 +126,7 @@ class PassSeconds:
     """The memory-bound kernels' part of ``block_fwd + block_bwd``."""
     head_memory: float
     """The memory-bound kernels' part of ``head_fwd + head_bwd``."""
-    block_attention: float = 0.0
+    block_attention: float
     """The attention kernel's part of ``block_fwd + block_bwd`` (its recomputed forward included)."""
 
     def step(self, layers: int) -> float:
