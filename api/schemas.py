@@ -117,6 +117,9 @@ class StrategyCreate(_In):
     prefetch_buckets: int = Field(default=1, ge=0, le=64)
     micro_batch_size: int = Field(default=1, ge=1, le=65536)
     activation_checkpointing: bool = False
+    checkpoint_policy: Literal["full", "selective"] = Field(
+        default="full", description="with activation_checkpointing: full (a block keeps its input and reruns its "
+        "forward) or selective (torchtitan's per-op policy: attention and every second matmul kept)")
     name: str | None = Field(default=None, max_length=64)
 
 

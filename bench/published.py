@@ -229,8 +229,8 @@ class Table:
             elif self.metric == "samples_per_s":
                 value = p["tokens_per_s"] / model.seq_len
             else:
-                value = p["tflops_per_rank"] * (4 / 3 if self.flops == "hardware" and s.activation_checkpointing else 1)
-            self._predicted[row_id] = {**p, "value": value, "checkpointing": s.activation_checkpointing}
+                value = p["tflops_per_rank"] * (4 / 3 if self.flops == "hardware" and s.recompute == "full" else 1)
+            self._predicted[row_id] = {**p, "value": value, "checkpointing": s.recompute}
         return self._predicted[row_id]
 
     def device(self, row_id: str) -> str:
@@ -306,22 +306,23 @@ def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[di
 
 
 def checkpointing_lean(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """How the model's figures for checkpointed runs lean against its figures for uncheckpointed ones, within the
-    tables that measured both (so that one table's cluster, software and counting are common to both sides):
+    """How the model's figures for (fully) checkpointed runs lean against its figures for uncheckpointed ones,
+    within the tables that measured both (so that one table's cluster, software and counting are common to both sides):
     each such table's median signed error of its checkpointed rows and of its uncheckpointed ones, and the ratio
     of the two, ``(1 + checkpointed) / (1 + uncheckpointed) - 1``: how far a predicted comparison of a
     checkpointed configuration with an uncheckpointed one sat from the published one. ``lean`` is the median of
     the tables' ratios (negative: the model favours the uncheckpointed side). Nothing is corrected with it: it
     is stated beside a decision that turns on checkpointing (``tuner.choice``)."""
-    by_table: dict[str, dict[bool, list[float]]] = {}
-    for r in rows:
-        by_table.setdefault(r["table"], {False: [], True: []})[bool(r["checkpointing"])].append(r["error"])
+    by_table: dict[str, dict[str, list[float]]] = {}
+    for r in rows:  # full checkpointing against none: selectively checkpointed rows are neither side
+        sides = by_table.setdefault(r["table"], {"none": [], "full": [], "selective": []})
+        sides[r["checkpointing"]].append(r["error"])
     tables = []
     for name, sides in sorted(by_table.items()):
-        if sides[True] and sides[False]:
-            on, off = statistics.median(sides[True]), statistics.median(sides[False])
-            tables.append({"table": name, "checkpointed": [len(sides[True]), round(on, 4)],
-                           "uncheckpointed": [len(sides[False]), round(off, 4)],
+        if sides["full"] and sides["none"]:
+            on, off = statistics.median(sides["full"]), statistics.median(sides["none"])
+            tables.append({"table": name, "checkpointed": [len(sides["full"]), round(on, 4)],
+                           "uncheckpointed": [len(sides["none"]), round(off, 4)],
                            "ratio": round((1 + on) / (1 + off) - 1, 4)})
     return {"lean": round(statistics.median(t["ratio"] for t in tables), 4) if tables else None,
             "tables": tables}

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.utils.checkpoint
 from torch import nn
 
+from zerotune.strategies.checkpointing import checkpointed
 from zerotune.strategies.comm import ByteCounter, Communicator
 from zerotune.strategies.flat import FlatBucket, flatten, module_name
 from zerotune.strategies.memory import MemoryAccountant
@@ -298,13 +298,20 @@ class ZeroEngine:
         block = self.model.blocks[i]
         if not self.s.activation_checkpointing:
             return block(x)
-        # checkpoint keeps only the block's input for backward; book it as the block's activations
-        ptr = x.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            counted[0] += x.untyped_storage().nbytes()
-            self.mem.alloc("activations", x.untyped_storage().nbytes())
-        return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        # checkpoint keeps the block's input for backward, and with the selective policy the outputs it keeps:
+        # book them as the block's activations
+        def book(out: Any) -> None:
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in seen and storage.nbytes():
+                    seen.add(storage.data_ptr())
+                    counted[0] += storage.nbytes()
+                    self.mem.alloc("activations", storage.nbytes())
+
+        book(x)
+        return checkpointed(block, x, self.s.checkpoint_policy, book)
 
     @staticmethod
     def _take_grad(b: FlatBucket) -> torch.Tensor:

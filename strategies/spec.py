@@ -20,6 +20,8 @@ from zerotune.errors import SpecError
 
 BITS = (16, 8, 4)  # communication widths: 16 = the run's dtype, unquantized
 GRAD_BITS = (32, *BITS)
+CHECKPOINT_POLICIES = ("full", "selective")
+"""What a checkpointed block keeps for its backward (``Strategy.checkpoint_policy``)."""
 """Gradient reductions may also run in fp32 (32): FSDP2's ``MixedPrecisionPolicy(reduce_dtype=float32)``,
 torchtitan's default, DeepSpeed's ``communication_data_type: fp32``, and Megatron's and nanotron's fp32
 gradient all-reduce. It moves twice the bytes of a 16-bit reduction and is an accuracy choice, never a speed
@@ -365,6 +367,12 @@ class Strategy:
     """Sequences per rank per micro-step; accumulation steps derive from the global batch."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them."""
+    checkpoint_policy: str = "full"
+    """With ``activation_checkpointing``, what a block keeps for its backward. ``"full"``: its input only; the
+    backward reruns its whole forward. ``"selective"``: torchtitan's per-op policy (``selective_ac_option =
+    "op"``): the attention kernel's outputs and every second matmul's output (the first, third, ... in the
+    block's forward order) are kept; the other matmuls and every element-wise op (norms, activations, rotary
+    positions, residual adds) run again in the backward. Less recompute than ``"full"``, more memory."""
     name: str | None = None
     """Label only (the preset it came from); never changes behaviour."""
 
@@ -397,6 +405,12 @@ class Strategy:
         _check_int("strategy.micro_batch_size", self.micro_batch_size, 1)
         if not isinstance(self.activation_checkpointing, bool):
             raise SpecError("strategy.activation_checkpointing", self.activation_checkpointing, "must be true or false")
+        if self.checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise SpecError("strategy.checkpoint_policy", self.checkpoint_policy,
+                            f"must be one of {list(CHECKPOINT_POLICIES)}")
+        if self.checkpoint_policy != "full" and not self.activation_checkpointing:
+            raise SpecError("strategy.checkpoint_policy", self.checkpoint_policy,
+                            "needs activation_checkpointing = true (it says what a checkpointed block keeps)")
 
     def validate_for(self, cluster: ClusterSpec) -> Strategy:
         """Check the rules that need the cluster (spans and levels exist); return self."""
@@ -406,6 +420,12 @@ class Strategy:
             raise SpecError("strategy.quantize_above", self.quantize_above,
                             f"must be <= {levels}, the number of levels of cluster {cluster.name!r}")
         return self
+
+    @property
+    def recompute(self) -> str:
+        """What a block's backward runs again: ``"none"``, ``"full"`` (its forward) or ``"selective"``
+        (``checkpoint_policy``)."""
+        return self.checkpoint_policy if self.activation_checkpointing else "none"
 
     @property
     def quantized(self) -> bool:

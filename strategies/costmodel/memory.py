@@ -9,8 +9,10 @@ Activations per micro-batch of t = B·T tokens, per block: (6h + 2k)·t·e + 2·
 inputs and outputs, the QKV output (h + 2k, k = ``ModelSpec.kv``: 3h without grouped-query attention, so
 8·t·h·e), the attention output, the GELU input and output; cf.
 Korthikanti et al. 2022 §4, without dropout) plus fp32 LayerNorm statistics and attention
-log-sum-exp; only the block input t·h·e with checkpointing; the head keeps the final LN's input
-and output and the fp32 log-softmax (t·V·4); the embedding keeps the token and position ids.
+log-sum-exp; only the block input t·h·e with checkpointing; with selective checkpointing the block input, the
+outputs of the matmuls it keeps (``traffic.kept_matmuls``: GPT's qkv and fc, a Llama's wq, wv, w1 and w2), the
+attention's output and its log-sum-exp — what torch's selective-checkpoint cache holds; the head keeps the final LN's
+input and output and the fp32 log-softmax (t·V·4); the embedding keeps the token and position ids.
 A Llama block keeps 8·t·h + (6h + 2k)·t·e + 4·t·f·e: each RMSNorm's input in fp32 (its own cast: the run's
 input itself in fp32), normalized value, output and fp32 rstd, the rotated q and k, v, the attention output, and
 the SwiGLU's two projections, silu and product; its head the final RMSNorm's four and the log-softmax; the
@@ -30,6 +32,7 @@ from __future__ import annotations
 import math
 
 from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
+from zerotune.strategies.costmodel.traffic import kept_matmuls
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.strategies.volume import wire_elem_bytes
 
@@ -72,7 +75,12 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
         saved = ((6 * h + 2 * model.kv) * t + 2 * t * f) * e + 2 * 2 * t * 4 + lse
         head = 2 * t * h * e + 2 * t * 4  # the final LayerNorm's input and output, its statistics
         positions = model.seq_len * 8  # the position ids
-    per_block = t * h * e if s.activation_checkpointing else saved  # checkpointed: the block's input only
+    if s.recompute == "full":  # the block's input only
+        per_block = t * h * e
+    elif s.recompute == "selective":  # its input, the kept matmuls' outputs, the attention's output and lse
+        per_block = t * e * (h + sum(out for _, out in kept_matmuls(model)) + h) + lse
+    else:
+        per_block = saved
     head += t * model.vocab * 4 + 4  # the fp32 log-softmax, the loss
     # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them
     embed = s.micro_batch_size * (model.seq_len + 1) * 8 + (t * 8 if s.micro_batch_size > 1 else 0) + positions

@@ -18,7 +18,8 @@ broadcast per rank that holds any (``_broadcast_sync``) where the boundary would
 level stay the engine's; only the seconds are the runner's.
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
-scores and weighted sum); backward twice that (+ a forward recompute with checkpointing); the head
+scores and weighted sum); backward twice that (+ a forward recompute with checkpointing: the whole forward, or with
+selective checkpointing the matmuls whose outputs were not kept and the memory-bound kernels); the head
 2·V·h per token forward (``traffic.block_flops``, ``traffic.head_flops``). Seconds = FLOPs / (peak ·
 ``compute_efficiency``), the device's achievable fraction of peak on those compute-bound kernels
 (``hardware.py``), plus the bytes the memory-bound kernels move (LayerNorms, GELU, adds, the loss
@@ -282,7 +283,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     tokens = mbs * model.seq_len
     attention = calib.attention_rate(model.seq_len, model.head_dim)
     per_token = pass_seconds(model, e, cluster.peak_tflops * 1e12 * calib.compute_efficiency,
-                             calib.memory_bytes_per_s, s.activation_checkpointing,
+                             calib.memory_bytes_per_s, s.recompute,
                              cluster.peak_tflops * 1e12 * attention, calib.attention_forward_share)
     fwd_block, bwd_block = tokens * per_token.block_fwd, tokens * per_token.block_bwd
     head_fwd, head_bwd = tokens * per_token.head_fwd, tokens * per_token.head_bwd
@@ -299,7 +300,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     # gathers per sub-module (DeepSpeed) has its ZeRO-3's floor, its hooks on every module and parameter:
     # its stages that keep parameters whole were not measured and are not charged one.
     host_fwd = (calib.host_s_per_layer if calib.gathers != "module" or s.param_span else 0.0) / 3
-    host_bwd = host_fwd * (2 + s.activation_checkpointing)
+    host_bwd = host_fwd * (2 + s.activation_checkpointing)  # selective too: the forward's ops are issued again
     host_wait_s = (max(0.0, host_fwd - fwd_block) + max(0.0, host_bwd - bwd_block)) * sched.total_units
     fwd_block, bwd_block = max(fwd_block, host_fwd), max(bwd_block, host_bwd)
     kappa = calib.overlap_slowdown

@@ -119,7 +119,7 @@ class PassSeconds:
 
     block_fwd: float
     block_bwd: float
-    """A block's backward, its recomputed forward included under activation checkpointing."""
+    """A block's backward, what it recomputes of the forward included under activation checkpointing."""
     head_fwd: float
     head_bwd: float
     block_memory: float
@@ -134,29 +134,65 @@ class PassSeconds:
         return layers * (self.block_fwd + self.block_bwd) + self.head_fwd + self.head_bwd
 
 
+def block_matmuls(model: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """A block's matmuls as the engine's block runs them, in forward order: (input width, output width) of
+    each, per token (2 · in · out FLOPs). GPT: qkv, proj, fc, out. Llama: wq, wk, wv, wo, w1, w3, w2 (the
+    SwiGLU's w1 before w3, as ``w2(silu(w1 n) · w3 n)`` evaluates, and as torchtitan's ``FeedForward``)."""
+    h, f, k = model.hidden, model.ffn, model.kv
+    if model.llama:
+        return ((h, h), (h, k), (h, k), (h, h), (h, f), (h, f), (f, h))
+    return ((h, h + 2 * k), (h, h), (h, f), (f, h))
+
+
+def kept_matmuls(model: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """The matmuls whose outputs selective checkpointing keeps (``Strategy.checkpoint_policy``): the first,
+    third, ... of ``block_matmuls`` (torchtitan's op policy saves every ``mm`` but each second one)."""
+    return block_matmuls(model)[0::2]
+
+
+def recomputed_matmul_flops(model: ModelSpec) -> int:
+    """Forward FLOPs per token of the matmuls a selectively checkpointed block runs again in its backward: the
+    second, fourth, ... of ``block_matmuls`` but the block's last (the attention kernel's outputs are kept: it
+    does not run again). The last matmul's output only feeds the residual add, whose backward needs no input:
+    torch's non-reentrant checkpoint stops recomputing once every tensor the backward needs is back
+    (``torch.utils.checkpoint.set_checkpoint_early_stop``, on by default), before it (GPT's ``out``)."""
+    mms = block_matmuls(model)
+    return sum(2 * i * o for i, o in mms[1:-1:2])
+
+
+RECOMPUTE = ("none", "full", "selective")
+"""What a block's backward runs again (``Strategy.recompute``)."""
+
+
 @functools.lru_cache(maxsize=4096)
 def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
-                 recompute: bool = False, attention_flops_per_s: float = 0.0,
+                 recompute: str = "none", attention_flops_per_s: float = 0.0,
                  attention_forward_share: float = 0.0) -> PassSeconds:
     """Seconds per token of a block's and the head's forward and backward: FLOPs (``block_flops``,
     ``head_flops``; the backward twice the forward) at ``flops_per_s``, the attention's part of them
     (``attention_flops``) at ``attention_flops_per_s`` where its kernel has its own rate (0: at
     ``flops_per_s``), its forward taking ``attention_forward_share`` of that kernel's forward-and-backward
     time (0: a third, as its FLOPs), bytes (``traffic``) at ``bytes_per_s`` (0: not charged), and with
-    ``recompute`` the backward rerunning the forward."""
+    ``recompute`` (``RECOMPUTE``) the backward rerunning the block's forward: all of it (``"full"``), or, with
+    selective checkpointing, the matmuls whose outputs were not kept (``recomputed_matmul_flops``) and every
+    memory-bound kernel of the forward (``"selective"``; the attention kernel's outputs are kept)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, not {recompute!r}")
     t, per_byte = traffic(model, elem_bytes), (1 / bytes_per_s if bytes_per_s else 0.0)
     attention = attention_flops(model)
     matmuls = (block_flops(model) - attention) / flops_per_s
     kernel = 3 * attention / (attention_flops_per_s or flops_per_s)  # the attention's forward and backward
     share = attention_forward_share if attention_flops_per_s and attention_forward_share else 1 / 3
     block = matmuls + share * kernel
-    head, redo = head_flops(model) / flops_per_s, int(recompute)
-    mem_fwd, mem_bwd = t.block_fwd * per_byte, (t.block_bwd + redo * t.block_fwd) * per_byte
+    head, full = head_flops(model) / flops_per_s, int(recompute == "full")
+    redo = {"none": 0.0, "full": block, "selective": recomputed_matmul_flops(model) / flops_per_s}[recompute]
+    mem_fwd = t.block_fwd * per_byte
+    mem_bwd = (t.block_bwd + (recompute != "none") * t.block_fwd) * per_byte
     head_mem_fwd, head_mem_bwd = t.root_fwd * per_byte, t.root_bwd * per_byte
-    return PassSeconds(block_fwd=block + mem_fwd, block_bwd=2 * matmuls + (1 - share) * kernel + redo * block + mem_bwd,
+    return PassSeconds(block_fwd=block + mem_fwd, block_bwd=2 * matmuls + (1 - share) * kernel + redo + mem_bwd,
                        head_fwd=head + head_mem_fwd, head_bwd=2 * head + head_mem_bwd,
                        block_memory=mem_fwd + mem_bwd, head_memory=head_mem_fwd + head_mem_bwd,
-                       block_attention=kernel * (1 + redo * share))
+                       block_attention=kernel * (1 + full * share))
 
 
 def step_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,

@@ -207,9 +207,9 @@ def test_a_fused_attention_kernel_is_charged_its_own_rate_on_its_share_of_the_fl
     its own (0) charges the attention at the compute rate, as before kernels had rates."""
     model, peak = parse_model("llama3-8b"), 989e12
     matmul, attention = 0.5 * peak, 0.6 * peak
-    plain = pass_seconds(model, 2, matmul, 0.0, recompute=True)
-    split = pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=attention)
-    assert plain == pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=matmul)
+    plain = pass_seconds(model, 2, matmul, 0.0, recompute="full")
+    split = pass_seconds(model, 2, matmul, 0.0, recompute="full", attention_flops_per_s=attention)
+    assert plain == pass_seconds(model, 2, matmul, 0.0, recompute="full", attention_flops_per_s=matmul)
     a = attention_flops(model)
     assert a == 4 * model.hidden * model.seq_len and 0 < a < block_flops(model)
     assert split.block_fwd == pytest.approx((block_flops(model) - a) / matmul + a / attention, rel=1e-12)
@@ -237,16 +237,16 @@ def test_a_recomputed_forward_pays_the_attention_kernels_forward_share_again():
     matmuls = (block_flops(model) - a) / matmul
     assert split.block_fwd == pytest.approx(matmuls + share * kernel, rel=1e-12)
     assert split.block_bwd == pytest.approx(2 * matmuls + (1 - share) * kernel, rel=1e-12)
-    redo = pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=attention,
+    redo = pass_seconds(model, 2, matmul, 0.0, recompute="full", attention_flops_per_s=attention,
                         attention_forward_share=share)
     assert redo.block_bwd - split.block_bwd == pytest.approx(split.block_fwd, rel=1e-12)
-    redo_thirds = pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=attention)
+    redo_thirds = pass_seconds(model, 2, matmul, 0.0, recompute="full", attention_flops_per_s=attention)
     assert redo.block_bwd == pytest.approx(redo_thirds.block_bwd, rel=1e-12)  # backward + forward: the whole kernel
     saved = model.layers * (1 / 3 - share) * kernel  # the recomputed forward's attention, a step's
     assert redo_thirds.step(model.layers) - redo.step(model.layers) == pytest.approx(saved, rel=1e-9)
-    assert pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_forward_share=share) == pass_seconds(
-        model, 2, matmul, 0.0, recompute=True)  # no kernel rate: the attention's FLOPs at the compute rate
-    assert pass_seconds(model, 2, matmul, 0.0, recompute=True, attention_flops_per_s=attention,
+    assert pass_seconds(model, 2, matmul, 0.0, recompute="full", attention_forward_share=share) == pass_seconds(
+        model, 2, matmul, 0.0, recompute="full")  # no kernel rate: the attention's FLOPs at the compute rate
+    assert pass_seconds(model, 2, matmul, 0.0, recompute="full", attention_flops_per_s=attention,
                         attention_forward_share=0.0) == redo_thirds
 
 
@@ -319,7 +319,7 @@ def test_a_fused_kernels_rate_is_read_off_its_benchmark_at_the_models_sequence_a
     for seq in (512, 16384):
         model = dataclasses.replace(IBM_FSDP_7B, seq_len=seq)
         got = predict(model, cluster, s, calibration=calib)["breakdown"]
-        per_token = pass_seconds(model, 2, peak * calib.compute_efficiency, calib.memory_bytes_per_s, False,
+        per_token = pass_seconds(model, 2, peak * calib.compute_efficiency, calib.memory_bytes_per_s, "none",
                                  peak * a100[(seq, 128)], calib.attention_forward_share)
         assert got["compute_s"] == pytest.approx(seq * per_token.step(model.layers), rel=1e-9)
         # the breakdown names the attention's part of it and the rate it was charged
@@ -476,3 +476,50 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
     add = next(s for s in kept["streaming"] if s["kernel"].startswith("add"))
     assert abs(add["fraction"] - STREAM_FRACTION) <= 0.1
     assert max(memory) < 0.85 * add["fraction"]
+
+
+class MatmulFlops(TorchDispatchMode):
+    """Counts the FLOPs of every ``mm`` and ``addmm`` dispatched under it (2 · m · k · n each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            a, b = args[-2:]
+            self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        return out
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_selective_checkpointing_recomputes_and_keeps_what_the_model_charges(arch):
+    """A block under torch's selective checkpoint with the engine's policy (``strategies.checkpointing``): its
+    matmuls are ``block_matmuls`` in order, its backward runs the forward's matmuls again but the kept ones and the
+    last (``recomputed_matmul_flops``), and the tensors it keeps are the cost model's selective activations."""
+    from zerotune.strategies.checkpointing import checkpointed
+    from zerotune.strategies.costmodel.traffic import block_matmuls, kept_matmuls, recomputed_matmul_flops
+
+    spec = ModelSpec("t", layers=1, hidden=64, heads=4, kv_heads=2, vocab=128, seq_len=16, arch=arch)
+    block = build_gpt(spec).blocks[0]
+    tokens = 2 * spec.seq_len
+    kept: list[int] = []
+
+    def keep(out: Any) -> None:
+        kept.extend(t.untyped_storage().nbytes() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+
+    x = torch.randn(2, spec.seq_len, spec.hidden, requires_grad=True)
+    with MatmulFlops() as forward:
+        y = checkpointed(block, x, "selective", keep)
+    assert forward.flops == tokens * sum(2 * i * o for i, o in block_matmuls(spec))
+    with MatmulFlops() as backward:
+        y.sum().backward()
+    assert backward.flops == 2 * forward.flops + tokens * recomputed_matmul_flops(spec)
+    assert 0 < recomputed_matmul_flops(spec) < sum(2 * i * o for i, o in block_matmuls(spec)) / 2
+    # what it keeps: the kept matmuls' outputs and the attention's output and log-sum-exp; and the block's input
+    attention = tokens * spec.hidden * 4 + tokens * spec.heads * 4
+    assert sum(kept) == tokens * 4 * sum(o for _, o in kept_matmuls(spec)) + attention
+    s = Strategy(1, 1, 1, micro_batch_size=2, activation_checkpointing=True, checkpoint_policy="selective")
+    full = dataclasses.replace(s, checkpoint_policy="full")
+    assert activation_memory(spec, s, 4) - activation_memory(spec, full, 4) == sum(kept)
