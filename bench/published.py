@@ -36,7 +36,10 @@ ZeRO-3's host floor, measured on a GPU host (``rates.RUNNER_HOST_S_PER_LAYER``):
 shorter waits for the host's hooks (``rates.with_host_floor``). ``copies = true`` says its engine copied each
 gather's output and each reduction's input (FSDP2: ``Calibration.copies``). ``weight_sync = "broadcast"`` says its
 optimizer handed out whole parameters and synced the updated weights with one broadcast per owning rank
-(InternEvo: ``Calibration.weight_sync``); the default, ``gather``, an all-gather per bucket.
+(InternEvo: ``Calibration.weight_sync``); the default, ``gather``, an all-gather per bucket. ``early_stop = true``
+says its checkpointed blocks ran torch's non-reentrant checkpoint on torch 2.1 or later, whose backward stops
+recomputing before the block's last matmul (``Calibration.recompute_early_stop``); the default, false, reruns the
+whole forward, as Megatron's, DeepSpeed's and InternEvo's reentrant checkpoints and torch 2.0's do.
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -112,9 +115,11 @@ class RowId(NamedTuple):
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer_reduce: str, gathers: str,
                   runner: str, copies: bool = False, weight_sync: str = "gather",
-                  attention: str | None = None) -> tuple[ClusterSpec, Calibration]:
+                  attention: str | None = None, early_stop: bool = False) -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``);
-    ``attention``: the runs' attention kernel, None for the stack's (the preset's) own."""
+    ``attention``: the runs' attention kernel, None for the stack's (the preset's) own; ``early_stop``: its
+    checkpointed blocks' backward stopped recomputing before their last matmul
+    (``Calibration.recompute_early_stop``)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
         calib = dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync)
@@ -133,7 +138,7 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers, attention=attention)
     return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies,
-                                                        weight_sync=weight_sync))
+                                                        weight_sync=weight_sync, recompute_early_stop=early_stop))
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:
@@ -163,11 +168,13 @@ class Table:
         self.named_attention = self.source.get("attention")
         self.attention = self._choice("attention", STACK_ATTENTION.get(self.stack, "matmul"), tuple(ATTENTION_KERNELS))
         self.copies = self.source.get("copies", False)
-        if not isinstance(self.copies, bool):
-            raise ValueError(f"{path.name}: source.copies={self.copies!r}: must be true or false")
+        self.early_stop = self.source.get("early_stop", False)
+        for key, value in (("copies", self.copies), ("early_stop", self.early_stop)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{path.name}: source.{key}={value!r}: must be true or false")
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
         self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner,
-                                          self.copies, self.weight_sync, self.named_attention)
+                                          self.copies, self.weight_sync, self.named_attention, self.early_stop)
                          for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
@@ -216,7 +223,8 @@ class Table:
                 stack = fields.pop("stack")
                 cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], stack,
                                                self.rings, self.outer_reduce, self.gathers, self.runner, self.copies,
-                                               self.weight_sync, STACK_ATTENTION.get(stack, self.named_attention))
+                                               self.weight_sync, STACK_ATTENTION.get(stack, self.named_attention),
+                                               self.early_stop)
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:

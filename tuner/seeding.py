@@ -25,9 +25,9 @@ PRESETS = ("zero3", "zeropp", "3level-b", "3level-a", "mics", *REPLICATING)
 def known_good(request: TuneRequest, calibration: Calibration | None = None) -> list[tuple[Strategy, dict[str, Any]]]:
     """The known-good presets that exist on the request's cluster and that its runner runs exactly, each with the
     Optuna user attribute that marks it. A preset that the cost model (with ``calibration``) says does not fit is
-    tried as a user would next try it (``_as_fits``: with activation checkpointing, then one sequence per
-    micro-batch, then both); one that fits in none of these ways is kept as it is when it shards the parameters
-    (its trial records what overflows) and left out when it replicates them."""
+    tried as a user would next try it (``_as_fits``: with selective, then full activation checkpointing, then one
+    sequence per micro-batch, then both); one that fits in none of these ways is kept as it is when it shards the
+    parameters (its trial records what overflows) and left out when it replicates them."""
     r, out = request, []
     for name in PRESETS:
         try:
@@ -44,10 +44,16 @@ def known_good(request: TuneRequest, calibration: Calibration | None = None) -> 
 
 
 def _as_fits(r: TuneRequest, s: Strategy, calibration: Calibration | None) -> Strategy | None:
-    """``s``, or ``s`` with activation checkpointing, with one sequence per micro-batch, or with both: the first
-    of these the cost model says fits the request's devices; None where none does."""
-    for variant in (s, s.replace(activation_checkpointing=True), s.replace(micro_batch_size=1),
-                    s.replace(activation_checkpointing=True, micro_batch_size=1)):
+    """``s``, or ``s`` with selective activation checkpointing (where the runner runs it), then with full, with
+    one sequence per micro-batch, or with both: the first of these the cost model says fits the request's devices
+    (selective recomputes less than full); None where none does."""
+    selective = {"activation_checkpointing": True, "checkpoint_policy": "selective"}
+    full = {"activation_checkpointing": True}
+    for changes in ({}, selective, full, {"micro_batch_size": 1}, {**selective, "micro_batch_size": 1},
+                    {**full, "micro_batch_size": 1}):
+        variant = s.replace(**changes)
+        if runner_rule(r.runner, r.cluster, variant) is not None:
+            continue
         try:
             if predict(r.model, r.cluster, variant, global_batch=r.global_batch, calibration=calibration)["feasible"]:
                 return variant

@@ -23,7 +23,7 @@ from typing import Any
 
 from zerotune.errors import SpecError
 from zerotune.strategies.costmodel.rates import RUNNERS as COST_MODEL_RUNNERS
-from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
+from zerotune.strategies.spec import BITS, CHECKPOINT_POLICIES, ClusterSpec, ModelSpec, Strategy
 
 NONE = "none"
 MICRO_BATCH_SIZES = (1, 2, 4)
@@ -66,6 +66,8 @@ def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:
         if s.grad_bits < 16 and (not s.param_span or cluster.num_levels < 2
                                  or world <= cluster.span_size(cluster.node_span)):
             return "DeepSpeed quantizes gradients (qgZ) in stage 3 across nodes only"
+        if s.recompute == "selective":
+            return "DeepSpeed's activation checkpointing recomputes whole blocks: it has no per-op (selective) policy"
         return None
     if len(set(spans)) > 1:
         return "FSDP2 shards P, G and OS over one mesh dim"
@@ -137,6 +139,9 @@ class Space:
     config with prefetching off (``stage3_prefetch_bucket_size`` 0) on no evidence."""
     micro_batch_sizes: tuple[int, ...] = MICRO_BATCH_SIZES
     checkpointing: tuple[bool, ...] = (False, True)
+    checkpoint_policies: tuple[str, ...] = CHECKPOINT_POLICIES
+    """What a checkpointed block keeps (``Strategy.checkpoint_policy``). For the ``deepspeed`` runner only
+    ``"full"``: DeepSpeed's checkpointing has no per-op policy."""
     bits: tuple[int, ...] = BITS
     """Widths offered for weight gathers and gradient reductions. fp32 reductions (``GRAD_BITS``' 32) are
     left out by default: they only ever cost time, so a search would never pick them on speed."""
@@ -153,6 +158,7 @@ class Space:
             raise SpecError("runner", self.runner, f"must be one of {list(RUNNERS)}")
         if self.runner == "deepspeed":
             object.__setattr__(self, "prefetch", (1,))
+            object.__setattr__(self, "checkpoint_policies", ("full",))
         if self.global_batch is not None:
             object.__setattr__(self, "micro_batch_sizes",
                                micro_batches_for(self.cluster, self.global_batch, self.micro_batch_sizes))
@@ -201,6 +207,10 @@ class Space:
             "micro_batch_size": trial.suggest_categorical("micro_batch_size", list(self.micro_batch_sizes)),
             "activation_checkpointing": trial.suggest_categorical("activation_checkpointing", list(self.checkpointing)),
         }
+        if fields["activation_checkpointing"]:  # asked only of a checkpointed trial (older studies never asked it)
+            policies = list(self.checkpoint_policies)
+            fields["checkpoint_policy"] = (trial.suggest_categorical("checkpoint_policy", policies)
+                                           if len(policies) > 1 else policies[0])
         return self.admit(Strategy.from_dict(fields).validate_for(self.cluster))
 
     def admit(self, s: Strategy) -> Strategy:
@@ -229,21 +239,25 @@ class Space:
             params[f"secondary_span_p{s.param_span}"] = NONE if s.secondary_span is None else str(s.secondary_span)
         if s.param_span >= s.quantize_above:
             params["weight_bits"] = s.weight_bits
+        if s.activation_checkpointing and len(self.checkpoint_policies) > 1:
+            params["checkpoint_policy"] = s.checkpoint_policy
         return params
 
     def enumerate_space(self) -> Iterator[Strategy]:
         """Every valid Strategy of the space (for exhaustive search on the cost model)."""
+        recompute = [(ckpt, policy) for ckpt in self.checkpointing
+                     for policy in (self.checkpoint_policies if ckpt else ("full",))]
         rest = list(itertools.product(self._bits("grad_bits"), self.bucket_mb, self.bucket_mb, self.prefetch,
-                                      self.micro_batch_sizes, self.checkpointing))
+                                      self.micro_batch_sizes, recompute))
         for triple in self.span_triples:
             p, g, o = (int(x) for x in triple.split(","))
             for secondary in self._secondaries(p) if p else [NONE]:
                 for qa in self._quantize_above():
                     for wb in self._bits("weight_bits") if p >= qa else (16,):
-                        for gb, ag, rs, pf, mbs, ckpt in rest:
+                        for gb, ag, rs, pf, mbs, (ckpt, policy) in rest:
                             try:
                                 yield self.admit(Strategy(p, g, o, None if secondary == NONE else int(secondary),
-                                                          wb, gb, qa, ag, rs, pf, mbs, ckpt))
+                                                          wb, gb, qa, ag, rs, pf, mbs, ckpt, policy))
                             except SpecError:
                                 continue
 

@@ -159,7 +159,15 @@ def _describe(s: dict[str, Any]) -> str:
     return (f"P/G/OS spans {s['param_span']}/{s['grad_span']}/{s['optim_span']}{hpz}, {bits}, "
             f"buckets {s['allgather_bucket_mb']:g}/{s['reduce_bucket_mb']:g} MB, prefetch {s['prefetch_buckets']}, "
             f"micro-batch {s['micro_batch_size']}"
-            f"{', checkpointing' if s['activation_checkpointing'] else ''}")
+            f"{_checkpointing(s)}")
+
+
+def _checkpointing(s: dict[str, Any]) -> str:
+    """``, checkpointing`` (full) or ``, selective checkpointing``; nothing without (a stored strategy from before
+    the policy existed is full)."""
+    if not s["activation_checkpointing"]:
+        return ""
+    return ", selective checkpointing" if s.get("checkpoint_policy") == "selective" else ", checkpointing"
 
 def _progress_bar(total: int, quiet: bool) -> Any:
     """Progress on stderr: a bar on a terminal, one plain line per event in a log (no carriage returns).

@@ -38,6 +38,8 @@ STRATEGY_FIELDS = (
     ("prefetch_buckets", "buckets gathered ahead"),
     ("micro_batch_size", "micro-batch size"),
     ("activation_checkpointing", "activation checkpointing"),
+    ("checkpoint_policy", "what a checkpointed block keeps (full: its input; selective: attention and every "
+                          "second matmul)"),
 )
 PER_PAGE = 50
 

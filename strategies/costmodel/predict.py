@@ -18,7 +18,8 @@ broadcast per rank that holds any (``_broadcast_sync``) where the boundary would
 level stay the engine's; only the seconds are the runner's.
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
-scores and weighted sum); backward twice that (+ a forward recompute with checkpointing: the whole forward, or with
+scores and weighted sum); backward twice that (+ a forward recompute with checkpointing: the whole forward, all but
+its last matmul where the checkpoint stops early (``Calibration.recompute_early_stop``), or with
 selective checkpointing the matmuls whose outputs were not kept and the memory-bound kernels); the head
 2·V·h per token forward (``traffic.block_flops``, ``traffic.head_flops``). Seconds = FLOPs / (peak ·
 ``compute_efficiency``), the device's achievable fraction of peak on those compute-bound kernels
@@ -283,7 +284,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     tokens = mbs * model.seq_len
     attention = calib.attention_rate(model.seq_len, model.head_dim)
     per_token = pass_seconds(model, e, cluster.peak_tflops * 1e12 * calib.compute_efficiency,
-                             calib.memory_bytes_per_s, s.recompute,
+                             calib.memory_bytes_per_s,
+                             "full-early-stop" if s.recompute == "full" and calib.recompute_early_stop else s.recompute,
                              cluster.peak_tflops * 1e12 * attention, calib.attention_forward_share)
     fwd_block, bwd_block = tokens * per_token.block_fwd, tokens * per_token.block_bwd
     head_fwd, head_bwd = tokens * per_token.head_fwd, tokens * per_token.head_bwd

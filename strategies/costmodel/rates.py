@@ -190,6 +190,15 @@ class Calibration:
     reduction's: memory-bound passes at ``memory_bytes_per_s``. False: the engine gathers into the buffer its
     parameters are views of and reduces the buffer its gradients are views of (zerotune's engine, FSDP1's
     FlatParameter, DeepSpeed's flat partitions)."""
+    recompute_early_stop: bool = True
+    """A fully checkpointed block's backward does not run its last matmul again: torch's non-reentrant checkpoint
+    (``use_reentrant=False``; zerotune's engine, FSDP2's ``checkpoint_wrapper``, NO_REENTRANT by default from
+    torch 2.2) stops recomputing as soon as every tensor the backward needs is back
+    (``torch.utils.checkpoint.set_checkpoint_early_stop``, on by default since torch 2.1, pytorch/pytorch#96866),
+    and the last matmul's output only feeds the residual add, whose backward needs no input (counted on the
+    engine's blocks in ``tests/strategies/test_traffic.py``). False: reentrant checkpointing reruns the whole
+    forward (Megatron's and DeepSpeed's ``CheckpointFunction``, InternEvo's, and torch 2.0's non-reentrant one).
+    Selective checkpointing runs under the non-reentrant one only: it always stops early."""
     grad_reduce: str = "reduce_scatter"
     """How a runner that shards no parameters (``param_span`` 0: ZeRO-1 and ZeRO-2) reduces each gradient bucket
     over the group it partitions gradients or optimizer states on: ``reduce_scatter`` (zerotune's engine, FSDP's
@@ -254,16 +263,17 @@ class Calibration:
         return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
 
 
-RUNNERS: dict[str, tuple[str, str, str, bool, str]] = {
-    "zerotune": ("hierarchical", "backward", "bucket", False, "reduce_scatter"),
-    "deepspeed": ("flat", "backward", "module", False, "all_reduce"),
-    "fsdp": ("flat", "backward", "bucket", True, "reduce_scatter"),
+RUNNERS: dict[str, tuple[str, str, str, bool, str, bool]] = {
+    "zerotune": ("hierarchical", "backward", "bucket", False, "reduce_scatter", True),
+    "deepspeed": ("flat", "backward", "module", False, "all_reduce", False),
+    "fsdp": ("flat", "backward", "bucket", True, "reduce_scatter", True),
 }
 """How each runner of a strategy moves its bytes (``Calibration.rings``, ``Calibration.outer_reduce``,
 ``Calibration.gathers``, ``Calibration.copies``, ``Calibration.grad_reduce``): zerotune's engine, and the exported
 configs as DeepSpeed (the export sets ``overlap_comm``; ZeRO-3 fetches sub-module by sub-module; stages 1 and 2
 all-reduce their gradient buckets) and FSDP2 (it reduces across replicas in its post-backward hook, and copies each
-gather's output and each reduction's input) run them."""
+gather's output and each reduction's input) run them; and how each recomputes a checkpointed block
+(``Calibration.recompute_early_stop``: DeepSpeed's ``deepspeed.checkpointing`` is reentrant)."""
 
 
 RUNNER_HOST_S_PER_LAYER: dict[str, float] = {
@@ -311,10 +321,10 @@ def run_by(calib: Calibration, runner: str) -> Calibration:
     (``protocols`` nccl or rccl), the runner's host floor; a fitted calibration keeps its own."""
     if runner not in RUNNERS:
         raise ValueError(f"runner={runner!r}: must be one of {sorted(RUNNERS)}")
-    rings, outer_reduce, gathers, copies, grad_reduce = RUNNERS[runner]
+    rings, outer_reduce, gathers, copies, grad_reduce, early_stop = RUNNERS[runner]
     host = RUNNER_HOST_S_PER_LAYER[runner] if calib.protocols != "simple" else calib.host_s_per_layer
     return dataclasses.replace(calib, rings=rings, outer_reduce=outer_reduce, gathers=gathers, copies=copies,
-                               grad_reduce=grad_reduce, host_s_per_layer=host)
+                               grad_reduce=grad_reduce, host_s_per_layer=host, recompute_early_stop=early_stop)
 
 
 NOMINAL = Calibration()

@@ -160,8 +160,16 @@ def recomputed_matmul_flops(model: ModelSpec) -> int:
     return sum(2 * i * o for i, o in mms[1:-1:2])
 
 
-RECOMPUTE = ("none", "full", "selective")
-"""What a block's backward runs again (``Strategy.recompute``)."""
+def last_matmul_flops(model: ModelSpec) -> int:
+    """Forward FLOPs per token of a block's last matmul (GPT's ``out``, a Llama's ``w2``): what a fully checkpointed
+    block's backward does not run again where the checkpoint stops early (``Calibration.recompute_early_stop``)."""
+    i, o = block_matmuls(model)[-1]
+    return 2 * i * o
+
+
+RECOMPUTE = ("none", "full", "full-early-stop", "selective")
+"""What a block's backward runs again (``Strategy.recompute``; ``"full-early-stop"``: all of its forward but the
+last matmul, ``Calibration.recompute_early_stop``)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -173,9 +181,11 @@ def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_pe
     (``attention_flops``) at ``attention_flops_per_s`` where its kernel has its own rate (0: at
     ``flops_per_s``), its forward taking ``attention_forward_share`` of that kernel's forward-and-backward
     time (0: a third, as its FLOPs), bytes (``traffic``) at ``bytes_per_s`` (0: not charged), and with
-    ``recompute`` (``RECOMPUTE``) the backward rerunning the block's forward: all of it (``"full"``), or, with
-    selective checkpointing, the matmuls whose outputs were not kept (``recomputed_matmul_flops``) and every
-    memory-bound kernel of the forward (``"selective"``; the attention kernel's outputs are kept)."""
+    ``recompute`` (``RECOMPUTE``) the backward rerunning the block's forward: all of it (``"full"``), all of it but
+    its last matmul (``"full-early-stop"``), or, with selective checkpointing, the matmuls whose outputs were not
+    kept (``recomputed_matmul_flops``) and every memory-bound kernel of the forward (``"selective"``; the attention
+    kernel's outputs are kept). The residual add after the last matmul, which early stop skips too, is left in
+    the memory-bound bytes (h elements of the block's 20-40 per token)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, not {recompute!r}")
     t, per_byte = traffic(model, elem_bytes), (1 / bytes_per_s if bytes_per_s else 0.0)
@@ -184,8 +194,9 @@ def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_pe
     kernel = 3 * attention / (attention_flops_per_s or flops_per_s)  # the attention's forward and backward
     share = attention_forward_share if attention_flops_per_s and attention_forward_share else 1 / 3
     block = matmuls + share * kernel
-    head, full = head_flops(model) / flops_per_s, int(recompute == "full")
-    redo = {"none": 0.0, "full": block, "selective": recomputed_matmul_flops(model) / flops_per_s}[recompute]
+    head, full = head_flops(model) / flops_per_s, int(recompute.startswith("full"))
+    redo = {"none": 0.0, "full": block, "full-early-stop": block - last_matmul_flops(model) / flops_per_s,
+            "selective": recomputed_matmul_flops(model) / flops_per_s}[recompute]
     mem_fwd = t.block_fwd * per_byte
     mem_bwd = (t.block_bwd + (recompute != "none") * t.block_fwd) * per_byte
     head_mem_fwd, head_mem_bwd = t.root_fwd * per_byte, t.root_bwd * per_byte

@@ -34,7 +34,14 @@ from zerotune.strategies.costmodel.hardware import (
 )
 from zerotune.strategies.costmodel.memory import activation_memory
 from zerotune.strategies.costmodel.rates import curve_rate
-from zerotune.strategies.costmodel.traffic import attention_flops, block_flops, pass_seconds, step_seconds, traffic
+from zerotune.strategies.costmodel.traffic import (
+    attention_flops,
+    block_flops,
+    last_matmul_flops,
+    pass_seconds,
+    step_seconds,
+    traffic,
+)
 from zerotune.strategies.memory import MemoryAccountant
 from zerotune.strategies.model import build_gpt
 from zerotune.strategies.spec import ModelSpec, Strategy
@@ -392,7 +399,8 @@ def test_the_v100_megatron_figure_is_one_gpu_running_bert_large():
 
 def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     """Activation checkpointing reruns each block's forward in the backward: its FLOPs and its
-    memory-bound bytes once more (the attention kernel's forward, its share of the kernel's time), nothing else."""
+    memory-bound bytes once more (the attention kernel's forward, its share of the kernel's time), nothing else;
+    where the checkpoint stops early (the engine's), all but the last matmul's FLOPs."""
     cluster = parse_cluster("dgx-a100:1")
     calib = calibration_for(cluster)
     model = parse_model("gpt-1.3b")
@@ -407,7 +415,13 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     forward = model.layers * tokens * ((block_flops(model) - a) / (peak * calib.compute_efficiency)
                                        + calib.attention_forward_share * 3 * a / (peak * calib.attention_efficiency)
                                        + traffic(model, 2).block_fwd / calib.memory_bytes_per_s)
-    assert extra == pytest.approx(forward, rel=1e-9)
+    # the engine's checkpoint stops before the block's last matmul (torch's early stop); a reentrant one does not
+    last = model.layers * tokens * last_matmul_flops(model) / (peak * calib.compute_efficiency)
+    assert calib.recompute_early_stop and extra == pytest.approx(forward - last, rel=1e-9)
+    whole = dataclasses.replace(calib, recompute_early_stop=False)
+    assert (predict(model, cluster, ckpt, calibration=whole)["breakdown"]["compute_s"]
+            - predict(model, cluster, plain, calibration=whole)["breakdown"]["compute_s"]) == pytest.approx(forward,
+                                                                                                            rel=1e-9)
     # the breakdown names the memory-bound part of compute: the bytes of every pass at the HBM rate
     t = traffic(model, 2)
     moved = tokens * (model.layers * (t.block_fwd + t.block_bwd) + t.root_fwd + t.root_bwd)
@@ -497,7 +511,8 @@ class MatmulFlops(TorchDispatchMode):
 def test_selective_checkpointing_recomputes_and_keeps_what_the_model_charges(arch):
     """A block under torch's selective checkpoint with the engine's policy (``strategies.checkpointing``): its
     matmuls are ``block_matmuls`` in order, its backward runs the forward's matmuls again but the kept ones and the
-    last (``recomputed_matmul_flops``), and the tensors it keeps are the cost model's selective activations."""
+    last (``recomputed_matmul_flops``), and the tensors it keeps are the cost model's selective activations. Under
+    full checkpointing the backward runs every matmul again but the last (torch's early stop)."""
     from zerotune.strategies.checkpointing import checkpointed
     from zerotune.strategies.costmodel.traffic import block_matmuls, kept_matmuls, recomputed_matmul_flops
 
@@ -520,6 +535,12 @@ def test_selective_checkpointing_recomputes_and_keeps_what_the_model_charges(arc
     # what it keeps: the kept matmuls' outputs and the attention's output and log-sum-exp; and the block's input
     attention = tokens * spec.hidden * 4 + tokens * spec.heads * 4
     assert sum(kept) == tokens * 4 * sum(o for _, o in kept_matmuls(spec)) + attention
+    # full checkpointing: the whole forward again but the last matmul (early stop, ``last_matmul_flops``)
+    x = torch.randn(2, spec.seq_len, spec.hidden, requires_grad=True)
+    y = checkpointed(block, x, "full")
+    with MatmulFlops() as backward:
+        y.sum().backward()
+    assert backward.flops == 3 * forward.flops - tokens * last_matmul_flops(spec)
     s = Strategy(1, 1, 1, micro_batch_size=2, activation_checkpointing=True, checkpoint_policy="selective")
     full = dataclasses.replace(s, checkpoint_policy="full")
     assert activation_memory(spec, s, 4) - activation_memory(spec, full, 4) == sum(kept)

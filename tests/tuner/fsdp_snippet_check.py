@@ -21,7 +21,10 @@ from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_mod
 from zerotune.strategies.model import build_gpt
 from zerotune.tuner.exports import fsdp_config
 
-PRESETS = ("zero3", "zeropp", "mics", "zero2")
+PRESETS = {"zero3": ("zero3", {}), "zeropp": ("zeropp", {}), "mics": ("mics", {}), "zero2": ("zero2", {}),
+           "zero3-full": ("zero3", {"activation_checkpointing": True}),
+           "zero3-selective": ("zero3", {"activation_checkpointing": True, "checkpoint_policy": "selective"})}
+"""What each run exports: a preset and the changes to it (the checkpointed ones wrap the blocks as the snippet says)."""
 
 
 def main(cluster_name: str, out_dir: str) -> None:
@@ -29,8 +32,8 @@ def main(cluster_name: str, out_dir: str) -> None:
     rank = dist.get_rank()
     cluster, spec = parse_cluster(cluster_name), parse_model("gpt-tiny")
     results = {}
-    for preset in PRESETS:
-        export = fsdp_config(spec, cluster, build_strategy(preset, cluster), dtype="fp32")
+    for preset, (name, changes) in PRESETS.items():
+        export = fsdp_config(spec, cluster, build_strategy(name, cluster).replace(**changes), dtype="fp32")
         model = build_gpt(spec, seed=0)
         scope = {"model": model}
         exec(compile(export["code"].replace('"cuda"', '"cpu"'), f"<fsdp export {preset}>", "exec"), scope)

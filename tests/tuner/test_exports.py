@@ -524,7 +524,8 @@ def test_a_base_merged_by_the_prologue_is_accepted_by_deepspeed(ds: Any) -> None
 @pytest.mark.timeout(300)
 def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
     """The FSDP2 export's code, as written, shards gpt-tiny on 4 gloo ranks (1-D, 2-D and integer reshard meshes)
-    and trains 2 steps to finite losses."""
+    and trains 2 steps to finite losses; with full and with selective checkpointing (its policy written out in the
+    snippet), ZeRO-3's losses are the uncheckpointed run's."""
     from zerotune.strategies.launch import run_torchrun
 
     result = run_torchrun(4, [str(ROOT / "tests" / "tuner" / "fsdp_snippet_check.py"), "local:2x2", str(tmp_path)],
@@ -532,7 +533,11 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
     assert result.ok, result.output[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     seen = {preset: run["reshard_after_forward"] for preset, run in ranks[0].items()}
-    assert seen == {"zero3": True, "zeropp": 2, "mics": True, "zero2": False}, seen
+    assert seen == {"zero3": True, "zeropp": 2, "mics": True, "zero2": False, "zero3-full": True,
+                    "zero3-selective": True}, seen
+    for run in ranks:
+        for checkpointed in ("zero3-full", "zero3-selective"):
+            assert run[checkpointed]["losses"] == pytest.approx(run["zero3"]["losses"], rel=1e-5), checkpointed
     assert ranks[0]["mics"]["mesh"] == [2, 2]
     for run in ranks:
         for preset, r in run.items():
@@ -655,3 +660,20 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     # the strategy's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
     # (the bytes zerotune's engine moves; predict times the deepspeed runner's second root gather apart)
     assert modelled["keep"] == pytest.approx(1.0) and 1.7 < modelled["zero3"] < 1.8, modelled
+
+
+def test_selective_checkpointing_exports_its_policy_and_deepspeed_says_it_has_none() -> None:
+    """FSDP2's snippet wraps each block with torch's selective-checkpoint contexts and the policy written out;
+    DeepSpeed's config can only recompute whole blocks, and its notes say how to run the chosen policy."""
+    cluster = parse_cluster("dgx-h100:2")
+    s = build_strategy("zero3", cluster).replace(activation_checkpointing=True, checkpoint_policy="selective")
+    f = fsdp_config(MODEL, cluster, s)
+    assert f["checkpoint_policy"] == "selective"
+    assert "checkpoint_wrapper(block, context_fn=selective)" in f["code"]
+    assert "create_selective_checkpoint_contexts(policy)" in f["code"]
+    assert fsdp_config(MODEL, cluster, s.replace(checkpoint_policy="full"))["checkpoint_policy"] == "full"
+    assert fsdp_config(MODEL, cluster, s.replace(activation_checkpointing=False, checkpoint_policy="full")
+                       )["checkpoint_policy"] is None
+    config, notes = deepspeed_config(MODEL, cluster, s), deepspeed_notes(MODEL, cluster, s)
+    assert config["activation_checkpointing"]["number_checkpoints"] == MODEL.layers
+    assert any("checkpoint_policy selective" in n and "create_selective_checkpoint_contexts" in n for n in notes)

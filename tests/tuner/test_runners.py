@@ -4,6 +4,7 @@ predicts its collectives as that runner issues them (flat rings, the reduction i
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 from sqlalchemy import select
@@ -42,7 +43,7 @@ def _shapes(space: Space) -> list[Strategy]:
 def test_zerotune_runs_the_whole_space():
     cluster = parse_cluster("frontier:48")
     space = Space(cluster)
-    assert space.size() == 340_200  # every span triple, hpZ span, quantization level and bucket choice
+    assert space.size() == 510_300  # every span triple, hpZ span, quantization level, bucket and checkpointing choice
     assert len(space.span_triples) == 20 and all(runner_rule("zerotune", cluster, s) is None for s in _shapes(space))
 
 
@@ -195,3 +196,34 @@ def test_flat_rings_change_the_value_of_the_same_strategy():
     assert dataclasses.replace(run_by(profile, "deepspeed"), rings="hierarchical", gathers="bucket",
                                grad_reduce="reduce_scatter", host_s_per_layer=profile.host_s_per_layer) == profile
     assert run_by(run_by(profile, "deepspeed"), "zerotune") == profile
+
+
+def test_the_search_asks_for_a_checkpoint_policy_only_of_checkpointed_trials_and_deepspeed_runs_full_only():
+    """Optuna's trials (a real in-memory study) ask ``checkpoint_policy`` only where ``activation_checkpointing`` is
+    on, both policies come up, and an enqueued strategy's parameters give that strategy back; DeepSpeed's space
+    offers full checkpointing only, and its rule says why a selective strategy is not its own."""
+    import optuna
+
+    cluster = parse_cluster("dgx-h100:4")
+    space = Space(cluster)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(60):
+        trial = study.ask()
+        try:
+            s = space.suggest(trial)
+        except SpecError:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        assert ("checkpoint_policy" in trial.params) == s.activation_checkpointing
+        seen.add(s.recompute)
+        study.tell(trial, 1.0)
+    assert seen == {"none", "full", "selective"}
+    wanted = build_strategy("zero3", cluster).replace(activation_checkpointing=True, checkpoint_policy="selective")
+    study.enqueue_trial(space.strategy_params(wanted))
+    assert space.suggest(study.ask()).recompute == "selective"
+    ds = Space(cluster, runner="deepspeed")
+    assert ds.checkpoint_policies == ("full",)
+    assert {s.recompute for s in itertools.islice(ds.enumerate_space(), 50)} == {"none", "full"}
+    assert "no per-op (selective) policy" in runner_rule("deepspeed", cluster, wanted)
+    assert runner_rule("fsdp", cluster, wanted) is None

@@ -163,6 +163,12 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
         notes.append("activation_checkpointing: DeepSpeed's block only configures "
                      "deepspeed.checkpointing.checkpoint; call it around each transformer block's forward "
                      "(or use the model's own gradient checkpointing) to recompute activations.")
+        if s.checkpoint_policy == "selective":
+            notes.append("checkpoint_policy selective: DeepSpeed's checkpointing recomputes whole blocks. To run what "
+                         "was chosen, wrap each block in torch.utils.checkpoint.checkpoint(block, x, "
+                         "use_reentrant=False, context_fn=...) with torch's create_selective_checkpoint_contexts, "
+                         "keeping the attention's and every second matmul's outputs (the FSDP2 export's snippet "
+                         "writes the policy out); with DeepSpeed's own, each step recomputes more and keeps less.")
     validate_deepspeed_config(config, world)
     config["gradient_clipping"] = float(gradient_clipping)
     return config, notes

@@ -38,7 +38,8 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
     Returns ``mesh_shape``, ``mesh_dim_names`` (``["shard"]`` when nothing is replicated),
     ``reshard_after_forward``, ``mixed_precision`` (torch dtype names for ``MixedPrecisionPolicy``: gradients
     reduce in float32 when ``grad_bits`` is 32, else in the parameters' dtype),
-    ``global_batch``, ``micro_batch_size``, ``grad_accum_steps``, ``activation_checkpointing``,
+    ``global_batch``, ``micro_batch_size``, ``grad_accum_steps``, ``activation_checkpointing``, ``checkpoint_policy``
+    (None without checkpointing),
     ``grad_clip`` (the global gradient norm zerotune's trials clip to: ``clip_grad_norm_`` before each optimizer
     step, as the snippet says), ``notes`` (what FSDP2 cannot express) and ``code`` (a Python snippet).
     """
@@ -123,9 +124,10 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
         "micro_batch_size": s.micro_batch_size,
         "grad_accum_steps": accum,
         "activation_checkpointing": s.activation_checkpointing,
+        "checkpoint_policy": s.checkpoint_policy if s.activation_checkpointing else None,
         "grad_clip": GRAD_CLIP,
         "notes": notes,
-        "code": _fsdp_code(mesh_shape, names, reshard, mixed, s.activation_checkpointing),
+        "code": _fsdp_code(mesh_shape, names, reshard, mixed, s.recompute),
     }
 
 
@@ -136,15 +138,38 @@ def _py_tuple(items: list[Any]) -> str:
 
 
 def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mixed: dict[str, str],
-               checkpointing: bool) -> str:
-    """A runnable snippet (under torchrun) applying the settings to a model with ``model.blocks``."""
+               recompute: str) -> str:
+    """A runnable snippet (under torchrun) applying the settings to a model with ``model.blocks``; ``recompute``
+    (``Strategy.recompute``) wraps each block in torch's checkpoint wrapper, with the selective policy
+    (``strategies.checkpointing``, written out: the snippet needs nothing but torch) where it is selective."""
     lines = [
         "import torch",
         "from torch.distributed.device_mesh import init_device_mesh",
         "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard",
     ]
-    if checkpointing:
+    if recompute != "none":
         lines.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper")
+    if recompute == "selective":
+        lines += [
+            "from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts",
+            "",
+            "MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}",
+            "ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention.default,",
+            "             torch.ops.aten._scaled_dot_product_efficient_attention.default,",
+            "             torch.ops.aten._scaled_dot_product_cudnn_attention.default}",
+            "",
+            "",
+            "def selective():  # keep the attention's and every second matmul's outputs (torchtitan's op policy)",
+            "    count = [0]",
+            "",
+            "    def policy(ctx, func, *args, **kwargs):",
+            "        count[0] += func in MATMULS",
+            "        keep = func in ATTENTION or (func in MATMULS and count[0] % 2 == 1)",
+            "        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE",
+            "",
+            "    return create_selective_checkpoint_contexts(policy)",
+            "",
+        ]
     lines += [
         "",
         f"mesh = init_device_mesh(\"cuda\", {_py_tuple(mesh_shape)}, mesh_dim_names={_py_tuple(names)})",
@@ -152,8 +177,10 @@ def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mix
         f"reduce_dtype=torch.{mixed['reduce_dtype']})",
         "for i, block in enumerate(model.blocks):  # one FSDP unit per transformer block",
     ]
-    if checkpointing:
+    if recompute == "full":
         lines += ["    block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"]
+    elif recompute == "selective":
+        lines += ["    block = model.blocks[i] = checkpoint_wrapper(block, context_fn=selective)  # recompute the rest"]
     lines += [
         f"    fully_shard(block, mesh=mesh, reshard_after_forward={reshard!r}, mp_policy=mp_policy)",
         "# the root (embeddings, head): its parameters are needed again as soon as backward starts, so resharding",

@@ -101,7 +101,7 @@
   const PARAM_WORDS = {spans: "spans (P,G,OS)", quantize_above: "quantize_above", weight_bits: "weight_bits",
     grad_bits: "grad_bits", allgather_bucket_mb: "allgather_bucket_mb", reduce_bucket_mb: "reduce_bucket_mb",
     prefetch_buckets: "prefetch_buckets", micro_batch_size: "micro_batch_size",
-    activation_checkpointing: "activation_checkpointing"};
+    activation_checkpointing: "activation_checkpointing", checkpoint_policy: "checkpoint_policy"};
   const paramWords = (name) => PARAM_WORDS[name] || name.replace(/^secondary_span_p(\d+)$/, "secondary_span (hpZ) when param_span=$1");
 
   function errorOf(p) {
@@ -109,6 +109,8 @@
       ? (p.predicted_step_time_s - p.measured_step_time_s) / p.measured_step_time_s : null;
   }
   const S = (p, k) => (p.strategy || {})[k];
+  // activation checkpointing as one value: off, full (a stored strategy from before the policy is full) or selective
+  const ckpt = (p) => (S(p, "activation_checkpointing") ? (S(p, "checkpoint_policy") === "selective" ? "selective" : "full") : "no");
   const COLUMNS = [
     {key: "select", label: "", sortable: false, html: (p) => `<input type="checkbox" class="pick" value="${p.id}" aria-label="select trial ${p.id}">`},
     {key: "id", label: "trial", value: (p) => p.id, html: (p) => `<a href="/dashboard/trials/${p.id}">${p.id}</a>`},
@@ -122,7 +124,7 @@
     {key: "buckets", label: "AG/RS MB", value: (p) => `${S(p, "allgather_bucket_mb")}/${S(p, "reduce_bucket_mb")}`, cls: "mono"},
     {key: "prefetch", label: "prefetch", value: (p) => S(p, "prefetch_buckets")},
     {key: "mbs", label: "mbs", value: (p) => S(p, "micro_batch_size")},
-    {key: "ckpt", label: "ckpt", value: (p) => (S(p, "activation_checkpointing") ? "yes" : "no")},
+    {key: "ckpt", label: "ckpt", value: ckpt},
     {key: "value", label: "TFLOPS/rank", num: true, value: (p) => p.value},
     {key: "mem", label: "peak GiB", num: true, value: (p) => (isNum(p.peak_memory_bytes) ? p.peak_memory_bytes / GiB : null)},
     {key: "inter", label: "inter-node MiB", num: true, value: (p) => (isNum(p.inter_node_bytes) ? p.inter_node_bytes / MiB : null)},
@@ -293,7 +295,7 @@
     const values = done.map((p) => p.value);
     const lo = Math.min(...values), hi = Math.max(...values);
     const dims = DIMENSIONS.map(([key, label]) => {
-      const shown = done.map((p) => { const v = S(p, key); return v === null || v === undefined ? "off" : typeof v === "boolean" ? (v ? "yes" : "no") : v; });
+      const shown = done.map((p) => { const v = key === "activation_checkpointing" ? ckpt(p) : S(p, key); return v === null || v === undefined ? "off" : typeof v === "boolean" ? (v ? "yes" : "no") : v; });
       const levels = [...new Set(shown)].sort(compareValues);
       const at = (j) => (levels.length > 1 ? j / (levels.length - 1) : 0.5);
       return {label, shown, pos: shown.map((v) => at(levels.indexOf(v))), ticks: levels.map((v, j) => [at(j), String(v)])};
