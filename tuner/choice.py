@@ -229,11 +229,14 @@ def _checkpointing_call(pick: tuple, rivals: list, lean: dict[str, Any] | None) 
     model's lean on checkpointed runs is allowed for (``lean``: ``error_band.checkpointing``, from the published
     tables that measured both kinds; ``bench/published.py``'s ``checkpointing_lean``). The model's figure for the
     checkpointed side is divided by ``1 + lean``; ``within`` says that the pick then no longer leads (the two are
-    worth measuring), ``beyond`` that it still does. None without a lean or a rival of the other setting."""
-    if not lean or lean.get("lean") is None or not pick[2]:
+    worth measuring), ``beyond`` that it still does. None without a lean or a rival of the other setting. The lean
+    was measured between full checkpointing and none: a selectively checkpointed pick is not held to it, nor
+    compared with a selective rival."""
+    if not lean or lean.get("lean") is None or not pick[2] or pick[1].recompute == "selective":
         return None
-    mine = pick[1].activation_checkpointing
-    rival = next((r for r in rivals if r[1].activation_checkpointing != mine and r[2]), None)
+    mine = pick[1].recompute == "full"
+    other = "none" if mine else "full"
+    rival = next((r for r in rivals if r[1].recompute == other and r[2]), None)
     if rival is None:
         return None
     share = 1 + lean["lean"]

@@ -480,6 +480,10 @@ def test_predict_cli_sweep_table_and_json(capsys):
         "zero3", parse_cluster("dgx-h100:1")))["error_band"]["checkpointing"]
     assert f"checkpointed: the model's figures for checkpointed runs sat {lean['lean']:+.1%}" in \
         capsys.readouterr().out
+    # measured between full checkpointing and none: a selectively checkpointed prediction does not state it
+    assert main(["predict", "--model", "gpt-1.3b", "--cluster", "dgx-h100:1", "--set", "micro_batch_size=4",
+                 "--set", "activation_checkpointing=true", "--set", "checkpoint_policy=selective"]) == 0
+    assert "checkpointed:" not in capsys.readouterr().out
     # --breakdown: each row's terms add up to its step, and the row names the term beyond compute that costs most
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:2,48", "--strategy", "zero3",
                  "--strategy", "3level-b", "--runner", "deepspeed", "--breakdown"]) == 0

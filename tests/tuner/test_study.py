@@ -436,6 +436,14 @@ def test_a_pick_is_held_to_the_models_lean_on_checkpointed_runs():
     assert call["verdict"] == "beyond" and "only widens the pick's lead" in call["why"]
     assert _checkpointing_call(pick, [pick, (3, ckpt, 90.0, "predicted", {})], lean) is None
     assert _checkpointing_call(pick, [pick, rival], None) is None
+    # the lean was measured between full checkpointing and none: a selective pick or rival is not held to it
+    selective = ckpt.replace(checkpoint_policy="selective")
+    mine = (1, selective, 105.0, "predicted", {})
+    assert _checkpointing_call(mine, [mine, (2, plain, 100.0, "predicted", {})], lean) is None
+    pick = (1, plain, 105.0, "predicted", {})
+    assert _checkpointing_call(pick, [pick, (2, selective, 100.0, "predicted", {})], lean) is None
+    assert _checkpointing_call(pick, [pick, (2, selective, 104.0, "predicted", {}), (3, ckpt, 100.0, "predicted", {})],
+                               lean)["rival_trial_id"] == 3
 
 
 def test_a_predicted_answer_states_its_margin_against_the_model_error(sqlite_url, tmp_path):
@@ -453,8 +461,7 @@ def test_a_predicted_answer_states_its_margin_against_the_model_error(sqlite_url
     call = d.get("checkpointing")
     if call is not None:  # the best trial of the other checkpointing setting, held to that lean
         rival = next(t for t in trials_of(sqlite_url, rec["study_id"]) if t.id == call["rival_trial_id"])
-        assert strategy_of({"strategy": rival.strategy}).activation_checkpointing != \
-            strategy_of(rec).activation_checkpointing
+        assert {strategy_of({"strategy": rival.strategy}).recompute, strategy_of(rec).recompute} == {"none", "full"}
         if call["verdict"] == "within":
             assert {rec["trial_id"], rival.id} <= {c["trial_id"] for c in d["shortlist"]}
     if d["margin_vs_band"] == "within":
