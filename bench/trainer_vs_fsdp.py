@@ -36,6 +36,10 @@ our engine's strategy, FSDP2's ``reduce_dtype=float32`` (torchtitan's default) a
   node being the product of every cluster level size but the outermost — the pair of ``mics``;
 - ``ddp``: ``DistributedDataParallel``, the floor.
 
+``--set activation_checkpointing=true`` (and ``--set checkpoint_policy=selective``) checkpoints every config's
+blocks the same way: the engine's own, and the peers' blocks wrapped in torch's non-reentrant checkpoint wrapper
+with the same policy (``strategies.checkpointing.wrap_blocks``, as the FSDP2 export's snippet does).
+
 World sizes map to clusters as 4 -> local:2x2, 8 -> local:2x2x2 (2^k -> local:2x...x2); world 1
 (one GPU: NCCL takes one rank per device) runs on local:1, where there is nothing to shard or
 reduce and the table compares the engines' own work — bucket copies, hooks, the optimizer — on the
@@ -304,6 +308,15 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
 
 
 # -- the rank side -----------------------------------------------------------------------------
+def checkpoint_like_ours(model: Any, strategy: Any) -> str:
+    """A peer's model checkpoints its blocks as the engine's strategy says; returns how (``Strategy.recompute``)."""
+    from zerotune.strategies.checkpointing import wrap_blocks
+
+    if strategy.activation_checkpointing:
+        wrap_blocks(model.blocks, strategy.checkpoint_policy)
+    return str(strategy.recompute)
+
+
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
@@ -379,7 +392,7 @@ def worker(args: argparse.Namespace) -> None:
                             inline_comm=inline)
         info["what"] = f"ours {config} ({len(engine.buckets)} buckets" + (
             f", {args.comm_thread})" if args.comm_thread != "auto" else ")")
-        info["strategy"] = strategy.to_dict()
+        info["strategy"], info["recompute"] = strategy.to_dict(), strategy.recompute
 
         def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
             total = torch.zeros((), dtype=torch.float64, device=device)  # read once, after the step is queued
@@ -403,6 +416,7 @@ def worker(args: argparse.Namespace) -> None:
                                                       "gradient_accumulation_steps", "gradient_clipping")},
                          **({"bf16": {"enabled": True}} if bf16 else {}), "zero_optimization": {"stage": 3}}
         model = build_gpt(spec, seed=0)
+        info["recompute"] = checkpoint_like_ours(model, strategy)
         optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0, betas=BETAS,
                                       **adamw_options(device))
         ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
@@ -427,6 +441,7 @@ def worker(args: argparse.Namespace) -> None:
         from zerotune.strategies.model import build_gpt
 
         model = build_gpt(spec, seed=0).to(device)
+        info["recompute"] = checkpoint_like_ours(model, build_strategy("zero3", cluster, **parse_overrides(args.set)))
         autocast = contextlib.nullcontext()
         if config == "ddp":
             from torch.nn.parallel import DistributedDataParallel

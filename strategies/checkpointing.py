@@ -52,3 +52,19 @@ def checkpointed(block: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
         raise ValueError(f"checkpoint policy must be 'full' or 'selective', not {policy!r}")
     return checkpoint(block, x, use_reentrant=False,
                       context_fn=lambda: create_selective_checkpoint_contexts(selective_policy(on_keep)))
+
+
+def wrap_blocks(blocks: torch.nn.ModuleList, policy: str) -> None:
+    """Wrap each module of ``blocks`` in torch's checkpoint wrapper (non-reentrant) with ``policy``: how a peer
+    (FSDP2, DDP, DeepSpeed) built from the engine's model checkpoints as the engine does, and as the FSDP2
+    export's snippet writes it (``checkpoint_wrapper(block, context_fn=...)``)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if policy not in ("full", "selective"):
+        raise ValueError(f"checkpoint policy must be 'full' or 'selective', not {policy!r}")
+    for i, block in enumerate(blocks):
+        if policy == "full":
+            blocks[i] = checkpoint_wrapper(block)
+        else:
+            blocks[i] = checkpoint_wrapper(
+                block, context_fn=lambda: create_selective_checkpoint_contexts(selective_policy()))

@@ -255,3 +255,22 @@ def test_the_kernel_split_bench_classes_a_passes_operators_and_charges_the_traff
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_split.py"), "--device", "cpu",
                           "--model", "gpt-nope"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "gpt-nope" in bad.stderr
+
+
+def test_checkpointing_set_for_the_engine_checkpoints_every_peer_the_same_way(tmp_path):
+    """``--set activation_checkpointing=true --set checkpoint_policy=selective``: the engine and its peers (FSDP2,
+    DDP) all run selective checkpointing (the peers' blocks in torch's wrapper with the engine's policy), and they
+    train the same model to the same losses as each other."""
+    out = tmp_path / "ckpt.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--worlds", "1", "--configs", "zero3,fsdp2,ddp",
+                           "--model", "gpt-tiny", "--steps", "2", "--warmup", "1", "--batch", "2", "--timeout", "120",
+                           "--json-out", str(out), "--set", "activation_checkpointing=true",
+                           "--set", "checkpoint_policy=selective"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["1"]
+    assert {config: r["recompute"] for config, r in rows.items()} == dict.fromkeys(("zero3", "fsdp2", "ddp"),
+                                                                                  "selective")
+    for step in range(2):
+        losses = [r["losses"][step] for r in rows.values()]
+        assert max(losses) - min(losses) < 1e-3, (step, losses)
