@@ -120,6 +120,8 @@ class StrategyCreate(_In):
     checkpoint_policy: Literal["full", "selective"] = Field(
         default="full", description="with activation_checkpointing: full (a block keeps its input and reruns its "
         "forward) or selective (torchtitan's per-op policy: attention and every second matmul kept)")
+    checkpoint_every: int = Field(default=1, ge=1, le=1024, description="with full checkpointing, checkpoint every "
+                                  "k-th block only (1: every block)")
     name: str | None = Field(default=None, max_length=64)
 
 

@@ -238,7 +238,8 @@ class Table:
                 value = p["tokens_per_s"] / model.seq_len
             else:
                 value = p["tflops_per_rank"] * (4 / 3 if self.flops == "hardware" and s.recompute == "full" else 1)
-            self._predicted[row_id] = {**p, "value": value, "checkpointing": s.recompute}
+            kind = s.recompute if s.checkpoint_every == 1 else "some blocks"  # checkpoint_every > 1: neither side
+            self._predicted[row_id] = {**p, "value": value, "checkpointing": kind}
         return self._predicted[row_id]
 
     def device(self, row_id: str) -> str:
@@ -322,8 +323,8 @@ def checkpointing_lean(rows: list[dict[str, Any]]) -> dict[str, Any]:
     the tables' ratios (negative: the model favours the uncheckpointed side). Nothing is corrected with it: it
     is stated beside a decision that turns on checkpointing (``tuner.choice``)."""
     by_table: dict[str, dict[str, list[float]]] = {}
-    for r in rows:  # full checkpointing against none: selectively checkpointed rows are neither side
-        sides = by_table.setdefault(r["table"], {"none": [], "full": [], "selective": []})
+    for r in rows:  # full checkpointing against none: selective or partial checkpointing is neither side
+        sides = by_table.setdefault(r["table"], {"none": [], "full": [], "selective": [], "some blocks": []})
         sides[r["checkpointing"]].append(r["error"])
     tables = []
     for name, sides in sorted(by_table.items()):

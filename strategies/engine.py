@@ -296,7 +296,7 @@ class ZeroEngine:
 
     def _run_block(self, i: int, x: torch.Tensor, seen: set[int], counted: list[int]) -> torch.Tensor:
         block = self.model.blocks[i]
-        if not self.s.activation_checkpointing:
+        if not self.s.checkpointed(i):
             return block(x)
         # checkpoint keeps the block's input for backward, and with the selective policy the outputs it keeps:
         # book them as the block's activations

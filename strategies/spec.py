@@ -373,6 +373,10 @@ class Strategy:
     "op"``): the attention kernel's outputs and every second matmul's output (the first, third, ... in the
     block's forward order) are kept; the other matmuls and every element-wise op (norms, activations, rotary
     positions, residual adds) run again in the backward. Less recompute than ``"full"``, more memory."""
+    checkpoint_every: int = 1
+    """With full checkpointing, checkpoint every k-th block only (the k-th, 2k-th, ...; torchtitan's
+    ``selective_ac_option = k``, Megatron's uniform recompute of some layers): the others keep every activation.
+    1: every block."""
     name: str | None = None
     """Label only (the preset it came from); never changes behaviour."""
 
@@ -411,6 +415,11 @@ class Strategy:
         if self.checkpoint_policy != "full" and not self.activation_checkpointing:
             raise SpecError("strategy.checkpoint_policy", self.checkpoint_policy,
                             "needs activation_checkpointing = true (it says what a checkpointed block keeps)")
+        _check_int("strategy.checkpoint_every", self.checkpoint_every, 1)
+        if self.checkpoint_every > 1 and (not self.activation_checkpointing or self.checkpoint_policy != "full"):
+            raise SpecError("strategy.checkpoint_every", self.checkpoint_every,
+                            "must be 1 unless activation_checkpointing = true with checkpoint_policy = 'full' "
+                            "(it says which blocks are fully checkpointed)")
 
     def validate_for(self, cluster: ClusterSpec) -> Strategy:
         """Check the rules that need the cluster (spans and levels exist); return self."""
@@ -426,6 +435,15 @@ class Strategy:
         """What a block's backward runs again: ``"none"``, ``"full"`` (its forward) or ``"selective"``
         (``checkpoint_policy``)."""
         return self.checkpoint_policy if self.activation_checkpointing else "none"
+
+    def checkpointed(self, block: int) -> bool:
+        """Whether block ``block`` (0-based) is checkpointed: every one with checkpointing on, or every
+        ``checkpoint_every``-th (the k-th, 2k-th, ...)."""
+        return self.activation_checkpointing and (block + 1) % self.checkpoint_every == 0
+
+    def checkpointed_blocks(self, layers: int) -> int:
+        """How many of ``layers`` blocks are checkpointed."""
+        return layers // self.checkpoint_every if self.activation_checkpointing else 0
 
     @property
     def quantized(self) -> bool:

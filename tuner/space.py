@@ -141,7 +141,8 @@ class Space:
     checkpointing: tuple[bool, ...] = (False, True)
     checkpoint_policies: tuple[str, ...] = CHECKPOINT_POLICIES
     """What a checkpointed block keeps (``Strategy.checkpoint_policy``). For the ``deepspeed`` runner only
-    ``"full"``: DeepSpeed's checkpointing has no per-op policy."""
+    ``"full"``: DeepSpeed's checkpointing has no per-op policy. Checkpointing only some blocks
+    (``Strategy.checkpoint_every``) is not searched: every searched strategy checkpoints all blocks or none."""
     bits: tuple[int, ...] = BITS
     """Widths offered for weight gathers and gradient reductions. fp32 reductions (``GRAD_BITS``' 32) are
     left out by default: they only ever cost time, so a search would never pick them on speed."""

@@ -167,7 +167,10 @@ def _checkpointing(s: dict[str, Any]) -> str:
     the policy existed is full)."""
     if not s["activation_checkpointing"]:
         return ""
-    return ", selective checkpointing" if s.get("checkpoint_policy") == "selective" else ", checkpointing"
+    if s.get("checkpoint_policy") == "selective":
+        return ", selective checkpointing"
+    every = s.get("checkpoint_every", 1)
+    return f", checkpointing 1 block in {every}" if every > 1 else ", checkpointing"
 
 def _progress_bar(total: int, quiet: bool) -> Any:
     """Progress on stderr: a bar on a terminal, one plain line per event in a log (no carriage returns).

@@ -40,6 +40,7 @@ STRATEGY_FIELDS = (
     ("activation_checkpointing", "activation checkpointing"),
     ("checkpoint_policy", "what a checkpointed block keeps (full: its input; selective: attention and every "
                           "second matmul)"),
+    ("checkpoint_every", "blocks per checkpointed block (1: every block)"),
 )
 PER_PAGE = 50
 

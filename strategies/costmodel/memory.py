@@ -9,7 +9,8 @@ Activations per micro-batch of t = B·T tokens, per block: (6h + 2k)·t·e + 2·
 inputs and outputs, the QKV output (h + 2k, k = ``ModelSpec.kv``: 3h without grouped-query attention, so
 8·t·h·e), the attention output, the GELU input and output; cf.
 Korthikanti et al. 2022 §4, without dropout) plus fp32 LayerNorm statistics and attention
-log-sum-exp; only the block input t·h·e with checkpointing; with selective checkpointing the block input, the
+log-sum-exp; only the block input t·h·e with checkpointing (on every ``checkpoint_every``-th block, the others
+keeping all of theirs); with selective checkpointing the block input, the
 outputs of the matmuls it keeps (``traffic.kept_matmuls``: GPT's qkv and fc, a Llama's wq, wv, w1 and w2), the
 attention's output and its log-sum-exp — what torch's selective-checkpoint cache holds; the head keeps the final LN's
 input and output and the fp32 log-softmax (t·V·4); the embedding keeps the token and position ids.
@@ -69,22 +70,24 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
         saved = 2 * (4 * t * h + 2 * t * h * e + t * 4) + ((2 * h + 2 * model.kv) * t + 4 * t * f) * e + lse
         head = 4 * t * h + 2 * t * h * e + t * 4  # the final RMSNorm's four
         # the rotary cos and sin tables (T x head size, one pair per run, saved by its first block's products)
-        positions = 0 if s.activation_checkpointing else 2 * model.seq_len * model.head_dim * e
+        # (saved once any block keeps its activations)
+        positions = 0 if s.checkpointed_blocks(model.layers) == model.layers else 2 * model.seq_len * model.head_dim * e
     else:
         # (6h + 2k)·t + 2·t·f in the run dtype, fp32 LayerNorm mean and rstd
         saved = ((6 * h + 2 * model.kv) * t + 2 * t * f) * e + 2 * 2 * t * 4 + lse
         head = 2 * t * h * e + 2 * t * 4  # the final LayerNorm's input and output, its statistics
         positions = model.seq_len * 8  # the position ids
     if s.recompute == "full":  # the block's input only
-        per_block = t * h * e
+        checkpointed = t * h * e
     elif s.recompute == "selective":  # its input, the kept matmuls' outputs, the attention's output and lse
-        per_block = t * e * (h + sum(out for _, out in kept_matmuls(model)) + h) + lse
+        checkpointed = t * e * (h + sum(out for _, out in kept_matmuls(model)) + h) + lse
     else:
-        per_block = saved
+        checkpointed = saved
+    n = s.checkpointed_blocks(model.layers)  # the others keep every activation
     head += t * model.vocab * 4 + 4  # the fp32 log-softmax, the loss
     # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them
     embed = s.micro_batch_size * (model.seq_len + 1) * 8 + (t * 8 if s.micro_batch_size > 1 else 0) + positions
-    return model.layers * per_block + head + embed
+    return n * checkpointed + (model.layers - n) * saved + head + embed
 
 
 def head_backward_transient(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:

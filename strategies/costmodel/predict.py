@@ -283,10 +283,13 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
 
     tokens = mbs * model.seq_len
     attention = calib.attention_rate(model.seq_len, model.head_dim)
-    per_token = pass_seconds(model, e, cluster.peak_tflops * 1e12 * calib.compute_efficiency,
-                             calib.memory_bytes_per_s,
-                             "full-early-stop" if s.recompute == "full" and calib.recompute_early_stop else s.recompute,
-                             cluster.peak_tflops * 1e12 * attention, calib.attention_forward_share)
+    rates = (cluster.peak_tflops * 1e12 * calib.compute_efficiency, calib.memory_bytes_per_s)
+    kernel = (cluster.peak_tflops * 1e12 * attention, calib.attention_forward_share)
+    recompute = "full-early-stop" if s.recompute == "full" and calib.recompute_early_stop else s.recompute
+    per_token = pass_seconds(model, e, *rates, recompute, *kernel)
+    checkpointed = s.checkpointed_blocks(model.layers) / model.layers
+    if 0 < checkpointed < 1:  # every checkpoint_every-th block checkpointed: the mean block
+        per_token = pass_seconds(model, e, *rates, "none", *kernel).blend(per_token, checkpointed)
     fwd_block, bwd_block = tokens * per_token.block_fwd, tokens * per_token.block_bwd
     head_fwd, head_bwd = tokens * per_token.head_fwd, tokens * per_token.head_bwd
     # of which the memory-bound kernels (the device's time: a host floor may hide part of it)
@@ -302,7 +305,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     # gathers per sub-module (DeepSpeed) has its ZeRO-3's floor, its hooks on every module and parameter:
     # its stages that keep parameters whole were not measured and are not charged one.
     host_fwd = (calib.host_s_per_layer if calib.gathers != "module" or s.param_span else 0.0) / 3
-    host_bwd = host_fwd * (2 + s.activation_checkpointing)  # selective too: the forward's ops are issued again
+    host_bwd = host_fwd * (2 + checkpointed)  # selective too: the forward's ops are issued again
     host_wait_s = (max(0.0, host_fwd - fwd_block) + max(0.0, host_bwd - bwd_block)) * sched.total_units
     fwd_block, bwd_block = max(fwd_block, host_fwd), max(bwd_block, host_bwd)
     kappa = calib.overlap_slowdown

@@ -60,6 +60,7 @@ step's passes carry the per-parameter bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -132,6 +133,14 @@ class PassSeconds:
     def step(self, layers: int) -> float:
         """A forward and backward pass over ``layers`` blocks and the head."""
         return layers * (self.block_fwd + self.block_bwd) + self.head_fwd + self.head_bwd
+
+    def blend(self, other: PassSeconds, share: float) -> PassSeconds:
+        """The mean block of a model whose blocks are ``share`` like ``other`` and the rest like this one (some
+        blocks checkpointed, ``Strategy.checkpoint_every``); the head is the same in both."""
+        if share in (0.0, 1.0):
+            return other if share else self
+        return dataclasses.replace(self, **{f: (1 - share) * getattr(self, f) + share * getattr(other, f)
+                                            for f in ("block_fwd", "block_bwd", "block_memory", "block_attention")})
 
 
 def block_matmuls(model: ModelSpec) -> tuple[tuple[int, int], ...]:

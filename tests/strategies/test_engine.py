@@ -142,6 +142,8 @@ def gqa_runs(ranks_runner, tmp_path_factory):
     selective = {**SMALL, "activation_checkpointing": True, "checkpoint_policy": "selective"}
     cases += [{"name": f"{m['name']}-zero3-selective", "strategy": "zero3", "set": selective,
                "steps": STEPS, "model": m} for m in (GQA_UNTIED, LLAMA_TINY)]
+    cases.append({"name": "llama-zero3-every2", "strategy": "zero3", "steps": STEPS, "model": LLAMA_TINY,
+                  "set": {**SMALL, "activation_checkpointing": True, "checkpoint_every": 2}})
     return _run("local:2x2", ranks_runner, tmp_path_factory, key="gqa", cases=cases)
 
 
@@ -150,8 +152,9 @@ def test_grouped_query_attention_an_untied_head_and_llama_blocks_train_as_the_re
     """A Llama-like GPT (grouped-query attention, an LM head of its own) and a Llama of the same shape on 4 gloo
     ranks: the same losses and parameters as plain PyTorch, the untied head sharded and reduced with the root
     unit, and the bytes and memory counted equal to the schedule's closed forms, whose parameter counts are the
-    model's own. Under full and selective checkpointing too: the activations booked (the block inputs, and what
-    the selective policy keeps) are the cost model's."""
+    model's own. Under full and selective checkpointing, and with every second block checkpointed, too: the
+    activations booked (the block inputs, what the selective policy keeps, an uncheckpointed block's all) are the
+    cost model's."""
     from zerotune.strategies.costmodel.memory import activation_memory
     from zerotune.strategies.model import build_gpt
 

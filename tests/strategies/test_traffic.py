@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from zerotune.errors import SpecError
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
 from zerotune.strategies.costmodel.hardware import (
@@ -544,3 +545,25 @@ def test_selective_checkpointing_recomputes_and_keeps_what_the_model_charges(arc
     s = Strategy(1, 1, 1, micro_batch_size=2, activation_checkpointing=True, checkpoint_policy="selective")
     full = dataclasses.replace(s, checkpoint_policy="full")
     assert activation_memory(spec, s, 4) - activation_memory(spec, full, 4) == sum(kept)
+
+
+def test_checkpointing_every_second_block_costs_and_keeps_half_of_each():
+    """``checkpoint_every = 2`` on a model of an even number of blocks: half the blocks recompute their forward and
+    keep their input only, half keep every activation: its compute is the mean of none and full checkpointing,
+    its activations the mean of theirs plus half the rotary tables (which any uncheckpointed block keeps)."""
+    cluster, model = parse_cluster("dgx-a100:8"), parse_model("llama3-8b")
+    none = build_strategy("zero3", cluster)
+    full = none.replace(activation_checkpointing=True)
+    half = full.replace(checkpoint_every=2)
+    assert half.checkpointed_blocks(model.layers) == model.layers // 2
+    assert [half.checkpointed(i) for i in range(4)] == [False, True, False, True]
+    compute = {s.checkpoint_every if s.activation_checkpointing else 0: predict(model, cluster, s)["breakdown"][
+        "compute_s"] for s in (none, full, half)}
+    assert compute[2] == pytest.approx((compute[0] + compute[1]) / 2, rel=1e-9)
+    rotary = 2 * model.seq_len * model.head_dim * 2
+    assert activation_memory(model, half, 2) == (activation_memory(model, none, 2) + activation_memory(model, full, 2)
+                                                 + rotary) / 2
+    with pytest.raises(SpecError, match="strategy.checkpoint_every"):
+        none.replace(checkpoint_every=2)
+    with pytest.raises(SpecError, match="strategy.checkpoint_every"):
+        full.replace(checkpoint_policy="selective", checkpoint_every=2)

@@ -23,7 +23,8 @@ from zerotune.tuner.exports import fsdp_config
 
 PRESETS = {"zero3": ("zero3", {}), "zeropp": ("zeropp", {}), "mics": ("mics", {}), "zero2": ("zero2", {}),
            "zero3-full": ("zero3", {"activation_checkpointing": True}),
-           "zero3-selective": ("zero3", {"activation_checkpointing": True, "checkpoint_policy": "selective"})}
+           "zero3-selective": ("zero3", {"activation_checkpointing": True, "checkpoint_policy": "selective"}),
+           "zero3-every2": ("zero3", {"activation_checkpointing": True, "checkpoint_every": 2})}
 """What each run exports: a preset and the changes to it (the checkpointed ones wrap the blocks as the snippet says)."""
 
 

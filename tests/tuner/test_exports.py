@@ -525,7 +525,7 @@ def test_a_base_merged_by_the_prologue_is_accepted_by_deepspeed(ds: Any) -> None
 def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
     """The FSDP2 export's code, as written, shards gpt-tiny on 4 gloo ranks (1-D, 2-D and integer reshard meshes)
     and trains 2 steps to finite losses; with full and with selective checkpointing (its policy written out in the
-    snippet), ZeRO-3's losses are the uncheckpointed run's."""
+    snippet) and with every second block checkpointed, ZeRO-3's losses are the uncheckpointed run's."""
     from zerotune.strategies.launch import run_torchrun
 
     result = run_torchrun(4, [str(ROOT / "tests" / "tuner" / "fsdp_snippet_check.py"), "local:2x2", str(tmp_path)],
@@ -534,9 +534,9 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     seen = {preset: run["reshard_after_forward"] for preset, run in ranks[0].items()}
     assert seen == {"zero3": True, "zeropp": 2, "mics": True, "zero2": False, "zero3-full": True,
-                    "zero3-selective": True}, seen
+                    "zero3-selective": True, "zero3-every2": True}, seen
     for run in ranks:
-        for checkpointed in ("zero3-full", "zero3-selective"):
+        for checkpointed in ("zero3-full", "zero3-selective", "zero3-every2"):
             assert run[checkpointed]["losses"] == pytest.approx(run["zero3"]["losses"], rel=1e-5), checkpointed
     assert ranks[0]["mics"]["mesh"] == [2, 2]
     for run in ranks:
@@ -674,6 +674,9 @@ def test_selective_checkpointing_exports_its_policy_and_deepspeed_says_it_has_no
     assert fsdp_config(MODEL, cluster, s.replace(checkpoint_policy="full"))["checkpoint_policy"] == "full"
     assert fsdp_config(MODEL, cluster, s.replace(activation_checkpointing=False, checkpoint_policy="full")
                        )["checkpoint_policy"] is None
+    every = s.replace(checkpoint_policy="full", checkpoint_every=2)
+    assert "if (i + 1) % 2 == 0:" in fsdp_config(MODEL, cluster, every)["code"]
+    assert any("checkpoint_every 2" in n for n in deepspeed_notes(MODEL, cluster, every))
     config, notes = deepspeed_config(MODEL, cluster, s), deepspeed_notes(MODEL, cluster, s)
     assert config["activation_checkpointing"]["number_checkpoints"] == MODEL.layers
     assert any("checkpoint_policy selective" in n and "create_selective_checkpoint_contexts" in n for n in notes)

@@ -163,6 +163,9 @@ def _deepspeed(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, globa
         notes.append("activation_checkpointing: DeepSpeed's block only configures "
                      "deepspeed.checkpointing.checkpoint; call it around each transformer block's forward "
                      "(or use the model's own gradient checkpointing) to recompute activations.")
+        if s.checkpoint_every > 1:
+            notes.append(f"checkpoint_every {s.checkpoint_every}: checkpoint only every {s.checkpoint_every}th "
+                         "transformer block's forward (the k-th, 2k-th, ...); the others keep their activations.")
         if s.checkpoint_policy == "selective":
             notes.append("checkpoint_policy selective: DeepSpeed's checkpointing recomputes whole blocks. To run what "
                          "was chosen, wrap each block in torch.utils.checkpoint.checkpoint(block, x, "

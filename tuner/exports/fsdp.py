@@ -127,7 +127,8 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
         "checkpoint_policy": s.checkpoint_policy if s.activation_checkpointing else None,
         "grad_clip": GRAD_CLIP,
         "notes": notes,
-        "code": _fsdp_code(mesh_shape, names, reshard, mixed, s.recompute),
+        "checkpoint_every": s.checkpoint_every,
+        "code": _fsdp_code(mesh_shape, names, reshard, mixed, s.recompute, s.checkpoint_every),
     }
 
 
@@ -138,10 +139,11 @@ def _py_tuple(items: list[Any]) -> str:
 
 
 def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mixed: dict[str, str],
-               recompute: str) -> str:
+               recompute: str, every: int = 1) -> str:
     """A runnable snippet (under torchrun) applying the settings to a model with ``model.blocks``; ``recompute``
-    (``Strategy.recompute``) wraps each block in torch's checkpoint wrapper, with the selective policy
-    (``strategies.checkpointing``, written out: the snippet needs nothing but torch) where it is selective."""
+    (``Strategy.recompute``) wraps each block (each ``every``-th: ``Strategy.checkpoint_every``) in torch's
+    checkpoint wrapper, with the selective policy (``strategies.checkpointing``, written out: the snippet needs
+    nothing but torch) where it is selective."""
     lines = [
         "import torch",
         "from torch.distributed.device_mesh import init_device_mesh",
@@ -177,7 +179,10 @@ def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mix
         f"reduce_dtype=torch.{mixed['reduce_dtype']})",
         "for i, block in enumerate(model.blocks):  # one FSDP unit per transformer block",
     ]
-    if recompute == "full":
+    if recompute == "full" and every > 1:
+        lines += [f"    if (i + 1) % {every} == 0:  # every {every}th block: the others keep their activations",
+                  "        block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"]
+    elif recompute == "full":
         lines += ["    block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"]
     elif recompute == "selective":
         lines += ["    block = model.blocks[i] = checkpoint_wrapper(block, context_fn=selective)  # recompute the rest"]

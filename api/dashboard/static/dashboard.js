@@ -110,7 +110,8 @@
   }
   const S = (p, k) => (p.strategy || {})[k];
   // activation checkpointing as one value: off, full (a stored strategy from before the policy is full) or selective
-  const ckpt = (p) => (S(p, "activation_checkpointing") ? (S(p, "checkpoint_policy") === "selective" ? "selective" : "full") : "no");
+  const ckpt = (p) => (!S(p, "activation_checkpointing") ? "no" : S(p, "checkpoint_policy") === "selective" ? "selective"
+    : (S(p, "checkpoint_every") || 1) > 1 ? `1 in ${S(p, "checkpoint_every")}` : "full");
   const COLUMNS = [
     {key: "select", label: "", sortable: false, html: (p) => `<input type="checkbox" class="pick" value="${p.id}" aria-label="select trial ${p.id}">`},
     {key: "id", label: "trial", value: (p) => p.id, html: (p) => `<a href="/dashboard/trials/${p.id}">${p.id}</a>`},
