@@ -230,13 +230,16 @@ def _checkpointing_call(pick: tuple, rivals: list, lean: dict[str, Any] | None) 
     tables that measured both kinds; ``bench/published.py``'s ``checkpointing_lean``). The model's figure for the
     checkpointed side is divided by ``1 + lean``; ``within`` says that the pick then no longer leads (the two are
     worth measuring), ``beyond`` that it still does. None without a lean or a rival of the other setting. The lean
-    was measured between full checkpointing and none: a selectively checkpointed pick is not held to it, nor
-    compared with a selective rival."""
-    if not lean or lean.get("lean") is None or not pick[2] or pick[1].recompute == "selective":
+    was measured between full checkpointing and none: a pick that checkpoints selectively or only some blocks is
+    not held to it, nor compared with such a rival."""
+    def kind(s: Strategy) -> str:
+        return s.recompute if s.checkpoint_every == 1 else "some blocks"
+
+    if not lean or lean.get("lean") is None or not pick[2] or kind(pick[1]) not in ("none", "full"):
         return None
-    mine = pick[1].recompute == "full"
+    mine = kind(pick[1]) == "full"
     other = "none" if mine else "full"
-    rival = next((r for r in rivals if r[1].recompute == other and r[2]), None)
+    rival = next((r for r in rivals if kind(r[1]) == other and r[2]), None)
     if rival is None:
         return None
     share = 1 + lean["lean"]
