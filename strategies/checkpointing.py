@@ -43,7 +43,7 @@ def selective_policy(on_keep: Callable[[Any], None] | None = None) -> Callable[.
     return policy
 
 
-def checkpointed(block: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, policy: str,
+def run_checkpointed(block: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, policy: str,
                  on_keep: Callable[[Any], None] | None = None) -> torch.Tensor:
     """``block(x)`` under activation checkpointing with ``policy`` (``spec.CHECKPOINT_POLICIES``)."""
     if policy == "full":

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zerotune.strategies.checkpointing import checkpointed
+from zerotune.strategies.checkpointing import run_checkpointed
 from zerotune.strategies.comm import ByteCounter, Communicator
 from zerotune.strategies.flat import FlatBucket, flatten, module_name
 from zerotune.strategies.memory import MemoryAccountant
@@ -311,7 +311,7 @@ class ZeroEngine:
                     self.mem.alloc("activations", storage.nbytes())
 
         book(x)
-        return checkpointed(block, x, self.s.checkpoint_policy, book)
+        return run_checkpointed(block, x, self.s.checkpoint_policy, book)
 
     @staticmethod
     def _take_grad(b: FlatBucket) -> torch.Tensor:

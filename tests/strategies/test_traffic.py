@@ -514,7 +514,7 @@ def test_selective_checkpointing_recomputes_and_keeps_what_the_model_charges(arc
     matmuls are ``block_matmuls`` in order, its backward runs the forward's matmuls again but the kept ones and the
     last (``recomputed_matmul_flops``), and the tensors it keeps are the cost model's selective activations. Under
     full checkpointing the backward runs every matmul again but the last (torch's early stop)."""
-    from zerotune.strategies.checkpointing import checkpointed
+    from zerotune.strategies.checkpointing import run_checkpointed
     from zerotune.strategies.costmodel.traffic import block_matmuls, kept_matmuls, recomputed_matmul_flops
 
     spec = ModelSpec("t", layers=1, hidden=64, heads=4, kv_heads=2, vocab=128, seq_len=16, arch=arch)
@@ -527,7 +527,7 @@ def test_selective_checkpointing_recomputes_and_keeps_what_the_model_charges(arc
 
     x = torch.randn(2, spec.seq_len, spec.hidden, requires_grad=True)
     with MatmulFlops() as forward:
-        y = checkpointed(block, x, "selective", keep)
+        y = run_checkpointed(block, x, "selective", keep)
     assert forward.flops == tokens * sum(2 * i * o for i, o in block_matmuls(spec))
     with MatmulFlops() as backward:
         y.sum().backward()
@@ -538,7 +538,7 @@ def test_selective_checkpointing_recomputes_and_keeps_what_the_model_charges(arc
     assert sum(kept) == tokens * 4 * sum(o for _, o in kept_matmuls(spec)) + attention
     # full checkpointing: the whole forward again but the last matmul (early stop, ``last_matmul_flops``)
     x = torch.randn(2, spec.seq_len, spec.hidden, requires_grad=True)
-    y = checkpointed(block, x, "full")
+    y = run_checkpointed(block, x, "full")
     with MatmulFlops() as backward:
         y.sum().backward()
     assert backward.flops == 3 * forward.flops - tokens * last_matmul_flops(spec)
