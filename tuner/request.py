@@ -110,7 +110,16 @@ class TuneRequest:
         return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()
 
 
+KEYLESS_DEFAULTS = {"checkpoint_policy": "full", "checkpoint_every": 1}
+"""Strategy fields added after trials were first stored: at these values a strategy's key is the one it had before
+the field existed, so a stored trial and the same strategy today share a key."""
+
+
 def strategy_key(s: Strategy) -> str:
+    """The hash that says two trials ran the same strategy (the label left out)."""
     fields = s.to_dict()
     fields.pop("name", None)
+    for field, default in KEYLESS_DEFAULTS.items():
+        if fields[field] == default:
+            del fields[field]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()

@@ -229,3 +229,18 @@ def test_the_search_asks_for_a_checkpoint_policy_only_of_checkpointed_trials_and
     assert {s.recompute for s in itertools.islice(ds.enumerate_space(), 50)} == {"none", "full"}
     assert "no per-op (selective) policy" in runner_rule("deepspeed", cluster, wanted)
     assert runner_rule("fsdp", cluster, wanted) is None
+
+
+def test_a_strategys_key_is_the_one_it_had_before_the_checkpointing_fields():
+    """A trial stored before ``checkpoint_policy`` and ``checkpoint_every`` existed keeps matching the same strategy
+    today (its key hashed the other fields); a selective or every-k strategy has a key of its own."""
+    import hashlib
+    import json
+
+    from zerotune.tuner.request import strategy_key
+
+    s = build_strategy("zero3", parse_cluster("dgx-h100:2")).replace(activation_checkpointing=True)
+    before = {k: v for k, v in s.to_dict().items() if k not in ("name", "checkpoint_policy", "checkpoint_every")}
+    assert strategy_key(s) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    keys = {strategy_key(x) for x in (s, s.replace(checkpoint_policy="selective"), s.replace(checkpoint_every=2))}
+    assert len(keys) == 3
