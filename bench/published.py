@@ -237,9 +237,10 @@ class Table:
             elif self.metric == "samples_per_s":
                 value = p["tokens_per_s"] / model.seq_len
             else:
-                value = p["tflops_per_rank"] * (4 / 3 if self.flops == "hardware" and s.recompute == "full" else 1)
-            kind = s.recompute if s.checkpoint_every == 1 else "some blocks"  # checkpoint_every > 1: neither side
-            self._predicted[row_id] = {**p, "value": value, "checkpointing": kind}
+                # hardware FLOPs count each fully checkpointed block's forward again: 4/3 when every block is
+                redo = s.checkpointed_blocks(model.layers) / model.layers if s.recompute == "full" else 0.0
+                value = p["tflops_per_rank"] * (1 + redo / 3 if self.flops == "hardware" else 1)
+            self._predicted[row_id] = {**p, "value": value, "checkpointing": s.checkpointing}
         return self._predicted[row_id]
 
     def device(self, row_id: str) -> str:

@@ -65,11 +65,8 @@ def optuna_search(space: Space, model: Any, cluster: Any, batch: int, target: fl
             study.enqueue_trial(space.strategy_params(build_strategy(name, cluster)))
     n = 0
     while n < cap:
-        trial = study.ask()
-        try:
-            s = space.suggest(trial)
-        except SpecError:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        trial, s = space.ask(study)
+        if s is None:
             continue
         n += 1
         value, over = evaluate(model, cluster, s, batch)

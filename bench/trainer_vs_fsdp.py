@@ -312,9 +312,8 @@ def checkpoint_like_ours(model: Any, strategy: Any) -> str:
     """A peer's model checkpoints its blocks as the engine's strategy says; returns how (``Strategy.recompute``)."""
     from zerotune.strategies.checkpointing import wrap_blocks
 
-    if strategy.activation_checkpointing:
-        wrap_blocks(model.blocks, strategy.checkpoint_policy)
-    return str(strategy.recompute)
+    wrap_blocks(model.blocks, strategy)
+    return str(strategy.checkpointing)
 
 
 def _peak_rss_bytes() -> int:
@@ -392,7 +391,7 @@ def worker(args: argparse.Namespace) -> None:
                             inline_comm=inline)
         info["what"] = f"ours {config} ({len(engine.buckets)} buckets" + (
             f", {args.comm_thread})" if args.comm_thread != "auto" else ")")
-        info["strategy"], info["recompute"] = strategy.to_dict(), strategy.recompute
+        info["strategy"], info["recompute"] = strategy.to_dict(), strategy.checkpointing
 
         def train_step(micros: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
             total = torch.zeros((), dtype=torch.float64, device=device)  # read once, after the step is queued

@@ -43,28 +43,29 @@ def selective_policy(on_keep: Callable[[Any], None] | None = None) -> Callable[.
     return policy
 
 
-def run_checkpointed(block: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, policy: str,
-                 on_keep: Callable[[Any], None] | None = None) -> torch.Tensor:
-    """``block(x)`` under activation checkpointing with ``policy`` (``spec.CHECKPOINT_POLICIES``)."""
+def _context(policy: str, on_keep: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """The checkpoint's keyword arguments for ``policy`` (``spec.CHECKPOINT_POLICIES``): none for full, the
+    selective policy's contexts for selective."""
     if policy == "full":
-        return checkpoint(block, x, use_reentrant=False)
+        return {}
     if policy != "selective":
         raise ValueError(f"checkpoint policy must be 'full' or 'selective', not {policy!r}")
-    return checkpoint(block, x, use_reentrant=False,
-                      context_fn=lambda: create_selective_checkpoint_contexts(selective_policy(on_keep)))
+    return {"context_fn": lambda: create_selective_checkpoint_contexts(selective_policy(on_keep))}
 
 
-def wrap_blocks(blocks: torch.nn.ModuleList, policy: str) -> None:
-    """Wrap each module of ``blocks`` in torch's checkpoint wrapper (non-reentrant) with ``policy``: how a peer
-    (FSDP2, DDP, DeepSpeed) built from the engine's model checkpoints as the engine does, and as the FSDP2
-    export's snippet writes it (``checkpoint_wrapper(block, context_fn=...)``)."""
+def run_checkpointed(block: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, policy: str,
+                     on_keep: Callable[[Any], None] | None = None) -> torch.Tensor:
+    """``block(x)`` under activation checkpointing with ``policy`` (``spec.CHECKPOINT_POLICIES``)."""
+    return checkpoint(block, x, use_reentrant=False, **_context(policy, on_keep))
+
+
+def wrap_blocks(blocks: torch.nn.ModuleList, strategy: Any) -> None:
+    """Wrap the modules of ``blocks`` the ``strategy`` checkpoints (``Strategy.checkpointed``) in torch's checkpoint
+    wrapper (non-reentrant) with its policy: how a peer (FSDP2, DDP, DeepSpeed) built from the engine's model
+    checkpoints as the engine does, and as the FSDP2 export's snippet writes it (``checkpoint_wrapper(block,
+    context_fn=...)``)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    if policy not in ("full", "selective"):
-        raise ValueError(f"checkpoint policy must be 'full' or 'selective', not {policy!r}")
     for i, block in enumerate(blocks):
-        if policy == "full":
-            blocks[i] = checkpoint_wrapper(block)
-        else:
-            blocks[i] = checkpoint_wrapper(
-                block, context_fn=lambda: create_selective_checkpoint_contexts(selective_policy()))
+        if strategy.checkpointed(i):
+            blocks[i] = checkpoint_wrapper(block, **_context(strategy.checkpoint_policy))

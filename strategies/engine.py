@@ -302,13 +302,8 @@ class ZeroEngine:
         # book them as the block's activations
         def book(out: Any) -> None:
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                if not isinstance(t, torch.Tensor):
-                    continue
-                storage = t.untyped_storage()
-                if storage.data_ptr() not in seen and storage.nbytes():
-                    seen.add(storage.data_ptr())
-                    counted[0] += storage.nbytes()
-                    self.mem.alloc("activations", storage.nbytes())
+                if isinstance(t, torch.Tensor):
+                    self.mem.book_activation(t, seen, counted)
 
         book(x)
         return run_checkpointed(block, x, self.s.checkpoint_policy, book)

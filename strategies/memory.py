@@ -40,21 +40,23 @@ class MemoryAccountant:
         """Never count ``flat`` or views of it as activations (a parameter buffer)."""
         self._params.add(id(flat))
 
+    def book_activation(self, t: torch.Tensor, seen: set[int], counted: list[int]) -> torch.Tensor:
+        """Book ``t``'s storage as activations into ``counted[0]``, once per storage (``seen``), parameters left out;
+        returns ``t``."""
+        if id(t) in self._params or id(t._base) in self._params:
+            return t
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in seen and storage.nbytes():
+            seen.add(ptr)
+            counted[0] += storage.nbytes()
+            self.alloc("activations", storage.nbytes())
+        return t
+
     @contextmanager
     def saved_activations(self, seen: set[int], counted: list[int]) -> Iterator[None]:
         """Count the bytes autograd saves inside the block into ``counted[0]`` (once per storage)."""
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            if id(t) in self._params or id(t._base) in self._params:
-                return t
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr not in seen and storage.nbytes():
-                seen.add(ptr)
-                counted[0] += storage.nbytes()
-                self.alloc("activations", storage.nbytes())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: self.book_activation(t, seen, counted), lambda t: t):
             yield
 
     def report(self) -> dict[str, int]:

@@ -436,6 +436,12 @@ class Strategy:
         (``checkpoint_policy``)."""
         return self.checkpoint_policy if self.activation_checkpointing else "none"
 
+    @property
+    def checkpointing(self) -> str:
+        """The run's checkpointing as one word: ``"none"``, ``"full"`` (every block), ``"selective"`` or
+        ``"some blocks"`` (``checkpoint_every`` > 1)."""
+        return self.recompute if self.checkpoint_every == 1 else "some blocks"
+
     def checkpointed(self, block: int) -> bool:
         """Whether block ``block`` (0-based) is checkpointed: every one with checkpointing on, or every
         ``checkpoint_every``-th (the k-th, 2k-th, ...)."""

@@ -232,14 +232,11 @@ def _checkpointing_call(pick: tuple, rivals: list, lean: dict[str, Any] | None) 
     worth measuring), ``beyond`` that it still does. None without a lean or a rival of the other setting. The lean
     was measured between full checkpointing and none: a pick that checkpoints selectively or only some blocks is
     not held to it, nor compared with such a rival."""
-    def kind(s: Strategy) -> str:
-        return s.recompute if s.checkpoint_every == 1 else "some blocks"
-
-    if not lean or lean.get("lean") is None or not pick[2] or kind(pick[1]) not in ("none", "full"):
+    if not lean or lean.get("lean") is None or not pick[2] or pick[1].checkpointing not in ("none", "full"):
         return None
-    mine = kind(pick[1]) == "full"
+    mine = pick[1].checkpointing == "full"
     other = "none" if mine else "full"
-    rival = next((r for r in rivals if kind(r[1]) == other and r[2]), None)
+    rival = next((r for r in rivals if r[1].checkpointing == other and r[2]), None)
     if rival is None:
         return None
     share = 1 + lean["lean"]

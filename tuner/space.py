@@ -214,6 +214,19 @@ class Space:
                                            if len(policies) > 1 else policies[0])
         return self.admit(Strategy.from_dict(fields).validate_for(self.cluster))
 
+    def ask(self, study: Any) -> tuple[Any, Strategy | None]:
+        """Ask ``study`` (an optuna Study) for a trial and build its Strategy; a combination the rules exclude is
+        told PRUNED, its reason kept as the trial's ``reason`` attribute, and comes back as None."""
+        import optuna
+
+        trial = study.ask()
+        try:
+            return trial, self.suggest(trial)
+        except SpecError as exc:
+            trial.set_user_attr("reason", str(exc))
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return trial, None
+
     def admit(self, s: Strategy) -> Strategy:
         """``s`` when the runner runs it exactly and its gradients reduce in a width the training allows, else
         ``SpecError`` saying why not."""

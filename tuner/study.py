@@ -40,7 +40,7 @@ from typing import Any
 
 from zerotune.db import repository as repo
 from zerotune.db.session import make_engine, make_session_factory, session_scope
-from zerotune.errors import SpecError, StudyFailed
+from zerotune.errors import StudyFailed
 from zerotune.strategies.costmodel import Calibration, predict
 from zerotune.strategies.spec import Strategy
 from zerotune.tuner import calibrations, failures, optuna_study, remeasure, seeding
@@ -239,12 +239,8 @@ class Tuner:
         exclude and a run stopped midway have none."""
         import optuna
 
-        trial = study.ask()
-        try:
-            strategy = self.space.suggest(trial)
-        except SpecError as exc:  # a combination the rules exclude: cheap, not counted
-            trial.set_user_attr("reason", str(exc))
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        trial, strategy = self.space.ask(study)
+        if strategy is None:  # a combination the rules exclude: cheap, not counted
             return False
         if trial.user_attrs.get("preset"):
             strategy = strategy.replace(name=trial.user_attrs["preset"])

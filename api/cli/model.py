@@ -160,7 +160,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             p.update(cluster=cluster.name, strategy=s.name or strategy_name,
                      scaling_efficiency=p["tflops_per_rank"] / base["tflops_per_rank"],
                      cross_node_bytes=cross_node_bytes(p, cluster), checkpointed=s.activation_checkpointing,
-                     checkpoint_policy=s.checkpoint_policy if s.activation_checkpointing else None)
+                     checkpointing=s.checkpointing)
             rows.append(p)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
@@ -187,7 +187,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     for note, clusters in bands.items():
         print(f"error on {', '.join(dict.fromkeys(clusters))}: {note}")
     lean = next((p["error_band"]["checkpointing"] for p in rows
-                 if p["checkpoint_policy"] == "full" and p["error_band"]
+                 if p["checkpointing"] == "full" and p["error_band"]
                  and p["error_band"].get("checkpointing")), None)
     if lean:  # a fully checkpointed prediction: the model's known lean on such runs (measured against none)
         print(f"checkpointed: {lean_sentence(lean)}; set against an uncheckpointed prediction, allow for it")

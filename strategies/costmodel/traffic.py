@@ -137,8 +137,6 @@ class PassSeconds:
     def blend(self, other: PassSeconds, share: float) -> PassSeconds:
         """The mean block of a model whose blocks are ``share`` like ``other`` and the rest like this one (some
         blocks checkpointed, ``Strategy.checkpoint_every``); the head is the same in both."""
-        if share in (0.0, 1.0):
-            return other if share else self
         return dataclasses.replace(self, **{f: (1 - share) * getattr(self, f) + share * getattr(other, f)
                                             for f in ("block_fwd", "block_bwd", "block_memory", "block_attention")})
 
