@@ -927,7 +927,13 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import published
 
-    amsp = published.Table(ROOT / "bench" / "published" / "amsp_paper.toml")
+    amsp_text = (ROOT / "bench" / "published" / "amsp_paper.toml").read_text()
+    assert published.Table(ROOT / "bench" / "published" / "amsp_paper.toml").stack == "flash"
+    # the same table with its baselines on Megatron-class kernels and AMSP's 13B column on its own
+    mixed = tmp_path / "mixed_stacks.toml"
+    mixed.write_text(amsp_text.replace('\nstack = "flash"', '\nstack = "megatron"', 1).replace(
+        'amsp_13b = { preset = "zero3", ', 'amsp_13b = { preset = "zero3", stack = "flash", ', 1))
+    amsp = published.Table(mixed)
     assert amsp.gathers == "module" and amsp.strategies["amsp_7b"]["gathers"] == "bucket"
     halfnode, calib = amsp.clusters["a800-1024-halfnode"]
     fields = {k: v for k, v in amsp.strategies["amsp_13b"].items() if k not in ("gathers", "stack")}
@@ -935,7 +941,7 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     by_block = predict(model, halfnode, s, calibration=dataclasses.replace(calib, gathers="bucket"))["step_time_s"]
     by_module = predict(model, halfnode, s, calibration=calib)["step_time_s"]
     assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] != by_block != by_module
-    # AMSP's columns also ran other kernels than the DeepSpeed baselines: their own stack (InternEvo's FlashAttention-2)
+    # a column that ran other kernels than the table's: its own stack (InternEvo's FlashAttention-2)
     assert amsp.stack == "megatron" and amsp.strategies["amsp_13b"]["stack"] == "flash"
     # and the flash stack's attention kernel (FlashAttention-2 at its own rate) where the table's is unfused
     assert amsp.attention == "matmul" and calib.attention_efficiency == 0.0
@@ -954,8 +960,7 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
                                           r"\['matmul', 'flash2', 'triton', 'sdpa'\]")):
         published.Table(bad_kernel)
     bad = tmp_path / "bad_stack.toml"
-    amsp_text = (ROOT / "bench" / "published" / "amsp_paper.toml").read_text()
-    bad.write_text(amsp_text.replace('stack = "flash"', 'stack = "jax"'))
+    bad.write_text(mixed.read_text().replace('stack = "flash"', 'stack = "jax"'))
     with pytest.raises(ValueError, match="stack='jax': must be one of"):
         published.Table(bad).predict("a800-1024-halfnode/llama-13b/1/amsp_13b")
     frontier = published.Table(ROOT / "bench" / "published" / "frontier_3level.toml")
