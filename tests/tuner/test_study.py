@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -201,7 +202,10 @@ def test_a_bad_trial_fails_alone_with_its_reason(env, extra, timeout, reason, sq
         tuner.run()
     (trial,) = [t for t in trials_of(sqlite_url, 1) if t.status != "queued"]
     assert trial.status == "failed" and reason in trial.reason
-    leftover = subprocess.run(["pgrep", "-f", f"trial-{trial.id}/run.json"], capture_output=True, text=True)
+    # this trial's own ranks (their command line names its run.json), not another test's on the same machine
+    run_json = tmp_path / f"trial-{trial.id}" / "run.json"
+    assert run_json.parent.is_dir()
+    leftover = subprocess.run(["pgrep", "-f", re.escape(str(run_json))], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "ranks left behind"
 
 
