@@ -6,8 +6,9 @@
    best feasible point as the true optimum.
 2. For each seed, runs each search until a trial is within 2% of it (or the cap) and records the
    number of trials (every evaluated strategy counts, infeasible ones too):
-   - ``zerotune-tpe``: zerotune's study — the known-good presets enqueued first, then TPE with the
-     memory constraint (what ``zerotune tune`` runs);
+   - ``zerotune-tpe``: zerotune's study — the known-good presets enqueued first, then the neighbours of the best
+     trial so far (``tuner.seeding.refine``: up to three incumbents), then TPE with the memory constraint (what
+     ``zerotune tune`` runs);
    - ``tpe``: plain TPE with the constraint;
    - ``random``: uniform random sampling of the same space;
    - ``grid-refine``: the DeepSpeed autotuner's method — every ZeRO stage/preset with default
@@ -28,7 +29,8 @@ from zerotune.errors import SpecError
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import predict
 from zerotune.strategies.spec import Strategy
-from zerotune.tuner.seeding import PRESETS
+from zerotune.tuner.request import TuneRequest
+from zerotune.tuner.seeding import PRESETS, refine
 from zerotune.tuner.space import Space
 
 
@@ -50,7 +52,9 @@ def optimum(space: Space, model: Any, cluster: Any, batch: int) -> tuple[float, 
 
 
 def optuna_search(space: Space, model: Any, cluster: Any, batch: int, target: float, seed: int, sampler: str,
-                  presets: bool, cap: int) -> int:
+                  presets: bool, cap: int, budget: int) -> int:
+    """Trials until one is within 2% of ``target`` (``cap`` + 1: not within ``cap``); ``budget``: the study's trial
+    budget, which sizes its refinement rounds as ``zerotune tune``'s does."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -65,6 +69,8 @@ def optuna_search(space: Space, model: Any, cluster: Any, batch: int, target: fl
             study.enqueue_trial(space.strategy_params(build_strategy(name, cluster)))
     n = 0
     while n < cap:
+        if presets:  # zerotune's study refines around its best trials before TPE samples (seeding.refine)
+            refine(study, space, budget - n)
         trial, s = space.ask(study)
         if s is None:
             continue
@@ -119,6 +125,8 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=1536)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--cap", type=int, default=600, help="give up after this many trials")
+    parser.add_argument("--budget", type=int, default=TuneRequest.trials,
+                        help="the study's trial budget, which sizes its refinement (default: zerotune tune's)")
     args = parser.parse_args()
     model, cluster = parse_model(args.model), parse_cluster(args.cluster)
     space = Space(cluster)
@@ -129,11 +137,11 @@ def main() -> None:
     results: dict[str, list[int]] = {"zerotune-tpe": [], "tpe": [], "random": [], "grid-refine": []}
     for seed in range(args.seeds):
         results["zerotune-tpe"].append(optuna_search(space, model, cluster, args.global_batch, target, seed, "tpe",
-                                                     True, args.cap))
+                                                     True, args.cap, args.budget))
         results["tpe"].append(optuna_search(space, model, cluster, args.global_batch, target, seed, "tpe", False,
-                                            args.cap))
+                                            args.cap, args.budget))
         results["random"].append(optuna_search(space, model, cluster, args.global_batch, target, seed, "random",
-                                               False, args.cap))
+                                               False, args.cap, args.budget))
         results["grid-refine"].append(grid_refine(space, model, cluster, args.global_batch, target, args.cap))
         print(f"seed {seed}: " + ", ".join(f"{k} {v[-1]}" for k, v in results.items()), file=sys.stderr)
     print(f"\ntrials to reach within 2% of the optimum ({args.seeds} seeds; {args.cap + 1} = not reached "

@@ -17,6 +17,7 @@ approximate it (``tuner.exports`` notes what the approximations are).
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -256,6 +257,47 @@ class Space:
         if s.activation_checkpointing and len(self.checkpoint_policies) > 1:
             params["checkpoint_policy"] = s.checkpoint_policy
         return params
+
+    def strategy_of(self, params: dict[str, Any]) -> Strategy:
+        """The Strategy a trial with these parameters ran (``suggest`` on them, as Optuna replays a trial)."""
+        import optuna
+
+        return self.suggest(optuna.trial.FixedTrial(params))
+
+    def neighbours(self, s: Strategy) -> list[Strategy]:
+        """Every strategy of the space one knob away from ``s``, with its spans kept, in the order the knobs
+        usually move a step's time most: the micro-batch, the widths gathers and reductions move, the
+        checkpointing, the hpZ span and where quantization starts, then prefetch and the bucket sizes (the
+        DeepSpeed autotuner's order of refinement: micro-batch first, then its other knobs one grid at a
+        time, ``deepspeed/autotuning``). Each is valid on the cluster and run by the space's runner."""
+        recompute = [{"activation_checkpointing": False, "checkpoint_policy": "full"}] + [
+            {"activation_checkpointing": True, "checkpoint_policy": policy} for policy in self.checkpoint_policies]
+        secondaries = [None if x == NONE else int(x) for x in self._secondaries(s.param_span)] if s.param_span else []
+        knobs: list[list[dict[str, Any]]] = [
+            [{"micro_batch_size": m} for m in self.micro_batch_sizes],
+            [{"weight_bits": b} for b in self._bits("weight_bits")] if s.param_span >= s.quantize_above else [],
+            [{"grad_bits": b} for b in self._bits("grad_bits")],
+            recompute,
+            [{"secondary_span": x} for x in secondaries],
+            [{"quantize_above": q} for q in self._quantize_above()],
+            [{"prefetch_buckets": n} for n in self.prefetch],
+            [{"allgather_bucket_mb": mb} for mb in self.bucket_mb],
+            [{"reduce_bucket_mb": mb} for mb in self.bucket_mb],
+        ]
+        seen, out = {self._key(s)}, []
+        for changes in (c for knob in knobs for c in knob):
+            try:
+                variant = self.admit(s.replace(name=None, **changes).validate_for(self.cluster))
+            except SpecError:
+                continue
+            if (key := self._key(variant)) not in seen:
+                seen.add(key)
+                out.append(variant)
+        return out
+
+    def _key(self, s: Strategy) -> str:
+        """One string per point of the space (its Optuna parameters)."""
+        return json.dumps(self.strategy_params(s), sort_keys=True)
 
     def enumerate_space(self) -> Iterator[Strategy]:
         """Every valid Strategy of the space (for exhaustive search on the cost model)."""

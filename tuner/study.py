@@ -91,6 +91,10 @@ class Tuner:
         self.candidates, self.answer_key, self.answer_note = candidates, answer_key, answer_note
         self.space = Space(request.cluster, global_batch=request.global_batch, runner=request.runner,
                            grad_widths=(32,) if request.grad_reduce_in_fp32 else None)
+        self.refines = candidates is None and request.sampler == "tpe" and request.objective != "pareto"
+        """Whether the study refines around its best trials before TPE samples (``seeding.refine``): a study of the
+        default sampler for throughput; not a shortlist (exactly its strategies), not random search or NSGA-II
+        (asked for as they are)."""
         self.sessions = make_session_factory(make_engine(db_url))
         if calibration is None and (request.calibration is not None or request.runner != "zerotune"):
             with session_scope(self.sessions) as s:
@@ -150,6 +154,8 @@ class Tuner:
                 if progress.done >= self.request.trials or asked > 20 * self.request.trials:
                     break
                 asked += 1
+                if self.refines:
+                    seeding.refine(study, self.space, self.request.trials - progress.done)
                 if self._one_trial(study, study_id, progress) and self.progress_cb:
                     self.progress_cb(progress)
                 if progress.best_value is None and self.executor.measures:  # only runs fail, until one completes

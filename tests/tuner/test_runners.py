@@ -241,3 +241,33 @@ def test_a_strategys_key_is_the_one_it_had_before_the_checkpointing_fields():
     assert strategy_key(s) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
     keys = {strategy_key(x) for x in (s, s.replace(checkpoint_policy="selective"), s.replace(checkpoint_every=2))}
     assert len(keys) == 3
+
+
+def test_neighbours_are_one_knob_away_and_what_the_runner_runs():
+    """A strategy's neighbours keep its spans and change one knob each (the checkpointing's on/off and policy being
+    one knob), the micro-batch first; every one is valid, the runner's own, distinct, and an enqueued neighbour's
+    parameters give it back. DeepSpeed's neighbours of ZeRO++ stay in DeepSpeed's space (no selective
+    checkpointing, no 4-bit weights)."""
+    cluster = parse_cluster("frontier:8")
+    space = Space(cluster)
+    s = build_strategy("3level-b", cluster)
+    near = space.neighbours(s)
+    knobs = [("micro_batch_size",), ("weight_bits",), ("grad_bits",), ("activation_checkpointing", "checkpoint_policy"),
+             ("secondary_span",), ("quantize_above",), ("prefetch_buckets",), ("allgather_bucket_mb",),
+             ("reduce_bucket_mb",)]
+    moved = []
+    for n in near:
+        changed = {k for k, v in n.to_dict().items() if v != s.to_dict()[k]} - {"name"}
+        (knob,) = [k for k in knobs if changed <= set(k)]
+        moved.append(knobs.index(knob))
+        assert (n.param_span, n.grad_span, n.optim_span) == (s.param_span, s.grad_span, s.optim_span)
+        assert n.name is None and space.admit(n) is n and space.strategy_of(space.strategy_params(n)) == n
+    assert moved == sorted(moved) and moved[0] == 0 and len(set(moved)) >= 7  # knob by knob, the micro-batch first
+    keys = [space._key(n) for n in near]
+    assert len(set(keys)) == len(keys) and space._key(s) not in keys
+    assert {n.micro_batch_size for n in near if moved[near.index(n)] == 0} == set(space.micro_batch_sizes) - {1}
+    ds = Space(cluster, runner="deepspeed")
+    zeropp = build_strategy("zeropp", cluster)
+    ds_near = ds.neighbours(zeropp)
+    assert ds_near and all(runner_rule("deepspeed", cluster, n) is None for n in ds_near)
+    assert {n.recompute for n in ds_near} <= {"none", "full"} and 4 not in {n.weight_bits for n in ds_near}

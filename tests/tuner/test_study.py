@@ -509,3 +509,37 @@ def test_only_an_unhealthy_verification_disqualifies_a_quantized_pick(fault, tmp
         assert "unhealthy run (nan)" in verification["detail"] and verification["healthy"] is False
         chosen = next(t for t in ranked if t.id == rec["trial_id"])
         assert not Strategy.from_dict(chosen.strategy).quantized
+
+
+def test_a_study_refines_around_its_best_trial_before_tpe_samples(sqlite_url, tmp_path):
+    """After the presets, a study tries the neighbours of its best trial (``seeding.refine``: up to a quarter of the
+    budget left, around at most three incumbents, each once), then TPE; a random-search study samples as asked."""
+    import optuna
+
+    request = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=30, seed=0)
+    tuner = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)
+    rec = tuner.run()
+    with make_session_factory(make_engine(sqlite_url))() as s:
+        name = s.scalars(select(Study).order_by(Study.id.desc())).first().optuna_study_name
+    study = optuna.load_study(study_name=name, storage=sqlite_url)
+    trials = study.trials
+    presets = [t for t in trials if t.user_attrs.get("preset")]
+    assert [t.number for t in presets] == list(range(len(presets)))  # the presets first
+    best_preset = max((t for t in presets if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.values[0])
+    first_round = [t for t in trials if t.user_attrs.get("refine") == str(best_preset.number)]
+    assert first_round and [t.number for t in first_round] == list(range(len(presets), len(presets) + len(first_round)))
+    assert len(first_round) == (request.trials - len(presets)) // 4  # a quarter of what the presets left
+    # each one of the best preset's neighbours, in the order Space.neighbours gives them
+    near = [tuner.space.strategy_params(n) for n in tuner.space.neighbours(tuner.space.strategy_of(best_preset.params))]
+    assert [t.params for t in first_round] == near[:len(first_round)]
+    refined = study.user_attrs[seeding.REFINED]
+    assert refined[0] == best_preset.number and len(refined) == len(set(refined)) <= seeding.REFINE_ROUNDS
+    assert {t.user_attrs["refine"] for t in trials if t.user_attrs.get("refine")} <= {str(n) for n in refined}
+    assert any(not t.user_attrs.get("refine") and not t.user_attrs.get("preset") for t in trials)  # then TPE
+    # here the best preset's micro-batch neighbour is faster than every preset: the study found it at once
+    complete = optuna.trial.TrialState.COMPLETE
+    assert any(t.state == complete and t.values[0] > best_preset.values[0] for t in first_round)
+    assert rec["trial_id"] is not None
+    random = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=12, seed=0,
+                         sampler="random")
+    assert not Tuner(random, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).refines
