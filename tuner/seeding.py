@@ -106,16 +106,17 @@ from there)."""
 
 def refine(study: Any, space: Space, budget_left: int) -> int:
     """Once nothing is queued, enqueue the strategies one knob away (``Space.neighbours``) from the study's best
-    feasible trial that the study has not tried yet: at most half of ``budget_left`` (at least one), around at most
-    ``REFINE_ROUNDS`` incumbents, each once. Returns how many were enqueued (user attribute ``refine``: the number of
-    the trial they surround).
+    feasible trial that the study has not tried yet, the first of them (``neighbours`` puts the knobs that move a step
+    most first) up to a quarter of ``budget_left`` (at least one), around at most ``REFINE_ROUNDS`` incumbents, each
+    once: about half of what the presets leave of a budget, the rest TPE's. Returns how many were enqueued (user
+    attribute ``refine``: the number of the trial they surround).
 
     The presets put a study near the optimum and its neighbours are where the rest of the gain usually is: the
     DeepSpeed autotuner's method is exactly this (its stages, then the best one's micro-batch, then its other knobs
     one grid at a time). TPE, started from the presets alone, spends its first trials far from them
-    (``bench/search_efficiency.py``: 36.5 trials to within 2% of the optimum, median of 10 seeds, where the
-    autotuner's method took 9); refining first and sampling after keeps TPE's reach for the optima that are not
-    a preset's neighbours."""
+    (``bench/search_efficiency.py``, gpt-neox-20b on frontier:48: 36.5 trials to within 2% of the optimum, median
+    of 10 seeds, where the autotuner's method took 9; 9 with this step); refining first and sampling after keeps
+    TPE's reach for the optima that are not a preset's neighbours."""
     import optuna
 
     if budget_left <= 0 or study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):

@@ -6,7 +6,7 @@ carries P (``secondary_span_p3``: its choices depend on P, and Optuna needs one 
 name), weight bits are only asked when a gathered level can be quantized. Every dimension is
 categorical and finite, so the whole space can also be enumerated (``enumerate_space``) to find
 the true optimum of a cost model. ``strategy_params`` maps a Strategy back to parameters, which is
-how presets and warm-start strategies are enqueued.
+how presets, warm-start strategies and a best trial's ``neighbours`` are enqueued (``strategy_of`` the reverse).
 
 A space belongs to a *runner*: the program that will train with the answer. zerotune's own engine
 runs every Strategy; DeepSpeed and FSDP2 run only part of the space exactly (``runner_rule``), so a
