@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import pytest
 from sqlalchemy import select
@@ -271,3 +272,51 @@ def test_neighbours_are_one_knob_away_and_what_the_runner_runs():
     ds_near = ds.neighbours(zeropp)
     assert ds_near and all(runner_rule("deepspeed", cluster, n) is None for n in ds_near)
     assert {n.recompute for n in ds_near} <= {"none", "full"} and 4 not in {n.weight_bits for n in ds_near}
+
+
+def test_refine_waits_for_the_queue_refines_each_incumbent_once_and_resumes(tmp_path):
+    """``seeding.refine`` enqueues nothing while trials wait, surrounds each best trial once (a quarter of the budget
+    left, at least one), moves on when a neighbour beats it, stops after ``REFINE_ROUNDS`` incumbents, never
+    enqueues a point already tried, and a study loaded again from its storage goes on where it was."""
+    import optuna
+
+    from zerotune.tuner import seeding
+
+    cluster = parse_cluster("frontier:8")
+    space = Space(cluster)
+    storage = f"sqlite:///{tmp_path / 'refine.db'}"
+    study = optuna.create_study(study_name="r", storage=storage, direction="maximize")
+
+    def run_waiting(value) -> list:
+        told = []
+        while study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            trial, s = space.ask(study)
+            assert s is not None
+            study.tell(trial, value(s))
+            told.append(trial)
+        return told
+
+    study.enqueue_trial(space.strategy_params(build_strategy("zero3", cluster)))
+    study.enqueue_trial(space.strategy_params(build_strategy("3level-b", cluster)))
+    assert seeding.refine(study, space, 40) == 0  # the presets still wait
+    run_waiting(lambda s: 2.0 if s.secondary_span == 1 else 1.0)  # 3level-b leads
+    assert seeding.refine(study, space, 40) == 10  # a quarter of what is left
+    round_one = [t for t in study.trials if t.user_attrs.get("refine") == "1"]
+    assert [t.system_attrs["fixed_params"] for t in round_one] == [space.strategy_params(n) for n in
+                                             space.neighbours(build_strategy("3level-b", cluster))][:10]
+    assert seeding.refine(study, space, 40) == 0  # its neighbours wait
+    # the micro-batch-2 neighbour beats it: the next round surrounds that one, without what was tried
+    run_waiting(lambda s: 3.0 if s.micro_batch_size == 2 else 0.5)
+    again = optuna.load_study(study_name="r", storage=storage)  # a resumed study
+    assert again.user_attrs[seeding.REFINED] == [1]
+    assert seeding.refine(again, space, 4) == 1  # at least one, however little is left
+    assert again.user_attrs[seeding.REFINED] == [1, 2]  # trial 2 is the first neighbour: micro-batch 2
+    run_waiting(lambda s: 0.1)
+    tried = [t.params for t in study.trials]
+    assert len({json.dumps(p, sort_keys=True) for p in tried}) == len(tried) == 13  # nothing tried twice
+    assert seeding.refine(study, space, 40) == 0  # the incumbent did not change: nothing new
+    study.enqueue_trial(space.strategy_params(build_strategy("zeropp", cluster)))
+    run_waiting(lambda s: 9.0)
+    assert seeding.refine(study, space, 40) > 0 and len(study.user_attrs[seeding.REFINED]) == seeding.REFINE_ROUNDS
+    run_waiting(lambda s: 10.0)  # a better one still, but three incumbents were refined: TPE's turn
+    assert seeding.refine(study, space, 40) == 0
