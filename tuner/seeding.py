@@ -3,7 +3,6 @@ request (its warm start), then the neighbours of the best of them (``refine``)."
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -15,7 +14,7 @@ from zerotune.strategies.catalog import build_strategy
 from zerotune.strategies.costmodel import Calibration, predict
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.tuner.request import TuneRequest, strategy_key
-from zerotune.tuner.space import Space, runner_rule
+from zerotune.tuner.space import Space, params_key, runner_rule
 
 REPLICATING = ("zero2", "zero1", "ddp")
 """Known-good strategies that replicate what ZeRO-3 shards: tried first only where the cost model says they fit."""
@@ -119,24 +118,27 @@ def refine(study: Any, space: Space, budget_left: int) -> int:
     TPE's reach for the optima that are not a preset's neighbours."""
     import optuna
 
-    if budget_left <= 0 or study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-        return 0
-    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.values and all(v <= 0 for v in t.constraints.values())]
     refined = list(study.user_attrs.get(REFINED, []))
-    if not done or len(refined) >= REFINE_ROUNDS:
+    if budget_left <= 0 or len(refined) >= REFINE_ROUNDS:  # an exhausted study pays one read per trial, not a scan
+        return 0
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == optuna.trial.TrialState.WAITING for t in trials):
+        return 0
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.values
+            and all(v <= 0 for v in t.constraints.values())]
+    if not done:
         return 0
     best = max(done, key=lambda t: t.values[0])
     if best.number in refined:
         return 0
     study.set_user_attr(REFINED, [*refined, best.number])
-    tried = {json.dumps(t.params, sort_keys=True) for t in study.get_trials(deepcopy=False)}
     try:
         incumbent = space.strategy_of(best.params)
     except (SpecError, ValueError):  # a trial of another space (a study resumed under other rules)
         return 0
+    tried = {params_key(t.params) for t in trials}
     fresh = [params for params in (space.strategy_params(s) for s in space.neighbours(incumbent))
-             if json.dumps(params, sort_keys=True) not in tried]
+             if params_key(params) not in tried]
     fresh = fresh[:max(1, budget_left // 4)]
     for params in fresh:
         study.enqueue_trial(params, user_attrs={"refine": str(best.number)})

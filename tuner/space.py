@@ -33,6 +33,12 @@ RUNNERS = tuple(COST_MODEL_RUNNERS)
 whose collectives the cost model knows (``costmodel.rates.RUNNERS``)."""
 
 
+def params_key(params: dict[str, Any]) -> str:
+    """One string per point of a space, from a trial's (or an enqueued trial's) Optuna parameters: how a study tells
+    the points it has tried or queued from new ones."""
+    return json.dumps(params, sort_keys=True)
+
+
 def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:
     """None when ``runner`` runs ``s`` on ``cluster`` exactly as the cost model times it (same groups,
     same bytes per level); else why not, in words.
@@ -284,20 +290,20 @@ class Space:
             [{"allgather_bucket_mb": mb} for mb in self.bucket_mb],
             [{"reduce_bucket_mb": mb} for mb in self.bucket_mb],
         ]
-        seen, out = {self._key(s)}, []
+        seen, out = {self.key(s)}, []
         for changes in (c for knob in knobs for c in knob):
             try:
                 variant = self.admit(s.replace(name=None, **changes).validate_for(self.cluster))
             except SpecError:
                 continue
-            if (key := self._key(variant)) not in seen:
+            if (key := self.key(variant)) not in seen:
                 seen.add(key)
                 out.append(variant)
         return out
 
-    def _key(self, s: Strategy) -> str:
-        """One string per point of the space (its Optuna parameters)."""
-        return json.dumps(self.strategy_params(s), sort_keys=True)
+    def key(self, s: Strategy) -> str:
+        """One string per point of the space (``params_key`` of its Optuna parameters)."""
+        return params_key(self.strategy_params(s))
 
     def enumerate_space(self) -> Iterator[Strategy]:
         """Every valid Strategy of the space (for exhaustive search on the cost model)."""

@@ -25,7 +25,6 @@ the data-parallel world.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import socket
@@ -48,7 +47,7 @@ from zerotune.tuner.choice import Chooser, choose
 from zerotune.tuner.executors.base import Executor, TrialResult, TrialSpec
 from zerotune.tuner.executors.model import ModelExecutor
 from zerotune.tuner.request import TuneRequest, strategy_key
-from zerotune.tuner.space import Space
+from zerotune.tuner.space import Space, params_key
 
 log = logging.getLogger("zerotune.tuner")
 
@@ -392,7 +391,7 @@ class Tuner:
                 (s, {"warm_start": "true"}) for s in similar]
         for strategy, attrs in strategies:
             params = self.space.strategy_params(strategy)
-            key = json.dumps(params, sort_keys=True)
+            key = params_key(params)
             # never more first picks than the budget: a retry enqueued later must still get its turn
             if key not in seen and len(seen) < self.request.trials:
                 seen.add(key)

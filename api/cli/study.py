@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerotune.api.cli import ExitStatus
+from zerotune.strategies.spec import Strategy
 from zerotune.tuner.executors import NAMES
 
 
@@ -163,14 +164,11 @@ def _describe(s: dict[str, Any]) -> str:
 
 
 def _checkpointing(s: dict[str, Any]) -> str:
-    """``, checkpointing`` (full) or ``, selective checkpointing``; nothing without (a stored strategy from before
-    the policy existed is full)."""
-    if not s["activation_checkpointing"]:
-        return ""
-    if s.get("checkpoint_policy") == "selective":
-        return ", selective checkpointing"
-    every = s.get("checkpoint_every", 1)
-    return f", checkpointing 1 block in {every}" if every > 1 else ", checkpointing"
+    """How a stored strategy checkpoints, after a comma (``Strategy.checkpointing``; a strategy stored before the
+    policy and ``checkpoint_every`` existed is full, on every block); nothing without."""
+    strategy = Strategy.from_dict(s)
+    return {"none": "", "full": ", checkpointing", "selective": ", selective checkpointing"}.get(
+        strategy.checkpointing, f", checkpointing 1 block in {strategy.checkpoint_every}")
 
 def _progress_bar(total: int, quiet: bool) -> Any:
     """Progress on stderr: a bar on a terminal, one plain line per event in a log (no carriage returns).

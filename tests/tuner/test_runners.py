@@ -264,8 +264,8 @@ def test_neighbours_are_one_knob_away_and_what_the_runner_runs():
         assert (n.param_span, n.grad_span, n.optim_span) == (s.param_span, s.grad_span, s.optim_span)
         assert n.name is None and space.admit(n) is n and space.strategy_of(space.strategy_params(n)) == n
     assert moved == sorted(moved) and moved[0] == 0 and len(set(moved)) >= 7  # knob by knob, the micro-batch first
-    keys = [space._key(n) for n in near]
-    assert len(set(keys)) == len(keys) and space._key(s) not in keys
+    keys = [space.key(n) for n in near]
+    assert len(set(keys)) == len(keys) and space.key(s) not in keys
     assert {n.micro_batch_size for n in near if moved[near.index(n)] == 0} == set(space.micro_batch_sizes) - {1}
     ds = Space(cluster, runner="deepspeed")
     zeropp = build_strategy("zeropp", cluster)

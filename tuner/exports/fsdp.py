@@ -179,11 +179,10 @@ def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mix
         f"reduce_dtype=torch.{mixed['reduce_dtype']})",
         "for i, block in enumerate(model.blocks):  # one FSDP unit per transformer block",
     ]
-    if recompute == "full" and every > 1:
+    if recompute == "full":
+        wrap = "block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"
         lines += [f"    if (i + 1) % {every} == 0:  # every {every}th block: the others keep their activations",
-                  "        block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"]
-    elif recompute == "full":
-        lines += ["    block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"]
+                  f"        {wrap}"] if every > 1 else [f"    {wrap}"]
     elif recompute == "selective":
         lines += ["    block = model.blocks[i] = checkpoint_wrapper(block, context_fn=selective)  # recompute the rest"]
     lines += [
