@@ -39,7 +39,10 @@ optimizer handed out whole parameters and synced the updated weights with one br
 (InternEvo: ``Calibration.weight_sync``); the default, ``gather``, an all-gather per bucket. ``early_stop = true``
 says its checkpointed blocks ran torch's non-reentrant checkpoint on torch 2.1 or later, whose backward stops
 recomputing before the block's last matmul (``Calibration.recompute_early_stop``); the default, false, reruns the
-whole forward, as Megatron's, DeepSpeed's and InternEvo's reentrant checkpoints and torch 2.0's do.
+whole forward, as Megatron's, DeepSpeed's and InternEvo's reentrant checkpoints and torch 2.0's do. A cluster may
+set its own ``early_stop`` where the table's runs came from campaigns on different software (each cluster is one
+campaign's machines and image), and a group its ``set``, strategy fields every column of its rows takes (the mixed
+precision a campaign ran, say: ``set = { grad_bits = 32 }``).
 
 Metrics: ``tflops_per_gpu`` (``flops = "hardware"`` counts the recomputation of checkpointed
 activations, as Megatron-DeepSpeed's and FSDP's figures do: 4/3 of the model FLOPs), and
@@ -173,12 +176,17 @@ class Table:
             if not isinstance(value, bool):
                 raise ValueError(f"{path.name}: source.{key}={value!r}: must be true or false")
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
+        for name, spec in self.cluster_specs.items():
+            if not isinstance(spec.get("early_stop", False), bool):
+                raise ValueError(f"{path.name}: clusters.{name}.early_stop={spec['early_stop']!r}: "
+                                 f"must be true or false")
         self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner,
-                                          self.copies, self.weight_sync, self.named_attention, self.early_stop)
+                                          self.copies, self.weight_sync, self.named_attention, self._early_stop(k))
                          for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)
+        self.row_fields: dict[str, dict[str, Any]] = {}  # id -> its group's ``set``: fields every column takes
         self.compares: list[dict[str, Any]] = []
         columns = list(self.strategies)
         for i, group in enumerate(data.get("groups", [])):
@@ -186,6 +194,10 @@ class Table:
             if not isinstance(accumulation, int) or isinstance(accumulation, bool) or accumulation < 1:
                 raise ValueError(f"{path.name}: groups[{i}].accumulation={accumulation!r}: must be a whole number "
                                  f">= 1 (micro-batches per optimizer step)")
+            fields = group.get("set", {})
+            if not isinstance(fields, dict) or {"preset", "stack", "gathers"} & set(fields):
+                raise ValueError(f"{path.name}: groups[{i}].set={fields!r}: must be a table of strategy fields "
+                                 f"(not preset, stack or gathers: those are a column's)")
             for model, mbs, *values in group["rows"]:
                 present = [(c, v) for c, v in zip(columns, values, strict=False) if v != "-"]  # "-": no figure
                 ids = [str(RowId(group["cluster"], model, mbs, column, accumulation)) for column, _ in present]
@@ -193,6 +205,8 @@ class Table:
                     if row_id in self.rows:
                         raise ValueError(f"{path.name}: groups[{i}]: row {row_id} is already given by an earlier group")
                     self.rows[row_id] = (float(value), group["caption"])
+                    if fields:
+                        self.row_fields[row_id] = fields
                 for row_id in ids[1:]:
                     self.compares.append({"of": row_id, "over": ids[0], "caption": group["caption"]})
         self.compares += data.get("compare", [])
@@ -206,6 +220,11 @@ class Table:
         return (f"{self.stack} stack, {self.rings} rings, a gather per {self.gathers}, "
                 f"outer reduction {'in backward' if self.outer_reduce == 'backward' else 'at the boundary'}{sync}")
 
+    def _early_stop(self, cluster: str) -> bool:
+        """Whether the checkpointed blocks of ``cluster``'s runs stopped recomputing early: its own setting, else
+        the table's."""
+        return bool(self.cluster_specs[cluster].get("early_stop", self.early_stop))
+
     def _choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
         value = self.source.get(key, default)
         if value not in allowed:
@@ -218,13 +237,13 @@ class Table:
             key = RowId.parse(row_id)
             cluster, calib = self.clusters[key.cluster]
             model = self.models[key.model]
-            fields = dict(self.strategies[key.strategy])
+            fields = {**self.strategies[key.strategy], **self.row_fields.get(row_id, {})}
             if "stack" in fields:  # a column whose engine ran other kernels than the table's
                 stack = fields.pop("stack")
                 cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], stack,
                                                self.rings, self.outer_reduce, self.gathers, self.runner, self.copies,
                                                self.weight_sync, STACK_ATTENTION.get(stack, self.named_attention),
-                                               self.early_stop)
+                                               self._early_stop(key.cluster))
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:

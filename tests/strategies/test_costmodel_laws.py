@@ -1013,6 +1013,52 @@ def test_a_group_sets_its_micro_batches_per_step(tmp_path, monkeypatch):
         published.Table(twice)
 
 
+def test_each_campaign_of_a_table_runs_on_the_software_its_raw_results_name(tmp_path, monkeypatch):
+    """llm-foundry's 8-GPU context table holds two campaigns: the A100 40GB rows (bf16 PURE, torch 1.13) and the
+    A100 80GB re-run (amp_bf16 with MP Mode DEFAULT on torch 2.1.0, as its raw results, h100new.csv, record row by
+    row). The 80 GB cluster sets its own ``early_stop`` and its groups ``set`` fp32 gradient reductions: a checkpointed
+    row there is charged a shorter recompute and more reduction bytes than the same strategy on the 40 GB cluster, an
+    uncheckpointed one only the bytes; a ``set`` that is no table of strategy fields, or names a column's setting, is
+    refused by name, and so is an ``early_stop`` that is no boolean."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    path = ROOT / "bench" / "published" / "llm_foundry_context.toml"
+    table = published.Table(path)
+    assert table.early_stop is False
+    assert table.clusters["a100-80g-x8"][1].recompute_early_stop is True
+    assert table.clusters["a100-40g-x8"][1].recompute_early_stop is False
+    rerun = [r for r in table.rows if r.startswith("a100-80g-x8/")]
+    assert len(rerun) == 59 and all(table.row_fields[r] == {"grad_bits": 32} for r in rerun)
+    assert not any(r in table.row_fields for r in table.rows if r.startswith("a100-40g-x8/"))
+    cluster, calib = table.clusters["a100-80g-x8"]
+    for row in ("a100-80g-x8/mpt-13b-8k/5x3/fsdp_ckpt", "a100-80g-x8/mpt-7b-2k/6x2/fsdp"):
+        key = published.RowId.parse(row)
+        fields = table.strategies[key.strategy]
+        model = table.models[key.model]
+        bf16 = build_strategy(fields, cluster, micro_batch_size=key.mbs)
+        fp32 = build_strategy({**fields, "grad_bits": 32}, cluster, micro_batch_size=key.mbs)
+        batch = 8 * key.mbs * key.accum
+        got = table.predict(row)
+        assert got["step_time_s"] == predict(model, cluster, fp32, calibration=calib, global_batch=batch)["step_time_s"]
+        as_pure = predict(model, cluster, bf16, calibration=calib, global_batch=batch)
+        assert got["bytes_per_level"] != as_pure["bytes_per_level"] and got["step_time_s"] > as_pure["step_time_s"]
+        full = predict(model, cluster, fp32, global_batch=batch,
+                       calibration=dataclasses.replace(calib, recompute_early_stop=False))["step_time_s"]
+        assert (full > got["step_time_s"]) == fp32.activation_checkpointing
+    text = path.read_text()
+    for bad_set, rule in (("set = 32", "must be a table of strategy fields"),
+                          ('set = { stack = "flash" }', "not preset, stack or gathers")):
+        bad = tmp_path / "bad_set.toml"
+        bad.write_text(text.replace("set = { grad_bits = 32 }", bad_set, 1))
+        with pytest.raises(ValueError, match=rf"groups\[0\]\.set=.*{rule}"):
+            published.Table(bad)
+    bad = tmp_path / "bad_early_stop.toml"
+    bad.write_text(text.replace("\nearly_stop = true\n", '\nearly_stop = "yes"\n', 1))
+    with pytest.raises(ValueError, match=r"clusters\.a100-80g-x8\.early_stop='yes': must be true or false"):
+        published.Table(bad)
+
+
 def test_more_micro_batches_per_step_amortize_the_step_boundary_in_the_measured_order(monkeypatch):
     """What AMSP's Table V (64 A800s, M = 1-8 micro-batches per step) and InternEvo's 1,024-GPU runs (M = 1, 2, 4)
     measured: the more micro-batches share one step boundary, the more tokens per second each GPU trains. The model
