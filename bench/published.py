@@ -31,7 +31,9 @@ source does not say it overlapped them) or ``backward`` (overlapped with the fin
 says how the engine fetched parameters:
 ``bucket`` (the default: one all-gather per bucket, as FSDP and zerotune's engine do) or ``module``
 (one per sub-module, as DeepSpeed ZeRO-3 and the engines built on it do); a strategy column may set its
-own ``gathers`` and ``stack`` where its engine is not the table's. A gather per module also brings DeepSpeed
+own ``gathers`` and ``stack`` where its engine is not the table's, and ``overlap_comm = false`` where its engine
+ran its collectives on the compute stream (DeepSpeed's ``overlap_comm``: ``Calibration.overlap`` 0, every
+collective serialized with the compute). A gather per module also brings DeepSpeed
 ZeRO-3's host floor, measured on a GPU host (``rates.RUNNER_HOST_S_PER_LAYER``): a block whose device time is
 shorter waits for the host's hooks (``rates.with_host_floor``). ``copies = true`` says its engine copied each
 gather's output and each reduction's input (FSDP2: ``Calibration.copies``). ``weight_sync = "broadcast"`` says its
@@ -195,9 +197,9 @@ class Table:
                 raise ValueError(f"{path.name}: groups[{i}].accumulation={accumulation!r}: must be a whole number "
                                  f">= 1 (micro-batches per optimizer step)")
             fields = group.get("set", {})
-            if not isinstance(fields, dict) or {"preset", "stack", "gathers"} & set(fields):
+            if not isinstance(fields, dict) or {"preset", "stack", "gathers", "overlap_comm"} & set(fields):
                 raise ValueError(f"{path.name}: groups[{i}].set={fields!r}: must be a table of strategy fields "
-                                 f"(not preset, stack or gathers: those are a column's)")
+                                 f"(not preset, stack, gathers or overlap_comm: those are a column's)")
             for model, mbs, *values in group["rows"]:
                 present = [(c, v) for c, v in zip(columns, values, strict=False) if v != "-"]  # "-": no figure
                 ids = [str(RowId(group["cluster"], model, mbs, column, accumulation)) for column, _ in present]
@@ -248,6 +250,13 @@ class Table:
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:
                     calib = with_host_floor(dataclasses.replace(calib, gathers=gathers))
+            if "overlap_comm" in fields:  # a column whose collectives ran on the compute stream
+                overlap_comm = fields.pop("overlap_comm")
+                if not isinstance(overlap_comm, bool):
+                    raise ValueError(f"{self.path.name}: strategies.{key.strategy}.overlap_comm={overlap_comm!r}: "
+                                     f"must be true or false")
+                if not overlap_comm:
+                    calib = dataclasses.replace(calib, overlap=0.0)
             s = build_strategy(fields, cluster, micro_batch_size=key.mbs)
             p = predict(model, cluster, s, calibration=calib,
                         global_batch=cluster.world_size * key.mbs * key.accum)

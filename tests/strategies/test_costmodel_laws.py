@@ -1048,7 +1048,7 @@ def test_each_campaign_of_a_table_runs_on_the_software_its_raw_results_name(tmp_
         assert (full > got["step_time_s"]) == fp32.activation_checkpointing
     text = path.read_text()
     for bad_set, rule in (("set = 32", "must be a table of strategy fields"),
-                          ('set = { stack = "flash" }', "not preset, stack or gathers")):
+                          ('set = { stack = "flash" }', "not preset, stack, gathers or overlap_comm")):
         bad = tmp_path / "bad_set.toml"
         bad.write_text(text.replace("set = { grad_bits = 32 }", bad_set, 1))
         with pytest.raises(ValueError, match=rf"groups\[0\]\.set=.*{rule}"):
@@ -1057,6 +1057,31 @@ def test_each_campaign_of_a_table_runs_on_the_software_its_raw_results_name(tmp_
     bad.write_text(text.replace("\nearly_stop = true\n", '\nearly_stop = "yes"\n', 1))
     with pytest.raises(ValueError, match=r"clusters\.a100-80g-x8\.early_stop='yes': must be true or false"):
         published.Table(bad)
+
+
+def test_a_column_that_ran_its_collectives_on_the_compute_stream_pays_them_in_series(tmp_path, monkeypatch):
+    """DeepSpeed's autotuner ran ZeRO-2 and ZeRO-3 from templates with ``overlap_comm`` false: those columns say
+    ``overlap_comm = false`` and are predicted with every collective serialized with the compute
+    (``Calibration.overlap`` 0), so GPT-2 1.5B's ZeRO-2 pays its reduce-scatters in full and is predicted no faster
+    than ZeRO-1, which reduces at the boundary; a value that is no boolean is refused by name."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    path = ROOT / "bench" / "published" / "ds_autotuning.toml"
+    table = published.Table(path)
+    assert table.strategies["z2"]["overlap_comm"] is False and "overlap_comm" not in table.strategies["z1"]
+    cluster, calib = table.clusters["dgx2"]
+    row = "dgx2/gpt2-xl/1/z2"
+    fields = {k: v for k, v in table.strategies["z2"].items() if k != "overlap_comm"}
+    s, model = build_strategy(fields, cluster, micro_batch_size=1), table.models["gpt2-xl"]
+    serial = predict(model, cluster, s, calibration=dataclasses.replace(calib, overlap=0.0), global_batch=16)
+    hidden = predict(model, cluster, s, calibration=calib, global_batch=16)
+    assert table.predict(row)["step_time_s"] == serial["step_time_s"] > hidden["step_time_s"]
+    assert table.predict(row)["value"] <= table.predict("dgx2/gpt2-xl/1/z1")["value"] * 1.001
+    bad = tmp_path / "bad_overlap.toml"
+    bad.write_text(path.read_text().replace("overlap_comm = false }", 'overlap_comm = "no" }', 1))
+    with pytest.raises(ValueError, match=r"strategies\.z2\.overlap_comm='no': must be true or false"):
+        published.Table(bad).predict(row)
 
 
 def test_more_micro_batches_per_step_amortize_the_step_boundary_in_the_measured_order(monkeypatch):
