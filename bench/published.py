@@ -95,6 +95,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = ROOT / "bench" / "published"
 GOAL = 0.15
 METRICS = ("tflops_per_gpu", "tokens_per_s_per_gpu", "samples_per_s")
+COLUMN_SETTINGS = ("stack", "gathers", "overlap_comm")
+"""What a strategy column may set of how its engine ran, beside its strategy's fields (module docstring)."""
 
 
 class RowId(NamedTuple):
@@ -172,21 +174,18 @@ class Table:
         # the kernel the table names, else its stack's own (hardware.STACK_ATTENTION)
         self.named_attention = self.source.get("attention")
         self.attention = self._choice("attention", STACK_ATTENTION.get(self.stack, "matmul"), tuple(ATTENTION_KERNELS))
-        self.copies = self.source.get("copies", False)
-        self.early_stop = self.source.get("early_stop", False)
-        for key, value in (("copies", self.copies), ("early_stop", self.early_stop)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{path.name}: source.{key}={value!r}: must be true or false")
+        self.copies = self._flag(self.source, "copies", "source")
+        self.early_stop = self._flag(self.source, "early_stop", "source")
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
         for name, spec in self.cluster_specs.items():
-            if not isinstance(spec.get("early_stop", False), bool):
-                raise ValueError(f"{path.name}: clusters.{name}.early_stop={spec['early_stop']!r}: "
-                                 f"must be true or false")
+            self._flag(spec, "early_stop", f"clusters.{name}")
         self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner,
                                           self.copies, self.weight_sync, self.named_attention, self._early_stop(k))
                          for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
+        for name, spec in self.strategies.items():
+            self._flag(spec, "overlap_comm", f"strategies.{name}", default=True)
         self.rows: dict[str, tuple[float, str]] = {}  # id -> (published value, caption)
         self.row_fields: dict[str, dict[str, Any]] = {}  # id -> its group's ``set``: fields every column takes
         self.compares: list[dict[str, Any]] = []
@@ -197,9 +196,10 @@ class Table:
                 raise ValueError(f"{path.name}: groups[{i}].accumulation={accumulation!r}: must be a whole number "
                                  f">= 1 (micro-batches per optimizer step)")
             fields = group.get("set", {})
-            if not isinstance(fields, dict) or {"preset", "stack", "gathers", "overlap_comm"} & set(fields):
+            if not isinstance(fields, dict) or {"preset", *COLUMN_SETTINGS} & set(fields):
                 raise ValueError(f"{path.name}: groups[{i}].set={fields!r}: must be a table of strategy fields "
-                                 f"(not preset, stack, gathers or overlap_comm: those are a column's)")
+                                 f"(not preset, {', '.join(COLUMN_SETTINGS[:-1])} or {COLUMN_SETTINGS[-1]}: "
+                                 f"those are a column's)")
             for model, mbs, *values in group["rows"]:
                 present = [(c, v) for c, v in zip(columns, values, strict=False) if v != "-"]  # "-": no figure
                 ids = [str(RowId(group["cluster"], model, mbs, column, accumulation)) for column, _ in present]
@@ -222,10 +222,17 @@ class Table:
         return (f"{self.stack} stack, {self.rings} rings, a gather per {self.gathers}, "
                 f"outer reduction {'in backward' if self.outer_reduce == 'backward' else 'at the boundary'}{sync}")
 
+    def _flag(self, spec: dict[str, Any], key: str, where: str, default: bool = False) -> bool:
+        """``spec[key]``, a boolean (``default`` when absent); anything else is refused by name."""
+        value = spec.get(key, default)
+        if not isinstance(value, bool):
+            raise ValueError(f"{self.path.name}: {where}.{key}={value!r}: must be true or false")
+        return value
+
     def _early_stop(self, cluster: str) -> bool:
         """Whether the checkpointed blocks of ``cluster``'s runs stopped recomputing early: its own setting, else
         the table's."""
-        return bool(self.cluster_specs[cluster].get("early_stop", self.early_stop))
+        return self.cluster_specs[cluster].get("early_stop", self.early_stop)
 
     def _choice(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
         value = self.source.get(key, default)
@@ -250,13 +257,8 @@ class Table:
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:
                     calib = with_host_floor(dataclasses.replace(calib, gathers=gathers))
-            if "overlap_comm" in fields:  # a column whose collectives ran on the compute stream
-                overlap_comm = fields.pop("overlap_comm")
-                if not isinstance(overlap_comm, bool):
-                    raise ValueError(f"{self.path.name}: strategies.{key.strategy}.overlap_comm={overlap_comm!r}: "
-                                     f"must be true or false")
-                if not overlap_comm:
-                    calib = dataclasses.replace(calib, overlap=0.0)
+            if not fields.pop("overlap_comm", True):  # a column whose collectives ran on the compute stream
+                calib = dataclasses.replace(calib, overlap=0.0)
             s = build_strategy(fields, cluster, micro_batch_size=key.mbs)
             p = predict(model, cluster, s, calibration=calib,
                         global_batch=cluster.world_size * key.mbs * key.accum)
