@@ -60,16 +60,20 @@ def test_catalog_json(capsys):
 def test_console_script_runs_without_torch():
     code = ("import sys; from zerotune.api.cli import main; rc = main(['validate', '--cluster', 'frontier:48', "
             "'--strategy', '3level-a']); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    command = ["zerotune"] if _has_script() else [sys.executable, "-m", "zerotune.api.cli"]
-    result = subprocess.run([*command, "--help"], capture_output=True, text=True)
-    assert result.returncode == 0 and "validate" in result.stdout
+    script = _own_script()
+    command = [str(script)] if script else [sys.executable, "-m", "zerotune.api.cli"]
+    result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "validate" in result.stdout, result.stderr
 
 
-def _has_script() -> bool:
-    import shutil
-    return shutil.which("zerotune") is not None
+def _own_script():
+    """The ``zerotune`` console script installed beside this interpreter (the checkout under test's own), not
+    whichever ``zerotune`` comes first on PATH (another checkout's environment, possibly gone)."""
+    from pathlib import Path
+    script = Path(sys.executable).parent / "zerotune"
+    return script if script.is_file() else None
 
 
 def test_serve_with_a_bad_setting_is_one_line_on_stderr(capsys):
