@@ -60,9 +60,14 @@ def main() -> None:
     for config_path, model_spec in zip(config_paths, models, strict=True):
         spec = parse_model(model_spec)
         model = build_gpt(spec, seed=0)
+        config = json.loads(Path(config_path).read_text())
+        if config.get("activation_checkpointing"):  # the export's note: checkpoint each block's forward
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+            for i, block in enumerate(model.blocks):
+                model.blocks[i] = checkpoint_wrapper(block)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                          config=json.loads(Path(config_path).read_text()))
+                                          config=config)
         data = TokenSource(spec.vocab, spec.seq_len, seed=0)
         micro = engine.train_micro_batch_size_per_gpu()
         for step in range(3):

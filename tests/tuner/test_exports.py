@@ -608,10 +608,13 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     (``arch = "llama"``) is fetched as its seven weight matrices (wq, wk, wv, wo, w1, w2, w3) and keeps only its
     RMSNorms' weights whole.
     Buckets of 0.5 MB keep DeepSpeed's prefetch window (which it does not release at the turn from forward to
-    backward) smaller than the model, as it is on models of billions of parameters."""
+    backward) smaller than the model, as it is on models of billions of parameters. Under activation checkpointing
+    (each block wrapped in torch's checkpoint, as the export's note asks) DeepSpeed gathers each block again for
+    its recompute; the export's reuse distance keeps that for the block's backward, so it still gathers each block
+    twice a step, and with hpZ the recompute's gathers stay inside the secondary group."""
     from zerotune.strategies.costmodel import step_volume
     from zerotune.strategies.costmodel.predict import persistent_params
-    from zerotune.strategies.plan import block_modules
+    from zerotune.strategies.plan import block_modules, block_numel
 
     model = parse_model("gpt-mini")
     llama = ModelSpec.from_dict({**model.to_dict(), "name": "llama-mini", "kv_heads": 2, "tied_head": False,
@@ -623,7 +626,10 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
             ("llama", "local:2x2", "zero3", False, llama),
             ("defaults", "local:2x2", "zero3", True, model),
             ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False, model),
-            ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, False, model))
+            ("ckpt", "local:2x2", {"preset": "zero3", "activation_checkpointing": True}, False, model),
+            ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, False, model),
+            ("hpz_ckpt", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16,
+                                       "activation_checkpointing": True}, False, model))
     for key, cname, spec, drop, m in runs:
         cluster = parse_cluster(cname)
         worlds.add(cluster.world_size)
@@ -660,6 +666,20 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     # the strategy's gathers per reduction: the keep-all strategy's once, zero3's all but the root unit again
     # (the bytes zerotune's engine moves; predict times the deepspeed runner's second root gather apart)
     assert modelled["keep"] == pytest.approx(1.0) and 1.7 < modelled["zero3"] < 1.8, modelled
+    # checkpointed (the harness wraps each block as the export's note says): DeepSpeed's forward hooks fire again
+    # in the recompute, and the export's reuse distance (2 x a block) keeps what they gathered for the block's
+    # backward, so it gathers each block twice a step, as the strategy does (with a reuse distance of 0 it gathered
+    # three times: 2.49 of the parameters); it may keep the last block from forward into its recompute, one block
+    # less than the strategy moves
+    block = block_numel(model) / model.num_params()
+    assert modelled["ckpt"] == pytest.approx(modelled["zero3"]), modelled
+    assert modelled["ckpt"] - block < moved["ckpt"]["all_gather_into_tensor", 4] <= modelled["ckpt"] + 0.01, moved
+    # with hpZ the recompute gathers inside the secondary group, as the strategy's backward does: nothing more
+    # crosses the 4 ranks than in the uncheckpointed run, and the 2-rank gathers are the blocks' (the strategy's
+    # backward gathers; the root is not gathered again), less at most the last block's
+    hpz_ckpt, blocks = moved["hpz_ckpt"], model.layers * block
+    assert 0.97 < hpz_ckpt["all_gather_into_tensor", 4] <= 1.0, hpz_ckpt
+    assert blocks - block < hpz_ckpt["all_gather_into_tensor", 2] <= blocks + 0.01, hpz_ckpt
 
 
 def test_selective_checkpointing_exports_its_policy_and_deepspeed_says_it_has_none() -> None:

@@ -19,7 +19,9 @@ stage3_max_live_parameters           allgather bucket elements * (1 + prefetch_b
                                      and the prefetch)
 stage3_max_reuse_distance            0: each gathered parameter is released after its use and backward
                                      gathers it again, as the strategy does (stage 3; with a 1-rank secondary
-                                     group, 2 x the model's elements: every parameter stays gathered)
+                                     group, 2 x the model's elements: every parameter stays gathered; with
+                                     activation checkpointing, 2 x a block's elements: a block's parameters,
+                                     gathered again for its recompute, stay gathered into its backward)
 overlap_comm, contiguous_gradients   true (stages 1-3)
 zero_hpz_partition_size              span_size(secondary_span) — hpZ, ZeRO++ — else 1 (stage 3)
 zero_quantized_weights               weight_bits < 16 — qwZ, int8 block quantization (stage 3)
@@ -42,8 +44,17 @@ gathered elements, so the last blocks of the forward stay gathered into the back
 about 0.5e9 parameters is gathered once a step, not twice: measured with DeepSpeed 0.19.8 on 4 gloo ranks,
 ``tests/tuner/test_exports.py``), holding up to 1e9 elements (2 GB in bf16) per rank that the strategy's
 memory does not count. The export sets both, so that DeepSpeed gathers and holds what the strategy was
-measured and predicted with. (DeepSpeed also keeps what its prefetch has scanned past at the turn from
-forward to backward, about one prefetch window: the whole model when the window is larger than it.)
+measured and predicted with. Under activation checkpointing DeepSpeed's forward hooks fire again in the recompute,
+so with a reuse distance of 0 it gathers each block three times a step (forward, recompute, backward: 2.49 times
+gpt-mini's parameters on 4 gloo ranks against the strategy's 1.75); with 2 x a block's elements it keeps what the
+recompute gathered for the block's backward, which comes within that distance (a sub-module's backward follows
+the recompute and the backward of the sub-modules after it in the block), and gathers each block twice, as the
+strategy does (``tests/tuner/test_exports.py``). With hpZ the recompute's gathers are the backward's, inside the
+secondary group: DeepSpeed 0.19.8 gathers from a parameter's secondary partition whenever it has one (it is made
+when the forward releases the parameter), where 0.10.0, which introduced hpZ, chose by the hook (the recompute's
+forward hooks, the primary partition, across nodes). (DeepSpeed also keeps what its
+prefetch has scanned past at the turn from forward to backward, about one prefetch window: the whole model when
+the window is larger than it.)
 
 Bucket sizes count 16-bit elements, as ``strategies/plan.py`` does (2 bytes each whatever the dtype).
 ``DeepSpeedConfig`` reads the batch keys ``train_batch_size``, ``train_micro_batch_size_per_gpu``,
@@ -79,6 +90,7 @@ import re
 from typing import Any
 
 from zerotune.errors import SpecError
+from zerotune.strategies.plan import block_numel
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.strategies.train import GRAD_CLIP
 from zerotune.tuner.exports.common import (
@@ -263,6 +275,8 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
         live, reuse = model.num_params() + prefetch, 2 * model.num_params()
     else:  # the gathered bucket and the prefetched ones; released after each use, as the strategy does
         live, reuse = _elements(s.allgather_bucket_mb) + prefetch, 0
+        if s.activation_checkpointing:  # ... but for a block's recompute, which its backward follows
+            reuse = 2 * block_numel(model)
     out.update({
         "reduce_bucket_size": _elements(s.reduce_bucket_mb),
         "stage3_prefetch_bucket_size": prefetch,
