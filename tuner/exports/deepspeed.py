@@ -50,11 +50,11 @@ gpt-mini's parameters on 4 gloo ranks against the strategy's 1.75); with 2 x a b
 recompute gathered for the block's backward, which comes within that distance (a sub-module's backward follows
 the recompute and the backward of the sub-modules after it in the block), and gathers each block twice, as the
 strategy does (``tests/tuner/test_exports.py``). With hpZ the recompute's gathers are the backward's, inside the
-secondary group: DeepSpeed 0.19.8 gathers from a parameter's secondary partition whenever it has one (it is made
-when the forward releases the parameter), where 0.10.0, which introduced hpZ, chose by the hook (the recompute's
-forward hooks, the primary partition, across nodes). (DeepSpeed also keeps what its
-prefetch has scanned past at the turn from forward to backward, about one prefetch window: the whole model when
-the window is larger than it.)
+secondary group: since 0.13.2 (#4906, "hpz will be enabled in ... activation checkpointing"; every version the
+export accepts) DeepSpeed gathers from a parameter's secondary partition whenever it has one, where 0.10.0 to
+0.13.1 chose by the hook (the recompute's forward hooks: the primary partition, across nodes). (DeepSpeed also
+keeps what its prefetch has scanned past at the turn from forward to backward, about one prefetch window: the
+whole model when the window is larger than it.)
 
 Bucket sizes count 16-bit elements, as ``strategies/plan.py`` does (2 bytes each whatever the dtype).
 ``DeepSpeedConfig`` reads the batch keys ``train_batch_size``, ``train_micro_batch_size_per_gpu``,
