@@ -65,7 +65,9 @@ def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], kee
       the missing ones are derived by DeepSpeed's rule, and a base that breaks the rule is refused.
       ``"auto"`` (Hugging Face's placeholder, which its Trainer fills) is left to its owner.
     - Precision: the base's ``bf16`` / ``fp16`` / ``amp`` stays; one that differs from the recommended
-      precision is warned about. ``activation_checkpointing`` is added only where the base has none.
+      precision is warned about. ``activation_checkpointing`` is added only where the base has none; a base's own,
+      under a stage-3 recommendation measured without it, is warned about (DeepSpeed then gathers a checkpointed
+      block three times a step: ``tuner/exports/deepspeed.py``).
     """
     out = json.loads(json.dumps(base))
     warnings: list[str] = []
@@ -119,6 +121,12 @@ def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], kee
         out.update({k: recommended[k] for k in PRECISION_KEYS if k in recommended})
     if "activation_checkpointing" not in out and "activation_checkpointing" in recommended:
         out["activation_checkpointing"] = recommended["activation_checkpointing"]
+    elif "activation_checkpointing" in base and "activation_checkpointing" not in recommended \
+            and out["zero_optimization"].get("stage") == 3 \
+            and out["zero_optimization"].get("stage3_max_reuse_distance") == 0:
+        warnings.append("--base keeps activation_checkpointing: the recommendation was measured without it, and "
+                        "with its stage3_max_reuse_distance 0 DeepSpeed gathers a checkpointed block three times a "
+                        "step (forward, recompute, backward), not the twice that was measured")
     return out, warnings
 
 

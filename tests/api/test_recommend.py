@@ -553,6 +553,15 @@ def test_merge_keeps_the_users_keys():
         merge_deepspeed({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 3}, recommended,
                         keep_base_batch=True)
     assert merge_deepspeed({"train_batch_size": "auto"}, recommended)[0]["train_batch_size"] == "auto"
+    # a base that checkpoints under a stage-3 answer measured without checkpointing (reuse distance 0) is warned about
+    ckpt = {"activation_checkpointing": {"number_checkpoints": 4}}
+    released = {**recommended, "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0}}
+    merged, warnings = merge_deepspeed(ckpt, released)
+    assert merged["activation_checkpointing"] == ckpt["activation_checkpointing"]
+    assert len(warnings) == 1 and "gathers a checkpointed block three times a step" in warnings[0]
+    kept = {**released, "activation_checkpointing": {"number_checkpoints": 4},
+            "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 100}}
+    assert merge_deepspeed(ckpt, kept)[1] == []  # measured with it: its reuse distance keeps the recompute's gathers
 
 
 def test_backoff_is_jittered_bounded_and_stops_at_the_deadline():
