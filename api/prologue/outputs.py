@@ -119,11 +119,11 @@ def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], kee
                             f"{rec_precision[0]}, and memory per rank differs with the precision")
     else:
         out.update({k: recommended[k] for k in PRECISION_KEYS if k in recommended})
+    merged_zero = out["zero_optimization"]
     if "activation_checkpointing" not in out and "activation_checkpointing" in recommended:
         out["activation_checkpointing"] = recommended["activation_checkpointing"]
-    elif "activation_checkpointing" in base and "activation_checkpointing" not in recommended \
-            and out["zero_optimization"].get("stage") == 3 \
-            and out["zero_optimization"].get("stage3_max_reuse_distance") == 0:
+    elif ("activation_checkpointing" in base and "activation_checkpointing" not in recommended
+          and merged_zero.get("stage") == 3 and merged_zero.get("stage3_max_reuse_distance") == 0):
         warnings.append("--base keeps activation_checkpointing: the recommendation was measured without it, and "
                         "with its stage3_max_reuse_distance 0 DeepSpeed gathers a checkpointed block three times a "
                         "step (forward, recompute, backward), not the twice that was measured")

@@ -561,7 +561,7 @@ def test_merge_keeps_the_users_keys():
     assert len(warnings) == 1 and "gathers a checkpointed block three times a step" in warnings[0]
     kept = {**released, "activation_checkpointing": {"number_checkpoints": 4},
             "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 100}}
-    assert merge_deepspeed(ckpt, kept)[1] == []  # measured with it: its reuse distance keeps the recompute's gathers
+    assert merge_deepspeed(ckpt, kept)[1] == []  # an answer measured with checkpointing: nothing to warn of
 
 
 def test_backoff_is_jittered_bounded_and_stops_at_the_deadline():

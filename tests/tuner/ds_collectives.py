@@ -61,7 +61,9 @@ def main() -> None:
         spec = parse_model(model_spec)
         model = build_gpt(spec, seed=0)
         config = json.loads(Path(config_path).read_text())
-        if config.get("activation_checkpointing"):  # the export's note: checkpoint each block's forward
+        # the export's note: checkpoint each block's forward (every block, non-reentrant: what
+        # strategies.checkpointing.wrap_blocks does for a full-policy strategy, which this harness is not given)
+        if config.get("activation_checkpointing"):
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
             for i, block in enumerate(model.blocks):
                 model.blocks[i] = checkpoint_wrapper(block)
