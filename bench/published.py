@@ -120,6 +120,12 @@ class RowId(NamedTuple):
         return f"{self.cluster}/{self.model}/{batch}/{self.strategy}"
 
 
+PUBLISHED_STAGE3 = "defaults"
+"""What a published DeepSpeed ZeRO-3 run held its gathered parameters under (``Calibration.stage3_settings``):
+DeepSpeed's own stage-3 prefetch, live and reuse settings, which no source here says it changed (zerotune's export
+sets its own; a run by any other engine ignores them)."""
+
+
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer_reduce: str, gathers: str,
                   runner: str, copies: bool = False, weight_sync: str = "gather",
                   attention: str | None = None, early_stop: bool = False) -> tuple[ClusterSpec, Calibration]:
@@ -129,7 +135,8 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
     (``Calibration.recompute_early_stop``)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
-        calib = dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync)
+        calib = dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync,
+                                    stage3_settings=PUBLISHED_STAGE3)
         if attention is not None:  # the rate and the forward share of the kernel the table names
             calib = with_attention(calib, attention, device_key_of(cluster.device) or "")
         return cluster, calib
@@ -145,7 +152,8 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers, attention=attention)
     return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies,
-                                                        weight_sync=weight_sync, recompute_early_stop=early_stop))
+                                                        weight_sync=weight_sync, recompute_early_stop=early_stop,
+                                                        stage3_settings=PUBLISHED_STAGE3))
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:

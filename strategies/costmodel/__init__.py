@@ -37,9 +37,9 @@ __all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_step
 
 
 def clear_caches() -> None:
-    """Forget every memoized plan, schedule, per-collective cost and step volume (what ``predict``
-    learns as it runs): the next call starts cold, e.g. to time it."""
-    from zerotune.strategies.costmodel import schedule, timing, traffic
+    """Forget every memoized plan, schedule, per-collective cost, step volume and DeepSpeed gathered peak (what
+    ``predict`` learns as it runs): the next call starts cold, e.g. to time it."""
+    from zerotune.strategies.costmodel import deepspeed, schedule, timing, traffic
     from zerotune.strategies.costmodel.predict import _runs_of
 
     schedule.clear()
@@ -47,6 +47,7 @@ def clear_caches() -> None:
     traffic.traffic.cache_clear()
     traffic.pass_seconds.cache_clear()
     _runs_of.cache_clear()
+    deepspeed.gathered_peak.cache_clear()
 
 
 def cross_node_bytes(prediction: dict[str, Any], cluster: ClusterSpec) -> int:

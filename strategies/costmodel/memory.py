@@ -25,13 +25,17 @@ temporary, which the accountant (saved tensors only) does not book. Measured on 
 bf16, micro-batches of 1-8 sequences of 2,048 tokens: bench/data/h200-1gpu/report.txt), the
 prediction without it was 3.6-10.6% under ``torch.cuda.max_memory_allocated``, the gap growing as t·V.
 Communication buffers: the root and (1 + prefetch) gathered buckets, and two reduce groups of full
-gradients (the one staged for reduction in fp32 with ``grad_bits`` 32). Peak = their sum (an upper bound).
+gradients (the one staged for reduction in fp32 with ``grad_bits`` 32). A run by DeepSpeed's ZeRO-3
+(``Calibration.gathers = "module"``) holds instead what its coordinator gathers at its fullest under the run's
+stage-3 settings, and the gradients it stages in and beside its reduce bucket (``costmodel.deepspeed``).
+Peak = their sum (an upper bound).
 """
 
 from __future__ import annotations
 
 import math
 
+from zerotune.strategies.costmodel.deepspeed import Stage3Settings, bucket_elements, gathered_peak, staged_gradients
 from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
 from zerotune.strategies.costmodel.traffic import kept_matmuls
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
@@ -96,13 +100,20 @@ def head_backward_transient(model: ModelSpec, s: Strategy, elem_bytes: int) -> i
 
 
 def memory_per_rank(model: ModelSpec, sched: Schedule, sizes: tuple[int, ...], s: Strategy,
-                    elem_bytes: int) -> dict[str, int]:
-    """Every category and their sum ``peak`` (see the module docstring)."""
+                    elem_bytes: int, stage3: Stage3Settings | None = None) -> dict[str, int]:
+    """Every category and their sum ``peak`` (see the module docstring); ``stage3``: the settings of a run by
+    DeepSpeed's ZeRO-3, whose buffers are its own (None: zerotune's engine, or a runner that holds whole buckets)."""
     memory = schedule_state_memory(sched, sizes, s, elem_bytes)
-    gathered = (sched.root + (1 + s.prefetch_buckets) * max(sched.lengths, default=0)) if s.param_span else 0
-    # two reduce groups: one autograd fills (run dtype), one staged for its reduction (the wire's width)
     staged = wire_elem_bytes(elem_bytes, s.grad_bits)
-    memory["comm_buffers"] = (gathered + sched.largest_group) * elem_bytes + sched.largest_group * staged
+    if stage3 is not None and s.param_span:
+        # DeepSpeed's buckets are in the communication dtype: fp32 reductions with grad_bits 32, else the run's
+        bucket_bytes = staged if s.grad_bits >= 16 else elem_bytes
+        memory["comm_buffers"] = (gathered_peak(model, stage3, s.activation_checkpointing) * elem_bytes
+                                  + staged_gradients(model, bucket_elements(s.reduce_bucket_mb)) * bucket_bytes)
+    else:
+        gathered = (sched.root + (1 + s.prefetch_buckets) * max(sched.lengths, default=0)) if s.param_span else 0
+        # two reduce groups: one autograd fills (run dtype), one staged for its reduction (the wire's width)
+        memory["comm_buffers"] = (gathered + sched.largest_group) * elem_bytes + sched.largest_group * staged
     memory["activations"] = activation_memory(model, s, elem_bytes) + head_backward_transient(model, s, elem_bytes)
     memory["peak"] = sum(memory.values())
     return memory

@@ -37,6 +37,7 @@ from collections import Counter
 from typing import Any
 
 from zerotune.errors import SpecError
+from zerotune.strategies.costmodel.deepspeed import settings_for
 from zerotune.strategies.costmodel.error import error_band
 from zerotune.strategies.costmodel.hardware import calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
@@ -360,7 +361,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     optimizer_s = sum(n * k for n, k in sched.bucket_counts) / costs.prefix[s.optim_span] / calib.optimizer_elems_per_s
     step_s = micros_s + boundary_s + optimizer_s + calib.step_overhead_s
 
-    memory = memory_per_rank(model, sched, cluster.sizes, s, e)
+    stage3 = settings_for(model, cluster, s, calib.stage3_settings) if calib.gathers == "module" else None
+    memory = memory_per_rank(model, sched, cluster.sizes, s, e, stage3)
     capacity = int(cluster.device_memory_gib * GIB)
     feasible = memory["peak"] <= capacity
     global_tokens = world * tokens * accum

@@ -28,6 +28,9 @@ GRAD_REDUCE = ("reduce_scatter", "all_reduce")
 """How a runner that shards no parameters reduces a gradient bucket (``Calibration.grad_reduce``)."""
 WEIGHT_SYNC = ("gather", "broadcast")
 """How the updated weights reach every rank after the optimizer step (``Calibration.weight_sync``)."""
+STAGE3_SETTINGS = ("export", "defaults")
+"""Which stage-3 prefetch, live and reuse settings a DeepSpeed run held its parameters under
+(``Calibration.stage3_settings``)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -217,6 +220,11 @@ class Calibration:
     receives are the same; a broadcast is a chain along the ring, whose pipeline fills hop by hop
     (``timing.Costs.broadcast``), so a group of R ranks pays about min(R, parameter tensors) such fills where a
     gather per bucket pays one ring latency a bucket."""
+    stage3_settings: str = "export"
+    """With ``gathers = "module"``, the ``zero_optimization`` settings DeepSpeed's ZeRO-3 held its gathered parameters
+    under (``costmodel.deepspeed``: what ``memory.memory_per_rank`` books): ``export`` (zerotune's export of the
+    strategy: ``deepspeed.export_settings``) or ``defaults`` (DeepSpeed's own, ``deepspeed.DEEPSPEED_DEFAULTS``: a
+    published run whose config left them out)."""
     host_s_per_layer: float = 0.0
     """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
     to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is
@@ -228,7 +236,8 @@ class Calibration:
 
     def __post_init__(self) -> None:
         for field, allowed in (("rings", RINGS), ("protocols", PROTOCOLS), ("outer_reduce", OUTER_REDUCE),
-                               ("gathers", GATHERS), ("grad_reduce", GRAD_REDUCE), ("weight_sync", WEIGHT_SYNC)):
+                               ("gathers", GATHERS), ("grad_reduce", GRAD_REDUCE), ("weight_sync", WEIGHT_SYNC),
+                               ("stage3_settings", STAGE3_SETTINGS)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 

@@ -178,6 +178,52 @@ def test_zero3_memory_is_16_psi_over_n_and_hpz_adds_2_psi_over_g():
         assert extra == pytest.approx(2 * blocks_psi / g, rel=1e-4)
 
 
+def test_a_deepspeed_run_books_what_deepspeed_holds_not_the_engines_buckets(monkeypatch):
+    """A run by DeepSpeed's ZeRO-3 holds its root and the sub-modules its coordinator has gathered (the peak its
+    rules give, measured on DeepSpeed itself in tests/tuner/test_exports.py), and stages gradients in and beside its
+    reduce bucket, where zerotune's engine holds whole gathered blocks and two reduce groups of them. Under the
+    export's settings (a live cap below the root: no prefetch) that is the root and one weight, or with activation
+    checkpointing the whole block, kept from its recompute into its backward; a Llama's untied head is held beside
+    its embedding. Under DeepSpeed's defaults a small model stays gathered whole. The ZeRO++ blog's 138B runs on
+    32 GB V100s fit, as they ran (the engine's buckets put them 9-17% over)."""
+    from zerotune.strategies.costmodel.deepspeed import (
+        DEEPSPEED_DEFAULTS,
+        bucket_elements,
+        gathered_peak,
+        staged_gradients,
+    )
+    from zerotune.strategies.costmodel.rates import run_by
+    from zerotune.strategies.plan import parameter_numels
+
+    cluster, e = parse_cluster("dgx-h100:2"), 2
+    ds = run_by(calibration_for(cluster), "deepspeed")
+    for name in ("gpt-1.3b", "llama3-8b"):
+        model = parse_model(name)
+        h, f, k, embedding = model.hidden, model.ffn, model.kv, model.vocab * model.hidden
+        weights = ((h * h, h * k, h * k, h * h, h * f, f * h, h * f) if model.llama
+                   else (h * (h + 2 * k), h * h, h * f, f * h))
+        for checkpointing in (False, True):
+            s = build_strategy("zero3", cluster, activation_checkpointing=checkpointing)
+            ours, theirs = (predict(model, cluster, s, calibration=c)["memory_bytes"]
+                            for c in (calibration_for(cluster), ds))
+            beside = sum(weights) if checkpointing else max(weights)
+            expected = max(2 * embedding, embedding + beside) if model.untied_head_numel else embedding + beside
+            staged = staged_gradients(model, bucket_elements(s.reduce_bucket_mb))
+            assert theirs["comm_buffers"] == expected * e + staged * e, (name, checkpointing)
+            assert theirs["peak"] - theirs["comm_buffers"] == ours["peak"] - ours["comm_buffers"]
+            assert theirs["comm_buffers"] < ours["comm_buffers"]
+    tiny = parse_model("gpt-mini")
+    assert gathered_peak(tiny, DEEPSPEED_DEFAULTS, False) == sum(
+        n for n in parameter_numels(tiny) if n >= DEEPSPEED_DEFAULTS.persistence)
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    blog = published.Table(ROOT / "bench" / "published" / "zeropp_blog.toml")
+    for row in ("dgx2-ib1/gpt-138b/4/zeropp", "dgx2-ib8/gpt-138b/4/zeropp"):
+        assert blog.predict(row)["feasible"], blog.predict(row)["memory_bytes"]
+
+
 def test_infeasible_strategy_names_the_overflowing_category():
     one_node = parse_cluster("frontier:1")
     p = predict(NEOX, one_node, build_strategy("zero1", one_node))

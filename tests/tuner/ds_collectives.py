@@ -6,8 +6,9 @@ MODELS is a JSON list, one model per config (a preset name or a ModelSpec dict).
 launch: the ranks' start, torch's and DeepSpeed's imports, is most of a run's time here), DeepSpeed (its CPU
 accelerator) builds a fresh model of its own and trains it for three steps with that DeepSpeed config;
 every call it makes to torch.distributed's collectives during the third step is recorded (name, the
-bytes of its largest tensor: an all-gather's output, a reduce-scatter's input, and its group's size). Each rank writes
-OUT_DIR/rank{r}.json: per config, those calls and the model's parameter count; the pytest side asserts.
+bytes of its largest tensor: an all-gather's output, a reduce-scatter's input, and its group's size), and the most
+elements of partitioned parameters it held gathered at once (``watch_gathered``). Each rank writes
+OUT_DIR/rank{r}.json: per config, those calls, that peak and the model's parameter count; the pytest side asserts.
 """
 
 from __future__ import annotations
@@ -40,6 +41,26 @@ def record_collectives(log: list[tuple[str, int, int]]) -> None:
         setattr(dist, name, wrapped)
 
 
+def watch_gathered(model: torch.nn.Module, peak: list[int]) -> None:
+    """After each of DeepSpeed's sub-module fetches (which also launches its prefetches), count the elements of the
+    parameters it holds whole, gathered or in flight, that it does not keep whole for good (``ds_persist``), and keep
+    the largest count in ``peak[0]``: what its coordinator holds at its fullest, which the cost model books for a
+    run by DeepSpeed (``costmodel.deepspeed.gathered_peak``)."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+    params = [p for p in model.parameters() if not getattr(p, "ds_persist", False)]
+    held = (ZeroParamStatus.AVAILABLE, ZeroParamStatus.INFLIGHT)
+    original = PartitionedParameterCoordinator.fetch_sub_module
+
+    def fetch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        peak[0] = max(peak[0], sum(p.ds_numel for p in params if p.ds_status in held))
+        return out
+
+    PartitionedParameterCoordinator.fetch_sub_module = fetch
+
+
 def main() -> None:
     config_paths, models, out_dir = sys.argv[1].split(","), json.loads(sys.argv[2]), Path(sys.argv[3])
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -70,16 +91,25 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                           config=config)
+        peak = [0]
+        unwatched = None
+        if engine.zero_optimization_stage() == 3:
+            from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+            unwatched = PartitionedParameterCoordinator.fetch_sub_module
         data = TokenSource(spec.vocab, spec.seq_len, seed=0)
         micro = engine.train_micro_batch_size_per_gpu()
         for step in range(3):
             if step == 2:
                 log.clear()
+                if unwatched is not None:
+                    watch_gathered(model, peak)
             idx, targets = data.batch(sequence_ids(step, 0, rank, accum=1, world=world, batch=micro))
             loss = engine(idx, targets)
             engine.backward(loss)
             engine.step()
-        runs.append({"config": config_path, "calls": list(log), "elem_bytes": 4,
+        if unwatched is not None:
+            PartitionedParameterCoordinator.fetch_sub_module = unwatched
+        runs.append({"config": config_path, "calls": list(log), "elem_bytes": 4, "gathered_peak": peak[0],
                      "params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())})
         log.clear()
         dist.barrier()

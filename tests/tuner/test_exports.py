@@ -545,11 +545,11 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
 
 
 def _ds_moves(cfgs: list[dict[str, Any]], world: int, models: list[str | dict[str, Any]], out: Path) -> list[tuple[
-        dict[tuple[str, int], float], list]]:
+        dict[tuple[str, int], float], list, int]]:
     """For each config in ``cfgs`` and its model in ``models`` (run one after another in one launch of ``world``
     gloo ranks): by (collective, ranks in its group), the bytes DeepSpeed moved in one training step (an
-    all-gather's output, a reduce-scatter's input; rank 0), in units of the model's fp32 parameters; and rank 0's
-    calls, (collective, bytes, ranks) each."""
+    all-gather's output, a reduce-scatter's input; rank 0), in units of the model's fp32 parameters; rank 0's
+    calls, (collective, bytes, ranks) each; and the most partitioned elements it held gathered at once (stage 3)."""
     from tests.support.ranks import run_ranks
 
     out.mkdir(parents=True, exist_ok=True)
@@ -564,7 +564,7 @@ def _ds_moves(cfgs: list[dict[str, Any]], world: int, models: list[str | dict[st
         moved: dict[tuple[str, int], float] = {}
         for name, nbytes, ranks in run["calls"]:
             moved[name, ranks] = moved.get((name, ranks), 0.0) + nbytes / (run["params"] * run["elem_bytes"])
-        found.append((moved, run["calls"]))
+        found.append((moved, run["calls"], run["gathered_peak"]))
     return found
 
 
@@ -582,7 +582,7 @@ def test_deepspeed_stages_1_and_2_all_reduce_their_gradient_buckets(ds: Any, tmp
     cfgs = [deepspeed_config(model, cluster, build_strategy(preset, cluster, reduce_bucket_mb=2.0), dtype="fp32")
             for preset in presets]
     found = _ds_moves(cfgs, cluster.world_size, ["gpt-mini"] * len(cfgs), tmp_path)
-    for preset, (moved, calls) in zip(presets, found, strict=True):
+    for preset, (moved, calls, _) in zip(presets, found, strict=True):
         reduced = [n for op, n, ranks in calls if op == "all_reduce" and ranks == 4 and n > 4 * model.hidden * 4]
         assert len(reduced) > 1, calls  # bucket by bucket (1M elements each), not one all-reduce of everything
         assert moved["all_reduce", 4] == pytest.approx(1.0, abs=0.02), (preset, moved)
@@ -611,8 +611,14 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     backward) smaller than the model, as it is on models of billions of parameters. Under activation checkpointing
     (each block wrapped in torch's checkpoint, as the export's note asks) DeepSpeed gathers each block again for
     its recompute; the export's reuse distance keeps that for the block's backward, so it still gathers each block
-    twice a step, and with hpZ the recompute's gathers stay inside the secondary group."""
+    twice a step, and with hpZ the recompute's gathers stay inside the secondary group. In every run the most
+    elements DeepSpeed held gathered at once are those its coordinator's rules give for that config
+    (``costmodel.deepspeed.gathered_peak``, what the cost model books for a run by DeepSpeed): under the export's
+    live cap the root and one weight (it prefetches nothing: the root, held all pass, is over the cap), and with a
+    cap above what it holds (``prefetching``: DeepSpeed's default cap) the whole model, since it releases nothing
+    its prefetch has scanned past."""
     from zerotune.strategies.costmodel import step_volume
+    from zerotune.strategies.costmodel.deepspeed import DEEPSPEED_DEFAULTS, Stage3Settings, gathered_peak
     from zerotune.strategies.costmodel.predict import persistent_params
     from zerotune.strategies.plan import block_modules, block_numel
 
@@ -625,6 +631,7 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     runs = (("zero3", "local:2x2", "zero3", False, model),
             ("llama", "local:2x2", "zero3", False, llama),
             ("defaults", "local:2x2", "zero3", True, model),
+            ("prefetching", "local:2x2", "zero3", "live", model),
             ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False, model),
             ("ckpt", "local:2x2", {"preset": "zero3", "activation_checkpointing": True}, False, model),
             ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, False, model),
@@ -635,16 +642,29 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
         worlds.add(cluster.world_size)
         strategy = build_strategy(spec, cluster, **small)
         cfgs.append(deepspeed_config(m, cluster, strategy, dtype="fp32"))
-        if drop:
-            for k in ("stage3_max_reuse_distance", "stage3_max_live_parameters"):
-                del cfgs[-1]["zero_optimization"][k]
+        for k in {True: ("stage3_max_reuse_distance", "stage3_max_live_parameters"),
+                  "live": ("stage3_max_live_parameters",)}.get(drop, ()):
+            del cfgs[-1]["zero_optimization"][k]
         vol = step_volume(m, cluster, strategy, elem_bytes=4, accum=1)
         modelled[key] = (sum(k.get("all_gather", 0) for k in vol.values())
                          / sum(k.get("reduce_scatter", 0) for k in vol.values()))
     (world,) = worlds  # one launch runs every config: the clusters hold as many ranks
     found = _ds_moves(cfgs, world, [m.to_dict() for *_, m in runs], tmp_path)
-    moved = {key: m for (key, *_), (m, _) in zip(runs, found, strict=True)}
-    calls = {key: c for (key, *_), (_, c) in zip(runs, found, strict=True)}
+    moved = {key: m for (key, *_), (m, _, _) in zip(runs, found, strict=True)}
+    calls = {key: c for (key, *_), (_, c, _) in zip(runs, found, strict=True)}
+    # what DeepSpeed held gathered at its fullest is what the cost model books for a run by it, under the settings
+    # each config gave (DeepSpeed's own where a key is left out): costmodel.deepspeed.gathered_peak
+    for (key, _, _, _, m, *_), cfg, (_, _, peak) in zip(runs, cfgs, found, strict=True):
+        zero = cfg["zero_optimization"]
+        held = Stage3Settings(*(zero.get(k, getattr(DEEPSPEED_DEFAULTS, f)) for k, f in (
+            ("stage3_prefetch_bucket_size", "prefetch"), ("stage3_max_live_parameters", "max_live"),
+            ("stage3_max_reuse_distance", "reuse"), ("stage3_param_persistence_threshold", "persistence"))))
+        assert peak == gathered_peak(m, held, "activation_checkpointing" in cfg), (key, peak, held)
+    non_root = model.num_params() - model.vocab * model.hidden - sum(persistent_params(model))
+    # the export's live cap is below the root, held all pass: no prefetch, one sub-module beside the root; a cap
+    # above it lets DeepSpeed keep every parameter its prefetch scanned past: the whole model, as its defaults do
+    assert found[0][2] == model.vocab * model.hidden + max(block_modules(model)) - model.ffn
+    assert found[3][2] == found[2][2] == model.vocab * model.hidden + non_root, found
     for key, m in moved.items():
         assert m["reduce_scatter_tensor", 4] == pytest.approx(1.0, abs=0.01), (key, m)
         assert {op for op, _ in m} <= {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"}, m

@@ -52,9 +52,17 @@ the recompute and the backward of the sub-modules after it in the block), and ga
 strategy does (``tests/tuner/test_exports.py``). With hpZ the recompute's gathers are the backward's, inside the
 secondary group: since 0.13.2 (#4906, "hpz will be enabled in ... activation checkpointing"; every version the
 export accepts) DeepSpeed gathers from a parameter's secondary partition whenever it has one, where 0.10.0 to
-0.13.1 chose by the hook (the recompute's forward hooks: the primary partition, across nodes). (DeepSpeed also
-keeps what its prefetch has scanned past at the turn from forward to backward, about one prefetch window: the
-whole model when the window is larger than it.)
+0.13.1 chose by the hook (the recompute's forward hooks: the primary partition, across nodes).
+
+The live cap also bounds DeepSpeed's prefetch, and it releases no parameter its prefetch has scanned past a later
+use of, so a cap above what a step holds lets it keep the whole model gathered (measured on DeepSpeed 0.19.8, 4
+gloo ranks, gpt-mini: 4.23M of its 4.23M partitioned elements held at once with reuse distance 0 and the default
+cap, against 1.31M under the export's). The root's parameters (the tied embedding the head reads, or an untied
+head) are held from the start of each pass to its end and count against the cap: where they alone exceed it, as
+they do for every preset model under the presets' 25 MB buckets (a cap of 25M elements against roots of 39M to
+525M), DeepSpeed prefetches nothing, and the strategy's
+``prefetch_buckets`` does not reach it. The cost model books what DeepSpeed holds under these settings
+(``strategies/costmodel/deepspeed.py``, ``export_settings``) and credits a DeepSpeed run no prefetch.
 
 Bucket sizes count 16-bit elements, as ``strategies/plan.py`` does (2 bytes each whatever the dtype).
 ``DeepSpeedConfig`` reads the batch keys ``train_batch_size``, ``train_micro_batch_size_per_gpu``,
@@ -90,7 +98,7 @@ import re
 from typing import Any
 
 from zerotune.errors import SpecError
-from zerotune.strategies.plan import block_numel
+from zerotune.strategies.costmodel.deepspeed import export_settings
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.strategies.train import GRAD_CLIP
 from zerotune.tuner.exports.common import (
@@ -261,7 +269,6 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
                          "falls back to a 16-bit reduce-scatter.")
 
     hpz = cluster.span_size(hpz_span) if hpz_span is not None else 1
-    prefetch = _elements(s.allgather_bucket_mb) * s.prefetch_buckets
     keep_all = s.secondary_span is not None and hpz_span is not None and hpz == 1
     if keep_all:
         notes.append(f"secondary_span={s.secondary_span} keeps the whole gathered P after forward (a 1-rank "
@@ -271,18 +278,14 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
         notes.append(f"the secondary (hpZ) group of {hpz} ranks is as wide as the ZeRO group ({group} ranks) on "
                      f"this cluster, so it saves nothing; zero_hpz_partition_size=1.")
         hpz = 1
-    if keep_all:  # a parameter is next used at most 2 x the model's elements later: forward, then backward
-        live, reuse = model.num_params() + prefetch, 2 * model.num_params()
-    else:  # the gathered bucket and the prefetched ones; released after each use, as the strategy does
-        live, reuse = _elements(s.allgather_bucket_mb) + prefetch, 0
-        if s.activation_checkpointing:  # ... but for a block's recompute, which its backward follows
-            reuse = 2 * block_numel(model)
+    # the cost model books what DeepSpeed holds under these (strategies/costmodel/deepspeed.py)
+    held = export_settings(model, s.allgather_bucket_mb, s.prefetch_buckets, s.activation_checkpointing, keep_all)
     out.update({
         "reduce_bucket_size": _elements(s.reduce_bucket_mb),
-        "stage3_prefetch_bucket_size": prefetch,
-        "stage3_max_live_parameters": live,
-        "stage3_max_reuse_distance": reuse,
-        "stage3_param_persistence_threshold": 10 * model.hidden,
+        "stage3_prefetch_bucket_size": held.prefetch,
+        "stage3_max_live_parameters": held.max_live,
+        "stage3_max_reuse_distance": held.reuse,
+        "stage3_param_persistence_threshold": held.persistence,
         "overlap_comm": True,
         "contiguous_gradients": True,
         "zero_hpz_partition_size": hpz,

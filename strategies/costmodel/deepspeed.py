@@ -1,0 +1,204 @@
+"""What DeepSpeed's ZeRO-3 holds gathered and staged for reduction when it runs a strategy (``Calibration.gathers =
+"module"``): the bytes ``memory.memory_per_rank`` books for its communication buffers in place of the engine's.
+
+DeepSpeed does not hold whole buckets. Its parameter coordinator
+(``deepspeed/runtime/zero/partitioned_param_coordinator.py`` at edaa72212, the rules unchanged since 0.10) fetches
+the parameters of each sub-module about to run, and after it:
+
+- **prefetches** from the step's recorded parameter trace while the elements it has launched are fewer than
+  ``min(stage3_max_live_parameters - elements held, stage3_prefetch_bucket_size)`` (``fetch_sub_module``: at least
+  one parameter whenever that bound is positive, none when what it holds already reaches the live cap);
+- **releases** a sub-module's parameters after its forward or backward, except those it prefetched past and those
+  used again within the next ``stage3_max_reuse_distance`` elements of the trace (``__params_to_release``), and
+  never while a module that uses them is still running (``__release_param``: ``ds_active_sub_modules``).
+
+A model's root module holds the tied embedding its head reads (an external parameter of the root, fetched when the
+root's forward starts and released when it ends, and again for the whole backward) or its untied head (a direct
+parameter of the root), so the root's elements count against the live cap all step: with the export's cap (one
+bucket and the prefetched ones) and a root larger than that, DeepSpeed prefetches nothing.
+Parameters under ``stage3_param_persistence_threshold`` stay whole on every rank and are not counted here.
+Under activation checkpointing the block's recompute fires the forward hooks again between its last sub-module's
+backward fetch and its backward (torch's non-reentrant checkpoint recomputes when that backward unpacks its input).
+
+``gathered_peak`` runs these rules over one step's trace; measured on DeepSpeed 0.19.8 (4 gloo ranks, gpt-mini
+and a Llama of its size, with and without checkpointing, with the export's settings and DeepSpeed's defaults) it is
+the most elements DeepSpeed held at once, exactly (``tests/tuner/test_exports.py``).
+
+Gradients (``stage3.py``): each gradient autograd produces whole is copied into the reduce bucket
+(``reduce_bucket_size`` elements of the communication dtype, allocated once) when it fits, else reduced from its
+own tensor; a bucket of several gradients is interleaved into one more buffer of its size for the reduce-scatter
+(``coalesced_collectives.reduce_scatter_coalesced``). Staged at once: the bucket, plus the larger of a full bucket's
+interleaved copy and the largest gradient that is reduced from its own tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
+
+BYTES_PER_16BIT = 2
+
+
+@dataclass(frozen=True)
+class Stage3Settings:
+    """The ``zero_optimization`` keys that decide what DeepSpeed's ZeRO-3 holds gathered, in elements."""
+
+    prefetch: int
+    """``stage3_prefetch_bucket_size``."""
+    max_live: int
+    """``stage3_max_live_parameters``."""
+    reuse: int
+    """``stage3_max_reuse_distance``."""
+    persistence: int
+    """``stage3_param_persistence_threshold``: parameters of fewer elements stay whole on every rank."""
+
+
+DEEPSPEED_DEFAULTS = Stage3Settings(prefetch=50_000_000, max_live=1_000_000_000, reuse=1_000_000_000,
+                                    persistence=100_000)
+"""DeepSpeed's own values for the four keys (``deepspeed/runtime/zero/config.py``: 5e7, 1e9, 1e9, 1e5): what a run
+with a config that leaves them out holds (the published DeepSpeed runs)."""
+
+
+def bucket_elements(mb: float) -> int:
+    """A bucket of ``mb`` MB of 16-bit values as an element count (>= 1: DeepSpeed wants > 0)."""
+    return max(1, round(mb * 1e6 / BYTES_PER_16BIT))
+
+
+def export_settings(model: ModelSpec, allgather_bucket_mb: float, prefetch_buckets: int,
+                    activation_checkpointing: bool, keep_all: bool) -> Stage3Settings:
+    """What zerotune's DeepSpeed export writes for a strategy (``tuner/exports/deepspeed.py``'s mapping table):
+    a prefetch window of ``prefetch_buckets`` buckets and a live cap of one more; parameters released after each use
+    (reuse distance 0), but for a checkpointed block's recompute, which its backward follows within 2 x a block's
+    elements; with ``keep_all`` (a 1-rank secondary group) every parameter kept from forward into backward."""
+    from zerotune.strategies.plan import block_numel
+
+    bucket = bucket_elements(allgather_bucket_mb)
+    prefetch = bucket * prefetch_buckets
+    if keep_all:  # a parameter is next used at most 2 x the model's elements later: forward, then backward
+        live, reuse = model.num_params() + prefetch, 2 * model.num_params()
+    else:
+        live, reuse = bucket + prefetch, 2 * block_numel(model) if activation_checkpointing else 0
+    return Stage3Settings(prefetch=prefetch, max_live=live, reuse=reuse, persistence=10 * model.hidden)
+
+
+def settings_for(model: ModelSpec, cluster: ClusterSpec, s: Strategy, which: str) -> Stage3Settings:
+    """The settings a DeepSpeed run of ``s`` holds its parameters under: the export's, or DeepSpeed's own
+    (``Calibration.stage3_settings``)."""
+    if which == "defaults":
+        return DEEPSPEED_DEFAULTS
+    keep_all = s.secondary_span is not None and cluster.span_size(s.secondary_span) == 1
+    return export_settings(model, s.allgather_bucket_mb, s.prefetch_buckets, s.activation_checkpointing, keep_all)
+
+
+def _modules(model: ModelSpec) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[tuple[str, int], ...], ...]]:
+    """(the root's own parameters, each block's sub-modules in forward order) as (name, elements) per parameter:
+    the engine's model (``strategies/model.py``)."""
+    h, f, k = model.hidden, model.ffn, model.kv
+    if model.llama:
+        linears = (("wq", h * h), ("wk", h * k), ("wv", h * k), ("wo", h * h), ("w1", h * f), ("w3", h * f),
+                   ("w2", f * h))
+        block = tuple(((name, n),) for name, n in linears)
+    else:
+        q = h + 2 * k
+        block = ((("qkv", h * q), ("qkv.b", q)), (("proj", h * h), ("proj.b", h)), (("fc", h * f), ("fc.b", f)),
+                 (("out", f * h), ("out.b", h)))
+    root = (("lm_head", model.untied_head_numel),) if model.untied_head_numel else (("wte", model.vocab * h),)
+    return root, block
+
+
+@functools.lru_cache(maxsize=512)
+def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool) -> int:
+    """The most elements of partitioned parameters DeepSpeed's ZeRO-3 holds gathered at once in a training step of
+    ``model`` under ``settings`` (every block checkpointed or none), by its coordinator's rules (module docstring)."""
+    root_params, block = _modules(model)
+    size: dict[str, int] = {}
+
+    def params(module: tuple[tuple[str, int], ...], tag: str) -> tuple[str, ...]:
+        out = []
+        for name, n in module:
+            if n >= settings.persistence:
+                size[f"{tag}{name}"] = n
+                out.append(f"{tag}{name}")
+        return tuple(out)
+
+    root = params(root_params, "")
+    wte = params((("wte", model.vocab * model.hidden),), "")  # the embedding module: the root's own when tied
+    wpe = params((("wpe", model.position_numel),), "") if model.position_numel else ()
+    blocks = [[params(m, f"{b}.") for m in block] for b in range(model.layers)]
+    # the step's fetches: (parameters, when it is released: "next" after its own use, "pass" at the pass's end)
+    fwd = [(root, "pass"), (wte, "next"), (wpe, "next")] + [(m, "next") for b in blocks for m in b]
+    bwd: list[tuple[tuple[str, ...], str]] = [(root, "pass")]
+    for b in reversed(blocks):
+        if checkpointed:  # the last sub-module's backward fetch, then the recompute, then its backward
+            bwd += [(b[-1], "hold")] + [(m, "next") for m in b] + [(b[-1], "release")]
+            bwd += [(m, "next") for m in reversed(b[:-1])]
+        else:
+            bwd += [(m, "next") for m in reversed(b)]
+    bwd += [(wpe, "next"), (wte, "next")]
+    order = [ps for ps, how in fwd + bwd if how != "release"]  # the coordinator's trace: one entry per fetch
+    queue = deque((p, step) for step, ps in enumerate(order) for p in ps)
+    fetched_for: dict[str, int] = defaultdict(lambda: -1)
+    held: set[str] = set()
+    active: dict[str, int] = defaultdict(int)
+    n = peak = step = 0
+
+    def release(ps: tuple[str, ...], at: int) -> None:
+        nonlocal n
+        keep = {p for p in ps if fetched_for[p] > at}
+        traversed = 0
+        for later in order[at:]:
+            if traversed >= settings.reuse:
+                break
+            keep.update(later)
+            traversed += sum(size[p] for p in later)
+        for p in ps:
+            active[p] -= 1
+            if p in held and p not in keep and not active[p]:
+                held.discard(p)
+                n -= size[p]
+
+    events = fwd + [(root, "end")] + bwd
+    for ps, how in events:
+        if how == "end":  # the root's forward ends: its parameters may go
+            release(root, step)
+            continue
+        if how == "release":
+            release(ps, step)
+            continue
+        for p in ps:
+            active[p] += 1
+            if p not in held:
+                held.add(p)
+                n += size[p]
+        wanted = {p for p in ps if fetched_for[p] < step}
+        popped: set[str] = set()
+        while queue and len(popped) < len(wanted):
+            p, used_at = queue.popleft()
+            fetched_for[p] = used_at
+            popped.add(p)
+        if settings.prefetch > 0:
+            room, launched, ahead = min(settings.max_live - n, settings.prefetch), 0, set()
+            while queue and launched < room:
+                p, used_at = queue.popleft()
+                if p not in held and p not in ahead:
+                    ahead.add(p)
+                    launched += size[p]
+                fetched_for[p] = max(fetched_for[p], used_at)
+            held.update(ahead)
+            n += launched
+        peak = max(peak, n)
+        step += 1
+        if how == "next":
+            release(ps, step)
+    return peak
+
+
+def staged_gradients(model: ModelSpec, reduce_bucket: int) -> int:
+    """Elements of gradients DeepSpeed's ZeRO-3 stages for reduction at once (module docstring): the reduce bucket,
+    and the larger of its interleaved copy and the largest gradient reduced from its own tensor."""
+    root_params, block = _modules(model)
+    largest = max(n for module in (*block, root_params) for _, n in module)
+    return reduce_bucket + (largest if largest > reduce_bucket else reduce_bucket)
