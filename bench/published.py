@@ -81,6 +81,7 @@ from zerotune.strategies.costmodel.hardware import (
 )
 from zerotune.strategies.costmodel.rates import (
     GATHERS,
+    LOSS_KERNELS,
     OUTER_REDUCE,
     RINGS,
     RUNNERS,
@@ -179,6 +180,7 @@ class Table:
         self.gathers = self._choice("gathers", "bucket", GATHERS)
         self.runner = self._choice("runner", "zerotune", tuple(RUNNERS))
         self.weight_sync = self._choice("weight_sync", "gather", WEIGHT_SYNC)
+        self.loss = self._choice("loss", "torch", LOSS_KERNELS)
         # the kernel the table names, else its stack's own (hardware.STACK_ATTENTION)
         self.named_attention = self.source.get("attention")
         self.attention = self._choice("attention", STACK_ATTENTION.get(self.stack, "matmul"), tuple(ATTENTION_KERNELS))
@@ -187,9 +189,9 @@ class Table:
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
         for name, spec in self.cluster_specs.items():
             self._flag(spec, "early_stop", f"clusters.{name}")
-        self.clusters = {k: build_cluster(k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner,
-                                          self.copies, self.weight_sync, self.named_attention, self._early_stop(k))
-                         for k, v in self.cluster_specs.items()}
+        self.clusters = {k: self._with_loss(build_cluster(
+            k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner, self.copies, self.weight_sync,
+            self.named_attention, self._early_stop(k))) for k, v in self.cluster_specs.items()}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         for name, spec in self.strategies.items():
@@ -221,6 +223,11 @@ class Table:
                     self.compares.append({"of": row_id, "over": ids[0], "caption": group["caption"]})
         self.compares += data.get("compare", [])
         self._predicted: dict[str, dict[str, Any]] = {}
+
+    def _with_loss(self, built: tuple[ClusterSpec, Calibration]) -> tuple[ClusterSpec, Calibration]:
+        """A cluster and its calibration with the loss kernel the table's runs computed (``loss_kernel``)."""
+        cluster, calib = built
+        return cluster, dataclasses.replace(calib, loss_kernel=self.loss)
 
     def how(self) -> str:
         """How the table's engine ran, as its predictions charge it."""
@@ -257,10 +264,10 @@ class Table:
             fields = {**self.strategies[key.strategy], **self.row_fields.get(row_id, {})}
             if "stack" in fields:  # a column whose engine ran other kernels than the table's
                 stack = fields.pop("stack")
-                cluster, calib = build_cluster(key.cluster, self.cluster_specs[key.cluster], stack,
-                                               self.rings, self.outer_reduce, self.gathers, self.runner, self.copies,
-                                               self.weight_sync, STACK_ATTENTION.get(stack, self.named_attention),
-                                               self._early_stop(key.cluster))
+                cluster, calib = self._with_loss(build_cluster(
+                    key.cluster, self.cluster_specs[key.cluster], stack, self.rings, self.outer_reduce, self.gathers,
+                    self.runner, self.copies, self.weight_sync, STACK_ATTENTION.get(stack, self.named_attention),
+                    self._early_stop(key.cluster)))
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:
@@ -449,6 +456,9 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
         for name in sorted({r["table"] for r in over}):
             mine = [r["peak_over_memory"] for r in over if r["table"] == name]
             print(f"   {name:<22} {len(mine):>3} rows, {min(mine):.2f}-{max(mine):.2f}")
+    elif scored:
+        print(f"memory: every published run fit its GPUs, and the model puts each of the {scored} scored rows "
+              "within its memory")
     lean = result["error"]["checkpointing"]
     if lean["lean"] is not None:
         print(f"checkpointed against uncheckpointed runs, in the tables that measured both (median signed error of "

@@ -48,6 +48,9 @@ Sources (cited by key below and in ``rates``):
   (00a31c99): ``fetch_sub_module`` issues ``__all_gather_params`` for the parameters of the sub-module
   about to run (one ``all_gather_coalesced`` per call), then prefetches parameters from the recorded
   trace until ``stage3_prefetch_bucket_size`` elements are in flight, by the same call.
+- [liger-layernorm] linkedin/Liger-Kernel ``benchmark/data/all_benchmark_data.csv`` at ead96b61: the eager
+  ``torch.nn.LayerNorm`` rows ('layer_norm', provider 'huggingface', M = 4096, fp32, N = 1,024 to 16,384) on
+  "NVIDIA A100-SXM4-80GB" (liger 0.2.1) and "NVIDIA H100 80GB HBM3" (liger 0.6.0), timed by ``triton.testing.do_bench``.
 - [megatron-sc21] Narayanan et al. 2021 (arXiv 2104.04473): 163 TFLOPS per A100 = 52% of peak.
 - [fa2] T. Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning" (arXiv
   2307.08691), Table 1: GPT-style models trained on 8 A100 80GB SXM4 with FlashAttention-2 and the fused
@@ -212,6 +215,25 @@ H100_EAGER_MEMORY_FRACTION = 0.62
 The same kernels move 2.07 TB/s here and 2.40 on the H200 at the medians: on the H200's 43% faster
 HBM3e they gain 16% and reach a smaller fraction of it. The H100 once took the H200's 0.50 by
 inference, which charged its memory-bound kernels 24% too long."""
+LIGER_LAYERNORM_MS: dict[int, tuple[float, float]] = {
+    1024: (0.118848, 0.080256), 2048: (0.196640, 0.133152), 4096: (0.431424, 0.241760),
+    8192: (0.829584, 0.483264), 16384: (1.621280, 0.950576),
+}
+"""Eager ``torch.nn.LayerNorm`` forward and backward ('huggingface' provider, mode 'full', median ms) on 4,096 rows
+of N fp32 values, by N: (A100-SXM4-80GB, H100 80GB HBM3) [liger-layernorm]."""
+A100_OVER_H100_EAGER = sorted(h100 * 3350.0 / (a100 * 2039.0) for a100, h100 in LIGER_LAYERNORM_MS.values())[2]
+"""The fraction of its datasheet HBM bandwidth the same eager kernel reaches on an A100 SXM over the fraction it
+reaches on an H100 SXM (the same bytes: the ratio of times x the ratio of bandwidths, 3,350 / 2,039 GB/s), median of
+``LIGER_LAYERNORM_MS``' five shapes: 0.96 (0.92-1.11; the forward alone 0.89-1.14)."""
+A100_EAGER_MEMORY_FRACTION = round(H100_EAGER_MEMORY_FRACTION * A100_OVER_H100_EAGER, 2)
+"""The fraction of datasheet HBM bandwidth eager PyTorch's memory-bound kernels reach on an A100, for the bytes
+``traffic`` counts: the H100's measured 0.62 (``H100_EAGER_MEMORY_FRACTION``, every kernel of the engine's step)
+re-based by ``A100_OVER_H100_EAGER``, as no GPU run of the engine on an A100 is kept here: 0.60. The published eager
+figures on A100 agree: torch's LayerNorm 936-993 GB/s forward and 480-750 backward (allenai/OLMo#258, 0.24-0.49 of
+the 80 GB part's 2,039 GB/s), and [liger-layernorm]'s A100 rows, counting 8 bytes an element forward (x read, y
+written) and 20 forward and backward (and x, dy read, dx written): 0.48-0.57 forward, 0.35-0.42 both;
+the adds and GELUs of a step stream faster. It was ``STREAM_FRACTION`` (0.85, a copy kernel's) until then. The 40 GB
+part keeps the same fraction of its 1,555 GB/s (same SMs; no eager figure names it)."""
 H200_ENGINE_EFFICIENCY = 0.73
 """The fraction of dense bf16 peak zerotune's engine's matmuls reach on an H200: the same H200 runs
 (``bench/kernel_split.py``), the matmuls' FLOPs over their kernels' device time, median of the four
@@ -632,7 +654,9 @@ DEVICES: dict[str, Device] = {
                    measured_on=(("megatron", BERT_LARGE_512, "V100"),)),
     "A100": Device("NVIDIA A100 80GB", 312.0, 80.0, 2039.0, 0.52, 0.57,
                    "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU; [fa2]: FlashAttention-2 "
-                   "GPT3-2.7B 205 TFLOPS", ll_max_busbw_gbps=87.7,
+                   "GPT3-2.7B 205 TFLOPS; eager kernels: the H100's, re-based by [liger-layernorm] "
+                   "(A100_EAGER_MEMORY_FRACTION)", ll_max_busbw_gbps=87.7,
+                   eager_memory_fraction=A100_EAGER_MEMORY_FRACTION,
                    ring_plateau=1.4, flash_efficiency=round(FA2_A100_TFLOPS / 312.0, 3), measured_on=A100_SOURCES),
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU; zerotune's engine and "

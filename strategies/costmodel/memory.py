@@ -24,6 +24,9 @@ log-probabilities and then the run-dtype gradient of the logits beside them — 
 temporary, which the accountant (saved tensors only) does not book. Measured on one H200 (gpt-1.3b,
 bf16, micro-batches of 1-8 sequences of 2,048 tokens: bench/data/h200-1gpu/report.txt), the
 prediction without it was 3.6-10.6% under ``torch.cuda.max_memory_allocated``, the gap growing as t·V.
+A run whose loss is one fused kernel (``Calibration.loss_kernel = "fused"``: flash-attn's ``CrossEntropyLoss``,
+which saves its run-dtype input and the rows' log-sum-exp) keeps t·V·e + 8·t for the head's loss in place of the
+log-softmax, and its backward allocates only the logits' gradient, t·V·e.
 Communication buffers: the root and (1 + prefetch) gathered buckets, and two reduce groups of full
 gradients (the one staged for reduction in fp32 with ``grad_bits`` 32). A run by DeepSpeed's ZeRO-3
 (``Calibration.gathers = "module"``) holds instead what its coordinator gathers at its fullest under the run's
@@ -65,8 +68,9 @@ def state_memory(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_by
     return schedule_state_memory(build_schedule(model, cluster, s), cluster.sizes, s, elem_bytes)
 
 
-def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
-    """Bytes autograd keeps for one micro-batch (see the module docstring)."""
+def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int, loss: str = "torch") -> int:
+    """Bytes autograd keeps for one micro-batch (see the module docstring), the loss computed by ``loss``
+    (``traffic.LOSS_KERNELS``)."""
     t, h, f, e = s.micro_batch_size * model.seq_len, model.hidden, model.ffn, elem_bytes
     lse = t * model.heads * 4  # fp32 attention log-sum-exp
     if model.llama:
@@ -88,21 +92,24 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
     else:
         checkpointed = saved
     n = s.checkpointed_blocks(model.layers)  # the others keep every activation
-    head += t * model.vocab * 4 + 4  # the fp32 log-softmax, the loss
+    # the fp32 log-softmax and the loss; a fused loss keeps the run-dtype logits, their log-sum-exp and the losses
+    head += t * model.vocab * 4 + 4 if loss == "torch" else t * model.vocab * e + 8 * t
     # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them
     embed = s.micro_batch_size * (model.seq_len + 1) * 8 + (t * 8 if s.micro_batch_size > 1 else 0) + positions
     return n * checkpointed + (model.layers - n) * saved + head + embed
 
 
-def head_backward_transient(model: ModelSpec, s: Strategy, elem_bytes: int) -> int:
-    """Bytes the cross-entropy's backward allocates while every activation is held (module docstring)."""
-    return s.micro_batch_size * model.seq_len * model.vocab * (4 + elem_bytes)
+def head_backward_transient(model: ModelSpec, s: Strategy, elem_bytes: int, loss: str = "torch") -> int:
+    """Bytes the cross-entropy's backward allocates while every activation is held (module docstring); a fused
+    loss writes only the logits' gradient, in the run's dtype."""
+    return s.micro_batch_size * model.seq_len * model.vocab * ((4 if loss == "torch" else 0) + elem_bytes)
 
 
 def memory_per_rank(model: ModelSpec, sched: Schedule, sizes: tuple[int, ...], s: Strategy,
-                    elem_bytes: int, stage3: Stage3Settings | None = None) -> dict[str, int]:
+                    elem_bytes: int, stage3: Stage3Settings | None = None, loss: str = "torch") -> dict[str, int]:
     """Every category and their sum ``peak`` (see the module docstring); ``stage3``: the settings of a run by
-    DeepSpeed's ZeRO-3, whose buffers are its own (None: zerotune's engine, or a runner that holds whole buckets)."""
+    DeepSpeed's ZeRO-3, whose buffers are its own (None: zerotune's engine, or a runner that holds whole buckets);
+    ``loss``: the run's loss kernel (``traffic.LOSS_KERNELS``)."""
     memory = schedule_state_memory(sched, sizes, s, elem_bytes)
     staged = wire_elem_bytes(elem_bytes, s.grad_bits)
     if stage3 is not None and s.param_span:
@@ -114,7 +121,8 @@ def memory_per_rank(model: ModelSpec, sched: Schedule, sizes: tuple[int, ...], s
         gathered = (sched.root + (1 + s.prefetch_buckets) * max(sched.lengths, default=0)) if s.param_span else 0
         # two reduce groups: one autograd fills (run dtype), one staged for its reduction (the wire's width)
         memory["comm_buffers"] = (gathered + sched.largest_group) * elem_bytes + sched.largest_group * staged
-    memory["activations"] = activation_memory(model, s, elem_bytes) + head_backward_transient(model, s, elem_bytes)
+    memory["activations"] = (activation_memory(model, s, elem_bytes, loss)
+                             + head_backward_transient(model, s, elem_bytes, loss))
     memory["peak"] = sum(memory.values())
     return memory
 

@@ -28,6 +28,8 @@ GRAD_REDUCE = ("reduce_scatter", "all_reduce")
 """How a runner that shards no parameters reduces a gradient bucket (``Calibration.grad_reduce``)."""
 WEIGHT_SYNC = ("gather", "broadcast")
 """How the updated weights reach every rank after the optimizer step (``Calibration.weight_sync``)."""
+LOSS_KERNELS = ("torch", "fused")
+"""The loss kernel a run computes over the vocabulary (``Calibration.loss_kernel``; ``traffic.LOSS_KERNELS``)."""
 STAGE3_SETTINGS = ("export", "defaults")
 """Which stage-3 prefetch, live and reuse settings a DeepSpeed run held its parameters under
 (``Calibration.stage3_settings``)."""
@@ -220,6 +222,10 @@ class Calibration:
     receives are the same; a broadcast is a chain along the ring, whose pipeline fills hop by hop
     (``timing.Costs.broadcast``), so a group of R ranks pays about min(R, parameter tensors) such fills where a
     gather per bucket pays one ring latency a bucket."""
+    loss_kernel: str = "torch"
+    """The loss over the vocabulary the run computes (``traffic.loss_bytes``, ``memory.activation_memory``): ``torch``
+    (``F.cross_entropy`` on fp32 logits: zerotune's engine, torchtitan, Hugging Face) or ``fused`` (one kernel on
+    the run-dtype logits that keeps their log-sum-exp: flash-attn's ``CrossEntropyLoss``, llm-foundry's MPT)."""
     stage3_settings: str = "export"
     """With ``gathers = "module"``, the ``zero_optimization`` settings DeepSpeed's ZeRO-3 held its gathered parameters
     under (``costmodel.deepspeed``: what ``memory.memory_per_rank`` books): ``export`` (zerotune's export of the
@@ -237,7 +243,7 @@ class Calibration:
     def __post_init__(self) -> None:
         for field, allowed in (("rings", RINGS), ("protocols", PROTOCOLS), ("outer_reduce", OUTER_REDUCE),
                                ("gathers", GATHERS), ("grad_reduce", GRAD_REDUCE), ("weight_sync", WEIGHT_SYNC),
-                               ("stage3_settings", STAGE3_SETTINGS)):
+                               ("stage3_settings", STAGE3_SETTINGS), ("loss_kernel", LOSS_KERNELS)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 

@@ -53,6 +53,9 @@ sum, ``10we``; the SwiGLU's silu and product, ``5fe``. Per token:
   ``4he + 20h + 8V + 44 + (4 + e)(V + 2h)·[e<4]``;
 - root backward — ``7he + 72h + 16V + 52 + (4 + e)(V + 2h)·[e<4]``.
 
+A run whose loss is one fused kernel (``LOSS_KERNELS``, ``Calibration.loss_kernel = "fused"``) moves, in place of
+the loss terms above, 2·V·e + 16 forward and backward (``loss_bytes``).
+
 What is per parameter or per position rather than per token (the embedding tables' gradient writes,
 the LayerNorms' and biases' parameter gradients, the position gather) is left out: the optimizer
 step's passes carry the per-parameter bytes.
@@ -79,20 +82,45 @@ class Traffic:
     root_bwd: int
 
 
+LOSS_KERNELS = ("torch", "fused")
+"""The loss a run computes over the vocabulary (``Calibration.loss_kernel``): ``torch`` (``F.cross_entropy`` on fp32
+logits, the engine's) or ``fused`` (one kernel that reads the logits in the run's dtype and keeps their
+log-sum-exp, and one that writes their gradient: flash-attn's ``CrossEntropyLoss``, which llm-foundry's MPT
+calls by default; ``loss_bytes``)."""
+
+
+def loss_bytes(vocab: int, elem_bytes: int, loss: str = "torch") -> tuple[int, int]:
+    """Bytes per token of the loss over the vocabulary, forward and backward. ``torch``: the logits' cast to fp32
+    (below fp32), log-softmax and NLL, and their backward (module docstring). ``fused``: flash-attn's xentropy kernels
+    (Dao-AILab/flash-attention ``csrc/xentropy/xentropy_kernel.cu`` at 383caa67, one thread block a row): the forward
+    reads each row of logits twice (``ilpReduce`` for its max and sum, then again for the sum of exponentials) and
+    writes the loss and the log-sum-exp (2·V·e + 8, and 8 for the target); the backward reads the logits, the
+    log-sum-exp, the loss's gradient and the target and writes the logits' gradient (2·V·e + 16)."""
+    v, e = vocab, elem_bytes
+    if loss == "fused":
+        return 2 * v * e + 16, 2 * v * e + 16
+    if loss != "torch":
+        raise ValueError(f"loss={loss!r}: must be one of {list(LOSS_KERNELS)}")
+    cast = 4 * v + v * e if e < 4 else 0  # F.cross_entropy(logits.float()): a cast only below fp32
+    return 8 * v + 12 + cast, 16 * v + 8 + cast
+
+
 @functools.lru_cache(maxsize=1024)
-def traffic(model: ModelSpec, elem_bytes: int) -> Traffic:
-    """Bytes per token the memory-bound kernels of ``model`` move in HBM (formulas: module docstring)."""
-    h, f, v, e, k = model.hidden, model.ffn, model.vocab, elem_bytes, model.kv
-    cast = 1 if e < 4 else 0  # F.cross_entropy(logits.float()): a cast only below fp32
+def traffic(model: ModelSpec, elem_bytes: int, loss: str = "torch") -> Traffic:
+    """Bytes per token the memory-bound kernels of ``model`` move in HBM (formulas: module docstring), the loss
+    computed by ``loss`` (``LOSS_KERNELS``)."""
+    h, f, e, k = model.hidden, model.ffn, elem_bytes, model.kv
+    cast = 1 if e < 4 else 0
+    loss_fwd, loss_bwd = loss_bytes(model.vocab, e, loss)
     if model.llama:  # the RMSNorms' fp32 casts too
         return Traffic(block_fwd=20 * h * e + 40 * h + 10 * k * e + 5 * f * e + 48 + cast * 4 * (4 + e) * h,
                        block_bwd=43 * h * e + 144 * h + 16 * k * e + 9 * f * e + 72 + cast * 4 * (4 + e) * h,
-                       root_fwd=4 * h * e + 20 * h + 8 * v + 44 + cast * (4 + e) * (v + 2 * h),
-                       root_bwd=7 * h * e + 72 * h + 16 * v + 52 + cast * (4 + e) * (v + 2 * h))
+                       root_fwd=4 * h * e + 20 * h + 32 + cast * (4 + e) * 2 * h + loss_fwd,
+                       root_bwd=7 * h * e + 72 * h + 44 + cast * (4 + e) * 2 * h + loss_bwd)
     return Traffic(block_fwd=10 * h * e + 2 * f * e + 16,
                    block_bwd=17 * h * e + 6 * k * e + 4 * f * e + 16,
-                   root_fwd=6 * h * e + 8 * v + cast * (4 * v + v * e) + 28,
-                   root_bwd=5 * h * e + 16 * v + cast * (4 * v + v * e) + 24)
+                   root_fwd=6 * h * e + 16 + loss_fwd,
+                   root_bwd=5 * h * e + 16 + loss_bwd)
 
 
 def block_flops(model: ModelSpec) -> int:
@@ -182,7 +210,7 @@ last matmul, ``Calibration.recompute_early_stop``)."""
 @functools.lru_cache(maxsize=4096)
 def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
                  recompute: str = "none", attention_flops_per_s: float = 0.0,
-                 attention_forward_share: float = 0.0) -> PassSeconds:
+                 attention_forward_share: float = 0.0, loss: str = "torch") -> PassSeconds:
     """Seconds per token of a block's and the head's forward and backward: FLOPs (``block_flops``,
     ``head_flops``; the backward twice the forward) at ``flops_per_s``, the attention's part of them
     (``attention_flops``) at ``attention_flops_per_s`` where its kernel has its own rate (0: at
@@ -195,7 +223,7 @@ def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_pe
     the memory-bound bytes (h elements of the block's 20-40 per token)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, not {recompute!r}")
-    t, per_byte = traffic(model, elem_bytes), (1 / bytes_per_s if bytes_per_s else 0.0)
+    t, per_byte = traffic(model, elem_bytes, loss), (1 / bytes_per_s if bytes_per_s else 0.0)
     attention = attention_flops(model)
     matmuls = (block_flops(model) - attention) / flops_per_s
     kernel = 3 * attention / (attention_flops_per_s or flops_per_s)  # the attention's forward and backward
