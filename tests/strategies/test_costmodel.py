@@ -224,6 +224,33 @@ def test_a_deepspeed_run_books_what_deepspeed_holds_not_the_engines_buckets(monk
         assert blog.predict(row)["feasible"], blog.predict(row)["memory_bytes"]
 
 
+def test_a_fused_loss_moves_and_keeps_16_bit_logits_only():
+    """A run whose loss is one fused kernel (``Calibration.loss_kernel = "fused"``: flash-attn's xentropy) moves the
+    logits twice forward (its two row passes) and reads them and writes their gradient backward, 8 bytes a vocabulary
+    entry a token in bf16 where torch's loss on fp32 logits moves 36; it keeps the bf16 logits where torch's keeps
+    the fp32 log-softmax, and its backward allocates only their bf16 gradient. Everything but the loss is as it was."""
+    from zerotune.strategies.costmodel.memory import activation_memory, head_backward_transient
+    from zerotune.strategies.costmodel.traffic import loss_bytes, traffic
+
+    model, cluster = parse_model("gpt-125m"), parse_cluster("dgx-h100:1")
+    v, t = model.vocab, 4 * model.seq_len
+    assert loss_bytes(v, 2, "fused") == (2 * v * 2 + 16, 2 * v * 2 + 16)
+    assert sum(loss_bytes(v, 2)) - 20 == 36 * v and sum(loss_bytes(v, 4)) - 20 == 24 * v
+    torch_t, fused_t = traffic(model, 2), traffic(model, 2, "fused")
+    assert (torch_t.block_fwd, torch_t.block_bwd) == (fused_t.block_fwd, fused_t.block_bwd)
+    assert torch_t.root_fwd - fused_t.root_fwd == loss_bytes(v, 2)[0] - loss_bytes(v, 2, "fused")[0]
+    s = build_strategy("zero3", cluster, micro_batch_size=4)
+    assert activation_memory(model, s, 2) - activation_memory(model, s, 2, "fused") == t * v * (4 - 2) + 4 - 8 * t
+    assert head_backward_transient(model, s, 2, "fused") == t * v * 2 == head_backward_transient(model, s, 2) // 3
+    base = calibration_for(cluster)
+    torch_p, fused_p = (predict(model, cluster, s, calibration=dataclasses.replace(base, loss_kernel=k))
+                        for k in ("torch", "fused"))
+    assert fused_p["step_time_s"] < torch_p["step_time_s"]
+    assert fused_p["memory_bytes"]["peak"] < torch_p["memory_bytes"]["peak"]
+    with pytest.raises(ValueError, match="loss_kernel='liger': must be one of"):
+        dataclasses.replace(base, loss_kernel="liger")
+
+
 def test_infeasible_strategy_names_the_overflowing_category():
     one_node = parse_cluster("frontier:1")
     p = predict(NEOX, one_node, build_strategy("zero1", one_node))
