@@ -17,7 +17,9 @@ which picks the device's efficiency (``hardware.STACKS``). Its ``attention`` nam
 used where it has a published rate of its own (``hardware.ATTENTION_KERNELS``: ``flash2`` for FlashAttention-2 and
 SDPA's flash backend; ``triton``); the default is the stack's own (``hardware.STACK_ATTENTION``: ``flash2`` for
 the ``flash`` stack, else ``matmul``, attention at the stack's compute rate, as an unfused attention's batched
-matmuls run), and a preset cluster keeps its own unless the table names one. A table
+matmuls run; ``eager``, those matmuls and the unfused attention's scale, mask and softmax passes over the scores
+it writes to HBM, ``hardware.SCORE_PASSES``), and a preset cluster keeps its own unless the table names one. Its
+``loss`` names the loss kernel (``torch``, the default, or ``fused``: ``Calibration.loss_kernel``). A table
 with ``role = "calibration"`` is where a profile constant comes from, and one with ``role = "reference"``
 measured what the model does not express (tensor or pipeline parallelism): both are printed, never scored.
 A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the

@@ -478,8 +478,17 @@ its backward doing 2.5 times the forward's FLOPs."""
 TRITON_A100_FORWARD = kernel_forward_share(0.37, 0.25)
 """Triton's on A100 ([triton-perf]'s two passes): 0.21."""
 _FLASH2_CURVES = {"A100": FA2_A100_CURVE, "A100-40GB": FA2_A100_CURVE, "H100": FA2_H100_CURVE, "H200": FA2_H100_CURVE}
+SCORE_PASSES: dict[str, tuple[int, int]] = {"eager": (6, 7)}
+"""Element passes over each head's T x T scores, forward and backward, by the memory-bound kernels of an attention that
+materializes them (``Calibration.score_passes``). ``eager``: eager PyTorch's unfused causal attention, as minGPT's
+``CausalSelfAttention`` (karpathy/minGPT ``mingpt/model.py``: ``(q @ k.transpose(-2, -1)) * scale``, ``masked_fill``,
+``F.softmax``, then ``att @ v``) and Hugging Face's GPT-2 ``_attn`` run it: the scale, the mask and the softmax each
+read and write the scores (6); backward, the softmax's reads its output and the gradient and writes one (3), the
+mask's and the scale's read and write one each (4). Dropout on the probabilities, where a run has it, adds 2 and 3
+more, and is not charged."""
 ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
     "matmul": None,
+    "eager": None,
     "flash2": AttentionKernel.from_curves(
         _FLASH2_CURVES, "[fa2-bench] on A100 (both A100 parts: the same SMs and clocks) and on H100 (and the H200: the "
         "same SMs and peak; attention's FLOPs do not wait on HBM)", dict.fromkeys(_FLASH2_CURVES, FA2_FORWARD)),
@@ -496,11 +505,12 @@ ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
 }
 """The attention a run's kernels compute, by name (a table's ``attention``, ``profile_calibration``'s): ``matmul``
 (charged at the stack's compute rate, as an unfused attention's batched matmuls, and a kernel without a published
-rate, run), ``flash2`` (FlashAttention-2: its own package, and PyTorch's SDPA, whose flash backend it is from
-PyTorch 2.2 on), ``triton`` (Triton's fused attention, and the FlashAttention port in Triton that LLM Foundry's
-``attn_impl: triton`` runs, by inference: it is built on the same tutorial kernel), ``sdpa`` (zerotune's engine:
-SDPA with the backend PyTorch picks on each device). ``python bench/attention_rate.py`` measures a device's rate in
-both terms, the way a figure is added here."""
+rate, run), ``eager`` (those matmuls at that rate, and the scale, mask and softmax over the scores between them as
+memory-bound kernels: ``SCORE_PASSES``), ``flash2`` (FlashAttention-2: its own package, and PyTorch's SDPA, whose
+flash backend it is from PyTorch 2.2 on), ``triton`` (Triton's fused attention, and the FlashAttention port in Triton
+that LLM Foundry's ``attn_impl: triton`` runs, by inference: it is built on the same tutorial kernel), ``sdpa``
+(zerotune's engine: SDPA with the backend PyTorch picks on each device). ``python bench/attention_rate.py`` measures
+a device's rate in both terms, the way a figure is added here."""
 STACK_ATTENTION = {"zerotune": "sdpa", "flash": "flash2"}
 """The attention kernel a stack runs where a run names none (``profile_calibration``, a table's default): zerotune's
 engine its SDPA, a FlashAttention-2 stack FlashAttention-2; any other, ``matmul`` (eager PyTorch and Megatron-class
@@ -537,7 +547,8 @@ def with_attention(calib: Calibration, kernel: str, device: str) -> Calibration:
     found = _kernel(kernel)
     return dataclasses.replace(calib, attention_efficiency=attention_efficiency(kernel, device),
                                attention_forward_share=attention_forward_share(kernel, device),
-                               attention_curve=found.curves.get(device, ()) if found else ())
+                               attention_curve=found.curves.get(device, ()) if found else (),
+                               score_passes=SCORE_PASSES.get(kernel, (0, 0)))
 
 
 NVLINK_EFFICIENCY = 370 / 450

@@ -102,6 +102,10 @@ class Calibration:
     a fused kernel's backward recomputes the scores and runs slower, so its forward takes less than the third its
     FLOPs give): what a recomputed forward pays again, and how the kernel's time splits between the passes. 0 = the
     FLOPs' third (no kernel rate, fitted and nominal calibrations)."""
+    score_passes: tuple[int, int] = (0, 0)
+    """Element passes over the T x T attention scores of each head the run's memory-bound kernels make, forward and
+    backward (``hardware.SCORE_PASSES``; ``traffic.traffic``): an unfused attention writes its scores to HBM and runs
+    its scale, causal mask and softmax over them as kernels of their own. (0, 0): a fused kernel keeps them on chip."""
     attention_curve: tuple[tuple[int, int, float], ...] = ()
     """(sequence length, head size, rate) points of the run's attention kernel's published benchmark on this device,
     the rate in ``attention_efficiency``'s terms (``hardware.ATTENTION_KERNELS``): a fused kernel's rate grows with the
@@ -271,6 +275,7 @@ class Calibration:
         data["collective_efficiency"] = tuple((str(op), int(level), float(eff))
                                               for op, level, eff in data.get("collective_efficiency", ()))
         data["ll_max_busbw_gbps"] = tuple(data.get("ll_max_busbw_gbps", ()))
+        data["score_passes"] = tuple(int(n) for n in data.get("score_passes", (0, 0)))
         data["attention_curve"] = tuple((int(seq), int(head), float(rate))
                                         for seq, head, rate in data.get("attention_curve", ()))
         if isinstance(data.get("measured_error"), dict):

@@ -54,7 +54,8 @@ sum, ``10we``; the SwiGLU's silu and product, ``5fe``. Per token:
 - root backward — ``7he + 72h + 16V + 52 + (4 + e)(V + 2h)·[e<4]``.
 
 A run whose loss is one fused kernel (``LOSS_KERNELS``, ``Calibration.loss_kernel = "fused"``) moves, in place of
-the loss terms above, 2·V·e + 16 forward and backward (``loss_bytes``).
+the loss terms above, 2·V·e + 16 forward and backward (``loss_bytes``). An unfused attention (``hardware.SCORE_PASSES``)
+adds its passes over the heads x T scores of each token to the block's bytes.
 
 What is per parameter or per position rather than per token (the embedding tables' gradient writes,
 the LayerNorms' and biases' parameter gradients, the position gather) is left out: the optimizer
@@ -106,19 +107,23 @@ def loss_bytes(vocab: int, elem_bytes: int, loss: str = "torch") -> tuple[int, i
 
 
 @functools.lru_cache(maxsize=1024)
-def traffic(model: ModelSpec, elem_bytes: int, loss: str = "torch") -> Traffic:
+def traffic(model: ModelSpec, elem_bytes: int, loss: str = "torch", score_passes: tuple[int, int] = (0, 0)) -> Traffic:
     """Bytes per token the memory-bound kernels of ``model`` move in HBM (formulas: module docstring), the loss
-    computed by ``loss`` (``LOSS_KERNELS``)."""
+    computed by ``loss`` (``LOSS_KERNELS``), and ``score_passes`` passes, forward and backward, over the attention
+    scores an unfused attention materializes (heads x T elements a token: ``Calibration.score_passes``)."""
     h, f, e, k = model.hidden, model.ffn, elem_bytes, model.kv
     cast = 1 if e < 4 else 0
     loss_fwd, loss_bwd = loss_bytes(model.vocab, e, loss)
+    scores = model.heads * model.seq_len * e  # bytes of one pass over a token's scores, every head's
+    scores_fwd, scores_bwd = score_passes[0] * scores, score_passes[1] * scores
     if model.llama:  # the RMSNorms' fp32 casts too
-        return Traffic(block_fwd=20 * h * e + 40 * h + 10 * k * e + 5 * f * e + 48 + cast * 4 * (4 + e) * h,
-                       block_bwd=43 * h * e + 144 * h + 16 * k * e + 9 * f * e + 72 + cast * 4 * (4 + e) * h,
+        norm_casts = cast * 4 * (4 + e) * h
+        return Traffic(block_fwd=20 * h * e + 40 * h + 10 * k * e + 5 * f * e + 48 + norm_casts + scores_fwd,
+                       block_bwd=43 * h * e + 144 * h + 16 * k * e + 9 * f * e + 72 + norm_casts + scores_bwd,
                        root_fwd=4 * h * e + 20 * h + 32 + cast * (4 + e) * 2 * h + loss_fwd,
                        root_bwd=7 * h * e + 72 * h + 44 + cast * (4 + e) * 2 * h + loss_bwd)
-    return Traffic(block_fwd=10 * h * e + 2 * f * e + 16,
-                   block_bwd=17 * h * e + 6 * k * e + 4 * f * e + 16,
+    return Traffic(block_fwd=10 * h * e + 2 * f * e + 16 + scores_fwd,
+                   block_bwd=17 * h * e + 6 * k * e + 4 * f * e + 16 + scores_bwd,
                    root_fwd=6 * h * e + 16 + loss_fwd,
                    root_bwd=5 * h * e + 16 + loss_bwd)
 
@@ -210,7 +215,8 @@ last matmul, ``Calibration.recompute_early_stop``)."""
 @functools.lru_cache(maxsize=4096)
 def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
                  recompute: str = "none", attention_flops_per_s: float = 0.0,
-                 attention_forward_share: float = 0.0, loss: str = "torch") -> PassSeconds:
+                 attention_forward_share: float = 0.0, loss: str = "torch",
+                 score_passes: tuple[int, int] = (0, 0)) -> PassSeconds:
     """Seconds per token of a block's and the head's forward and backward: FLOPs (``block_flops``,
     ``head_flops``; the backward twice the forward) at ``flops_per_s``, the attention's part of them
     (``attention_flops``) at ``attention_flops_per_s`` where its kernel has its own rate (0: at
@@ -223,7 +229,7 @@ def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_pe
     the memory-bound bytes (h elements of the block's 20-40 per token)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, not {recompute!r}")
-    t, per_byte = traffic(model, elem_bytes, loss), (1 / bytes_per_s if bytes_per_s else 0.0)
+    t, per_byte = traffic(model, elem_bytes, loss, score_passes), (1 / bytes_per_s if bytes_per_s else 0.0)
     attention = attention_flops(model)
     matmuls = (block_flops(model) - attention) / flops_per_s
     kernel = 3 * attention / (attention_flops_per_s or flops_per_s)  # the attention's forward and backward

@@ -251,6 +251,34 @@ def test_a_fused_loss_moves_and_keeps_16_bit_logits_only():
         dataclasses.replace(base, loss_kernel="liger")
 
 
+def test_an_unfused_attention_pays_its_scores_passes_in_memory_bound_bytes():
+    """An eager unfused attention (minGPT's, Hugging Face GPT-2's: ``attention = "eager"``) writes every head's T x T
+    scores to HBM and runs its scale, mask and softmax over them: 6 element passes a score forward, 7 backward, at
+    the memory-bound rate; a fused kernel (``flash2``, ``sdpa``) and the plain ``matmul`` charge none. On a 175B at
+    2,048 tokens that is several times the rest of a block's memory-bound bytes."""
+    from zerotune.strategies.costmodel.hardware import SCORE_PASSES, profile_calibration, with_attention
+    from zerotune.strategies.costmodel.traffic import traffic
+    from zerotune.strategies.spec import ModelSpec
+
+    model = ModelSpec("gpt-175b", layers=96, hidden=12288, heads=96, vocab=50000, seq_len=2048)
+    plain, eager = traffic(model, 2), traffic(model, 2, "torch", SCORE_PASSES["eager"])
+    per_pass = model.heads * model.seq_len * 2
+    assert (eager.block_fwd - plain.block_fwd, eager.block_bwd - plain.block_bwd) == (6 * per_pass, 7 * per_pass)
+    assert (eager.root_fwd, eager.root_bwd) == (plain.root_fwd, plain.root_bwd)
+    assert eager.block_fwd > 5 * plain.block_fwd
+    calib = profile_calibration("a100", "A100", ("nvlink3-nvswitch", "ib-hdr-200"), "pytorch", "flat", "backward")
+    assert calib.score_passes == (0, 0)
+    for kernel, passes in (("eager", (6, 7)), ("matmul", (0, 0)), ("flash2", (0, 0))):
+        assert with_attention(calib, kernel, "A100").score_passes == passes
+    cluster = parse_cluster("dgx-a100:16")
+    s = build_strategy("zero3", cluster, activation_checkpointing=True)
+    fused, unfused = (predict(model, cluster, s, calibration=with_attention(calibration_for(cluster), k, "A100"))
+                      for k in ("matmul", "eager"))
+    assert unfused["breakdown"]["memory_bound_s"] > 2 * fused["breakdown"]["memory_bound_s"]
+    assert unfused["step_time_s"] > fused["step_time_s"]
+    assert Calibration.from_dict(with_attention(calib, "eager", "A100").to_dict()).score_passes == (6, 7)
+
+
 def test_infeasible_strategy_names_the_overflowing_category():
     one_node = parse_cluster("frontier:1")
     p = predict(NEOX, one_node, build_strategy("zero1", one_node))

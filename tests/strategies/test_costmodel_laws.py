@@ -968,7 +968,7 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     bad_kernel.write_text((ROOT / "bench" / "published" / "amsp_paper.toml").read_text().replace(
         '[source]\n', '[source]\nattention = "xformers"\n', 1))
     with pytest.raises(ValueError, match=(r"attention='xformers': must be one of "
-                                          r"\['matmul', 'flash2', 'triton', 'sdpa'\]")):
+                                          r"\['matmul', 'eager', 'flash2', 'triton', 'sdpa'\]")):
         published.Table(bad_kernel)
     bad = tmp_path / "bad_stack.toml"
     bad.write_text(mixed.read_text().replace('stack = "flash"', 'stack = "jax"'))

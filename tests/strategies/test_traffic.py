@@ -284,7 +284,7 @@ def test_an_attention_kernels_rate_in_the_models_terms():
     assert attention_efficiency("triton", "A100") < attention_efficiency("flash2", "A100")
     assert attention_efficiency("triton", "H100") == 0.0
     with pytest.raises(ValueError, match=(r"attention='xformers': must be one of "
-                                          r"\['matmul', 'flash2', 'triton', 'sdpa'\]")):
+                                          r"\['matmul', 'eager', 'flash2', 'triton', 'sdpa'\]")):
         attention_efficiency("xformers", "A100")
 
 
