@@ -65,9 +65,11 @@ def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], kee
       the missing ones are derived by DeepSpeed's rule, and a base that breaks the rule is refused.
       ``"auto"`` (Hugging Face's placeholder, which its Trainer fills) is left to its owner.
     - Precision: the base's ``bf16`` / ``fp16`` / ``amp`` stays; one that differs from the recommended
-      precision is warned about. ``activation_checkpointing`` is added only where the base has none; a base's own,
-      under a stage-3 recommendation measured without it, is warned about (DeepSpeed then gathers a checkpointed
-      block three times a step: ``tuner/exports/deepspeed.py``).
+      precision is warned about. ``activation_checkpointing`` is added only where the base has none. A merged
+      config that checkpoints under stage 3 with ``stage3_max_reuse_distance`` 0 is warned about (DeepSpeed then
+      gathers a checkpointed block three times a step: ``tuner/exports/deepspeed.py``): a base's own checkpointing
+      under a recommendation measured without it, or a recommendation exported before the export kept the
+      recompute's gathers.
     """
     out = json.loads(json.dumps(base))
     warnings: list[str] = []
@@ -122,11 +124,17 @@ def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], kee
     merged_zero = out["zero_optimization"]
     if "activation_checkpointing" not in out and "activation_checkpointing" in recommended:
         out["activation_checkpointing"] = recommended["activation_checkpointing"]
-    elif ("activation_checkpointing" in base and "activation_checkpointing" not in recommended
-          and merged_zero.get("stage") == 3 and merged_zero.get("stage3_max_reuse_distance") == 0):
-        warnings.append("--base keeps activation_checkpointing: the recommendation was measured without it, and "
-                        "with its stage3_max_reuse_distance 0 DeepSpeed gathers a checkpointed block three times a "
-                        "step (forward, recompute, backward), not the twice that was measured")
+    if ("activation_checkpointing" in out and merged_zero.get("stage") == 3
+            and merged_zero.get("stage3_max_reuse_distance") == 0):
+        # reuse distance 0 releases what a checkpointed block's recompute gathered before its backward
+        if "activation_checkpointing" not in recommended:
+            warnings.append("--base keeps activation_checkpointing: the recommendation was measured without it, "
+                            "and with its stage3_max_reuse_distance 0 DeepSpeed gathers a checkpointed block three "
+                            "times a step (forward, recompute, backward), not the twice that was measured")
+        else:  # an answer exported before the export kept the recompute's gathers (a stored one, say)
+            warnings.append("the recommendation checkpoints with stage3_max_reuse_distance 0: DeepSpeed then gathers "
+                            "a checkpointed block three times a step (forward, recompute, backward); export it again "
+                            "(zerotune recommend) for a reuse distance of 2 x a block's elements, or set that")
     return out, warnings
 
 

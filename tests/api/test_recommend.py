@@ -562,6 +562,13 @@ def test_merge_keeps_the_users_keys():
     kept = {**released, "activation_checkpointing": {"number_checkpoints": 4},
             "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 100}}
     assert merge_deepspeed(ckpt, kept)[1] == []  # an answer measured with checkpointing: nothing to warn of
+    # an answer that checkpoints with reuse distance 0 (exported before the export kept the recompute's gathers)
+    stale = {**kept, "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0}}
+    for base in ({}, ckpt):
+        merged, warnings = merge_deepspeed(base, stale)
+        assert "activation_checkpointing" in merged and len(warnings) == 1, warnings
+        assert "checkpoints with stage3_max_reuse_distance 0" in warnings[0] and "export it again" in warnings[0]
+    assert merge_deepspeed({}, {**stale, "zero_optimization": {"stage": 2}})[1] == []  # stage 2 gathers nothing
 
 
 def test_backoff_is_jittered_bounded_and_stops_at_the_deadline():
