@@ -97,6 +97,7 @@ def _modules(model: ModelSpec) -> tuple[tuple[tuple[str, int], ...], tuple[tuple
     """(the root's own parameters, each block's sub-modules in forward order) as (name, elements) per parameter:
     the engine's model (``strategies/model.py``)."""
     h, f, k = model.hidden, model.ffn, model.kv
+    block: tuple[tuple[tuple[str, int], ...], ...]
     if model.llama:
         linears = (("wq", h * h), ("wk", h * k), ("wv", h * k), ("wo", h * h), ("w1", h * f), ("w3", h * f),
                    ("w2", f * h))
