@@ -131,15 +131,16 @@ sets its own; a run by any other engine ignores them)."""
 
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer_reduce: str, gathers: str,
                   runner: str, copies: bool = False, weight_sync: str = "gather",
-                  attention: str | None = None, early_stop: bool = False) -> tuple[ClusterSpec, Calibration]:
+                  attention: str | None = None, early_stop: bool = False,
+                  loss: str = "torch") -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``);
     ``attention``: the runs' attention kernel, None for the stack's (the preset's) own; ``early_stop``: its
     checkpointed blocks' backward stopped recomputing before their last matmul
-    (``Calibration.recompute_early_stop``)."""
+    (``Calibration.recompute_early_stop``); ``loss``: the runs' loss kernel (``Calibration.loss_kernel``)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
         calib = dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync,
-                                    stage3_settings=PUBLISHED_STAGE3)
+                                    stage3_settings=PUBLISHED_STAGE3, loss_kernel=loss)
         if attention is not None:  # the rate and the forward share of the kernel the table names
             calib = with_attention(calib, attention, device_key_of(cluster.device) or "")
         return cluster, calib
@@ -156,7 +157,7 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers, attention=attention)
     return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies,
                                                         weight_sync=weight_sync, recompute_early_stop=early_stop,
-                                                        stage3_settings=PUBLISHED_STAGE3))
+                                                        stage3_settings=PUBLISHED_STAGE3, loss_kernel=loss))
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:
@@ -191,9 +192,7 @@ class Table:
         self.cluster_specs: dict[str, dict[str, Any]] = data.get("clusters", {})
         for name, spec in self.cluster_specs.items():
             self._flag(spec, "early_stop", f"clusters.{name}")
-        self.clusters = {k: self._with_loss(build_cluster(
-            k, v, self.stack, self.rings, self.outer_reduce, self.gathers, self.runner, self.copies, self.weight_sync,
-            self.named_attention, self._early_stop(k))) for k, v in self.cluster_specs.items()}
+        self.clusters = {k: self._build(k, self.stack, self.named_attention) for k in self.cluster_specs}
         self.models = {k: build_model(k, v) for k, v in data.get("models", {}).items()}
         self.strategies = data["strategies"]
         for name, spec in self.strategies.items():
@@ -226,10 +225,12 @@ class Table:
         self.compares += data.get("compare", [])
         self._predicted: dict[str, dict[str, Any]] = {}
 
-    def _with_loss(self, built: tuple[ClusterSpec, Calibration]) -> tuple[ClusterSpec, Calibration]:
-        """A cluster and its calibration with the loss kernel the table's runs computed (``loss_kernel``)."""
-        cluster, calib = built
-        return cluster, dataclasses.replace(calib, loss_kernel=self.loss)
+    def _build(self, cluster: str, stack: str, attention: str | None) -> tuple[ClusterSpec, Calibration]:
+        """``cluster`` and its calibration as the table's runs ran (``build_cluster`` with every table setting), on
+        ``stack`` with ``attention``."""
+        return build_cluster(cluster, self.cluster_specs[cluster], stack, self.rings, self.outer_reduce, self.gathers,
+                             self.runner, self.copies, self.weight_sync, attention, self._early_stop(cluster),
+                             self.loss)
 
     def how(self) -> str:
         """How the table's engine ran, as its predictions charge it."""
@@ -266,10 +267,7 @@ class Table:
             fields = {**self.strategies[key.strategy], **self.row_fields.get(row_id, {})}
             if "stack" in fields:  # a column whose engine ran other kernels than the table's
                 stack = fields.pop("stack")
-                cluster, calib = self._with_loss(build_cluster(
-                    key.cluster, self.cluster_specs[key.cluster], stack, self.rings, self.outer_reduce, self.gathers,
-                    self.runner, self.copies, self.weight_sync, STACK_ATTENTION.get(stack, self.named_attention),
-                    self._early_stop(key.cluster)))
+                cluster, calib = self._build(key.cluster, stack, STACK_ATTENTION.get(stack, self.named_attention))
             if "gathers" in fields:  # a column whose engine fetches otherwise than the table's
                 gathers = fields.pop("gathers")
                 if gathers != calib.gathers:

@@ -37,9 +37,9 @@ import functools
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
+from zerotune.strategies.costmodel.traffic import block_matmuls
+from zerotune.strategies.plan import BYTES_PER_16BIT, block_numel
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
-
-BYTES_PER_16BIT = 2
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,6 @@ def export_settings(model: ModelSpec, allgather_bucket_mb: float, prefetch_bucke
     a prefetch window of ``prefetch_buckets`` buckets and a live cap of one more; parameters released after each use
     (reuse distance 0), but for a checkpointed block's recompute, which its backward follows within 2 x a block's
     elements; with ``keep_all`` (a 1-rank secondary group) every parameter kept from forward into backward."""
-    from zerotune.strategies.plan import block_numel
-
     bucket = bucket_elements(allgather_bucket_mb)
     prefetch = bucket * prefetch_buckets
     if keep_all:  # a parameter is next used at most 2 x the model's elements later: forward, then backward
@@ -95,18 +93,12 @@ def settings_for(model: ModelSpec, cluster: ClusterSpec, s: Strategy, which: str
 
 def _modules(model: ModelSpec) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[tuple[str, int], ...], ...]]:
     """(the root's own parameters, each block's sub-modules in forward order) as (name, elements) per parameter:
-    the engine's model (``strategies/model.py``)."""
-    h, f, k = model.hidden, model.ffn, model.kv
-    block: tuple[tuple[tuple[str, int], ...], ...]
-    if model.llama:
-        linears = (("wq", h * h), ("wk", h * k), ("wv", h * k), ("wo", h * h), ("w1", h * f), ("w3", h * f),
-                   ("w2", f * h))
-        block = tuple(((name, n),) for name, n in linears)
-    else:
-        q = h + 2 * k
-        block = ((("qkv", h * q), ("qkv.b", q)), (("proj", h * h), ("proj.b", h)), (("fc", h * f), ("fc.b", f)),
-                 (("out", f * h), ("out.b", h)))
-    root = (("lm_head", model.untied_head_numel),) if model.untied_head_numel else (("wte", model.vocab * h),)
+    the engine's model (``strategies/model.py``), a sub-module per matmul of ``traffic.block_matmuls`` (its weight,
+    and GPT's bias)."""
+    block = tuple(((f"mm{i}", n_in * n_out),) + (() if model.llama else ((f"mm{i}.bias", n_out),))
+                  for i, (n_in, n_out) in enumerate(block_matmuls(model)))
+    embedding = model.vocab * model.hidden
+    root = (("lm_head", model.untied_head_numel),) if model.untied_head_numel else (("wte", embedding),)
     return root, block
 
 
@@ -129,7 +121,8 @@ def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool
     wte = params((("wte", model.vocab * model.hidden),), "")  # the embedding module: the root's own when tied
     wpe = params((("wpe", model.position_numel),), "") if model.position_numel else ()
     blocks = [[params(m, f"{b}.") for m in block] for b in range(model.layers)]
-    # the step's fetches: (parameters, when it is released: "next" after its own use, "pass" at the pass's end)
+    # the step's fetches (parameters, and when they are released: "next" after their own use, "pass" at the pass's
+    # end, "hold" by a later "release" event)
     fwd = [(root, "pass"), (wte, "next"), (wpe, "next")] + [(m, "next") for b in blocks for m in b]
     bwd: list[tuple[tuple[str, ...], str]] = [(root, "pass")]
     for b in reversed(blocks):
@@ -161,11 +154,7 @@ def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool
                 held.discard(p)
                 n -= size[p]
 
-    events = fwd + [(root, "end")] + bwd
-    for ps, how in events:
-        if how == "end":  # the root's forward ends: its parameters may go
-            release(root, step)
-            continue
+    for ps, how in fwd + [(root, "release")] + bwd:  # the root's forward ends: its parameters may go
         if how == "release":
             release(ps, step)
             continue
@@ -202,4 +191,4 @@ def staged_gradients(model: ModelSpec, reduce_bucket: int) -> int:
     and the larger of its interleaved copy and the largest gradient reduced from its own tensor."""
     root_params, block = _modules(model)
     largest = max(n for module in (*block, root_params) for _, n in module)
-    return reduce_bucket + (largest if largest > reduce_bucket else reduce_bucket)
+    return reduce_bucket + max(largest, reduce_bucket)

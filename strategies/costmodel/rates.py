@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from zerotune.strategies.costmodel.traffic import LOSS_KERNELS
+
 RINGS = ("hierarchical", "flat")
 """How multi-level collectives run (``Calibration.rings``)."""
 PROTOCOLS = ("simple", "nccl", "rccl")
@@ -28,8 +30,6 @@ GRAD_REDUCE = ("reduce_scatter", "all_reduce")
 """How a runner that shards no parameters reduces a gradient bucket (``Calibration.grad_reduce``)."""
 WEIGHT_SYNC = ("gather", "broadcast")
 """How the updated weights reach every rank after the optimizer step (``Calibration.weight_sync``)."""
-LOSS_KERNELS = ("torch", "fused")
-"""The loss kernel a run computes over the vocabulary (``Calibration.loss_kernel``; ``traffic.LOSS_KERNELS``)."""
 STAGE3_SETTINGS = ("export", "defaults")
 """Which stage-3 prefetch, live and reuse settings a DeepSpeed run held its parameters under
 (``Calibration.stage3_settings``)."""

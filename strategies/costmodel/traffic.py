@@ -112,16 +112,15 @@ def traffic(model: ModelSpec, elem_bytes: int, loss: str = "torch", score_passes
     computed by ``loss`` (``LOSS_KERNELS``), and ``score_passes`` passes, forward and backward, over the attention
     scores an unfused attention materializes (heads x T elements a token: ``Calibration.score_passes``)."""
     h, f, e, k = model.hidden, model.ffn, elem_bytes, model.kv
-    cast = 1 if e < 4 else 0
     loss_fwd, loss_bwd = loss_bytes(model.vocab, e, loss)
     scores = model.heads * model.seq_len * e  # bytes of one pass over a token's scores, every head's
     scores_fwd, scores_bwd = score_passes[0] * scores, score_passes[1] * scores
-    if model.llama:  # the RMSNorms' fp32 casts too
-        norm_casts = cast * 4 * (4 + e) * h
-        return Traffic(block_fwd=20 * h * e + 40 * h + 10 * k * e + 5 * f * e + 48 + norm_casts + scores_fwd,
-                       block_bwd=43 * h * e + 144 * h + 16 * k * e + 9 * f * e + 72 + norm_casts + scores_bwd,
-                       root_fwd=4 * h * e + 20 * h + 32 + cast * (4 + e) * 2 * h + loss_fwd,
-                       root_bwd=7 * h * e + 72 * h + 44 + cast * (4 + e) * 2 * h + loss_bwd)
+    if model.llama:  # an RMSNorm's casts to fp32 and back below fp32: (4 + e) bytes an element
+        cast = (4 + e) * h if e < 4 else 0
+        return Traffic(block_fwd=20 * h * e + 40 * h + 10 * k * e + 5 * f * e + 48 + 4 * cast + scores_fwd,
+                       block_bwd=43 * h * e + 144 * h + 16 * k * e + 9 * f * e + 72 + 4 * cast + scores_bwd,
+                       root_fwd=4 * h * e + 20 * h + 32 + 2 * cast + loss_fwd,
+                       root_bwd=7 * h * e + 72 * h + 44 + 2 * cast + loss_bwd)
     return Traffic(block_fwd=10 * h * e + 2 * f * e + 16 + scores_fwd,
                    block_bwd=17 * h * e + 6 * k * e + 4 * f * e + 16 + scores_bwd,
                    root_fwd=6 * h * e + 16 + loss_fwd,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,11 @@ def record_collectives(log: list[tuple[str, int, int]]) -> None:
         setattr(dist, name, wrapped)
 
 
-def watch_gathered(model: torch.nn.Module, peak: list[int]) -> None:
+def watch_gathered(model: torch.nn.Module, peak: list[int]) -> Callable[[], None]:
     """After each of DeepSpeed's sub-module fetches (which also launches its prefetches), count the elements of the
     parameters it holds whole, gathered or in flight, that it does not keep whole for good (``ds_persist``), and keep
     the largest count in ``peak[0]``: what its coordinator holds at its fullest, which the cost model books for a
-    run by DeepSpeed (``costmodel.deepspeed.gathered_peak``)."""
+    run by DeepSpeed (``costmodel.deepspeed.gathered_peak``). Returns what puts DeepSpeed's own fetch back."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
 
@@ -59,6 +60,11 @@ def watch_gathered(model: torch.nn.Module, peak: list[int]) -> None:
         return out
 
     PartitionedParameterCoordinator.fetch_sub_module = fetch
+
+    def unwatch() -> None:
+        PartitionedParameterCoordinator.fetch_sub_module = original
+
+    return unwatch
 
 
 def main() -> None:
@@ -91,24 +97,20 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                           config=config)
-        peak = [0]
-        unwatched = None
-        if engine.zero_optimization_stage() == 3:
-            from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
-            unwatched = PartitionedParameterCoordinator.fetch_sub_module
+        peak, unwatch = [0], None
         data = TokenSource(spec.vocab, spec.seq_len, seed=0)
         micro = engine.train_micro_batch_size_per_gpu()
         for step in range(3):
             if step == 2:
                 log.clear()
-                if unwatched is not None:
-                    watch_gathered(model, peak)
+                if engine.zero_optimization_stage() == 3:
+                    unwatch = watch_gathered(model, peak)
             idx, targets = data.batch(sequence_ids(step, 0, rank, accum=1, world=world, batch=micro))
             loss = engine(idx, targets)
             engine.backward(loss)
             engine.step()
-        if unwatched is not None:
-            PartitionedParameterCoordinator.fetch_sub_module = unwatched
+        if unwatch is not None:
+            unwatch()
         runs.append({"config": config_path, "calls": list(log), "elem_bytes": 4, "gathered_peak": peak[0],
                      "params": sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())})
         log.clear()

@@ -628,22 +628,23 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     modelled, cfgs, worlds = {}, [], set()
     small = {"allgather_bucket_mb": 0.5}  # a prefetch window smaller than the model, as on real ones
     # hpZ last: DeepSpeed 0.19.8 keeps its secondary group for the engines built after it in the same process
-    runs = (("zero3", "local:2x2", "zero3", False, model),
-            ("llama", "local:2x2", "zero3", False, llama),
-            ("defaults", "local:2x2", "zero3", True, model),
-            ("prefetching", "local:2x2", "zero3", "live", model),
-            ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, False, model),
-            ("ckpt", "local:2x2", {"preset": "zero3", "activation_checkpointing": True}, False, model),
-            ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, False, model),
+    # the keys each config leaves to DeepSpeed's defaults
+    both, live = ("stage3_max_reuse_distance", "stage3_max_live_parameters"), ("stage3_max_live_parameters",)
+    runs = (("zero3", "local:2x2", "zero3", (), model),
+            ("llama", "local:2x2", "zero3", (), llama),
+            ("defaults", "local:2x2", "zero3", both, model),
+            ("prefetching", "local:2x2", "zero3", live, model),
+            ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, (), model),
+            ("ckpt", "local:2x2", {"preset": "zero3", "activation_checkpointing": True}, (), model),
+            ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, (), model),
             ("hpz_ckpt", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16,
-                                       "activation_checkpointing": True}, False, model))
-    for key, cname, spec, drop, m in runs:
+                                       "activation_checkpointing": True}, (), model))
+    for key, cname, spec, dropped, m in runs:
         cluster = parse_cluster(cname)
         worlds.add(cluster.world_size)
         strategy = build_strategy(spec, cluster, **small)
         cfgs.append(deepspeed_config(m, cluster, strategy, dtype="fp32"))
-        for k in {True: ("stage3_max_reuse_distance", "stage3_max_live_parameters"),
-                  "live": ("stage3_max_live_parameters",)}.get(drop, ()):
+        for k in dropped:
             del cfgs[-1]["zero_optimization"][k]
         vol = step_volume(m, cluster, strategy, elem_bytes=4, accum=1)
         modelled[key] = (sum(k.get("all_gather", 0) for k in vol.values())

@@ -7,13 +7,12 @@ from typing import Any
 
 from zerotune.errors import SpecError
 from zerotune.strategies.costmodel import accumulation_steps
+from zerotune.strategies.costmodel.deepspeed import bucket_elements
+from zerotune.strategies.plan import BYTES_PER_16BIT  # noqa: F401  (re-exported by tuner.exports)
 from zerotune.strategies.spec import ClusterSpec, Strategy
 
 DTYPES = ("bf16", "fp16", "fp32")
 """Run dtypes the exports accept (compute and unquantized communication)."""
-
-BYTES_PER_16BIT = 2
-"""Bucket sizes are counted in 16-bit elements (``strategies/plan.py``)."""
 
 MIN_DEEPSPEED = (0, 14, 0)
 """Oldest DeepSpeed the exports target (the ``deepspeed`` extra in pyproject.toml)."""
@@ -37,9 +36,9 @@ def _batch(cluster: ClusterSpec, strategy: Strategy, global_batch: int | None) -
     return cluster.world_size * strategy.micro_batch_size * accum, accum
 
 
-def _elements(mb: float) -> int:
-    """A bucket of ``mb`` MB of 16-bit values as an element count (>= 1: DeepSpeed wants > 0)."""
-    return max(1, round(mb * 1e6 / BYTES_PER_16BIT))
+_elements = bucket_elements
+"""A bucket of ``mb`` MB of 16-bit values as an element count (``costmodel.deepspeed.bucket_elements``: the cost
+model books DeepSpeed's buffers by the same rule)."""
 
 
 def _ranks_per_node(cluster: ClusterSpec) -> int:
