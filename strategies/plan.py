@@ -26,11 +26,12 @@ BYTES_PER_16BIT = 2
 
 
 def block_modules(spec: ModelSpec) -> tuple[int, ...]:
-    """Parameters of a block's linear sub-modules, weight and bias. GPT: qkv (h + 2k outputs, k = ``ModelSpec.kv``),
-    proj, fc, out. Llama (no biases): wq, wk, wv, wo, w1, w2, w3."""
+    """Parameters of a block's linear sub-modules, weight and bias, in the order its forward runs them
+    (``costmodel.traffic.block_matmuls``). GPT: qkv (h + 2k outputs, k = ``ModelSpec.kv``), proj, fc, out.
+    Llama (no biases): wq, wk, wv, wo, w1, w3, w2."""
     h, f, k = spec.hidden, spec.ffn, spec.kv
     if spec.llama:
-        return h * h, h * k, h * k, h * h, h * f, f * h, h * f
+        return h * h, h * k, h * k, h * h, h * f, h * f, f * h
     q = h + 2 * k
     return h * q + q, h * h + h, h * f + f, f * h + h
 

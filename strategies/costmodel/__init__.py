@@ -47,7 +47,7 @@ def clear_caches() -> None:
     traffic.traffic.cache_clear()
     traffic.pass_seconds.cache_clear()
     _runs_of.cache_clear()
-    deepspeed.gathered_peak.cache_clear()
+    deepspeed.simulate.cache_clear()
 
 
 def cross_node_bytes(prediction: dict[str, Any], cluster: ClusterSpec) -> int:

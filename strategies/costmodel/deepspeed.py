@@ -20,9 +20,16 @@ Parameters under ``stage3_param_persistence_threshold`` stay whole on every rank
 Under activation checkpointing the block's recompute fires the forward hooks again between its last sub-module's
 backward fetch and its backward (torch's non-reentrant checkpoint recomputes when that backward unpacks its input).
 
-``gathered_peak`` runs these rules over one step's trace; measured on DeepSpeed 0.19.8 (4 gloo ranks, gpt-mini
-and a Llama of its size, with and without checkpointing, with the export's settings and DeepSpeed's defaults) it is
-the most elements DeepSpeed held at once, exactly (``tests/tuner/test_exports.py``).
+The trace holds every module DeepSpeed fetches, in the order its hooks fire: the root, the embeddings, each block
+(and the checkpoint wrapper around it), its norms and its matmuls, the final norm. Blocks and norms gather nothing
+(a norm's parameters stay whole), but every fetch prefetches, so under a live cap above what a step holds the
+prefetch runs ahead of the forward by a few parameters a block until the cap is full.
+
+``simulate`` runs these rules over one step's trace: the most elements held at once (``gathered_peak``) and what is
+gathered, pass by pass and sub-module by sub-module, which ``predict`` times for a run by DeepSpeed. Measured on
+DeepSpeed 0.19.8 (4 gloo ranks, gpt-mini and a Llama of its size, with and without checkpointing, with the export's
+settings and DeepSpeed's defaults: ten configs), both are what DeepSpeed held and all-gathered, exactly
+(``tests/tuner/test_exports.py``).
 
 Gradients (``stage3.py``): each gradient autograd produces whole is copied into the reduce bucket
 (``reduce_bucket_size`` elements of the communication dtype, allocated once) when it fits, else reduced from its
@@ -102,59 +109,106 @@ def _modules(model: ModelSpec) -> tuple[tuple[tuple[str, int], ...], tuple[tuple
     return root, block
 
 
-@functools.lru_cache(maxsize=512)
-def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool) -> int:
-    """The most elements of partitioned parameters DeepSpeed's ZeRO-3 holds gathered at once in a training step of
-    ``model`` under ``settings`` (every block checkpointed or none), by its coordinator's rules (module docstring)."""
-    root_params, block = _modules(model)
-    size: dict[str, int] = {}
+@dataclass(frozen=True)
+class Stage3Step:
+    """One training step of DeepSpeed's ZeRO-3 by its coordinator's rules (``simulate``), in elements of
+    partitioned parameters."""
 
-    def params(module: tuple[tuple[str, int], ...], tag: str) -> tuple[str, ...]:
+    peak: int
+    """The most held gathered at once."""
+    forward: tuple[float, ...]
+    """Per block sub-module (``traffic.block_matmuls``' order): the elements gathered for its forward uses, over
+    every block, as a multiple of its elements over every block (1.0: once each; prefetched ones count for the pass
+    of the use they were fetched for)."""
+    backward: tuple[float, ...]
+    """The same for its backward uses, the recompute's included: 1.0 where each is gathered once in backward, more
+    where a checkpointed block's recompute released what its backward then gathers again (beyond
+    ``stage3_max_reuse_distance``), less where a parameter is kept from forward into backward."""
+    root: tuple[float, float]
+    """The root's parameters (and the embeddings'), gathered in forward and in backward, as multiples of their
+    elements."""
+    elements: tuple[int, int]
+    """Elements gathered in all for forward uses and for backward uses."""
+    partitioned: int
+    """Elements of the parameters it partitions (all but those under ``stage3_param_persistence_threshold``)."""
+
+
+@functools.lru_cache(maxsize=512)
+def simulate(model: ModelSpec, settings: Stage3Settings, checkpointed: bool) -> Stage3Step:
+    """A training step of ``model`` under ``settings`` (every block checkpointed or none) by DeepSpeed's
+    coordinator's rules (module docstring): what it holds at its fullest and what it gathers."""
+    root_params, block = _modules(model)
+    size: dict[str, int] = {}  # the partitioned parameters' elements
+    module_of: dict[str, int] = {}  # a block parameter's sub-module index; the root's are absent
+    Module = tuple[tuple[str, ...], int]  # a fetched module: its partitioned parameters, and all its elements
+
+    def params(module: tuple[tuple[str, int], ...], tag: str, index: int | None = None) -> Module:
         out = []
         for name, n in module:
             if n >= settings.persistence:
                 size[f"{tag}{name}"] = n
                 out.append(f"{tag}{name}")
-        return tuple(out)
+                if index is not None:
+                    module_of[f"{tag}{name}"] = index
+        return tuple(out), sum(n for _, n in module)
 
+    h, empty = model.hidden, ((), 0)
+    norm = (("w", h),) if model.llama else (("w", h), ("b", h))
+    attention = 4 if model.llama else 2  # the matmuls before the second norm
     root = params(root_params, "")
-    wte = params((("wte", model.vocab * model.hidden),), "")  # the embedding module: the root's own when tied
-    wpe = params((("wpe", model.position_numel),), "") if model.position_numel else ()
-    blocks = [[params(m, f"{b}.") for m in block] for b in range(model.layers)]
-    # the step's fetches (parameters, and when they are released: "next" after their own use, "pass" at the pass's
-    # end, "hold" by a later "release" event)
-    fwd = [(root, "pass"), (wte, "next"), (wpe, "next")] + [(m, "next") for b in blocks for m in b]
-    bwd: list[tuple[tuple[str, ...], str]] = [(root, "pass")]
+    wte = params((("wte", model.vocab * h),), "")  # the embedding module: the root's own when tied
+    wpe = [params((("wpe", model.position_numel),), "")] if model.position_numel else []
+    final_norm = params(norm, "ln_f.")
+    # every module DeepSpeed fetches, in forward order: a block (and, checkpointed, the wrapper around it: the
+    # harness's checkpoint_wrapper) fetches nothing, its norms' parameters stay whole; each fetch still prefetches
+    blocks = []
+    for layer in range(model.layers):
+        mats = [params(m, f"{layer}.", i) for i, m in enumerate(block)]
+        blocks.append([params(norm, f"{layer}.n1.")] + mats[:attention] + [params(norm, f"{layer}.n2.")]
+                      + mats[attention:])
+    # the step's fetches (modules, and when their parameters are released: "next" after their own use, "pass" at
+    # the pass's end, "hold" by a later "release" event)
+    fwd = [(root, "pass"), (wte, "next")] + [(m, "next") for m in wpe]
+    for b in blocks:
+        fwd += [(empty, "next")] * (1 + checkpointed) + [(m, "next") for m in b]
+    fwd += [(final_norm, "next")]
+    bwd: list[tuple[Module, str]] = [(root, "pass"), (final_norm, "next")]
     for b in reversed(blocks):
-        if checkpointed:  # the last sub-module's backward fetch, then the recompute, then its backward
-            bwd += [(b[-1], "hold")] + [(m, "next") for m in b] + [(b[-1], "release")]
-            bwd += [(m, "next") for m in reversed(b[:-1])]
+        if checkpointed:  # the last matmul's backward fetch, then the recompute, then the block's backward
+            bwd += [(empty, "next")] * 2 + [(b[-1], "hold"), (empty, "next")] + [(m, "next") for m in b]
+            bwd += [(b[-1], "release")] + [(m, "next") for m in reversed(b[:-1])]
         else:
-            bwd += [(m, "next") for m in reversed(b)]
-    bwd += [(wpe, "next"), (wte, "next")]
-    order = [ps for ps, how in fwd + bwd if how != "release"]  # the coordinator's trace: one entry per fetch
+            bwd += [(empty, "next")] + [(m, "next") for m in reversed(b)]
+    bwd += [(m, "next") for m in wpe] + [(wte, "next")]
+    trace = [m for m, how in fwd + bwd if how != "release"]  # the coordinator's trace: one entry per fetch
+    order = [ps for ps, _ in trace]
+    backward_from = len(fwd)  # the trace's first backward entry
     queue = deque((p, step) for step, ps in enumerate(order) for p in ps)
     fetched_for: dict[str, int] = defaultdict(lambda: -1)
     held: set[str] = set()
     active: dict[str, int] = defaultdict(int)
+    gathered: dict[tuple[bool, int], int] = defaultdict(int)  # (for a backward use, sub-module or -1) -> elements
     n = peak = step = 0
+
+    def gather(p: str, used_at: int) -> None:
+        gathered[used_at >= backward_from, module_of.get(p, -1)] += size[p]
 
     def release(ps: tuple[str, ...], at: int) -> None:
         nonlocal n
         keep = {p for p in ps if fetched_for[p] > at}
         traversed = 0
-        for later in order[at:]:
+        for later, numel in trace[at:]:  # every parameter of the modules ahead counts, the whole ones too
             if traversed >= settings.reuse:
                 break
             keep.update(later)
-            traversed += sum(size[p] for p in later)
+            traversed += numel
         for p in ps:
             active[p] -= 1
             if p in held and p not in keep and not active[p]:
                 held.discard(p)
                 n -= size[p]
 
-    for ps, how in fwd + [(root, "release")] + bwd:  # the root's forward ends: its parameters may go
+    for (ps, _), how in fwd + [(root, "release")] + bwd:  # the root's forward ends: its parameters may go
         if how == "release":
             release(ps, step)
             continue
@@ -163,6 +217,7 @@ def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool
             if p not in held:
                 held.add(p)
                 n += size[p]
+                gather(p, step)
         wanted = {p for p in ps if fetched_for[p] < step}
         popped: set[str] = set()
         while queue and len(popped) < len(wanted):
@@ -176,6 +231,7 @@ def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool
                 if p not in held and p not in ahead:
                     ahead.add(p)
                     launched += size[p]
+                    gather(p, used_at)
                 fetched_for[p] = max(fetched_for[p], used_at)
             held.update(ahead)
             n += launched
@@ -183,7 +239,25 @@ def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool
         step += 1
         if how == "next":
             release(ps, step)
-    return peak
+    per_module = [sum(n for _, n in m if n >= settings.persistence) * model.layers for m in block]
+    outer = sum(size[p] for p in {*root[0], *wte[0], *(p for m in wpe for p in m[0])})
+
+    def share(phase: bool, index: int, whole: int) -> float:
+        return gathered[phase, index] / whole if whole else 1.0
+
+    return Stage3Step(peak,
+                      tuple(share(False, i, w) for i, w in enumerate(per_module)),
+                      tuple(share(True, i, w) for i, w in enumerate(per_module)),
+                      (share(False, -1, outer), share(True, -1, outer)),
+                      (sum(n for (backward, _), n in gathered.items() if not backward),
+                       sum(n for (backward, _), n in gathered.items() if backward)),
+                      sum(size.values()))
+
+
+def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool) -> int:
+    """The most elements of partitioned parameters DeepSpeed's ZeRO-3 holds gathered at once in a training step of
+    ``model`` under ``settings`` (every block checkpointed or none), by its coordinator's rules (module docstring)."""
+    return simulate(model, settings, checkpointed).peak
 
 
 def staged_gradients(model: ModelSpec, reduce_bucket: int) -> int:

@@ -11,8 +11,10 @@ the gradient reduction beyond ``grad_span`` (reduce-scatter to ``optim_span``, a
 replicas) after each reduce group in backward, as zerotune's engine, DeepSpeed's ``overlap_comm`` and
 DDP's buckets do on their accumulation boundary; the boundary keeps the gathers of the updated weights.
 A runner that gathers per sub-module (DeepSpeed's ZeRO-3) also gathers its persistent parameters there,
-one small all-gather each (``persistent_params``), and gathers the root a second time, at the turn to
-backward, where zerotune's engine keeps it (the head's backward waits for it). A runner whose optimizer hands
+one small all-gather each (``persistent_params``); in the passes it gathers each sub-module, and the root, as often
+as its parameter coordinator does (``deepspeed.simulate``): the root a second time at the turn to backward where
+its reuse distance does not keep it, where zerotune's engine keeps it (the head's backward waits for it), and a
+checkpointed block's sub-modules a third time where the recompute released them beyond that distance. A runner whose optimizer hands
 out whole parameters (``Calibration.weight_sync = "broadcast"``: InternEvo) syncs the updated weights with one
 broadcast per rank that holds any (``_broadcast_sync``) where the boundary would gather them. The bytes booked per
 level stay the engine's; only the seconds are the runner's.
@@ -37,7 +39,7 @@ from collections import Counter
 from typing import Any
 
 from zerotune.errors import SpecError
-from zerotune.strategies.costmodel.deepspeed import settings_for
+from zerotune.strategies.costmodel.deepspeed import settings_for, simulate
 from zerotune.strategies.costmodel.error import error_band
 from zerotune.strategies.costmodel.hardware import calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
@@ -177,16 +179,19 @@ def _runs_of(lengths: tuple[int, ...], units: tuple[int, ...], group_end: tuple[
 
 
 def _by_module(ct: Any, gathers: dict[int, Coll], lengths: tuple[int, ...], units: tuple[int, ...],
-               model: ModelSpec) -> dict[int, float]:
+               model: ModelSpec, times: tuple[float, ...]) -> dict[int, float]:
     """Seconds of each block bucket's gather issued as one all-gather per sub-module
     (``Calibration.gathers = "module"``): the bucket's shard split in the sub-modules' proportions
-    (``plan.block_modules``, its LayerNorms shared among them), one collective per block and module."""
+    (``plan.block_modules``, its LayerNorms shared among them), one collective per block and module, each
+    sub-module gathered ``times`` times in the pass (``deepspeed.Stage3Step``: more than once where a recompute's
+    gathers were released before its backward, less where what the pass before gathered is kept)."""
     modules = block_modules(model)
     total = sum(modules)
     out = {}
     for n, u in dict(zip(lengths, units, strict=True)).items():
         op, rng, numel, bits = gathers[n]
-        out[n] = u * sum(ct((op, rng, max(1, round(numel * m / total / u)), bits)) for m in modules)
+        out[n] = u * sum(k * ct((op, rng, max(1, round(numel * m / total / u)), bits))
+                         for m, k in zip(modules, times, strict=True))
     return out
 
 
@@ -314,15 +319,22 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them
     p = s.prefetch_buckets
-    if calib.gathers == "module":  # DeepSpeed: a gather per sub-module, with no prefetch credited
+    stage3 = settings_for(model, cluster, s, calib.stage3_settings) if calib.gathers == "module" else None
+    root_f, root_b = ct(sched.fwd[sched.root]), 0.0
+    if stage3 is not None:  # DeepSpeed: a gather per sub-module, with no prefetch credited
         p = 0
-        f_of.update(_by_module(ct, sched.fwd, sched.lengths, sched.units, model))
-        b_of.update(_by_module(ct, sched.bwd, sched.lengths, sched.units, model))
-    root_f = ct(sched.fwd[sched.root])
-    # DeepSpeed's ZeRO-3 releases the root's parameters (embeddings, final LayerNorm) after forward like every
-    # other module's and gathers them again for the head's backward, as it does a block's (counted on DeepSpeed
-    # 0.19.8: every parameter gathered twice a step, tests/tuner/test_exports.py); zerotune's engine keeps the root
-    root_b = ct(sched.bwd[sched.root]) if calib.gathers == "module" and s.param_span else 0.0
+        if s.param_span:  # ZeRO-3: each sub-module as often as its coordinator gathers it (deepspeed.simulate)
+            ds = simulate(model, stage3, s.activation_checkpointing)
+            fwd_times, bwd_times = ds.forward, ds.backward
+            # the root's parameters (embeddings, final LayerNorm) are released after forward like every other
+            # module's and gathered again for the head's backward where the reuse distance does not keep them
+            # (counted on DeepSpeed 0.19.8 under the export: every parameter gathered twice a step,
+            # tests/tuner/test_exports.py); zerotune's engine keeps the root
+            root_f, root_b = root_f * ds.root[0], ct(sched.bwd[sched.root]) * ds.root[1]
+        else:
+            fwd_times = bwd_times = (1.0,) * len(block_modules(model))
+        f_of.update(_by_module(ct, sched.fwd, sched.lengths, sched.units, model, fwd_times))
+        b_of.update(_by_module(ct, sched.bwd, sched.lengths, sched.units, model, bwd_times))
     r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs_of(sched.lengths, sched.units, sched.group_end, p)
     compute_s = (fwd_block + bwd_block) * sched.total_units + head_fwd + head_bwd
 
@@ -362,7 +374,6 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     optimizer_s = sum(n * k for n, k in sched.bucket_counts) / costs.prefix[s.optim_span] / calib.optimizer_elems_per_s
     step_s = micros_s + boundary_s + optimizer_s + calib.step_overhead_s
 
-    stage3 = settings_for(model, cluster, s, calib.stage3_settings) if calib.gathers == "module" else None
     memory = memory_per_rank(model, sched, cluster.sizes, s, e, stage3, calib.loss_kernel)
     capacity = int(cluster.device_memory_gib * GIB)
     feasible = memory["peak"] <= capacity

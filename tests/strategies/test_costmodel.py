@@ -224,6 +224,35 @@ def test_a_deepspeed_run_books_what_deepspeed_holds_not_the_engines_buckets(monk
         assert blog.predict(row)["feasible"], blog.predict(row)["memory_bytes"]
 
 
+def test_a_deepspeed_run_is_charged_the_gathers_its_coordinator_makes():
+    """A run by DeepSpeed's ZeRO-3 is timed with each sub-module gathered as often as its coordinator gathers it
+    (``deepspeed.simulate``; the counts matched DeepSpeed 0.19.8 in tests/tuner/test_exports.py). Checkpointed
+    under DeepSpeed's defaults, a block's recompute releases the parameters whose backward use lies beyond
+    ``stage3_max_reuse_distance`` (1e9 elements) and its backward gathers them again: on a block of hidden 10,240
+    its qkv and proj (the recompute's proj, fc and out and the backward's fc are 1.05e9 elements), on one of 6,144
+    nothing. The export's reuse distance (two blocks) keeps them. The extra gathers are the step's only change."""
+    from zerotune.strategies.costmodel.deepspeed import DEEPSPEED_DEFAULTS, simulate
+    from zerotune.strategies.costmodel.rates import run_by
+    from zerotune.strategies.spec import ModelSpec
+
+    cluster = parse_cluster("dgx-h100:2")
+    export = run_by(calibration_for(cluster), "deepspeed")
+    defaults = dataclasses.replace(export, stage3_settings="defaults")
+    s = build_strategy("zero3", cluster, activation_checkpointing=True)
+    comm = {}
+    for hidden in (6144, 10240):
+        model = ModelSpec(f"gpt-h{hidden}", layers=40, hidden=hidden, heads=hidden // 128, vocab=50257, seq_len=512)
+        step = simulate(model, DEEPSPEED_DEFAULTS, True)
+        regathered = (2.0, 2.0, 1.0, 1.0) if hidden == 10240 else (1.0,) * 4
+        # less the last blocks' parameters, which the prefetch kept from forward into backward
+        assert step.backward == pytest.approx(regathered, abs=0.06), step
+        ours, theirs = (predict(model, cluster, s, calibration=c) for c in (export, defaults))
+        assert theirs["breakdown"]["compute_s"] == ours["breakdown"]["compute_s"]
+        comm[hidden] = theirs["breakdown"]["comm_s"] / ours["breakdown"]["comm_s"]
+    # gathering a third of every block a third time in backward: about a ninth more collective seconds
+    assert comm[6144] == pytest.approx(1.0, abs=0.03) and 1.08 < comm[10240] < 1.2, comm
+
+
 def test_a_fused_loss_moves_and_keeps_16_bit_logits_only():
     """A run whose loss is one fused kernel (``Calibration.loss_kernel = "fused"``: flash-attn's xentropy) moves the
     logits twice forward (its two row passes) and reads them and writes their gradient backward, 8 bytes a vocabulary

@@ -616,9 +616,13 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     (``costmodel.deepspeed.gathered_peak``, what the cost model books for a run by DeepSpeed): under the export's
     live cap the root and one weight (it prefetches nothing: the root, held all pass, is over the cap), and with a
     cap above what it holds (``prefetching``: DeepSpeed's default cap) the whole model, since it releases nothing
-    its prefetch has scanned past."""
+    its prefetch has scanned past. And in every run the bytes it all-gathered, forward and backward (hpZ's backward
+    in its 2-rank group) and the persistent parameters after the step, are what the same rules gather
+    (``costmodel.deepspeed.simulate``, what predict times for a run by DeepSpeed): with the default cap its prefetch,
+    run at every module's fetch (blocks and norms too), gets ahead of the forward and regathers only the first
+    block's parameters for backward."""
     from zerotune.strategies.costmodel import step_volume
-    from zerotune.strategies.costmodel.deepspeed import DEEPSPEED_DEFAULTS, Stage3Settings, gathered_peak
+    from zerotune.strategies.costmodel.deepspeed import DEEPSPEED_DEFAULTS, Stage3Settings, gathered_peak, simulate
     from zerotune.strategies.costmodel.predict import persistent_params
     from zerotune.strategies.plan import block_modules, block_numel
 
@@ -634,6 +638,8 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
             ("llama", "local:2x2", "zero3", (), llama),
             ("defaults", "local:2x2", "zero3", both, model),
             ("prefetching", "local:2x2", "zero3", live, model),
+            ("llama_prefetching", "local:2x2", "zero3", live, llama),
+            ("ckpt_defaults", "local:2x2", {"preset": "zero3", "activation_checkpointing": True}, both, model),
             ("keep", "local:1x4", {"preset": "zero3", "secondary_span": 1}, (), model),
             ("ckpt", "local:2x2", {"preset": "zero3", "activation_checkpointing": True}, (), model),
             ("hpz", "local:2x2", {"preset": "zeropp", "weight_bits": 16, "grad_bits": 16}, (), model),
@@ -661,6 +667,14 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
             ("stage3_prefetch_bucket_size", "prefetch"), ("stage3_max_live_parameters", "max_live"),
             ("stage3_max_reuse_distance", "reuse"), ("stage3_param_persistence_threshold", "persistence"))))
         assert peak == gathered_peak(m, held, "activation_checkpointing" in cfg), (key, peak, held)
+        # and what it gathered, pass by pass, is what the same rules give (deepspeed.simulate: what predict times
+        # for a run by DeepSpeed), the persistent parameters once after the step; hpZ's backward in its 2-rank group
+        ds = simulate(m, held, "activation_checkpointing" in cfg)
+        fwd, bwd = ds.elements
+        persistent = m.num_params() - ds.partitioned
+        gathered = moved[key].get(("all_gather_into_tensor", 2), 0.0), moved[key]["all_gather_into_tensor", 4]
+        expected = (bwd, fwd + persistent) if key.startswith("hpz") else (0, fwd + bwd + persistent)
+        assert gathered == pytest.approx(tuple(x / m.num_params() for x in expected), abs=0.005), (key, ds)
     non_root = model.num_params() - model.vocab * model.hidden - sum(persistent_params(model))
     # the export's live cap is below the root, held all pass: no prefetch, one sub-module beside the root; a cap
     # above it lets DeepSpeed keep every parameter its prefetch scanned past: the whole model, as its defaults do
