@@ -16,9 +16,10 @@ A table's ``stack`` names the software its figures ran on (``pytorch``: eager Py
 which picks the device's efficiency (``hardware.STACKS``). Its ``attention`` names the attention kernel the runs
 used where it has a published rate of its own (``hardware.ATTENTION_KERNELS``: ``flash2`` for FlashAttention-2 and
 SDPA's flash backend; ``triton``); the default is the stack's own (``hardware.STACK_ATTENTION``: ``flash2`` for
-the ``flash`` stack, else ``matmul``, attention at the stack's compute rate, as an unfused attention's batched
-matmuls run; ``eager``, those matmuls and the unfused attention's scale, mask and softmax passes over the scores
-it writes to HBM, ``hardware.SCORE_PASSES``), and a preset cluster keeps its own unless the table names one. Its
+the ``flash`` stack, ``fused-softmax`` for the ``megatron`` stack, else ``matmul``, attention at the stack's compute
+rate, as an unfused attention's batched matmuls run; ``eager``, those matmuls and the unfused attention's scale,
+mask and softmax passes over the scores it writes to HBM, ``hardware.SCORE_PASSES``; ``fused-softmax``, the same
+with the three fused in one kernel, Megatron's), and a preset cluster keeps its own unless the table names one. Its
 ``loss`` names the loss kernel (``torch``, the default, or ``fused``: ``Calibration.loss_kernel``). A table
 with ``role = "calibration"`` is where a profile constant comes from, and one with ``role = "reference"``
 measured what the model does not express (tensor or pipeline parallelism): both are printed, never scored.

@@ -368,14 +368,15 @@ class Device:
 
 
 def gemm_efficiency(mfu: float, model: ModelSpec, peak_tflops: float, memory_bytes_per_s: float,
-                    attention_efficiency: float = 0.0) -> float:
+                    attention_efficiency: float = 0.0, score_passes: tuple[int, int] = (0, 0)) -> float:
     """The fraction of peak the matmuls reach in a run of ``model`` whose whole step reached
     ``mfu``: the step's compute time (this model's FLOPs at ``mfu``) less its memory-bound kernels' time
     (``traffic.traffic`` in 16-bit at ``memory_bytes_per_s``) and, where the run's attention kernel has its
     own rate (``attention_efficiency``, 0: none), the attention's time at that rate, so that ``predict`` gives
     that model the published figure's compute time back, and a model of another shape its own share of
-    memory-bound work and of attention."""
-    at_peak = pass_seconds(model, 2, peak_tflops * 1e12, memory_bytes_per_s)
+    memory-bound work and of attention. ``score_passes``: the run's kernels' passes over the attention scores
+    (``SCORE_PASSES``), memory-bound work of its own."""
+    at_peak = pass_seconds(model, 2, peak_tflops * 1e12, memory_bytes_per_s, score_passes=score_passes)
     kernels = model.layers * at_peak.block_memory + at_peak.head_memory
     flops_s = at_peak.step(model.layers) - kernels  # its FLOPs at the whole peak
     if not attention_efficiency:
@@ -480,17 +481,24 @@ its backward doing 2.5 times the forward's FLOPs."""
 TRITON_A100_FORWARD = kernel_forward_share(0.37, 0.25)
 """Triton's on A100 ([triton-perf]'s two passes): 0.21."""
 _FLASH2_CURVES = {"A100": FA2_A100_CURVE, "A100-40GB": FA2_A100_CURVE, "H100": FA2_H100_CURVE, "H200": FA2_H100_CURVE}
-SCORE_PASSES: dict[str, tuple[int, int]] = {"eager": (6, 7)}
+SCORE_PASSES: dict[str, tuple[int, int]] = {"eager": (6, 7), "fused-softmax": (2, 3)}
 """Element passes over each head's T x T scores, forward and backward, by the memory-bound kernels of an attention that
 materializes them (``Calibration.score_passes``). ``eager``: eager PyTorch's unfused causal attention, as minGPT's
 ``CausalSelfAttention`` (karpathy/minGPT ``mingpt/model.py``: ``(q @ k.transpose(-2, -1)) * scale``, ``masked_fill``,
 ``F.softmax``, then ``att @ v``) and Hugging Face's GPT-2 ``_attn`` run it: the scale, the mask and the softmax each
 read and write the scores (6); backward, the softmax's reads its output and the gradient and writes one (3), the
-mask's and the scale's read and write one each (4). Dropout on the probabilities, where a run has it, adds 2 and 3
-more, and is not charged."""
+mask's and the scale's read and write one each (4). ``fused-softmax``: the same batched matmuls with the scale, the
+causal mask and the softmax fused into one kernel that reads the scores and writes the probabilities (2), and
+backward reads the probabilities and their gradient and writes the scores' (3): Megatron-LM's
+``ScaledUpperTriangMaskedSoftmax`` (``megatron/fused_kernels/scaled_upper_triang_masked_softmax.h``, forward
+``scaled_upper_triang_masked_softmax_warp_forward``, backward ``..._warp_backward``), which Megatron-DeepSpeed runs
+where no flash attention is asked for (and cannot be on a V100), and DeepSpeed's transformer kernel's softmax
+(``csrc/transformer/softmax_kernels.cu``: in place over the scores, then its backward from the output and its
+gradient). Dropout on the probabilities, where a run has it, adds 2 and 3 more, and is not charged."""
 ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
     "matmul": None,
     "eager": None,
+    "fused-softmax": None,
     "flash2": AttentionKernel.from_curves(
         _FLASH2_CURVES, "[fa2-bench] on A100 (both A100 parts: the same SMs and clocks) and on H100 (and the H200: the "
         "same SMs and peak; attention's FLOPs do not wait on HBM)", dict.fromkeys(_FLASH2_CURVES, FA2_FORWARD)),
@@ -508,20 +516,23 @@ ATTENTION_KERNELS: dict[str, AttentionKernel | None] = {
 """The attention a run's kernels compute, by name (a table's ``attention``, ``profile_calibration``'s): ``matmul``
 (charged at the stack's compute rate, as an unfused attention's batched matmuls, and a kernel without a published
 rate, run), ``eager`` (those matmuls at that rate, and the scale, mask and softmax over the scores between them as
-memory-bound kernels: ``SCORE_PASSES``), ``flash2`` (FlashAttention-2: its own package, and PyTorch's SDPA, whose
+memory-bound kernels: ``SCORE_PASSES``), ``fused-softmax`` (the same with the three fused in one kernel:
+Megatron-class stacks without flash attention), ``flash2`` (FlashAttention-2: its own package, and PyTorch's SDPA, whose
 flash backend it is from PyTorch 2.2 on), ``triton`` (Triton's fused attention, and the FlashAttention port in Triton
 that LLM Foundry's ``attn_impl: triton`` runs, by inference: it is built on the same tutorial kernel), ``sdpa``
 (zerotune's engine: SDPA with the backend PyTorch picks on each device). ``python bench/attention_rate.py`` measures
 a device's rate in both terms, the way a figure is added here."""
-STACK_ATTENTION = {"zerotune": "sdpa", "flash": "flash2"}
+STACK_ATTENTION = {"zerotune": "sdpa", "flash": "flash2", "megatron": "fused-softmax"}
 """The attention kernel a stack runs where a run names none (``profile_calibration``, a table's default): zerotune's
-engine its SDPA, a FlashAttention-2 stack FlashAttention-2; any other, ``matmul`` (eager PyTorch and Megatron-class
-stacks ran all kinds: a run names its own)."""
+engine its SDPA, a FlashAttention-2 stack FlashAttention-2, a Megatron-class stack its fused softmax between batched
+matmuls (Megatron-DeepSpeed's default); any other, ``matmul`` (eager PyTorch ran all kinds: a run names its own, as
+a Megatron-class run with flash attention does)."""
 FIGURE_ATTENTION = {**STACK_ATTENTION, "pytorch": "flash2"}
 """The attention kernel of the runs each stack's figure came from: [ibm-fsdp]'s SDPA (FlashAttention-2 on A100 and
 H100 with PyTorch 2.2), [fa2]'s own, zerotune's engine's SDPA (its own measured figures on Hopper; elsewhere it
-takes the ``pytorch`` figure, whose kernel SDPA is too); Megatron's 1T run and DeepSpeed's BERT ran unfused
-attention."""
+takes the ``pytorch`` figure, whose kernel SDPA is too); Megatron's 1T run ([megatron-sc21], 2021: before flash
+attention) and DeepSpeed's BERT ([ds-bert], its transformer kernel) ran their fused softmax between batched
+matmuls."""
 
 
 def _kernel(kernel: str) -> AttentionKernel | None:
@@ -753,9 +764,10 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
         if whole_run and (ran_on, figure) in SOURCE_RUNS and source.peak_tflops == d.peak_tflops:
             efficiency = source_run_efficiency(ran_on, figure)
         else:
+            ran = FIGURE_ATTENTION.get(figure, "matmul")
             efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
                                          source.memory_fraction(stack) * source.hbm_gbps * 1e9,
-                                         attention_efficiency(FIGURE_ATTENTION.get(figure, "matmul"), ran_on, model))
+                                         attention_efficiency(ran, ran_on, model), SCORE_PASSES.get(ran, (0, 0)))
     calib = Calibration(name=name, compute_efficiency=efficiency,
                         memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
                         bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),

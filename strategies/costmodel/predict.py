@@ -14,10 +14,10 @@ A runner that gathers per sub-module (DeepSpeed's ZeRO-3) also gathers its persi
 one small all-gather each (``persistent_params``); in the passes it gathers each sub-module, and the root, as often
 as its parameter coordinator does (``deepspeed.simulate``): the root a second time at the turn to backward where
 its reuse distance does not keep it, where zerotune's engine keeps it (the head's backward waits for it), and a
-checkpointed block's sub-modules a third time where the recompute released them beyond that distance. A runner whose optimizer hands
-out whole parameters (``Calibration.weight_sync = "broadcast"``: InternEvo) syncs the updated weights with one
-broadcast per rank that holds any (``_broadcast_sync``) where the boundary would gather them. The bytes booked per
-level stay the engine's; only the seconds are the runner's.
+checkpointed block's sub-modules a third time where the recompute released them beyond that distance. A runner
+whose optimizer hands out whole parameters (``Calibration.weight_sync = "broadcast"``: InternEvo) syncs the
+updated weights with one broadcast per rank that holds any (``_broadcast_sync``) where the boundary would gather
+them. The bytes booked per level stay the engine's; only the seconds are the runner's.
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
 scores and weighted sum); backward twice that (+ a forward recompute with checkpointing: the whole forward, all but

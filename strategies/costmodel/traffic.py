@@ -247,9 +247,9 @@ def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_pe
 
 
 def step_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
-                 attention_flops_per_s: float = 0.0) -> float:
+                 attention_flops_per_s: float = 0.0, score_passes: tuple[int, int] = (0, 0)) -> float:
     """Seconds per token of one forward and backward pass (no recomputation), at ``flops_per_s`` on
     the compute-bound kernels (the attention's at ``attention_flops_per_s``, 0: the same) and ``bytes_per_s``
-    on the memory-bound ones (0: not charged)."""
-    return pass_seconds(model, elem_bytes, flops_per_s, bytes_per_s,
-                        attention_flops_per_s=attention_flops_per_s).step(model.layers)
+    on the memory-bound ones (0: not charged), ``score_passes`` over materialized attention scores among them."""
+    return pass_seconds(model, elem_bytes, flops_per_s, bytes_per_s, attention_flops_per_s=attention_flops_per_s,
+                        score_passes=score_passes).step(model.layers)

@@ -954,8 +954,9 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     assert amsp.predict("a800-1024-halfnode/llama-13b/1/amsp_13b")["step_time_s"] != by_block != by_module
     # a column that ran other kernels than the table's: its own stack (InternEvo's FlashAttention-2)
     assert amsp.stack == "megatron" and amsp.strategies["amsp_13b"]["stack"] == "flash"
-    # and the flash stack's attention kernel (FlashAttention-2 at its own rate) where the table's is unfused
-    assert amsp.attention == "matmul" and calib.attention_efficiency == 0.0
+    # and the flash stack's attention kernel (FlashAttention-2 at its own rate) where the table's is unfused (the
+    # Megatron-class stack's own: its fused softmax between batched matmuls at the stack's rate)
+    assert amsp.attention == "fused-softmax" and calib.attention_efficiency == 0.0 and calib.score_passes == (2, 3)
     _, flash = published.build_cluster("a800-1024-halfnode", amsp.cluster_specs["a800-1024-halfnode"], "flash",
                                        amsp.rings, amsp.outer_reduce, amsp.gathers, amsp.runner, attention="flash2")
     assert flash.attention_efficiency == attention_efficiency("flash2", "A100") > 0
@@ -968,7 +969,7 @@ def test_a_table_says_how_its_engine_ran_and_a_column_may_differ(tmp_path, monke
     bad_kernel.write_text((ROOT / "bench" / "published" / "amsp_paper.toml").read_text().replace(
         '[source]\n', '[source]\nattention = "xformers"\n', 1))
     with pytest.raises(ValueError, match=(r"attention='xformers': must be one of "
-                                          r"\['matmul', 'eager', 'flash2', 'triton', 'sdpa'\]")):
+                                          r"\['matmul', 'eager', 'fused-softmax', 'flash2', 'triton', 'sdpa'\]")):
         published.Table(bad_kernel)
     bad = tmp_path / "bad_stack.toml"
     bad.write_text(mixed.read_text().replace('stack = "flash"', 'stack = "jax"'))
