@@ -14,8 +14,9 @@ the parameters of each sub-module about to run, and after it:
 
 A model's root module holds the tied embedding its head reads (an external parameter of the root, fetched when the
 root's forward starts and released when it ends, and again for the whole backward) or its untied head (a direct
-parameter of the root), so the root's elements count against the live cap all step: with the export's cap (one
-bucket and the prefetched ones) and a root larger than that, DeepSpeed prefetches nothing.
+parameter of the root), so the root's elements count against the live cap all step, and so do those of the
+sub-module running: the export's cap (``export_settings``) holds both and the prefetch window, so that DeepSpeed
+prefetches what the window asks (a cap of a bucket and the window alone, below the root, let it prefetch nothing).
 Parameters under ``stage3_param_persistence_threshold`` stay whole on every rank and are not counted here.
 Under activation checkpointing the block's recompute fires the forward hooks again between its last sub-module's
 backward fetch and its backward (torch's non-reentrant checkpoint recomputes when that backward unpacks its input).
@@ -77,15 +78,19 @@ def bucket_elements(mb: float) -> int:
 def export_settings(model: ModelSpec, allgather_bucket_mb: float, prefetch_buckets: int,
                     activation_checkpointing: bool, keep_all: bool) -> Stage3Settings:
     """What zerotune's DeepSpeed export writes for a strategy (``tuner/exports/deepspeed.py``'s mapping table):
-    a prefetch window of ``prefetch_buckets`` buckets and a live cap of one more; parameters released after each use
-    (reuse distance 0), but for a checkpointed block's recompute, which its backward follows within 2 x a block's
-    elements; with ``keep_all`` (a 1-rank secondary group) every parameter kept from forward into backward."""
+    a prefetch window of ``prefetch_buckets`` buckets, and a live cap of what it holds while it runs a sub-module
+    (the root, held all pass: module docstring; the largest sub-module or a bucket, if larger) and that window, so
+    that it prefetches what the window asks; parameters released after each use (reuse distance 0), but for a
+    checkpointed block's recompute, which its backward follows within 2 x a block's elements; with ``keep_all``
+    (a 1-rank secondary group) every parameter kept from forward into backward."""
     bucket = bucket_elements(allgather_bucket_mb)
     prefetch = bucket * prefetch_buckets
     if keep_all:  # a parameter is next used at most 2 x the model's elements later: forward, then backward
         live, reuse = model.num_params() + prefetch, 2 * model.num_params()
     else:
-        live, reuse = bucket + prefetch, 2 * block_numel(model) if activation_checkpointing else 0
+        root = model.untied_head_numel or model.vocab * model.hidden
+        running = max(bucket, *(sum(n for _, n in m) for m in _modules(model)[1]))
+        live, reuse = root + running + prefetch, 2 * block_numel(model) if activation_checkpointing else 0
     return Stage3Settings(prefetch=prefetch, max_live=live, reuse=reuse, persistence=10 * model.hidden)
 
 

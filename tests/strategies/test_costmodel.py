@@ -182,10 +182,11 @@ def test_a_deepspeed_run_books_what_deepspeed_holds_not_the_engines_buckets(monk
     """A run by DeepSpeed's ZeRO-3 holds its root and the sub-modules its coordinator has gathered (the peak its
     rules give, measured on DeepSpeed itself in tests/tuner/test_exports.py), and stages gradients in and beside its
     reduce bucket, where zerotune's engine holds whole gathered blocks and two reduce groups of them. Under the
-    export's settings (a live cap below the root: no prefetch) that is the root and one weight, or with activation
-    checkpointing the whole block, kept from its recompute into its backward; a Llama's untied head is held beside
-    its embedding. Under DeepSpeed's defaults a small model stays gathered whole. The ZeRO++ blog's 138B runs on
-    32 GB V100s fit, as they ran (the engine's buckets put them 9-17% over)."""
+    export's settings without a prefetch window that is the root and one weight, or with activation checkpointing
+    the whole block, kept from its recompute into its backward; a Llama's untied head is held beside its embedding;
+    with a window, what it prefetched besides, within the export's live cap. Under DeepSpeed's defaults a small
+    model stays gathered whole. The ZeRO++ blog's 138B runs on 32 GB V100s fit, as they ran (the engine's buckets
+    put them 9-17% over)."""
     from zerotune.strategies.costmodel.deepspeed import (
         DEEPSPEED_DEFAULTS,
         bucket_elements,
@@ -203,7 +204,7 @@ def test_a_deepspeed_run_books_what_deepspeed_holds_not_the_engines_buckets(monk
         weights = ((h * h, h * k, h * k, h * h, h * f, f * h, h * f) if model.llama
                    else (h * (h + 2 * k), h * h, h * f, f * h))
         for checkpointing in (False, True):
-            s = build_strategy("zero3", cluster, activation_checkpointing=checkpointing)
+            s = build_strategy("zero3", cluster, activation_checkpointing=checkpointing, prefetch_buckets=0)
             ours, theirs = (predict(model, cluster, s, calibration=c)["memory_bytes"]
                             for c in (calibration_for(cluster), ds))
             beside = sum(weights) if checkpointing else max(weights)
@@ -212,6 +213,14 @@ def test_a_deepspeed_run_books_what_deepspeed_holds_not_the_engines_buckets(monk
             assert theirs["comm_buffers"] == expected * e + staged * e, (name, checkpointing)
             assert theirs["peak"] - theirs["comm_buffers"] == ours["peak"] - ours["comm_buffers"]
             assert theirs["comm_buffers"] < ours["comm_buffers"]
+            # with a prefetch window the export's live cap leaves it room beside the root and the running
+            # sub-module: DeepSpeed holds what it prefetched too, at most the cap and the one parameter it may
+            # launch past it
+            window = dataclasses.replace(s, prefetch_buckets=2)
+            prefetching = predict(model, cluster, window, calibration=ds)["memory_bytes"]["comm_buffers"]
+            cap = max(2 * embedding, embedding + max(weights) + 2 * bucket_elements(s.allgather_bucket_mb))
+            if not checkpointing:
+                assert expected * e < prefetching - staged * e <= (cap + max(weights)) * e, name
     tiny = parse_model("gpt-mini")
     assert gathered_peak(tiny, DEEPSPEED_DEFAULTS, False) == sum(
         n for n in parameter_numels(tiny) if n >= DEEPSPEED_DEFAULTS.persistence)

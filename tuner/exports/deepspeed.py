@@ -14,9 +14,10 @@ reduce_bucket_size                   reduce_bucket_mb * 1e6 / 2 elements (stages
 allgather_bucket_size                allgather_bucket_mb * 1e6 / 2 elements (stages 1-2)
 stage3_prefetch_bucket_size          allgather bucket elements * prefetch_buckets (stage 3)
 stage3_param_persistence_threshold   10 * hidden (Hugging Face Transformers' "auto" value) (stage 3)
-stage3_max_live_parameters           allgather bucket elements * (1 + prefetch_buckets): what the strategy
-                                     holds gathered (stage 3; with a 1-rank secondary group, the whole model
-                                     and the prefetch)
+stage3_max_live_parameters           the root (tied embedding or untied head, which DeepSpeed holds all
+                                     pass) + the larger of a bucket and the largest sub-module + the prefetch
+                                     window: what DeepSpeed holds while it runs a sub-module and prefetches
+                                     (stage 3; with a 1-rank secondary group, the whole model and the prefetch)
 stage3_max_reuse_distance            0: each gathered parameter is released after its use and backward
                                      gathers it again, as the strategy does (stage 3; with a 1-rank secondary
                                      group, 2 x the model's elements: every parameter stays gathered; with
@@ -57,12 +58,12 @@ export accepts) DeepSpeed gathers from a parameter's secondary partition wheneve
 The live cap also bounds DeepSpeed's prefetch, and it releases no parameter its prefetch has scanned past a later
 use of, so a cap above what a step holds lets it keep the whole model gathered (measured on DeepSpeed 0.19.8, 4
 gloo ranks, gpt-mini: 4.23M of its 4.23M partitioned elements held at once with reuse distance 0 and the default
-cap, against 1.31M under the export's). The root's parameters (the tied embedding the head reads, or an untied
-head) are held from the start of each pass to its end and count against the cap: where they alone exceed it, as
-they do for every preset model under the presets' 25 MB buckets (a cap of 25M elements against roots of 39M to
-525M), DeepSpeed prefetches nothing, and the strategy's
-``prefetch_buckets`` does not reach it. The cost model books what DeepSpeed holds under these settings
-(``strategies/costmodel/deepspeed.py``, ``export_settings``) and credits a DeepSpeed run no prefetch.
+cap, against 1.77M under the export's). The root's parameters (the tied embedding the head reads, or an untied
+head) are held from the start of each pass to its end and count against the cap, as does the sub-module running,
+so the cap is the root, the larger of a bucket and the largest sub-module, and the prefetch window: a cap of a
+bucket and the window alone is below every preset model's root (39M to 525M elements) and leaves DeepSpeed no
+prefetch. The cost model books what DeepSpeed holds and gathers under these settings
+(``strategies/costmodel/deepspeed.py``, ``export_settings``, ``simulate``) and credits a DeepSpeed run no prefetch.
 
 Bucket sizes count 16-bit elements, as ``strategies/plan.py`` does (2 bytes each whatever the dtype).
 ``DeepSpeedConfig`` reads the batch keys ``train_batch_size``, ``train_micro_batch_size_per_gpu``,
