@@ -41,7 +41,9 @@ interleaved copy and the largest gradient that is reduced from its own tensor.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
@@ -198,18 +200,24 @@ def simulate(model: ModelSpec, settings: Stage3Settings, checkpointed: bool) -> 
     def gather(p: str, used_at: int) -> None:
         gathered[used_at >= backward_from, module_of.get(p, -1)] += size[p]
 
+    # the reuse window: an entry j of the trace is within it from entry i while the elements of entries i..j-1
+    # (every parameter of those modules, the whole ones too) are fewer than the reuse distance
+    before = list(itertools.accumulate((numel for _, numel in trace), initial=0))
+    uses: dict[str, list[int]] = defaultdict(list)
+    for i, ps in enumerate(order):
+        for p in ps:
+            uses[p].append(i)
+
+    def reused(p: str, at: int) -> bool:
+        """Whether ``p`` is used again within the reuse distance from entry ``at`` (``__params_to_release``)."""
+        k = bisect.bisect_left(uses[p], at)
+        return k < len(uses[p]) and before[uses[p][k]] - before[at] < settings.reuse
+
     def release(ps: tuple[str, ...], at: int) -> None:
         nonlocal n
-        keep = {p for p in ps if fetched_for[p] > at}
-        traversed = 0
-        for later, numel in trace[at:]:  # every parameter of the modules ahead counts, the whole ones too
-            if traversed >= settings.reuse:
-                break
-            keep.update(later)
-            traversed += numel
         for p in ps:
             active[p] -= 1
-            if p in held and p not in keep and not active[p]:
+            if p in held and not active[p] and fetched_for[p] <= at and not reused(p, at):
                 held.discard(p)
                 n -= size[p]
 
