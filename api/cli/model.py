@@ -193,6 +193,13 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"checkpointed: {lean_sentence(lean)}; set against an uncheckpointed prediction, allow for it")
     if args.breakdown:
         _print_breakdown(rows)
+    for p in rows:  # a DeepSpeed ZeRO-3 run: what its coordinator gathers and holds under its stage-3 settings
+        if ds := p.get("deepspeed"):
+            which = "zerotune's export" if ds["stage3_settings"] == "export" else "DeepSpeed's default"
+            print(f"DeepSpeed on {p['cluster']} {p['strategy']} ({which} stage-3 settings): gathers its partitioned "
+                  f"parameters {ds['gathered_per_step']:.2f} times a step ({ds['gathered_forward']:.2f} forward, "
+                  f"{ds['gathered_backward']:.2f} backward) and holds at most "
+                  f"{ds['held_peak_bytes'] / GIB:.2f} GiB of them gathered")
     for p in rows:  # a prediction that is mostly the host's pace says how to leave it
         wait, mbs = p["breakdown"]["host_wait_s"], p["global_batch"] // (p["world_size"] * p["grad_accum_steps"])
         if wait > 0.05 * p["step_time_s"]:

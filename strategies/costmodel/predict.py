@@ -39,7 +39,7 @@ from collections import Counter
 from typing import Any
 
 from zerotune.errors import SpecError
-from zerotune.strategies.costmodel.deepspeed import settings_for, simulate
+from zerotune.strategies.costmodel.deepspeed import Stage3Settings, Stage3Step, settings_for, simulate
 from zerotune.strategies.costmodel.error import error_band
 from zerotune.strategies.costmodel.hardware import calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
@@ -320,7 +320,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them
     p = s.prefetch_buckets
     stage3 = settings_for(model, cluster, s, calib.stage3_settings) if calib.gathers == "module" else None
-    root_f, root_b = ct(sched.fwd[sched.root]), 0.0
+    root_f, root_b, ds = ct(sched.fwd[sched.root]), 0.0, None
     if stage3 is not None:  # DeepSpeed: a gather per sub-module, with no prefetch credited
         p = 0
         if s.param_span:  # ZeRO-3: each sub-module as often as its coordinator gathers it (deepspeed.simulate)
@@ -394,6 +394,22 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
                       "host_wait_s": accum * host_wait_s, "memory_bound_s": accum * memory_bound_s,
                       "attention_s": accum * attention_s, "attention_of_peak": attention or calib.compute_efficiency},
     }
+    if ds is not None and stage3 is not None:
+        out["deepspeed"] = _deepspeed_step(ds, stage3, calib.stage3_settings, e)
     if not feasible:
         out["overflow"] = overflow(memory, cluster.device_memory_gib)
     return out
+
+
+def _deepspeed_step(ds: Stage3Step, settings: Stage3Settings, which: str, elem_bytes: int) -> dict[str, Any]:
+    """What a DeepSpeed ZeRO-3 run of the prediction does by its coordinator's rules (``deepspeed.simulate``): the
+    stage-3 settings it runs under (``which``: zerotune's export or DeepSpeed's defaults), the times it gathers its
+    partitioned parameters in a step, forward and backward, and the most bytes of them it holds gathered."""
+    forward, backward = (n / ds.partitioned if ds.partitioned else 0.0 for n in ds.elements)
+    return {"stage3_settings": which,
+            "stage3": {"stage3_prefetch_bucket_size": settings.prefetch,
+                       "stage3_max_live_parameters": settings.max_live,
+                       "stage3_max_reuse_distance": settings.reuse,
+                       "stage3_param_persistence_threshold": settings.persistence},
+            "gathered_per_step": forward + backward, "gathered_forward": forward, "gathered_backward": backward,
+            "held_peak_bytes": ds.peak * elem_bytes}

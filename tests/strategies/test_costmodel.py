@@ -613,6 +613,23 @@ def test_predict_cli_sweep_table_and_json(capsys):
                  "--runner", "deepspeed", "--json"]) == 0
     flat = json.loads(capsys.readouterr().out)
     assert flat["bytes_per_level"] == p["bytes_per_level"] and flat["step_time_s"] != p["step_time_s"]
+    # and what DeepSpeed's coordinator gathers and holds under the export's stage-3 settings, which it prints
+    from zerotune.strategies.costmodel.deepspeed import settings_for, simulate
+    from zerotune.tuner.exports import deepspeed_config
+
+    neox, c48 = parse_model("gpt-neox-20b"), parse_cluster("frontier:48")
+    zeropp = build_strategy("zeropp", c48)
+    step = simulate(neox, settings_for(neox, c48, zeropp, "export"), zeropp.activation_checkpointing)
+    ds = flat["deepspeed"]
+    written = deepspeed_config(neox, c48, zeropp)["zero_optimization"]
+    assert ds["stage3_settings"] == "export" and all(written[k] == v for k, v in ds["stage3"].items()), ds
+    assert ds["gathered_per_step"] == pytest.approx(sum(step.elements) / step.partitioned)
+    assert ds["held_peak_bytes"] == 2 * step.peak and 1.9 < ds["gathered_per_step"] <= 2.0, ds
+    assert "deepspeed" not in p  # zerotune's engine: no such block
+    assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--strategy", "zeropp",
+                 "--runner", "deepspeed"]) == 0
+    assert (f"DeepSpeed on frontier:48 zeropp (zerotune's export stage-3 settings): gathers its partitioned "
+            f"parameters {ds['gathered_per_step']:.2f} times a step") in capsys.readouterr().out
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--runner", "fsdp"]) == 0
     assert "run by fsdp" in capsys.readouterr().out
     assert "host-bound" not in out
