@@ -29,7 +29,7 @@ prefetch runs ahead of the forward by a few parameters a block until the cap is 
 ``simulate`` runs these rules over one step's trace: the most elements held at once (``gathered_peak``) and what is
 gathered, pass by pass and sub-module by sub-module, which ``predict`` times for a run by DeepSpeed. Measured on
 DeepSpeed 0.19.8 (4 gloo ranks, gpt-mini and a Llama of its size, with and without checkpointing, with the export's
-settings and DeepSpeed's defaults: ten configs), both are what DeepSpeed held and all-gathered, exactly
+settings and DeepSpeed's defaults: eleven configs), both are what DeepSpeed held and all-gathered, exactly
 (``tests/tuner/test_exports.py``).
 
 Gradients (``stage3.py``): each gradient autograd produces whole is copied into the reduce bucket
