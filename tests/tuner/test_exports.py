@@ -237,6 +237,36 @@ def test_mapping_zero3() -> None:
     assert deepspeed_notes(MODEL, cluster, build_strategy("zero3", cluster)) == []
 
 
+@pytest.mark.parametrize("name", ["gpt-neox-20b", "llama3-8b", "gpt-1.3b"])
+def test_the_live_cap_leaves_deepspeed_its_prefetch_window(name: str) -> None:
+    """The export's stage3_max_live_parameters holds the root (the tied embedding or the untied head, which DeepSpeed
+    keeps gathered all pass), the largest sub-module and the prefetch window, so DeepSpeed's coordinator (its rules:
+    ``deepspeed.simulate``, measured on gpt-mini in the collectives test) prefetches on the preset models too: it
+    holds more than without a window, and no more than the cap and the one parameter it may launch past it (and,
+    beside an untied head, the embedding it fetches at the end of backward). A cap of a bucket and the window, below
+    every preset root, would leave it none."""
+    from zerotune.strategies.costmodel.deepspeed import Stage3Settings, simulate
+    from zerotune.strategies.plan import block_modules
+
+    model, cluster = parse_model(name), parse_cluster("frontier:48")
+    held = {}
+    for window in (0, 1):
+        s = build_strategy("zero3", cluster, prefetch_buckets=window)
+        z = deepspeed_config(model, cluster, s)["zero_optimization"]
+        root = model.untied_head_numel or model.vocab * model.hidden
+        bucket = round(s.allgather_bucket_mb * 1e6 / 2)
+        assert z["stage3_max_live_parameters"] == root + max(bucket, *block_modules(model)) + bucket * window
+        assert bucket * (1 + window) < root, z  # the old cap
+        settings = Stage3Settings(z["stage3_prefetch_bucket_size"], z["stage3_max_live_parameters"],
+                                  z["stage3_max_reuse_distance"], z["stage3_param_persistence_threshold"])
+        held[window] = simulate(model, settings, False).peak
+        # (the cap bounds the prefetch, not a fetch: an untied head's embedding is fetched beside it at the end)
+        embedding = model.vocab * model.hidden if model.untied_head_numel else 0
+        bound = z["stage3_max_live_parameters"] + max(block_modules(model)) + embedding
+        assert held[window] <= bound, (name, held)
+    assert held[1] > held[0], (name, held)
+
+
 def test_mapping_zeropp_on_frontier() -> None:
     z = _zero("zeropp")
     assert z["stage"] == 3 and z["zero_hpz_partition_size"] == 8
