@@ -46,9 +46,10 @@ import functools
 import itertools
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from typing import Any
 
 from zerotune.strategies.costmodel.traffic import block_matmuls
-from zerotune.strategies.plan import BYTES_PER_16BIT, block_numel
+from zerotune.strategies.plan import BYTES_PER_16BIT, block_modules, block_numel
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 
@@ -64,6 +65,21 @@ class Stage3Settings:
     """``stage3_max_reuse_distance``."""
     persistence: int
     """``stage3_param_persistence_threshold``: parameters of fewer elements stay whole on every rank."""
+
+    def config(self) -> dict[str, int]:
+        """The four ``zero_optimization`` keys, as a DeepSpeed config writes them."""
+        return {key: getattr(self, field) for key, field in CONFIG_KEYS}
+
+    @classmethod
+    def from_config(cls, zero_optimization: dict[str, Any]) -> Stage3Settings:
+        """The settings a ``zero_optimization`` section runs under: DeepSpeed's own where it leaves a key out."""
+        return cls(**{field: zero_optimization.get(key, getattr(DEEPSPEED_DEFAULTS, field))
+                      for key, field in CONFIG_KEYS})
+
+
+CONFIG_KEYS = (("stage3_prefetch_bucket_size", "prefetch"), ("stage3_max_live_parameters", "max_live"),
+               ("stage3_max_reuse_distance", "reuse"), ("stage3_param_persistence_threshold", "persistence"))
+"""(DeepSpeed's key, ``Stage3Settings`` field) of the four settings."""
 
 
 DEEPSPEED_DEFAULTS = Stage3Settings(prefetch=50_000_000, max_live=1_000_000_000, reuse=1_000_000_000,
@@ -90,8 +106,8 @@ def export_settings(model: ModelSpec, allgather_bucket_mb: float, prefetch_bucke
     if keep_all:  # a parameter is next used at most 2 x the model's elements later: forward, then backward
         live, reuse = model.num_params() + prefetch, 2 * model.num_params()
     else:
-        root = model.untied_head_numel or model.vocab * model.hidden
-        running = max(bucket, *(sum(n for _, n in m) for m in _modules(model)[1]))
+        root = sum(n for _, n in _modules(model)[0])
+        running = max(bucket, *block_modules(model))
         live, reuse = root + running + prefetch, 2 * block_numel(model) if activation_checkpointing else 0
     return Stage3Settings(prefetch=prefetch, max_live=live, reuse=reuse, persistence=10 * model.hidden)
 
@@ -126,7 +142,8 @@ class Stage3Step:
     forward: tuple[float, ...]
     """Per block sub-module (``traffic.block_matmuls``' order): the elements gathered for its forward uses, over
     every block, as a multiple of its elements over every block (1.0: once each; prefetched ones count for the pass
-    of the use they were fetched for)."""
+    of the use they were fetched for; a sub-module whose parameters all stay whole counts 1.0 too, so that the time
+    model charges it as the schedule has it, never less)."""
     backward: tuple[float, ...]
     """The same for its backward uses, the recompute's included: 1.0 where each is gathered once in backward, more
     where a checkpointed block's recompute released what its backward then gathers again (beyond

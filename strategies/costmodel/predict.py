@@ -179,13 +179,14 @@ def _runs_of(lengths: tuple[int, ...], units: tuple[int, ...], group_end: tuple[
 
 
 def _by_module(ct: Any, gathers: dict[int, Coll], lengths: tuple[int, ...], units: tuple[int, ...],
-               model: ModelSpec, times: tuple[float, ...]) -> dict[int, float]:
+               model: ModelSpec, times: tuple[float, ...] | None = None) -> dict[int, float]:
     """Seconds of each block bucket's gather issued as one all-gather per sub-module
     (``Calibration.gathers = "module"``): the bucket's shard split in the sub-modules' proportions
     (``plan.block_modules``, its LayerNorms shared among them), one collective per block and module, each
     sub-module gathered ``times`` times in the pass (``deepspeed.Stage3Step``: more than once where a recompute's
-    gathers were released before its backward, less where what the pass before gathered is kept)."""
+    gathers were released before its backward, less where what the pass before gathered is kept; None: once)."""
     modules = block_modules(model)
+    times = times or (1.0,) * len(modules)
     total = sum(modules)
     out = {}
     for n, u in dict(zip(lengths, units, strict=True)).items():
@@ -320,19 +321,19 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them
     p = s.prefetch_buckets
     stage3 = settings_for(model, cluster, s, calib.stage3_settings) if calib.gathers == "module" else None
-    root_f, root_b, ds = ct(sched.fwd[sched.root]), 0.0, None
+    root_f, root_b, deepspeed = ct(sched.fwd[sched.root]), 0.0, None
+    fwd_times = bwd_times = None
     if stage3 is not None:  # DeepSpeed: a gather per sub-module, with no prefetch credited
         p = 0
         if s.param_span:  # ZeRO-3: each sub-module as often as its coordinator gathers it (deepspeed.simulate)
             ds = simulate(model, stage3, s.activation_checkpointing)
+            deepspeed = _deepspeed_step(ds, stage3, calib.stage3_settings, e)
             fwd_times, bwd_times = ds.forward, ds.backward
             # the root's parameters (embeddings, final LayerNorm) are released after forward like every other
             # module's and gathered again for the head's backward where the reuse distance does not keep them
             # (counted on DeepSpeed 0.19.8 under the export: every parameter gathered twice a step,
             # tests/tuner/test_exports.py); zerotune's engine keeps the root
             root_f, root_b = root_f * ds.root[0], ct(sched.bwd[sched.root]) * ds.root[1]
-        else:
-            fwd_times = bwd_times = (1.0,) * len(block_modules(model))
         f_of.update(_by_module(ct, sched.fwd, sched.lengths, sched.units, model, fwd_times))
         b_of.update(_by_module(ct, sched.bwd, sched.lengths, sched.units, model, bwd_times))
     r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs_of(sched.lengths, sched.units, sched.group_end, p)
@@ -394,8 +395,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
                       "host_wait_s": accum * host_wait_s, "memory_bound_s": accum * memory_bound_s,
                       "attention_s": accum * attention_s, "attention_of_peak": attention or calib.compute_efficiency},
     }
-    if ds is not None and stage3 is not None:
-        out["deepspeed"] = _deepspeed_step(ds, stage3, calib.stage3_settings, e)
+    if deepspeed is not None:
+        out["deepspeed"] = deepspeed
     if not feasible:
         out["overflow"] = overflow(memory, cluster.device_memory_gib)
     return out
@@ -406,10 +407,6 @@ def _deepspeed_step(ds: Stage3Step, settings: Stage3Settings, which: str, elem_b
     stage-3 settings it runs under (``which``: zerotune's export or DeepSpeed's defaults), the times it gathers its
     partitioned parameters in a step, forward and backward, and the most bytes of them it holds gathered."""
     forward, backward = (n / ds.partitioned if ds.partitioned else 0.0 for n in ds.elements)
-    return {"stage3_settings": which,
-            "stage3": {"stage3_prefetch_bucket_size": settings.prefetch,
-                       "stage3_max_live_parameters": settings.max_live,
-                       "stage3_max_reuse_distance": settings.reuse,
-                       "stage3_param_persistence_threshold": settings.persistence},
+    return {"stage3_settings": which, "stage3": settings.config(),
             "gathered_per_step": forward + backward, "gathered_forward": forward, "gathered_backward": backward,
             "held_peak_bytes": ds.peak * elem_bytes}

@@ -245,7 +245,7 @@ def test_the_live_cap_leaves_deepspeed_its_prefetch_window(name: str) -> None:
     holds more than without a window, and no more than the cap and the one parameter it may launch past it (and,
     beside an untied head, the embedding it fetches at the end of backward). A cap of a bucket and the window, below
     every preset root, would leave it none."""
-    from zerotune.strategies.costmodel.deepspeed import Stage3Settings, simulate
+    from zerotune.strategies.costmodel.deepspeed import Stage3Settings, bucket_elements, simulate
     from zerotune.strategies.plan import block_modules
 
     model, cluster = parse_model(name), parse_cluster("frontier:48")
@@ -254,12 +254,10 @@ def test_the_live_cap_leaves_deepspeed_its_prefetch_window(name: str) -> None:
         s = build_strategy("zero3", cluster, prefetch_buckets=window)
         z = deepspeed_config(model, cluster, s)["zero_optimization"]
         root = model.untied_head_numel or model.vocab * model.hidden
-        bucket = round(s.allgather_bucket_mb * 1e6 / 2)
+        bucket = bucket_elements(s.allgather_bucket_mb)
         assert z["stage3_max_live_parameters"] == root + max(bucket, *block_modules(model)) + bucket * window
         assert bucket * (1 + window) < root, z  # the old cap
-        settings = Stage3Settings(z["stage3_prefetch_bucket_size"], z["stage3_max_live_parameters"],
-                                  z["stage3_max_reuse_distance"], z["stage3_param_persistence_threshold"])
-        held[window] = simulate(model, settings, False).peak
+        held[window] = simulate(model, Stage3Settings.from_config(z), False).peak
         # (the cap bounds the prefetch, not a fetch: an untied head's embedding is fetched beside it at the end)
         embedding = model.vocab * model.hidden if model.untied_head_numel else 0
         bound = z["stage3_max_live_parameters"] + max(block_modules(model)) + embedding
@@ -653,7 +651,7 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     run at every module's fetch (blocks and norms too), gets ahead of the forward and regathers only the first
     block's parameters for backward."""
     from zerotune.strategies.costmodel import step_volume
-    from zerotune.strategies.costmodel.deepspeed import DEEPSPEED_DEFAULTS, Stage3Settings, gathered_peak, simulate
+    from zerotune.strategies.costmodel.deepspeed import Stage3Settings, gathered_peak, simulate
     from zerotune.strategies.costmodel.predict import persistent_params
     from zerotune.strategies.plan import block_modules, block_numel
 
@@ -696,9 +694,7 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     # each config gave (DeepSpeed's own where a key is left out): costmodel.deepspeed.gathered_peak
     for (key, _, _, _, m, *_), cfg, (_, _, peak) in zip(runs, cfgs, found, strict=True):
         zero = cfg["zero_optimization"]
-        held = Stage3Settings(*(zero.get(k, getattr(DEEPSPEED_DEFAULTS, f)) for k, f in (
-            ("stage3_prefetch_bucket_size", "prefetch"), ("stage3_max_live_parameters", "max_live"),
-            ("stage3_max_reuse_distance", "reuse"), ("stage3_param_persistence_threshold", "persistence"))))
+        held = Stage3Settings.from_config(zero)
         assert peak == gathered_peak(m, held, "activation_checkpointing" in cfg), (key, peak, held)
         # and what it gathered, pass by pass, is what the same rules give (deepspeed.simulate: what predict times
         # for a run by DeepSpeed), the persistent parameters once after the step; hpZ's backward in its 2-rank group

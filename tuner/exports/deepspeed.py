@@ -283,10 +283,7 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
     held = export_settings(model, s.allgather_bucket_mb, s.prefetch_buckets, s.activation_checkpointing, keep_all)
     out.update({
         "reduce_bucket_size": _elements(s.reduce_bucket_mb),
-        "stage3_prefetch_bucket_size": held.prefetch,
-        "stage3_max_live_parameters": held.max_live,
-        "stage3_max_reuse_distance": held.reuse,
-        "stage3_param_persistence_threshold": held.persistence,
+        **held.config(),
         "overlap_comm": True,
         "contiguous_gradients": True,
         "zero_hpz_partition_size": hpz,
