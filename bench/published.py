@@ -20,7 +20,9 @@ the ``flash`` stack, ``fused-softmax`` for the ``megatron`` stack, else ``matmul
 rate, as an unfused attention's batched matmuls run; ``eager``, those matmuls and the unfused attention's scale,
 mask and softmax passes over the scores it writes to HBM, ``hardware.SCORE_PASSES``; ``fused-softmax``, the same
 with the three fused in one kernel, Megatron's), and a preset cluster keeps its own unless the table names one. Its
-``loss`` names the loss kernel (``torch``, the default, or ``fused``: ``Calibration.loss_kernel``). A table
+``loss`` names the loss kernel (``torch``, the default, ``fused`` or ``vocab-parallel``: ``Calibration.loss_kernel``),
+and ``kernels`` its blocks' memory-bound kernels (``eager``, the default, or ``nanotron``:
+``Calibration.block_kernels``). A table
 with ``role = "calibration"`` is where a profile constant comes from, and one with ``role = "reference"``
 measured what the model does not express (tensor or pipeline parallelism): both are printed, never scored.
 A table's ``collectives`` says how its engine ran a collective over several levels: ``flat`` (the
@@ -83,6 +85,7 @@ from zerotune.strategies.costmodel.hardware import (
     with_measured_links,
 )
 from zerotune.strategies.costmodel.rates import (
+    BLOCK_KERNELS,
     GATHERS,
     LOSS_KERNELS,
     OUTER_REDUCE,
@@ -133,15 +136,16 @@ sets its own; a run by any other engine ignores them)."""
 def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer_reduce: str, gathers: str,
                   runner: str, copies: bool = False, weight_sync: str = "gather",
                   attention: str | None = None, early_stop: bool = False,
-                  loss: str = "torch") -> tuple[ClusterSpec, Calibration]:
+                  loss: str = "torch", kernels: str = "eager") -> tuple[ClusterSpec, Calibration]:
     """A table's cluster and the calibration its profiles give (a preset carries its own, run by ``runner``);
     ``attention``: the runs' attention kernel, None for the stack's (the preset's) own; ``early_stop``: its
     checkpointed blocks' backward stopped recomputing before their last matmul
-    (``Calibration.recompute_early_stop``); ``loss``: the runs' loss kernel (``Calibration.loss_kernel``)."""
+    (``Calibration.recompute_early_stop``); ``loss``: the runs' loss kernel (``Calibration.loss_kernel``);
+    ``kernels``: their blocks' memory-bound kernels (``Calibration.block_kernels``)."""
     if "preset" in spec:
         cluster = parse_cluster(spec["preset"])
         calib = dataclasses.replace(run_by(calibration_for(cluster), runner), weight_sync=weight_sync,
-                                    stage3_settings=PUBLISHED_STAGE3, loss_kernel=loss)
+                                    stage3_settings=PUBLISHED_STAGE3, loss_kernel=loss, block_kernels=kernels)
         if attention is not None:  # the rate and the forward share of the kernel the table names
             calib = with_attention(calib, attention, device_key_of(cluster.device) or "")
         return cluster, calib
@@ -158,7 +162,8 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
                                 outer_reduce, host=spec.get("host", "unknown"), gathers=gathers, attention=attention)
     return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies,
                                                         weight_sync=weight_sync, recompute_early_stop=early_stop,
-                                                        stage3_settings=PUBLISHED_STAGE3, loss_kernel=loss))
+                                                        stage3_settings=PUBLISHED_STAGE3, loss_kernel=loss,
+                                                        block_kernels=kernels))
 
 
 def build_model(name: str, spec: dict[str, Any]) -> ModelSpec:
@@ -185,6 +190,7 @@ class Table:
         self.runner = self._choice("runner", "zerotune", tuple(RUNNERS))
         self.weight_sync = self._choice("weight_sync", "gather", WEIGHT_SYNC)
         self.loss = self._choice("loss", "torch", LOSS_KERNELS)
+        self.kernels = self._choice("kernels", "eager", BLOCK_KERNELS)
         # the kernel the table names, else its stack's own (hardware.STACK_ATTENTION)
         self.named_attention = self.source.get("attention")
         self.attention = self._choice("attention", STACK_ATTENTION.get(self.stack, "matmul"), tuple(ATTENTION_KERNELS))
@@ -231,7 +237,7 @@ class Table:
         ``stack`` with ``attention``."""
         return build_cluster(cluster, self.cluster_specs[cluster], stack, self.rings, self.outer_reduce, self.gathers,
                              self.runner, self.copies, self.weight_sync, attention, self._early_stop(cluster),
-                             self.loss)
+                             self.loss, self.kernels)
 
     def how(self) -> str:
         """How the table's engine ran, as its predictions charge it."""

@@ -26,7 +26,9 @@ bf16, micro-batches of 1-8 sequences of 2,048 tokens: bench/data/h200-1gpu/repor
 prediction without it was 3.6-10.6% under ``torch.cuda.max_memory_allocated``, the gap growing as t·V.
 A run whose loss is one fused kernel (``Calibration.loss_kernel = "fused"``: flash-attn's ``CrossEntropyLoss``,
 which saves its run-dtype input and the rows' log-sum-exp) keeps t·V·e + 8·t for the head's loss in place of the
-log-softmax, and its backward allocates only the logits' gradient, t·V·e.
+log-softmax, and its backward allocates only the logits' gradient, t·V·e. Megatron's vocabulary-parallel loss
+(``vocab-parallel``, nanotron's) keeps its fp32 softmax, t·V·4 as the log-softmax, and works its backward in place on
+it: only the cast back to the run's dtype is new, t·V·e.
 Communication buffers: the root and (1 + prefetch) gathered buckets, and two reduce groups of full
 gradients (the one staged for reduction in fp32 with ``grad_bits`` 32). A run by DeepSpeed's ZeRO-3
 (``Calibration.gathers = "module"``) holds instead what its coordinator gathers at its fullest under the run's
@@ -93,7 +95,7 @@ def activation_memory(model: ModelSpec, s: Strategy, elem_bytes: int, loss: str 
         checkpointed = saved
     n = s.checkpointed_blocks(model.layers)  # the others keep every activation
     # the fp32 log-softmax and the loss; a fused loss keeps the run-dtype logits, their log-sum-exp and the losses
-    head += t * model.vocab * 4 + 4 if loss == "torch" else t * model.vocab * e + 8 * t
+    head += t * model.vocab * 4 + 4 if loss in ("torch", "vocab-parallel") else t * model.vocab * e + 8 * t
     # ids are views of (B, T+1) token rows; flattening B > 1 rows of targets copies them
     embed = s.micro_batch_size * (model.seq_len + 1) * 8 + (t * 8 if s.micro_batch_size > 1 else 0) + positions
     return n * checkpointed + (model.layers - n) * saved + head + embed

@@ -293,10 +293,12 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     rates = (cluster.peak_tflops * 1e12 * calib.compute_efficiency, calib.memory_bytes_per_s)
     kernel = (cluster.peak_tflops * 1e12 * attention, calib.attention_forward_share)
     recompute = "full-early-stop" if s.recompute == "full" and calib.recompute_early_stop else s.recompute
-    per_token = pass_seconds(model, e, *rates, recompute, *kernel, calib.loss_kernel, calib.score_passes)
+    per_token = pass_seconds(model, e, *rates, recompute, *kernel, calib.loss_kernel, calib.score_passes,
+                             calib.block_kernels)
     checkpointed = s.checkpointed_blocks(model.layers) / model.layers
     if 0 < checkpointed < 1:  # every checkpoint_every-th block checkpointed: the mean block
-        per_token = pass_seconds(model, e, *rates, "none", *kernel, calib.loss_kernel, calib.score_passes).blend(
+        per_token = pass_seconds(model, e, *rates, "none", *kernel, calib.loss_kernel, calib.score_passes,
+                                 calib.block_kernels).blend(
             per_token, checkpointed)
     fwd_block, bwd_block = tokens * per_token.block_fwd, tokens * per_token.block_bwd
     head_fwd, head_bwd = tokens * per_token.head_fwd, tokens * per_token.head_bwd

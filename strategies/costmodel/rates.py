@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from zerotune.strategies.costmodel.traffic import LOSS_KERNELS
+from zerotune.strategies.costmodel.traffic import BLOCK_KERNELS, LOSS_KERNELS
 
 RINGS = ("hierarchical", "flat")
 """How multi-level collectives run (``Calibration.rings``)."""
@@ -230,6 +230,9 @@ class Calibration:
     """The loss over the vocabulary the run computes (``traffic.loss_bytes``, ``memory.activation_memory``): ``torch``
     (``F.cross_entropy`` on fp32 logits: zerotune's engine, torchtitan, Hugging Face) or ``fused`` (one kernel on
     the run-dtype logits that keeps their log-sum-exp: flash-attn's ``CrossEntropyLoss``, llm-foundry's MPT)."""
+    block_kernels: str = "eager"
+    """The memory-bound kernels of a Llama's blocks (``traffic.BLOCK_KERNELS``): ``eager`` (Hugging Face's and
+    zerotune's engine's, op by op) or ``nanotron`` (flash-attn's Triton RMSNorm and rotary in nanotron's block)."""
     stage3_settings: str = "export"
     """With ``gathers = "module"``, the ``zero_optimization`` settings DeepSpeed's ZeRO-3 held its gathered parameters
     under (``costmodel.deepspeed``: what ``memory.memory_per_rank`` books): ``export`` (zerotune's export of the
@@ -247,7 +250,8 @@ class Calibration:
     def __post_init__(self) -> None:
         for field, allowed in (("rings", RINGS), ("protocols", PROTOCOLS), ("outer_reduce", OUTER_REDUCE),
                                ("gathers", GATHERS), ("grad_reduce", GRAD_REDUCE), ("weight_sync", WEIGHT_SYNC),
-                               ("stage3_settings", STAGE3_SETTINGS), ("loss_kernel", LOSS_KERNELS)):
+                               ("stage3_settings", STAGE3_SETTINGS), ("loss_kernel", LOSS_KERNELS),
+                               ("block_kernels", BLOCK_KERNELS)):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field}={getattr(self, field)!r}: must be one of {list(allowed)}")
 

@@ -83,11 +83,39 @@ class Traffic:
     root_bwd: int
 
 
-LOSS_KERNELS = ("torch", "fused")
+LOSS_KERNELS = ("torch", "fused", "vocab-parallel")
 """The loss a run computes over the vocabulary (``Calibration.loss_kernel``): ``torch`` (``F.cross_entropy`` on fp32
-logits, the engine's) or ``fused`` (one kernel that reads the logits in the run's dtype and keeps their
+logits, the engine's), ``fused`` (one kernel that reads the logits in the run's dtype and keeps their
 log-sum-exp, and one that writes their gradient: flash-attn's ``CrossEntropyLoss``, which llm-foundry's MPT
-calls by default; ``loss_bytes``)."""
+calls by default) or ``vocab-parallel`` (Megatron's vocabulary-parallel cross-entropy on fp32 logits, op by op, as
+nanotron runs it on one tensor-parallel rank; ``loss_bytes``)."""
+
+BLOCK_KERNELS = ("eager", "nanotron")
+"""The memory-bound kernels of a run's blocks (``Calibration.block_kernels``): ``eager`` (the engine's GPT block and
+a Hugging Face Llama's, op by op: the module docstring's formulas) or ``nanotron`` (nanotron's ``LlamaDecoderLayer``:
+flash-attn's Triton RMSNorm and rotary kernels, a fused gate-up projection, the rest eager; ``nanotron_block_bytes``).
+A GPT block is the same under both."""
+
+
+def nanotron_block_bytes(model: ModelSpec, elem_bytes: int) -> tuple[int, int]:
+    """Bytes per token of nanotron's Llama block (huggingface/nanotron ``src/nanotron/models/llama.py`` at 67c5ebb, the
+    Ultra-Scale Playbook's benchmark branch), forward and backward. Counted, not derived: ``bench/nanotron_kernels.py``
+    runs its ``LlamaDecoderLayer`` on one CPU rank (a tensor-parallel group of 1) under a byte counter (every kernel
+    reads its inputs and writes its outputs once, in-place ones too), with flash-attn's kernels stood in by one
+    kernel each (``layer_norm_fn`` with ``is_rms_norm``: x and the weight in, y and the fp32 rstd out; backward dy, x,
+    the weight and rstd in, dx out; the rotary embedding in place on q and k; the attention as compute), at hidden
+    2,048 and 3,072, SwiGLU 4,096 and 8,192, and 8, 16 and 32 key/value heads of 32
+    (``bench/data/nanotron-kernels/report.txt``, which ``tests/strategies/test_traffic.py`` holds this formula to).
+    The counts are linear in
+    each width: forward 17·h·e + 14·k·e + 5·f·e + 10 (the norms' 4·h·e, the residual adds' 6·h·e, rotary's in-place
+    2(h + k)·e, the key/value concatenation and layout copies, silu and the product over the fused gate-up output);
+    backward 19·h·e + 10·k·e + 13·f·e + 8, and 6·h·e more with as many key/value heads as query heads (the backward of
+    the key/value split stacks the two gradients there). The Hugging Face block's RMSNorm alone moves about 36·h bytes
+    a norm forward where flash-attn's moves 2·h·e."""
+    h, k, f, e = model.hidden, model.kv, model.ffn, elem_bytes
+    forward = 17 * h * e + 14 * k * e + 5 * f * e + 10
+    backward = 19 * h * e + 10 * k * e + 13 * f * e + 8 + (6 * h * e if k == h else 0)
+    return forward, backward
 
 
 def loss_bytes(vocab: int, elem_bytes: int, loss: str = "torch") -> tuple[int, int]:
@@ -100,6 +128,9 @@ def loss_bytes(vocab: int, elem_bytes: int, loss: str = "torch") -> tuple[int, i
     v, e = vocab, elem_bytes
     if loss == "fused":
         return 2 * v * e + 16, 2 * v * e + 16
+    if loss == "vocab-parallel":  # the cast to fp32 (Ve + 4V); max 4V, subtract 8V, exp in place 8V, sum 4V, divide in
+        # place 8V; backward: the softmax times the loss's gradient in place (8V), the cast's backward (4V + Ve)
+        return v * e + 36 * v + 8, v * e + 12 * v + 8
     if loss != "torch":
         raise ValueError(f"loss={loss!r}: must be one of {list(LOSS_KERNELS)}")
     cast = 4 * v + v * e if e < 4 else 0  # F.cross_entropy(logits.float()): a cast only below fp32
@@ -107,14 +138,22 @@ def loss_bytes(vocab: int, elem_bytes: int, loss: str = "torch") -> tuple[int, i
 
 
 @functools.lru_cache(maxsize=1024)
-def traffic(model: ModelSpec, elem_bytes: int, loss: str = "torch", score_passes: tuple[int, int] = (0, 0)) -> Traffic:
+def traffic(model: ModelSpec, elem_bytes: int, loss: str = "torch", score_passes: tuple[int, int] = (0, 0),
+            kernels: str = "eager") -> Traffic:
     """Bytes per token the memory-bound kernels of ``model`` move in HBM (formulas: module docstring), the loss
-    computed by ``loss`` (``LOSS_KERNELS``), and ``score_passes`` passes, forward and backward, over the attention
-    scores an unfused attention materializes (heads x T elements a token: ``Calibration.score_passes``)."""
+    computed by ``loss`` (``LOSS_KERNELS``), ``score_passes`` passes, forward and backward, over the attention
+    scores an unfused attention materializes (heads x T elements a token: ``Calibration.score_passes``), and a Llama's
+    blocks and final norm run by ``kernels`` (``BLOCK_KERNELS``)."""
+    if kernels not in BLOCK_KERNELS:
+        raise ValueError(f"kernels={kernels!r}: must be one of {list(BLOCK_KERNELS)}")
     h, f, e, k = model.hidden, model.ffn, elem_bytes, model.kv
     loss_fwd, loss_bwd = loss_bytes(model.vocab, e, loss)
     scores = model.heads * model.seq_len * e  # bytes of one pass over a token's scores, every head's
     scores_fwd, scores_bwd = score_passes[0] * scores, score_passes[1] * scores
+    if model.llama and kernels == "nanotron":  # flash-attn's RMSNorm on the final norm too: 2he + 4 and 3he + 4
+        fwd, bwd = nanotron_block_bytes(model, e)
+        return Traffic(block_fwd=fwd + scores_fwd, block_bwd=bwd + scores_bwd,
+                       root_fwd=4 * h * e + 12 + loss_fwd, root_bwd=4 * h * e + 12 + loss_bwd)
     if model.llama:  # an RMSNorm's casts to fp32 and back below fp32: (4 + e) bytes an element
         cast = (4 + e) * h if e < 4 else 0
         return Traffic(block_fwd=20 * h * e + 40 * h + 10 * k * e + 5 * f * e + 48 + 4 * cast + scores_fwd,
@@ -215,7 +254,7 @@ last matmul, ``Calibration.recompute_early_stop``)."""
 def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_per_s: float,
                  recompute: str = "none", attention_flops_per_s: float = 0.0,
                  attention_forward_share: float = 0.0, loss: str = "torch",
-                 score_passes: tuple[int, int] = (0, 0)) -> PassSeconds:
+                 score_passes: tuple[int, int] = (0, 0), kernels: str = "eager") -> PassSeconds:
     """Seconds per token of a block's and the head's forward and backward: FLOPs (``block_flops``,
     ``head_flops``; the backward twice the forward) at ``flops_per_s``, the attention's part of them
     (``attention_flops``) at ``attention_flops_per_s`` where its kernel has its own rate (0: at
@@ -224,11 +263,12 @@ def pass_seconds(model: ModelSpec, elem_bytes: int, flops_per_s: float, bytes_pe
     ``recompute`` (``RECOMPUTE``) the backward rerunning the block's forward: all of it (``"full"``), all of it but
     its last matmul (``"full-early-stop"``), or, with selective checkpointing, the matmuls whose outputs were not
     kept (``recomputed_matmul_flops``) and every memory-bound kernel of the forward (``"selective"``; the attention
-    kernel's outputs are kept). The residual add after the last matmul, which early stop skips too, is left in
+    kernel's outputs are kept). ``loss``, ``score_passes`` and ``kernels`` name the memory-bound kernels (``traffic``).
+    The residual add after the last matmul, which early stop skips too, is left in
     the memory-bound bytes (h elements of the block's 20-40 per token)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {list(RECOMPUTE)}, not {recompute!r}")
-    t, per_byte = traffic(model, elem_bytes, loss, score_passes), (1 / bytes_per_s if bytes_per_s else 0.0)
+    t, per_byte = traffic(model, elem_bytes, loss, score_passes, kernels), (1 / bytes_per_s if bytes_per_s else 0.0)
     attention = attention_flops(model)
     matmuls = (block_flops(model) - attention) / flops_per_s
     kernel = 3 * attention / (attention_flops_per_s or flops_per_s)  # the attention's forward and backward
