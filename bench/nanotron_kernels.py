@@ -43,7 +43,6 @@ from zerotune.strategies.costmodel.traffic import nanotron_block_bytes, traffic 
 from zerotune.strategies.spec import ModelSpec  # noqa: E402
 
 COMPUTE = {"mm", "addmm", "bmm", "baddbmm"}
-IN_PLACE = {"copy_", "add_", "mul_", "div_", "sub_", "exp_"}
 SHAPES = ((2048, 32, 32, 8192), (3072, 32, 32, 8192), (2048, 32, 32, 4096), (2048, 32, 8, 8192), (2048, 32, 16, 8192))
 """(hidden, heads, key/value heads, SwiGLU width): the Playbook's 1.34B block, then each width moved alone."""
 SEQ = 64
@@ -54,7 +53,10 @@ def _bytes(tensors: list[torch.Tensor]) -> int:
 
 
 class KernelBytes(TorchDispatchMode):
-    """Bytes each kernel reads and writes, by kernel name (``book`` adds the stood-in fused kernels)."""
+    """Bytes each kernel reads and writes, by kernel name (``book`` adds the stood-in fused kernels), by the rules of
+    ``tests/strategies/test_traffic.py``'s counter for the kernels this block runs (it has no index or embedding
+    kernels): every input once, every output once; an in-place kernel reads its inputs (``copy_`` its source) and
+    writes its output; views move nothing."""
 
     active: KernelBytes | None = None
 
@@ -77,8 +79,12 @@ class KernelBytes(TorchDispatchMode):
             return out
         ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         outs = [a for a in tree_flatten(out)[0] if isinstance(a, torch.Tensor)]
+        if name.endswith("_") or (kwargs or {}).get("out") is not None:  # in place
+            reads = [a for a in tree_flatten(args[1:] if name == "copy_" else args)[0] if isinstance(a, torch.Tensor)]
+            self.by_op[name] += _bytes(reads) + _bytes(outs)
+            return out
         storages = {t.untyped_storage().data_ptr() for t in ins}
-        if name not in IN_PLACE and outs and all(o.untyped_storage().data_ptr() in storages for o in outs):
+        if outs and all(o.untyped_storage().data_ptr() in storages for o in outs):
             return out  # a view
         self.by_op[name] += _bytes(ins) + _bytes(outs)
         return out
@@ -116,7 +122,9 @@ class RMSNorm(torch.autograd.Function):
 def layer_norm_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: Any = None,
                   eps: float = 1e-6, is_rms_norm: bool = True, **_: Any) -> torch.Tensor:
     if residual is not None or bias is not None or not is_rms_norm:
-        raise NotImplementedError("nanotron's Llama calls the RMS norm without residual or bias")
+        raise ValueError(f"layer_norm_fn(residual={residual is not None}, bias={bias is not None}, "
+                         f"is_rms_norm={is_rms_norm}): this stand-in is the RMS norm without residual or bias, as "
+                         f"nanotron's Llama calls it")
     return RMSNorm.apply(x, weight, eps)
 
 
