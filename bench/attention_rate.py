@@ -10,12 +10,12 @@ the forward alone, and the backward of that forward (CUDA events, medians over `
 a fraction of ``--peak-tflops`` (default: the device's datasheet dense 16-bit peak from the cost model's profiles,
 matched by name) counted as FlashAttention's and Triton's benchmarks count it (the unmasked half of the square:
 2·T²·d FLOPs per head forward, the backward 2.5 times that, its recomputation included), and the two together in
-the time model's terms (``hardware.causal_kernel_efficiency``: the whole square, the backward twice the forward),
-the figure ``hardware.ATTENTION_KERNELS`` holds per device, with the forward's share of the two passes' time
-(``hardware.kernel_forward_share``: what a recomputed forward pays again). ``--backend`` pins SDPA's backend
+the time model's terms (``attention.causal_kernel_efficiency``: the whole square, the backward twice the forward),
+the figure ``attention.ATTENTION_KERNELS`` holds per device, with the forward's share of the two passes' time
+(``attention.kernel_forward_share``: what a recomputed forward pays again). ``--backend`` pins SDPA's backend
 (``flash``, ``cudnn``, ``efficient``, ``math``); the default lets PyTorch pick, as zerotune's engine does.
 On a device FlashAttention-2's published benchmark swept ([fa2-bench]: A100, H100, and the H200 by its SMs), each
-row also prints that benchmark at the same point in the model's terms (``hardware.ATTENTION_KERNELS['flash2']``'s
+row also prints that benchmark at the same point in the model's terms (``attention.ATTENTION_KERNELS['flash2']``'s
 curve, what the time model charges a FlashAttention-2 run) and the measured rate over it.
 """
 
@@ -32,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_efficiency import time_kernel  # noqa: E402  - a sibling bench script: this file's folder is on sys.path
 
-from zerotune.strategies.costmodel.hardware import (  # noqa: E402
+from zerotune.strategies.costmodel.attention import (  # noqa: E402
     ATTENTION_KERNELS,
     causal_kernel_efficiency,
+)
+from zerotune.strategies.costmodel.hardware import (  # noqa: E402
     device_key_of,
     peak_tflops_of,
 )
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if peak and rows:
         print(f"median in the model's terms: {statistics.median(r['model_terms'] for r in rows):.3f} of peak, "
               f"the forward {statistics.median(r['forward_share'] for r in rows):.3f} of the kernel's time "
-              "(hardware.ATTENTION_KERNELS holds both per device and kernel)")
+              "(attention.ATTENTION_KERNELS holds both per device and kernel)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"device": name, "dtype": str(dtype), "peak_tflops": peak,
                                                    "backend": args.backend, "batch": args.batch,

@@ -10,7 +10,8 @@ bias gradients, the qkv split's backward, embedding gathers, the loss over the v
 bytes over a fraction of the datasheet HBM bandwidth (``STREAM_FRACTION`` where nothing better was
 measured). This script measures both parts on the device in hand, for the engine's own model
 (``strategies.model``) run eagerly; the Hopper figures of ``strategies/costmodel/hardware.py``
-(``H200_ENGINE_EFFICIENCY``, ``H200_ENGINE_ATTENTION``, ``H200_EAGER_MEMORY_FRACTION``, and the H100's) are its
+(``H200_ENGINE_EFFICIENCY``, ``H200_EAGER_MEMORY_FRACTION``, and the H100's) and of ``attention.py``
+(``H200_ENGINE_ATTENTION`` and its forward share, and the H100's) are its
 medians on one H200 (``bench/data/h200-kernels``) and one H100 (``bench/data/h100-kernels``):
 
 1. **Kernel classes.** One forward and backward per iteration under ``torch.profiler`` (host and

@@ -14,11 +14,11 @@ nothing here is fitted to these tables — and the error is (predicted - publish
 A table's ``stack`` names the software its figures ran on (``pytorch``: eager PyTorch, FSDP;
 ``megatron``: Megatron-DeepSpeed-class fused kernels; ``flash``: fused kernels with FlashAttention-2),
 which picks the device's efficiency (``hardware.STACKS``). Its ``attention`` names the attention kernel the runs
-used where it has a published rate of its own (``hardware.ATTENTION_KERNELS``: ``flash2`` for FlashAttention-2 and
-SDPA's flash backend; ``triton``); the default is the stack's own (``hardware.STACK_ATTENTION``: ``flash2`` for
+used where it has a published rate of its own (``attention.ATTENTION_KERNELS``: ``flash2`` for FlashAttention-2 and
+SDPA's flash backend; ``triton``); the default is the stack's own (``attention.STACK_ATTENTION``: ``flash2`` for
 the ``flash`` stack, ``fused-softmax`` for the ``megatron`` stack, else ``matmul``, attention at the stack's compute
 rate, as an unfused attention's batched matmuls run; ``eager``, those matmuls and the unfused attention's scale,
-mask and softmax passes over the scores it writes to HBM, ``hardware.SCORE_PASSES``; ``fused-softmax``, the same
+mask and softmax passes over the scores it writes to HBM, ``attention.SCORE_PASSES``; ``fused-softmax``, the same
 with the three fused in one kernel, Megatron's), and a preset cluster keeps its own unless the table names one. Its
 ``loss`` names the loss kernel (``torch``, the default, ``fused`` or ``vocab-parallel``: ``Calibration.loss_kernel``),
 and ``kernels`` its blocks' memory-bound kernels (``eager``, the default, or ``nanotron``:
@@ -74,14 +74,16 @@ from typing import Any, NamedTuple
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import (
+from zerotune.strategies.costmodel.attention import (
     ATTENTION_KERNELS,
     STACK_ATTENTION,
+    with_attention,
+)
+from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
+from zerotune.strategies.costmodel.hardware import (
     device_key_of,
     profile_calibration,
     profile_cluster,
-    with_attention,
     with_measured_links,
 )
 from zerotune.strategies.costmodel.rates import (
@@ -191,7 +193,7 @@ class Table:
         self.weight_sync = self._choice("weight_sync", "gather", WEIGHT_SYNC)
         self.loss = self._choice("loss", "torch", LOSS_KERNELS)
         self.kernels = self._choice("kernels", "eager", BLOCK_KERNELS)
-        # the kernel the table names, else its stack's own (hardware.STACK_ATTENTION)
+        # the kernel the table names, else its stack's own (attention.STACK_ATTENTION)
         self.named_attention = self.source.get("attention")
         self.attention = self._choice("attention", STACK_ATTENTION.get(self.stack, "matmul"), tuple(ATTENTION_KERNELS))
         self.copies = self._flag(self.source, "copies", "source")

@@ -94,21 +94,21 @@ class Calibration:
     attention_efficiency: float = 0.0
     """Achieved fraction of ``peak_tflops`` on the attention's FLOPs as the model counts them (the whole
     T x T square, the backward twice the forward: ``traffic.attention_flops``), where the run's attention
-    kernel has its own published rate on this device (``hardware.ATTENTION_KERNELS``); 0 = at
+    kernel has its own published rate on this device (``attention.ATTENTION_KERNELS``); 0 = at
     ``compute_efficiency``, as an unfused attention's batched matmuls run (and fitted calibrations, which
     measured both together)."""
     attention_forward_share: float = 0.0
-    """The share of the attention kernel's forward-and-backward time its forward takes (``hardware.ATTENTION_KERNELS``:
+    """The share of the attention kernel's forward-and-backward time its forward takes (``attention.ATTENTION_KERNELS``:
     a fused kernel's backward recomputes the scores and runs slower, so its forward takes less than the third its
     FLOPs give): what a recomputed forward pays again, and how the kernel's time splits between the passes. 0 = the
     FLOPs' third (no kernel rate, fitted and nominal calibrations)."""
     score_passes: tuple[int, int] = (0, 0)
     """Element passes over the T x T attention scores of each head the run's memory-bound kernels make, forward and
-    backward (``hardware.SCORE_PASSES``; ``traffic.traffic``): an unfused attention writes its scores to HBM and runs
+    backward (``attention.SCORE_PASSES``; ``traffic.traffic``): an unfused attention writes its scores to HBM and runs
     its scale, causal mask and softmax over them as kernels of their own. (0, 0): a fused kernel keeps them on chip."""
     attention_curve: tuple[tuple[int, int, float], ...] = ()
     """(sequence length, head size, rate) points of the run's attention kernel's published benchmark on this device,
-    the rate in ``attention_efficiency``'s terms (``hardware.ATTENTION_KERNELS``): a fused kernel's rate grows with the
+    the rate in ``attention_efficiency``'s terms (``attention.ATTENTION_KERNELS``): a fused kernel's rate grows with the
     sequence (FlashAttention-2 on an A100, heads of 128: 0.54 of peak at 512 tokens, 1.04 at 16k in these terms) and
     with the head size, so a model's rate is read off the curve at its own (``attention_rate``); empty =
     ``attention_efficiency`` for every model."""

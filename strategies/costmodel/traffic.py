@@ -54,8 +54,8 @@ sum, ``10we``; the SwiGLU's silu and product, ``5fe``. Per token:
 - root backward — ``7he + 72h + 16V + 52 + (4 + e)(V + 2h)·[e<4]``.
 
 A run whose loss is one fused kernel (``LOSS_KERNELS``, ``Calibration.loss_kernel = "fused"``) moves, in place of
-the loss terms above, 2·V·e + 16 forward and backward (``loss_bytes``). An unfused attention (``hardware.SCORE_PASSES``)
-adds its passes over the heads x T scores of each token to the block's bytes.
+the loss terms above, 2·V·e + 16 forward and backward (``loss_bytes``). An unfused attention
+(``attention.SCORE_PASSES``) adds its passes over the heads x T scores of each token to the block's bytes.
 
 What is per parameter or per position rather than per token (the embedding tables' gradient writes,
 the LayerNorms' and biases' parameter gradients, the position gather) is left out: the optimizer

@@ -295,7 +295,8 @@ def test_an_unfused_attention_pays_its_scores_passes_in_memory_bound_bytes():
     the memory-bound rate; Megatron's fused softmax (``fused-softmax``) 2 and 3; a flash kernel (``flash2``, ``sdpa``)
     and the plain ``matmul`` charge none. On a 175B at 2,048 tokens the eager passes are several times the rest of a
     block's memory-bound bytes."""
-    from zerotune.strategies.costmodel.hardware import SCORE_PASSES, profile_calibration, with_attention
+    from zerotune.strategies.costmodel.attention import SCORE_PASSES, with_attention
+    from zerotune.strategies.costmodel.hardware import profile_calibration
     from zerotune.strategies.costmodel.traffic import traffic
     from zerotune.strategies.spec import ModelSpec
 

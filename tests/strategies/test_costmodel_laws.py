@@ -15,12 +15,15 @@ import pytest
 from tests.support import ROOT
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
+from zerotune.strategies.costmodel.attention import (
+    FIGURE_ATTENTION,
+    attention_efficiency,
+)
 from zerotune.strategies.costmodel.error import at_scale, error_band, on_device
 from zerotune.strategies.costmodel.hardware import (
     DEVICES,
     ENGINE_STACK,
     FA2_A100_TFLOPS,
-    FIGURE_ATTENTION,
     GPT3_2_7B_2K,
     H100_EAGER_MEMORY_FRACTION,
     H100_ENGINE_EFFICIENCY,
@@ -39,7 +42,6 @@ from zerotune.strategies.costmodel.hardware import (
     RCCL_RING_PROTOCOLS,
     SOURCE_RUNS,
     STREAM_FRACTION,
-    attention_efficiency,
     device_of,
     gemm_efficiency,
     peak_tflops_of,

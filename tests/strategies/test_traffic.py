@@ -17,21 +17,23 @@ from torch.utils._pytree import tree_flatten
 from zerotune.errors import SpecError
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.hardware import (
+from zerotune.strategies.costmodel.attention import (
     ATTENTION_KERNELS,
     BENCH_SEQS,
-    BERT_LARGE_512,
-    DEVICES,
     FA2_A100_CURVE,
     FA2_H100_CURVE,
-    IBM_FSDP_7B,
     REFERENCE_POINT,
-    V100_BERT_SAMPLES_PER_S,
     AttentionKernel,
     attention_efficiency,
     attention_forward_share,
     causal_kernel_efficiency,
     kernel_forward_share,
+)
+from zerotune.strategies.costmodel.hardware import (
+    BERT_LARGE_512,
+    DEVICES,
+    IBM_FSDP_7B,
+    V100_BERT_SAMPLES_PER_S,
     profile_calibration,
 )
 from zerotune.strategies.costmodel.memory import activation_memory
@@ -468,6 +470,7 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
     import statistics
     from pathlib import Path
 
+    from zerotune.strategies.costmodel import attention as attention_kernels
     from zerotune.strategies.costmodel import hardware
     from zerotune.strategies.costmodel.hardware import DEVICES, STREAM_FRACTION
 
@@ -489,7 +492,7 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
         both.append((p["matmul_flops"] + p["attention_flops"]) / ((p["matmul_ms"] + p["attention_ms"]) / 1e3) / peak)
         memory.append(p["memory_bytes"] / (p["memory_ms"] / 1e3) / hbm)
     engine = getattr(hardware, f"{part.upper()}_ENGINE_EFFICIENCY")
-    own_attention = getattr(hardware, f"{part.upper()}_ENGINE_ATTENTION")
+    own_attention = getattr(attention_kernels, f"{part.upper()}_ENGINE_ATTENTION")
     # the forward's share of the attention kernels' time: the forward operators' over both passes'
     shares = []
     for p in passes:
@@ -498,7 +501,7 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
         assert {o["op"] for o in ops} >= {"aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward"}
         assert sum(o["ms"] for o in ops) == pytest.approx(p["attention_ms"], rel=0.01)  # the top operators hold it
         shares.append(forward / p["attention_ms"])
-    forward_share = getattr(hardware, f"{part.upper()}_ENGINE_ATTENTION_FORWARD")
+    forward_share = getattr(attention_kernels, f"{part.upper()}_ENGINE_ATTENTION_FORWARD")
     assert forward_share == round(statistics.median(shares), 2) == attention_forward_share("sdpa", part.upper())
     eager = getattr(hardware, f"{part.upper()}_EAGER_MEMORY_FRACTION")
     assert engine == round(statistics.median(matmul), 2) == device.efficiency("zerotune")
