@@ -4,7 +4,7 @@
 A cluster preset's calibration is built from its device's, links' and host's profiles
 (``hardware.profile_calibration``); a fitted one (``zerotune calibrate``, ``strategies.calibration``)
 replaces it for a cluster this service can measure; custom and ``local:`` clusters take ``NOMINAL``.
-Sources are cited by the keys of ``hardware``'s docstring: [nccl-netoverhead] and [ds-fetch] there.
+Sources are cited by the keys of ``links``' docstring ([nccl-netoverhead]) and ``hardware``'s ([ds-fetch]).
 """
 
 from __future__ import annotations

@@ -38,14 +38,14 @@ nInterSteps·interLat, and ``busBw`` the minimum over the ring's links)
 Gradient collectives at bits < 16 stay hierarchical (ZeRO++'s qgZ is a hierarchical all-to-all by
 design). The bytes booked per level (``volume.py``) are the engine's; only the seconds differ.
 **The protocol** (``Calibration.protocols``): NCCL times each collective under its Simple, LL128
-and LL protocols and runs the fastest (``hardware.NCCL_RING_PROTOCOLS``: smaller base and hop
+and LL protocols and runs the fastest (``links.NCCL_RING_PROTOCOLS``: smaller base and hop
 latencies for less bandwidth), so a latency-bound ring over a large group runs LL or LL128. A ring
 over 2+ nodes pays the host's network post overhead on every node-link step (``Calibration.
 net_overhead_us``, three times it under Simple), LL's bus bandwidth is capped
 (``Calibration.ll_max_busbw_gbps``) and LL128 runs only where ``Calibration.ll128``, as both libraries'
-tuners have it (``hardware`` [nccl-netoverhead]). An all-reduce under NCCL's protocols runs as a ring
+tuners have it (``links`` [nccl-netoverhead]). An all-reduce under NCCL's protocols runs as a ring
 or as NCCL's tree, whichever its model says is faster (``Costs._tree``: log2(nodes) network hops where
-the ring pays nodes − 1, at half the bus bandwidth; ``hardware`` [nccl-tree]), and a multi-node Simple
+the ring pays nodes − 1, at half the bus bandwidth; ``links`` [nccl-tree]), and a multi-node Simple
 ring all-reduce pays its latency ``Calibration.ring_plateau`` times. The
 profiles of NVIDIA devices choose so (both kinds of ring); fitted calibrations, gloo runs and RCCL
 (whose tables were not sourced) are charged Simple's latencies throughout.
@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import math
 
-from zerotune.strategies.costmodel.hardware import NCCL_TREE_CORRECTION, NCCL_TREE_PROTOCOLS, RING_PROTOCOLS
+from zerotune.strategies.costmodel.links import NCCL_TREE_CORRECTION, NCCL_TREE_PROTOCOLS, RING_PROTOCOLS
 from zerotune.strategies.costmodel.rates import Calibration
 from zerotune.strategies.costmodel.schedule import Coll, Group
 from zerotune.strategies.spec import ClusterSpec, Level
@@ -235,7 +235,7 @@ class Costs:
 
     def _tree(self, ranks: int, nodes: int, nbytes: float, busbw: float, node_hop: float, net_hop: float) -> float:
         """Seconds of an ``nbytes`` all-reduce over ``ranks`` on ``nodes`` as NCCL's tree runs it, under the
-        fastest of its protocols (``hardware.NCCL_TREE_PROTOCOLS``, ``NCCL_TREE_CORRECTION``): base +
+        fastest of its protocols (``links.NCCL_TREE_PROTOCOLS``, ``NCCL_TREE_CORRECTION``): base +
         2 · ((ranks per node − 1) · NVLink hop + log2(nodes) · network hop), and the buffer at half the
         tree's bus bandwidth (a fraction of the ring's Simple ``busbw``, bytes/s). The levels' own hop
         latencies (``node_hop``, ``net_hop``) scale the table's as the ring's do."""
@@ -290,7 +290,7 @@ class Costs:
         (``Calibration.protocols``). The launch and a level's own hop latency are scaled to a protocol by
         their ratio to the Simple row of the library's table: the network's where the hop is that row's
         network latency or more, the node link's below. As the library's tuner has it
-        [``hardware`` nccl-netoverhead], a ring over 2+ ``nodes`` pays at least the host's network post
+        [``links`` nccl-netoverhead], a ring over 2+ ``nodes`` pays at least the host's network post
         overhead on every node-link step (three times it under Simple), LL's bus bandwidth is capped
         (``Calibration.ll_max_busbw_gbps``), LL128 runs only where ``Calibration.ll128``, and an
         ``all_reduce`` ring across nodes pays its Simple latency ``Calibration.ring_plateau`` times. A ring

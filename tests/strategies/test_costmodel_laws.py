@@ -29,17 +29,8 @@ from zerotune.strategies.costmodel.hardware import (
     H100_ENGINE_EFFICIENCY,
     H200_EAGER_MEMORY_FRACTION,
     H200_ENGINE_EFFICIENCY,
-    HOSTS,
     IBM_FSDP_7B,
-    LINKS,
-    NCCL_RING_BASE_US,
-    NCCL_RING_PROTOCOLS,
-    NCCL_TREE_PROTOCOLS,
-    NET_HOP_US,
-    NVLINK_HOP_US,
     PROFILES,
-    RCCL_RING_BASE_US,
-    RCCL_RING_PROTOCOLS,
     SOURCE_RUNS,
     STREAM_FRACTION,
     device_of,
@@ -48,6 +39,17 @@ from zerotune.strategies.costmodel.hardware import (
     profile_calibration,
     profile_cluster,
     source_run_efficiency,
+)
+from zerotune.strategies.costmodel.links import (
+    HOSTS,
+    LINKS,
+    NCCL_RING_BASE_US,
+    NCCL_RING_PROTOCOLS,
+    NCCL_TREE_PROTOCOLS,
+    NET_HOP_US,
+    NVLINK_HOP_US,
+    RCCL_RING_BASE_US,
+    RCCL_RING_PROTOCOLS,
 )
 from zerotune.strategies.costmodel.rates import NOMINAL_LINK_EFFICIENCY, run_by
 from zerotune.strategies.costmodel.timing import costs_for
