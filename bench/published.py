@@ -74,18 +74,10 @@ from typing import Any, NamedTuple
 
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.attention import (
-    ATTENTION_KERNELS,
-    STACK_ATTENTION,
-    with_attention,
-)
+from zerotune.strategies.costmodel.attention import ATTENTION_KERNELS, STACK_ATTENTION, with_attention
 from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import (
-    device_key_of,
-    profile_calibration,
-    profile_cluster,
-    with_measured_links,
-)
+from zerotune.strategies.costmodel.hardware import device_key_of
+from zerotune.strategies.costmodel.presets import profile_calibration, profile_cluster, with_measured_links
 from zerotune.strategies.costmodel.rates import (
     BLOCK_KERNELS,
     GATHERS,

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from zerotune.errors import SpecError, UnknownPresetError
-from zerotune.strategies.costmodel.hardware import IBM_FSDP_7B, PROFILES, profile_cluster
+from zerotune.strategies.costmodel.hardware import IBM_FSDP_7B
+from zerotune.strategies.costmodel.presets import PROFILES, profile_cluster
 from zerotune.strategies.spec import MAX_LEVEL_SIZE, MAX_LEVELS, ClusterSpec, Level, ModelSpec, Strategy, check_spans
 
 # Figures from DESIGN.md §7, each level built from its link's profile (costmodel/hardware.py: bandwidth,

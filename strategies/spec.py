@@ -77,7 +77,7 @@ class Level:
     """A measured bus bandwidth, GB/s, of one collective whose ranks span this level and every level under it
     at this size (nccl-tests' or rccl-tests' ``busbw`` at a large message, e.g. ``all_reduce_perf -b 256M``
     across the nodes): the level's collectives then reach it instead of the nominal share of
-    ``bandwidth_gbps`` (``costmodel.hardware.calibration_for``). At most what the level's links carry:
+    ``bandwidth_gbps`` (``costmodel.presets.calibration_for``). At most what the level's links carry:
     ``bandwidth_gbps`` times the ranks under it (a ring leaves a group through that many links)."""
     all_gather_busbw_gbps: float | None = None
     """``busbw_gbps`` of the all-gather alone (``all_gather_perf``), where it was measured apart: a cluster's
@@ -104,7 +104,7 @@ class Level:
 
     def collective_busbw(self) -> tuple[tuple[str, float], ...]:
         """The collectives measured apart on this level, as (collective, GB/s); the others reach ``busbw_gbps``
-        where it was measured (``Calibration.level_efficiency`` holds that rule, ``hardware.with_measured_links``
+        where it was measured (``Calibration.level_efficiency`` holds that rule, ``presets.with_measured_links``
         fills it)."""
         return tuple((op, v) for op, f in zip(COLLECTIVES, BUSBW_FIELDS[1:], strict=True)
                      if (v := getattr(self, f)) is not None)

@@ -138,7 +138,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.strategies.calibration import load_calibration
     from zerotune.strategies.costmodel import GIB, calibration_for, cross_node_bytes, predict
     from zerotune.strategies.costmodel.error import lean_sentence
-    from zerotune.strategies.costmodel.hardware import DEVICE_CALIBRATION_SUFFIX
+    from zerotune.strategies.costmodel.presets import DEVICE_CALIBRATION_SUFFIX
     from zerotune.strategies.costmodel.rates import run_by
     from zerotune.strategies.files import load_cluster, load_model, load_strategy, parse_overrides
     from zerotune.strategies.spec import count_label

@@ -18,15 +18,9 @@ Every formula is written in its module's docstring.
 import math
 from typing import Any
 
-from zerotune.strategies.costmodel.hardware import calibration_for
 from zerotune.strategies.costmodel.memory import GIB, activation_memory, state_memory
-from zerotune.strategies.costmodel.predict import (
-    accumulation_steps,
-    predict,
-    step_calls,
-    step_latency,
-    step_volume,
-)
+from zerotune.strategies.costmodel.predict import accumulation_steps, predict, step_calls, step_latency, step_volume
+from zerotune.strategies.costmodel.presets import calibration_for
 from zerotune.strategies.costmodel.rates import Calibration, MeasuredError
 from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
 from zerotune.strategies.spec import ClusterSpec

@@ -52,7 +52,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS
+from zerotune.strategies.costmodel.presets import PRESET_CALIBRATIONS
 from zerotune.strategies.costmodel.rates import Calibration, run_by
 
 ERROR_FILE = Path(__file__).with_name("model_error.json")

@@ -41,8 +41,8 @@ from typing import Any
 from zerotune.errors import SpecError
 from zerotune.strategies.costmodel.deepspeed import Stage3Settings, Stage3Step, settings_for, simulate
 from zerotune.strategies.costmodel.error import error_band
-from zerotune.strategies.costmodel.hardware import calibration_for
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
+from zerotune.strategies.costmodel.presets import calibration_for
 from zerotune.strategies.costmodel.rates import Calibration
 from zerotune.strategies.costmodel.schedule import Coll, Group, Schedule, build_schedule
 from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
@@ -268,7 +268,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         elem_bytes: bytes per element of the run's dtype (default: 4 on ``cpu`` clusters, else 2).
         global_batch: sequences per optimizer step, a multiple of world · micro-batch (else
             ``SpecError``). None = one micro-step.
-        calibration: efficiencies to use; None = the cluster's own (``hardware.calibration_for``).
+        calibration: efficiencies to use; None = the cluster's own (``presets.calibration_for``).
     """
     calib = calibration or calibration_for(cluster)
     e = elem_bytes or (4 if cluster.device == "cpu" else 2)

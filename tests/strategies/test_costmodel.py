@@ -296,7 +296,7 @@ def test_an_unfused_attention_pays_its_scores_passes_in_memory_bound_bytes():
     and the plain ``matmul`` charge none. On a 175B at 2,048 tokens the eager passes are several times the rest of a
     block's memory-bound bytes."""
     from zerotune.strategies.costmodel.attention import SCORE_PASSES, with_attention
-    from zerotune.strategies.costmodel.hardware import profile_calibration
+    from zerotune.strategies.costmodel.presets import profile_calibration
     from zerotune.strategies.costmodel.traffic import traffic
     from zerotune.strategies.spec import ModelSpec
 
@@ -773,7 +773,8 @@ GPU_RUNS = sorted(p for d in ("h200-1gpu", "h100-1gpu", "h100-1gpu-fused", "h100
 def preset_profile_of(device_name: str) -> tuple[Calibration, str]:
     """The preset profile of the device ``device_name`` names (as torch names it: ``hardware.device_key_of``)
     and that device's key in ``DEVICES``."""
-    from zerotune.strategies.costmodel.hardware import PRESET_CALIBRATIONS, PROFILES, device_key_of
+    from zerotune.strategies.costmodel.hardware import device_key_of
+    from zerotune.strategies.costmodel.presets import PRESET_CALIBRATIONS, PROFILES
 
     key = device_key_of(device_name)
     base = next(base for base, (k, _) in PROFILES.items() if k == key)
@@ -816,7 +817,7 @@ def test_the_engines_kept_gpu_sweeps_are_predicted_from_its_measured_kernel_rate
     The eager PyTorch figure the profile took before (IBM's FSDP 7B on 96 H100s, 0.37 MFU, re-based on that
     run, a Llama with its fp32 RMSNorms' memory-bound kernels) puts every one of them long, those of one
     micro-step by 18-23%."""
-    from zerotune.strategies.costmodel.hardware import profile_calibration
+    from zerotune.strategies.costmodel.presets import profile_calibration
     from zerotune.strategies.costmodel.rates import run_by
     from zerotune.strategies.spec import ClusterSpec, ModelSpec
 
@@ -983,7 +984,7 @@ def test_the_host_floor_is_the_runners_and_leaves_large_blocks_alone():
     """A device profile carries the floor of the runner that runs it (``run_by``); a fitted calibration
     keeps its own (0: its compute efficiency already holds its host). A 20B model's blocks on 48 Frontier
     nodes run far longer on the device than any host floor: no wait."""
-    from zerotune.strategies.costmodel.hardware import calibration_for
+    from zerotune.strategies.costmodel.presets import calibration_for
     from zerotune.strategies.costmodel.rates import RUNNER_HOST_S_PER_LAYER, run_by
 
     cluster = parse_cluster("frontier:48")

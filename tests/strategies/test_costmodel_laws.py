@@ -15,10 +15,7 @@ import pytest
 from tests.support import ROOT
 from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.attention import (
-    FIGURE_ATTENTION,
-    attention_efficiency,
-)
+from zerotune.strategies.costmodel.attention import FIGURE_ATTENTION, attention_efficiency
 from zerotune.strategies.costmodel.error import at_scale, error_band, on_device
 from zerotune.strategies.costmodel.hardware import (
     DEVICES,
@@ -30,15 +27,11 @@ from zerotune.strategies.costmodel.hardware import (
     H200_EAGER_MEMORY_FRACTION,
     H200_ENGINE_EFFICIENCY,
     IBM_FSDP_7B,
-    PROFILES,
     SOURCE_RUNS,
     STREAM_FRACTION,
     device_of,
     gemm_efficiency,
     peak_tflops_of,
-    profile_calibration,
-    profile_cluster,
-    source_run_efficiency,
 )
 from zerotune.strategies.costmodel.links import (
     HOSTS,
@@ -51,6 +44,7 @@ from zerotune.strategies.costmodel.links import (
     RCCL_RING_BASE_US,
     RCCL_RING_PROTOCOLS,
 )
+from zerotune.strategies.costmodel.presets import PROFILES, profile_calibration, profile_cluster, source_run_efficiency
 from zerotune.strategies.costmodel.rates import NOMINAL_LINK_EFFICIENCY, run_by
 from zerotune.strategies.costmodel.timing import costs_for
 from zerotune.strategies.spec import ClusterSpec, ModelSpec
@@ -1382,10 +1376,10 @@ def test_presets_built_on_first_use_are_the_same_for_threads_that_ask_at_once():
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from zerotune.strategies.costmodel import hardware
+    from zerotune.strategies.costmodel import presets
 
     source_run_efficiency.cache_clear()  # a build that takes its time: the source runs solved again
-    fresh, start = hardware._Presets(), threading.Barrier(6)
+    fresh, start = presets._Presets(), threading.Barrier(6)
     assert fresh.built() == ()  # asked before any build: none, and still none built
     assert fresh._cache is None
 
@@ -1395,7 +1389,7 @@ def test_presets_built_on_first_use_are_the_same_for_threads_that_ask_at_once():
 
     with ThreadPoolExecutor(6) as pool:
         seen = list(pool.map(ask, range(6), timeout=60))
-    assert all(s == (len(PROFILES), hardware.PRESET_CALIBRATIONS["dgx-a100"], True) for s in seen), seen
+    assert all(s == (len(PROFILES), presets.PRESET_CALIBRATIONS["dgx-a100"], True) for s in seen), seen
     assert len({id(calib) for _, calib, _ in seen}) == 1  # one build
     assert fresh.built() == tuple(fresh.values())
 

@@ -29,14 +29,9 @@ from zerotune.strategies.costmodel.attention import (
     causal_kernel_efficiency,
     kernel_forward_share,
 )
-from zerotune.strategies.costmodel.hardware import (
-    BERT_LARGE_512,
-    DEVICES,
-    IBM_FSDP_7B,
-    V100_BERT_SAMPLES_PER_S,
-    profile_calibration,
-)
+from zerotune.strategies.costmodel.hardware import BERT_LARGE_512, DEVICES, IBM_FSDP_7B, V100_BERT_SAMPLES_PER_S
 from zerotune.strategies.costmodel.memory import activation_memory
+from zerotune.strategies.costmodel.presets import profile_calibration
 from zerotune.strategies.costmodel.rates import curve_rate
 from zerotune.strategies.costmodel.traffic import (
     attention_flops,
