@@ -31,7 +31,7 @@ import statistics
 import sys
 import tomllib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +95,9 @@ def variant(reading: str, cliff: tuple[float, int] | None) -> dict[str, Any]:
     """The table's comparisons and the TFLOPS per GCD behind them, with the 3-level method read as ``reading``
     and RCCL's rings floored by ``cliff`` (None: the model as it is)."""
     table = _table()  # a fresh one: predictions are cached per table
-    ids = {_read(c[k], reading) for c in table.compares for k in ("of", "over")}
-
-    def run() -> dict[str, float]:
-        return {i: table.predict(i)["value"] for i in sorted(ids)}
-
-    if cliff is None:
-        tflops = run()
-    else:
-        with rccl_cliff(*cliff):
-            tflops = run()
+    ids = sorted({_read(c[k], reading) for c in table.compares for k in ("of", "over")})
+    with rccl_cliff(*cliff) if cliff else nullcontext():
+        tflops = {i: table.predict(i)["value"] for i in ids}
     ratios = [{"caption": c["caption"], "published": c["value"],
                "predicted": tflops[_read(c["of"], reading)] / tflops[_read(c["over"], reading)]}
               for c in table.compares]

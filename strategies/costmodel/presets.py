@@ -4,8 +4,7 @@ how a calibration is built from the device, link and host profiles (``profile_ca
 came from (``source_run_efficiency``), and the calibration any cluster is predicted with (``calibration_for``: a
 preset's, a profiled device's at its own links, the nominal one, or measured links').
 
-Sources are cited by the keys of ``hardware``'s docstring ([olcf-frontier], [nersc-perlmutter], [dgx-a100], [h200])
-and of ``links``' ([nccl-netoverhead]).
+Sources are cited by the keys of ``hardware``'s docstring ([olcf-frontier], [nersc-perlmutter], [dgx-a100], [h200]).
 """
 
 from __future__ import annotations
