@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from published import Table  # noqa: E402  - a sibling bench script: this file's folder is on sys.path
 
 from zerotune.strategies.costmodel import clear_caches, timing  # noqa: E402
+from zerotune.strategies.costmodel.protocols import STEPS  # noqa: E402
 
 TABLE = ROOT / "bench" / "published" / "frontier_3level.toml"
 PCCL = ROOT / "bench" / "published" / "collectives" / "pccl.toml"
@@ -69,7 +70,7 @@ def rccl_cliff(floor_s: float, above: int) -> Iterator[None]:
         t = plain(self, op, lo, hi, numel, bits)
         ranks = self.prefix[hi] // self.prefix[lo - 1]
         if self.calib.protocols == "rccl" and ranks > above:
-            t = max(t, timing._STEPS[op] * (ranks - 1) * floor_s)
+            t = max(t, STEPS[op] * (ranks - 1) * floor_s)
         return t
 
     clear_caches()  # collectives already timed without the floor are memoized per cluster

@@ -16,7 +16,9 @@ other end of the network, as FSDP keeps its root unit unsharded); then one unit 
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 from dataclasses import dataclass
 
 from zerotune.strategies.spec import ModelSpec
@@ -146,8 +148,39 @@ def bucket_layout(spec: ModelSpec, world_size: int, allgather_bucket_mb: float) 
 
 def cut_reduce_groups(padded: tuple[int, ...], reduce_bucket_mb: float) -> tuple[tuple[int, ...], ...]:
     """The reduce groups of buckets of ``padded`` lengths (root first): from the last block bucket back, as many
-    whole buckets as fit ``reduce_bucket_mb`` (at least one), then the root alone."""
+    whole buckets as fit ``reduce_bucket_mb`` (at least one), then the root alone.
+
+    The cut compares the bucket size only with sums of consecutive buckets, so sizes that fall between the same two
+    such sums cut alike: the cut is memoized on where the size falls among them (``_run_sums``)."""
     reduce_cap = reduce_bucket_mb * 1e6 / BYTES_PER_16BIT
+    key = (padded, bisect.bisect_right(_run_sums(padded), reduce_cap))
+    groups = _CUTS.get(key)
+    if groups is None:
+        if len(_CUTS) > 16384:
+            _CUTS.clear()
+        groups = _CUTS[key] = _cut(padded, reduce_cap)
+    return groups
+
+
+_CUTS: dict[tuple[tuple[int, ...], int], tuple[tuple[int, ...], ...]] = {}
+"""Reduce groups by (padded lengths, how many sums of consecutive buckets the cap is not below)."""
+
+
+def clear_cuts() -> None:
+    """Forget the memoized reduce groups (``cut_reduce_groups``)."""
+    _CUTS.clear()
+    _run_sums.cache_clear()
+
+
+@functools.lru_cache(maxsize=1024)
+def _run_sums(padded: tuple[int, ...]) -> tuple[int, ...]:
+    """Every sum of consecutive block buckets of ``padded`` (root first, left out), sorted, each once."""
+    ends = (0, *itertools.accumulate(padded[1:]))
+    return tuple(sorted({ends[b] - ends[a] for a in range(len(ends)) for b in range(a + 1, len(ends))}))
+
+
+def _cut(padded: tuple[int, ...], reduce_cap: float) -> tuple[tuple[int, ...], ...]:
+    """``cut_reduce_groups`` at a cap of ``reduce_cap`` elements."""
     groups: list[tuple[int, ...]] = []
     group: list[int] = []
     size = 0

@@ -2,14 +2,21 @@
 
 - ``schedule``: every collective one step issues, read off the engine's bucket plan — the one list
   that bytes, time and memory all read;
+- ``tally``: one step's bytes per level, collectives issued, elements quantized and latency, summed over its
+  schedule (exactly what the engine's counter books);
 - ``timing``: seconds of one collective (α-β with ring step counts, launch cost and achievable
-  bandwidth) and the engine's bucket pipeline (prefetch, queued reductions, compute slow-down
+  bandwidth; one ring per level or one flat ring over the group), ``protocols`` the fastest of the
+  collective library's protocols for each ring, tree or chain;
+- ``pipeline``: the engine's bucket pipeline (prefetch, queued reductions, compute slow-down
   beside running collectives, exposed first and last buckets);
+- ``runners``: how DeepSpeed, InternEvo and FSDP2 issue the schedule's collectives otherwise (per
+  sub-module gathers, all-reduced buckets, broadcast weight syncs, copies);
 - ``traffic``: FLOPs and memory-bound bytes per token of the model's kernels (the compute time's two
   parts: matmuls at the device's achievable rate, element-wise kernels and the loss at its HBM rate);
 - ``memory``: bytes per rank by category, the accountant's categories;
-- ``hardware``: ``Calibration`` and the device and link profiles each cluster preset carries, every
-  constant with its hardware-level source;
+- ``rates``: ``Calibration``, what one prediction is charged; ``hardware``, ``links``, ``attention`` the
+  device, link and attention-kernel profiles, every constant with its hardware-level source; ``presets`` the
+  calibration each cluster preset carries;
 - ``predict``: the run.json the trainer would write, assembled from the above.
 
 Every formula is written in its module's docstring.
@@ -19,10 +26,11 @@ import math
 from typing import Any
 
 from zerotune.strategies.costmodel.memory import GIB, activation_memory, state_memory
-from zerotune.strategies.costmodel.predict import accumulation_steps, predict, step_calls, step_latency, step_volume
+from zerotune.strategies.costmodel.predict import predict
 from zerotune.strategies.costmodel.presets import calibration_for
 from zerotune.strategies.costmodel.rates import Calibration, MeasuredError
 from zerotune.strategies.costmodel.schedule import Schedule, build_schedule
+from zerotune.strategies.costmodel.tally import accumulation_steps, step_calls, step_latency, step_volume
 from zerotune.strategies.spec import ClusterSpec
 
 __all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_steps", "activation_memory",

@@ -1,6 +1,6 @@
 """``predict``: the run.json the trainer would write for (model, cluster, strategy), without running it.
 
-One micro-step is the engine's pipeline (``timing.pipeline``): the root's gather (exposed: nothing
+One micro-step is the engine's pipeline (``pipeline.pipeline``): the root's gather (exposed: nothing
 computes before it), the forward pass with gathers ``prefetch_buckets`` ahead, the head, then the
 backward pass last bucket first — its first gather exposed, each reduce group's reduce-scatter
 queued after the group's last bucket, the root's reduction exposed at the end. The step is
@@ -16,7 +16,7 @@ as its parameter coordinator does (``deepspeed.simulate``): the root a second ti
 its reuse distance does not keep it, where zerotune's engine keeps it (the head's backward waits for it), and a
 checkpointed block's sub-modules a third time where the recompute released them beyond that distance. A runner
 whose optimizer hands out whole parameters (``Calibration.weight_sync = "broadcast"``: InternEvo) syncs the
-updated weights with one broadcast per rank that holds any (``_broadcast_sync``) where the boundary would gather
+updated weights with one broadcast per rank that holds any (``runners.broadcast_sync``) where the boundary would gather
 them. The bytes booked per level stay the engine's; only the seconds are the runner's.
 
 Compute: forward of a block is (2·params + 4·h·T) FLOPs per token (matmuls, and the attention
@@ -34,125 +34,72 @@ apart. A block's forward and backward take at least the host's time to issue the
 from __future__ import annotations
 
 import functools
-import heapq
-from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
-from zerotune.errors import SpecError
-from zerotune.strategies.costmodel.deepspeed import Stage3Settings, Stage3Step, settings_for, simulate
+from zerotune.strategies.costmodel.deepspeed import settings_for, simulate
 from zerotune.strategies.costmodel.error import error_band
 from zerotune.strategies.costmodel.memory import GIB, memory_per_rank, overflow
+from zerotune.strategies.costmodel.pipeline import pipeline
 from zerotune.strategies.costmodel.presets import calibration_for
 from zerotune.strategies.costmodel.rates import Calibration
-from zerotune.strategies.costmodel.schedule import Coll, Group, Schedule, build_schedule
-from zerotune.strategies.costmodel.timing import Costs, costs_for, pipeline
+from zerotune.strategies.costmodel.runners import (
+    all_reduced,
+    broadcast_sync,
+    by_module,
+    copy_seconds,
+    deepspeed_step,
+    persistent_gathers,
+)
+from zerotune.strategies.costmodel.schedule import Group, Schedule, build_schedule
+from zerotune.strategies.costmodel.tally import accumulation_steps, step_totals, volume_of
+from zerotune.strategies.costmodel.timing import Costs, costs_for
 from zerotune.strategies.costmodel.traffic import pass_seconds
-from zerotune.strategies.plan import block_modules, parameter_numels
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
-from zerotune.strategies.volume import QUANT_BLOCK, Volume, wire_elem_bytes
+from zerotune.strategies.volume import QUANT_BLOCK, wire_elem_bytes
 
 
-def accumulation_steps(cluster: ClusterSpec, s: Strategy, global_batch: int | None) -> int:
-    """Micro-steps per optimizer step: ``global_batch`` / (world · micro-batch), which must be whole
-    (``SpecError`` otherwise: a prediction for a rounded batch would be one for another training).
+class Seconds(NamedTuple):
+    """The seconds of a schedule's collectives as one runner (``Costs.calib``) issues them; the same for every
+    strategy that shares the schedule, whatever its micro-batch, prefetch or checkpointing."""
 
-    With no global batch, one micro-step (the batch is world · micro-batch sequences)."""
-    per_micro = cluster.world_size * s.micro_batch_size
-    if global_batch is None:
-        return 1
-    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise SpecError("global_batch", global_batch, "must be a whole number of sequences >= 1")
-    if global_batch % per_micro:
-        raise SpecError("global_batch", global_batch,
-                        f"must be a multiple of world size x micro_batch_size = {cluster.world_size} x "
-                        f"{s.micro_batch_size} = {per_micro} (sequences per micro-step)")
-    return global_batch // per_micro
-
-
-def step_volume(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int, accum: int = 1,
-                block: int = QUANT_BLOCK) -> Volume:
-    """Bytes sent per rank per optimizer step, by level and collective kind."""
-    sched = build_schedule(model, cluster, s)
-    return _volume(sched, costs_for(cluster, Calibration(), elem_bytes, s.quantize_above, block), accum)
+    fwd: dict[int, float]
+    """Forward gather by bucket length (the root's included)."""
+    bwd: dict[int, float]
+    """Backward gather by bucket length."""
+    reduce: dict[Group, float]
+    """A reduce group's reduction within ``grad_span``."""
+    final: dict[Group, float]
+    """The same in the step's final micro-step: with the reduction beyond ``grad_span`` where the runner
+    queues it in backward (``Calibration.outer_reduce``); ``reduce`` itself where nothing more is queued."""
+    boundary: float
+    """The step boundary's collectives."""
 
 
-def step_calls(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int, accum: int = 1,
-               block: int = QUANT_BLOCK) -> dict[str, dict[str, int]]:
-    """Collectives issued per rank per optimizer step, by level and kind: one for each level a collective of
-    the schedule moves bytes on, as the engine issues its primitives (each pays a launch and its hops)."""
-    sched = build_schedule(model, cluster, s)
-    costs = costs_for(cluster, Calibration(), elem_bytes, s.quantize_above, block)
-    out: dict[str, dict[str, int]] = {}
-    for c, times in sched.counts(accum).items():
-        for (name, kind), _ in costs.flat_volume(c):
-            kinds = out.setdefault(name, {})
-            kinds[kind] = kinds.get(kind, 0) + times
-    return out
-
-
-def _step_totals(sched: Schedule, costs: Costs, accum: int) -> tuple[Volume, int]:
-    """One optimizer step's bytes per rank by level and kind, and its elements block-quantized plus
-    dequantized (``Costs.quant_elems`` over the quantized collectives: what run.json's
-    ``quantization.elements`` counts), in one pass over the step's collectives, cached per schedule."""
-    key = (sched.key, accum)
-    known = costs.step_volumes.get(key)
-    if known is None:
-        flat: dict[tuple[str, str], int] = {}
-        quant = 0
-        for c, times in sched.counts(accum).items():
-            for lk, n in costs.flat_volume(c):
-                flat[lk] = flat.get(lk, 0) + n * times
-            op, (lo, hi), numel, bits = c
-            if bits < 16:
-                quant += times * costs.quant_elems(op, lo, hi, numel)
-        volume: Volume = {}
-        for (name, kind), n in flat.items():
-            volume.setdefault(name, {})[kind] = n
-        if len(costs.step_volumes) > 100_000:
-            costs.step_volumes.clear()
-        known = costs.step_volumes[key] = (volume, quant)
-    return known
-
-
-def _volume(sched: Schedule, costs: Costs, accum: int) -> Volume:
-    return {name: dict(kinds) for name, kinds in _step_totals(sched, costs, accum)[0].items()}  # callers own it
-
-
-def step_latency(model: ModelSpec, cluster: ClusterSpec, s: Strategy, calib: Calibration, *, elem_bytes: int,
-                 accum: int = 1, block: int = QUANT_BLOCK, all_to_all: bool = False) -> dict[str, float]:
-    """Seconds per optimizer step the engine's ring collectives (with ``all_to_all``: its quantized
-    all-to-alls) spend on latency (launch and hops), by level (``Costs.ring_latency`` over the step's
-    schedule): what a run's measured seconds per level hold beside the time its bytes take on the wire."""
-    costs = costs_for(cluster, calib, elem_bytes, s.quantize_above, block)
-    out: dict[str, float] = {}
-    for c, times in build_schedule(model, cluster, s).counts(accum).items():
-        for name, seconds in costs.ring_latency(c, all_to_all):
-            out[name] = out.get(name, 0.0) + seconds * times
-    return out
-
-
-def _copy_seconds(sched: Schedule, costs: Costs, reduce_bytes: int) -> tuple[float, float]:
-    """Seconds of one micro-step's copies on the compute stream (``Calibration.copies``), forward and backward:
-    each all-gather's output read and written once more into the parameters (``costs.e``: the gather's
-    16-bit elements), each reduce-scatter's input read from the gradients and written in the reduction's
-    dtype (``reduce_bytes``), summed over the buckets and reduce groups that gather or reduce at all
-    (``Costs.moves``), at the calibration's memory-bound rate. Memoized on ``costs`` by schedule."""
-    key = (sched.key, reduce_bytes)
-    known = costs.copies.get(key)
+def _seconds(sched: Schedule, costs: Costs, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Seconds:
+    """``Seconds`` of ``sched`` on ``costs``, memoized there by schedule (whose key holds the model, the spans
+    and the bits that every term reads)."""
+    known = costs.seconds.get(sched.key)
     if known is not None:
         return known
-    elem_bytes, bytes_per_s = costs.e, costs.calib.memory_bytes_per_s
-    fwd = bwd = 0.0
-    for n, k in sched.bucket_counts:
-        if costs.moves(sched.fwd[n]):
-            fwd += k * 2 * elem_bytes * n
-        k_blocks = k - (n == sched.root)
-        if k_blocks and costs.moves(sched.bwd[n]):
-            bwd += k_blocks * 2 * elem_bytes * n
-    for g, k in sched.group_counts:
-        if any(costs.moves(c) for c in sched.reduce[g]):
-            bwd += k * (elem_bytes + reduce_bytes) * sum(g)
-    known = costs.copies[key] = (fwd / bytes_per_s, bwd / bytes_per_s)
+    calib, ct = costs.calib, costs.time
+    # a runner that reduces a bucket with an all-reduce where the schedule reduce-scatters it (DeepSpeed's stages 1
+    # and 2: Calibration.grad_reduce) pays the all-reduce's seconds for the same buffer
+    rt = all_reduced(ct) if calib.grad_reduce == "all_reduce" and not s.param_span else ct
+    r_of = {g: rt(a) + rt(b) for g, (a, b) in sched.reduce.items()}
+    outer_in_backward = calib.outer_reduce == "backward"
+    # the final micro-step queues each group's reduction beyond grad_span after its own reduce-scatters
+    outer_of = {g: sum(rt(c) for c in cs) for g, cs in sched.outer.items()} if outer_in_backward else {}
+    r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
+    sync = broadcast_sync(costs, model, s) if calib.weight_sync == "broadcast" else None
+    boundary_s = sum(k * sum((rt if i < 2 else ct)(c) for i, c in enumerate(sched.boundary[n])
+                             if i >= 2 * outer_in_backward and (sync is None or i != 2))
+                     for n, k in sched.bucket_counts) + (sync or 0.0)
+    if calib.gathers == "module" and s.param_span:  # DeepSpeed ZeRO-3's persistent parameters, once a step
+        boundary_s += persistent_gathers(ct, model, cluster, s)
+    if len(costs.seconds) > 100_000:
+        costs.seconds.clear()
+    known = costs.seconds[sched.key] = Seconds({n: ct(c) for n, c in sched.fwd.items()},
+                                               {n: ct(c) for n, c in sched.bwd.items()}, r_of, r_final, boundary_s)
     return known
 
 
@@ -178,87 +125,6 @@ def _runs_of(lengths: tuple[int, ...], units: tuple[int, ...], group_end: tuple[
     return r_lengths, r_units, r_groups, last_of(fwd), last_of(bwd)
 
 
-def _by_module(ct: Any, gathers: dict[int, Coll], lengths: tuple[int, ...], units: tuple[int, ...],
-               model: ModelSpec, times: tuple[float, ...] | None = None) -> dict[int, float]:
-    """Seconds of each block bucket's gather issued as one all-gather per sub-module
-    (``Calibration.gathers = "module"``): the bucket's shard split in the sub-modules' proportions
-    (``plan.block_modules``, its LayerNorms shared among them), one collective per block and module, each
-    sub-module gathered ``times`` times in the pass (``deepspeed.Stage3Step``: more than once where a recompute's
-    gathers were released before its backward, less where what the pass before gathered is kept; None: once)."""
-    modules = block_modules(model)
-    times = times or (1.0,) * len(modules)
-    total = sum(modules)
-    out = {}
-    for n, u in dict(zip(lengths, units, strict=True)).items():
-        op, rng, numel, bits = gathers[n]
-        out[n] = u * sum(k * ct((op, rng, max(1, round(numel * m / total / u)), bits))
-                         for m, k in zip(modules, times, strict=True))
-    return out
-
-
-@functools.lru_cache(maxsize=256)
-def persistent_params(model: ModelSpec) -> tuple[int, ...]:
-    """The elements of each parameter DeepSpeed's ZeRO-3 keeps whole on every rank (``ds_persist``: fewer than
-    ``stage3_param_persistence_threshold``, 1e5 by default and 10 x hidden in zerotune's export): a block's two
-    LayerNorms' weights and biases and its four biases (qkv h + 2k, k = ``ModelSpec.kv``, proj h, fc ffn, out h),
-    and the final LayerNorm's weight and bias. The block's weight matrices, the embeddings and an untied head are
-    over either threshold. A Llama has no biases: its two RMSNorms' weights per block and the final one's."""
-    h = model.hidden
-    if model.llama:
-        return (h, h) * model.layers + (h,)
-    return (h, h, h + 2 * model.kv, h, h, h, model.ffn, h) * model.layers + (h, h)
-
-
-def _persistent_gathers(ct: Any, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> float:
-    """Seconds of the all-gathers DeepSpeed's ZeRO-3 runs after every optimizer step to bring its persistent
-    parameters up to date (``stage3.py`` ``_post_step``: ``persistent_parameters[0].all_gather(...)``, which
-    ``partition_parameters.py``'s ``_allgather_params_coalesced`` launches as one ``all_gather_into_tensor`` per
-    parameter on the partition group): 8 per block and 2, each a message of a few KB over the whole group, so
-    a ring's latency each (34 on gpt-mini's 4 blocks, counted on DeepSpeed 0.19.8: ``tests/tuner/test_exports.py``)."""
-    ranks = cluster.span_size(s.param_span)
-    return sum(n * ct(("all_gather", (1, s.param_span), max(1, numel // ranks), 16))
-               for numel, n in _counted(persistent_params(model)))
-
-
-@functools.lru_cache(maxsize=256)
-def _counted(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """(size, how many) of ``sizes``: 354 persistent parameters of gpt-neox-20b are 3 sizes, 3 collectives to time."""
-    return tuple(Counter(sizes).items())
-
-
-def _all_reduced(ct: Any) -> Any:
-    """``ct`` with each 16-bit reduce-scatter timed as an all-reduce of the same buffer over the same levels."""
-    def time(c: Coll) -> float:
-        op, levels, numel, bits = c
-        return ct(("all_reduce", levels, numel, bits) if op == "reduce_scatter" and bits >= 16 else c)
-    return time
-
-
-@functools.lru_cache(maxsize=1024)
-def _owners(model: ModelSpec, ranks: int, shard: int) -> tuple[tuple[int, int], ...]:
-    """(elements, how many ranks hold that many) of the ranks that hold any parameter when whole parameters are
-    handed out as InternEvo's ``_partition_param_list`` does: largest first, each to the rank holding the fewest
-    elements so far (the lowest such rank), over ``ranks`` ranks; each parameter counted as its 1/``shard``
-    (the slice its rank's gradient shard group holds). 4,096 ranks and 400 parameters take a millisecond."""
-    load = [(0, r) for r in range(ranks)]
-    for numel in sorted(parameter_numels(model), reverse=True):
-        held, rank = heapq.heappop(load)
-        heapq.heappush(load, (held + -(-numel // shard), rank))
-    return _counted(tuple(held for held, _ in load if held))
-
-
-def _broadcast_sync(costs: Costs, model: ModelSpec, s: Strategy) -> float:
-    """Seconds of the weight sync of ``Calibration.weight_sync = "broadcast"``: one broadcast over the optimizer
-    group beyond ``grad_span`` (levels grad_span + 1 .. optim_span) from each rank that holds parameters, of the
-    elements it holds (``_owners``), one after the other on the group's communicator; in place of the boundary's
-    all-gathers over those levels."""
-    lo, hi = s.grad_span + 1, s.optim_span
-    ranks = costs.prefix[hi] // costs.prefix[lo - 1] if lo <= hi else 1
-    if ranks == 1:
-        return 0.0
-    return sum(n * costs.broadcast(lo, hi, numel) for numel, n in _owners(model, ranks, costs.prefix[s.grad_span]))
-
-
 def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int | None = None,
             global_batch: int | None = None, calibration: Calibration | None = None,
             block: int = QUANT_BLOCK) -> dict[str, Any]:
@@ -277,16 +143,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     sched = build_schedule(model, cluster, s)
     costs = costs_for(cluster, calib, e, s.quantize_above, block)
     ct = costs.time
-    # a runner that reduces a bucket with an all-reduce where the schedule reduce-scatters it (DeepSpeed's stages 1
-    # and 2: Calibration.grad_reduce) pays the all-reduce's seconds for the same buffer
-    rt = _all_reduced(ct) if calib.grad_reduce == "all_reduce" and not s.param_span else ct
-    f_of = {n: ct(c) for n, c in sched.fwd.items()}
-    b_of = {n: ct(c) for n, c in sched.bwd.items()}
-    r_of = {g: rt(a) + rt(b) for g, (a, b) in sched.reduce.items()}
-    outer_in_backward = calib.outer_reduce == "backward"
-    # the final micro-step queues each group's reduction beyond grad_span after its own reduce-scatters
-    outer_of = {g: sum(rt(c) for c in cs) for g, cs in sched.outer.items()} if outer_in_backward else {}
-    r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
+    f_of, b_of, r_of, r_final, boundary_s = _seconds(sched, costs, model, cluster, s)
 
     tokens = mbs * model.seq_len
     attention = calib.attention_rate(model.seq_len, model.head_dim)
@@ -306,7 +163,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     memory_bound_s = tokens * (sched.total_units * per_token.block_memory + per_token.head_memory)
     attention_s = tokens * sched.total_units * per_token.block_attention  # and the attention kernel's
     if calib.copies and calib.memory_bytes_per_s:  # FSDP2's copy-out of each gather, copy-in of each reduction
-        copy_fwd, copy_bwd = _copy_seconds(sched, costs, wire_elem_bytes(e, s.grad_bits))
+        copy_fwd, copy_bwd = copy_seconds(sched, costs, wire_elem_bytes(e, s.grad_bits))
         fwd_block += copy_fwd / sched.total_units
         bwd_block += copy_bwd / sched.total_units
         memory_bound_s += copy_fwd + copy_bwd
@@ -329,15 +186,15 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         p = 0
         if s.param_span:  # ZeRO-3: each sub-module as often as its coordinator gathers it (deepspeed.simulate)
             ds = simulate(model, stage3, s.activation_checkpointing)
-            deepspeed = _deepspeed_step(ds, stage3, calib.stage3_settings, e)
+            deepspeed = deepspeed_step(ds, stage3, calib.stage3_settings, e)
             fwd_times, bwd_times = ds.forward, ds.backward
             # the root's parameters (embeddings, final LayerNorm) are released after forward like every other
             # module's and gathered again for the head's backward where the reuse distance does not keep them
             # (counted on DeepSpeed 0.19.8 under the export: every parameter gathered twice a step,
             # tests/tuner/test_exports.py); zerotune's engine keeps the root
             root_f, root_b = root_f * ds.root[0], ct(sched.bwd[sched.root]) * ds.root[1]
-        f_of.update(_by_module(ct, sched.fwd, sched.lengths, sched.units, model, fwd_times))
-        b_of.update(_by_module(ct, sched.bwd, sched.lengths, sched.units, model, bwd_times))
+        f_of = {**f_of, **by_module(ct, sched.fwd, sched.lengths, sched.units, model, fwd_times)}
+        b_of = {**b_of, **by_module(ct, sched.bwd, sched.lengths, sched.units, model, bwd_times)}
     r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs_of(sched.lengths, sched.units, sched.group_end, p)
     compute_s = (fwd_block + bwd_block) * sched.total_units + head_fwd + head_bwd
 
@@ -368,12 +225,6 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     final = micro_step(r_final)
     rest = micro_step(r_of) if accum > 1 and r_final is not r_of else final
     micros_s, comm_s, slowdown_s = (rest[i] * (accum - 1) + final[i] for i in range(3))
-    sync = _broadcast_sync(costs, model, s) if calib.weight_sync == "broadcast" else None
-    boundary_s = sum(k * sum((rt if i < 2 else ct)(c) for i, c in enumerate(sched.boundary[n])
-                             if i >= 2 * outer_in_backward and (sync is None or i != 2))
-                     for n, k in sched.bucket_counts) + (sync or 0.0)
-    if calib.gathers == "module" and s.param_span:  # DeepSpeed ZeRO-3's persistent parameters, once a step
-        boundary_s += _persistent_gathers(ct, model, cluster, s)
     optimizer_s = sum(n * k for n, k in sched.bucket_counts) / costs.prefix[s.optim_span] / calib.optimizer_elems_per_s
     step_s = micros_s + boundary_s + optimizer_s + calib.step_overhead_s
 
@@ -385,8 +236,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
         "status": "predicted", "world_size": world, "step_time_s": step_s,
         "tokens_per_s": global_tokens / step_s,
         "tflops_per_rank": model.flops_per_token() * global_tokens / world / step_s / 1e12,
-        "bytes_per_level": _volume(sched, costs, accum),
-        "quantization": {"elements": _step_totals(sched, costs, accum)[1]},
+        "bytes_per_level": volume_of(sched, costs, accum),
+        "quantization": {"elements": step_totals(sched, costs, accum)[1]},
         "memory_bytes": memory, "feasible": feasible, "headroom_bytes": capacity - memory["peak"],
         "grad_accum_steps": accum, "global_batch": world * mbs * accum, "calibration": calib.name,
         "error_band": error_band(calib, world, cluster.device),
@@ -402,13 +253,3 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     if not feasible:
         out["overflow"] = overflow(memory, cluster.device_memory_gib)
     return out
-
-
-def _deepspeed_step(ds: Stage3Step, settings: Stage3Settings, which: str, elem_bytes: int) -> dict[str, Any]:
-    """What a DeepSpeed ZeRO-3 run of the prediction does by its coordinator's rules (``deepspeed.simulate``): the
-    stage-3 settings it runs under (``which``: zerotune's export or DeepSpeed's defaults), the times it gathers its
-    partitioned parameters in a step, forward and backward, and the most bytes of them it holds gathered."""
-    forward, backward = (n / ds.partitioned if ds.partitioned else 0.0 for n in ds.elements)
-    return {"stage3_settings": which, "stage3": settings.config(),
-            "gathered_per_step": forward + backward, "gathered_forward": forward, "gathered_backward": backward,
-            "held_peak_bytes": ds.peak * elem_bytes}

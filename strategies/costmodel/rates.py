@@ -180,7 +180,7 @@ class Calibration:
     same; a block pays four collectives' latency instead of one, which is what a ring over a whole
     large data-parallel group is made of. After each optimizer step ``module`` also gathers the persistent
     parameters (LayerNorms and biases, kept whole on every rank), one small all-gather each, at the step
-    boundary (``predict.persistent_params``; DeepSpeed's ``_post_step``, counted on DeepSpeed 0.19.8). No
+    boundary (``runners.persistent_params``; DeepSpeed's ``_post_step``, counted on DeepSpeed 0.19.8). No
     prefetch is credited to ``module``: DeepSpeed's published
     ZeRO-3 and ZeRO++ figures show the gathers exposed, and its developers' own timelines of ZeRO-3
     found "the prefetching only partially overlaps with computation" (deepspeedai/DeepSpeed#1170).
@@ -222,7 +222,7 @@ class Calibration:
     all-gather per bucket of the shards each rank updated: zerotune's engine, DeepSpeed, FSDP) or ``broadcast``
     (InternEvo's HybridZeroOptimizer: its ``_partition_param_list`` hands out *whole* parameters, largest first,
     each to the rank holding the fewest elements so far, and ``broadcast_params`` then runs one ``dist.broadcast``
-    per rank that holds any, from that rank over the whole group; ``predict._owners``). The bytes each rank
+    per rank that holds any, from that rank over the whole group; ``runners.owners``). The bytes each rank
     receives are the same; a broadcast is a chain along the ring, whose pipeline fills hop by hop
     (``timing.Costs.broadcast``), so a group of R ranks pays about min(R, parameter tensors) such fills where a
     gather per bucket pays one ring latency a bucket."""

@@ -25,7 +25,7 @@ import math
 from collections import Counter
 from typing import NamedTuple
 
-from zerotune.strategies.plan import bucket_layout, cut_reduce_groups, padded_buckets
+from zerotune.strategies.plan import bucket_layout, clear_cuts, cut_reduce_groups, padded_buckets
 from zerotune.strategies.spec import ClusterSpec, ModelSpec, Strategy
 
 Coll = tuple[str, tuple[int, int], int, int]
@@ -150,6 +150,7 @@ def schedules_built() -> int:
 
 
 def clear() -> None:
+    clear_cuts()
     _plan_facts.cache_clear()
     _build.cache_clear()
     _schedule_of.cache_clear()

@@ -683,8 +683,12 @@ def _naive_pipeline(t, comm, gathers, computes, reductions, p, slowdown=0.0):
     nb, ends, issued, lost = len(computes), [0.0] * len(computes), 0, 0.0
     for i in range(nb):
         while issued < min(nb, i + 1 + p):
-            comm = max(comm, t) + gathers[issued]
-            ends[issued], issued = comm, issued + 1
+            if gathers[issued]:
+                comm = max(comm, t) + gathers[issued]
+                ends[issued] = comm
+            else:  # nothing to gather (a replicated bucket): no place in the queue, nothing to wait for
+                ends[issued] = t
+            issued += 1
         t = max(t, ends[i])
         extra = slowdown * min(max(comm - t, 0.0), computes[i])  # compute beside a busy queue runs slower
         t, lost = t + computes[i] + extra, lost + extra
@@ -696,8 +700,9 @@ def _naive_pipeline(t, comm, gathers, computes, reductions, p, slowdown=0.0):
 @pytest.mark.parametrize("seed", range(40))
 def test_the_pipeline_skip_is_exact_against_the_plain_schedule(seed):
     """Runs of identical buckets (with odd ones between), comm- or compute-bound, any prefetch, with or without
-    compute slow-down beside running collectives: the skipped simulation ends where the plain one does."""
-    from zerotune.strategies.costmodel.timing import pipeline
+    compute slow-down beside running collectives, with buckets that have nothing to gather (the queue idle
+    through a run): the skipped simulation ends where the plain one does."""
+    from zerotune.strategies.costmodel.pipeline import pipeline
 
     rng = random.Random(seed)
     nb = rng.randint(1, 60)
@@ -711,6 +716,10 @@ def test_the_pipeline_skip_is_exact_against_the_plain_schedule(seed):
     lengths, units, groups = lengths[:nb], units[:nb], groups[:nb]
     scale = rng.choice([0.1, 1.0, 10.0])  # communication much cheaper, similar, much dearer than compute
     gathers = {n: scale * rng.uniform(0.5, 2.0) for n in set(lengths)}
+    if seed % 4 == 0:  # a replicated model: nothing to gather, the queue idle but for reductions
+        gathers = dict.fromkeys(gathers, 0.0)
+    elif seed % 4 == 1:  # some lengths replicated, others gathered
+        gathers[min(gathers)] = 0.0
     reductions = {g: scale * rng.uniform(0.5, 2.0) for g in set(groups) if g}
     compute, p = rng.uniform(0.5, 2.0), rng.randint(0, 3)
     kappa = rng.choice([0.0, 0.15, 0.5])
@@ -732,6 +741,32 @@ def test_the_pipeline_skip_is_exact_against_the_plain_schedule(seed):
     plain = _naive_pipeline(t0, c0, [gathers[n] for n in lengths], [compute * u for u in units],
                             [reductions.get(g, 0.0) for g in groups], p, kappa)
     assert fast == pytest.approx(plain, rel=1e-12)
+
+
+def test_the_pipeline_skip_waits_out_a_busy_queue_before_a_run_with_nothing_to_gather():
+    """A run of buckets with nothing to gather that starts while earlier gathers, or a pass before's reductions,
+    still hold the queue: its compute is slowed until the queue drains, so it is not skipped as an idle one until
+    then."""
+    from zerotune.strategies.costmodel.pipeline import pipeline
+
+    def check(lengths, gathers, comm0, kappa, p=3):
+        nb = len(lengths)
+        keys = [(1, lengths[i + p] if i + p < nb else None) for i in range(nb)]
+        runs = list(range(nb))
+        for i in range(nb - 2, -1, -1):
+            if keys[i] == keys[i + 1] and keys[i][-1] is not None:
+                runs[i] = runs[i + 1]
+        fast = pipeline(0.0, comm0, gathers, lengths, 1.0, (1,) * nb, None, None, p, runs, kappa)
+        plain = _naive_pipeline(0.0, comm0, [gathers[n] for n in lengths], [1.0] * nb, None, p, kappa)
+        assert fast == pytest.approx(plain, rel=1e-12), (lengths, comm0, kappa)
+        return fast
+
+    for kappa in (0.0, 0.5):
+        for comm0 in (0.0, 4.0):  # the queue free at the start, or busy with a pass before's reductions
+            for p in (0, 1, 3):
+                check((100, 100, 100, *[200] * 12), {100: 5.0, 200: 0.0}, comm0, kappa, p)
+                slowed = check((200,) * 12, {200: 0.0}, comm0, kappa, p)  # nothing gathered: the queue slows it
+    assert slowed[2] == pytest.approx(1.5)  # 3 compute spans of 1 s stretched by half beside the 4 s of queue
 
 
 def test_refit_states_its_error_before_after_and_on_runs_it_never_saw():
@@ -1166,6 +1201,24 @@ def test_bucket_sizes_that_cut_the_same_plan_share_one_schedule():
             seen[cut] = (sched, s)
     assert 5 <= len(seen) < 400  # many sizes, few cuts
     assert len({id(first) for first, _ in seen.values()}) == len(seen)  # a schedule per cut
+
+
+def test_reduce_groups_memoized_by_where_the_size_falls_cut_as_the_plain_greedy_does():
+    """``cut_reduce_groups`` memoizes a cut on where the bucket size falls among the sums of consecutive buckets:
+    at sizes on, just below and just above each such sum, and at random ones, its groups are those the greedy
+    cut gives afresh, for uniform buckets with an odd last one and for buckets of random lengths."""
+    from zerotune.strategies.plan import BYTES_PER_16BIT, _cut, _run_sums, clear_cuts, cut_reduce_groups
+
+    rng = random.Random(3)
+    layouts = [(500, *[1000] * 11, 300), (700, *(rng.randint(1, 5000) for _ in range(17))), (9, 4)]
+    for padded in layouts:
+        clear_cuts()
+        sums = _run_sums(padded)
+        assert len(sums) == len(set(sums)) and min(sums) == min(padded[1:]) and max(sums) == sum(padded[1:])
+        caps = [s + d for s in sums for d in (-1, 0, 1)] + [rng.uniform(0, 2 * sum(padded)) for _ in range(200)]
+        for cap in caps:
+            mb = cap * BYTES_PER_16BIT / 1e6
+            assert cut_reduce_groups(padded, mb) == _cut(padded, mb * 1e6 / BYTES_PER_16BIT), (padded, cap)
 
 
 def test_predict_rate_bench_times_warm_search_and_unseen_predictions():

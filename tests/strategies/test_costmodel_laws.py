@@ -311,7 +311,7 @@ def test_a_broadcast_pays_the_fill_of_its_chain_and_an_all_gather_of_the_same_by
     first segment fills the R - 1 hops before the rest streams at the slowest hop's rate. At its best segment count
     that is Johnsson and Ho's (√((R - 2)·α) + √(S·β))² on hops of one kind: more than the latency and the bytes add
     up to, by the fill's cross term, where an all-gather of the same bytes moves them shard by shard on every hop."""
-    from zerotune.strategies.costmodel.timing import chain
+    from zerotune.strategies.costmodel.protocols import chain
 
     nodes = 64
     cluster = profile_cluster("ib", "A100", (("inter-node", nodes, "ib-hdr-200"),))
@@ -351,7 +351,7 @@ def test_an_optimizer_that_hands_out_whole_parameters_pays_a_broadcast_per_owner
     largest first, to the rank holding the fewest elements, and each rank that got any broadcasts them over the
     whole group after the step. Charged so (``weight_sync = "broadcast"``), the cost of optimizer states over every
     GPU grows with the group; charged as a gather per bucket it stays near flat."""
-    from zerotune.strategies.costmodel.predict import _owners
+    from zerotune.strategies.costmodel.runners import owners
     from zerotune.strategies.model import build_gpt
     from zerotune.strategies.plan import parameter_numels
 
@@ -364,10 +364,10 @@ def test_an_optimizer_that_hands_out_whole_parameters_pays_a_broadcast_per_owner
     tensors = parameter_numels(model)
     assert sum(tensors) == model.num_params() and len(tensors) == 5 + 12 * 32
     for ranks in (8, 256, 1024):
-        owners = _owners(model, ranks, 1)
-        assert sum(k for _, k in owners) == min(ranks, len(tensors))
-        assert sum(n * k for n, k in owners) == model.num_params()
-        assert max(n for n, _ in owners) >= max(tensors)  # whole parameters: the embedding's rank holds all of it
+        held = owners(model, ranks, 1)
+        assert sum(k for _, k in held) == min(ranks, len(tensors))
+        assert sum(n * k for n, k in held) == model.num_params()
+        assert max(n for n, _ in held) >= max(tensors)  # whole parameters: the embedding's rank holds all of it
 
     def ratio(nodes: int, sync: str) -> float:
         levels = (("node", 8, "nvlink3-nvswitch"), ("inter-node", nodes, "ib-edr-100"))

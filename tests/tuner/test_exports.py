@@ -632,7 +632,7 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     four weight matrices (qkv, proj, fc, out) in one all-gather each, in forward and again in backward, the
     gathers the model charges the deepspeed runner (``plan.block_modules``, ``Calibration.gathers``), and after
     each optimizer step it gathers every persistent parameter (LayerNorms, biases) in an all-gather of its own,
-    which the model charges at the step boundary (``predict.persistent_params``). A Llama of the same size
+    which the model charges at the step boundary (``runners.persistent_params``). A Llama of the same size
     (``arch = "llama"``) is fetched as its seven weight matrices (wq, wk, wv, wo, w1, w2, w3) and keeps only its
     RMSNorms' weights whole.
     Buckets of 0.5 MB keep DeepSpeed's prefetch window (which it does not release at the turn from forward to
@@ -652,7 +652,7 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     block's parameters for backward."""
     from zerotune.strategies.costmodel import step_volume
     from zerotune.strategies.costmodel.deepspeed import Stage3Settings, gathered_peak, simulate
-    from zerotune.strategies.costmodel.predict import persistent_params
+    from zerotune.strategies.costmodel.runners import persistent_params
     from zerotune.strategies.plan import block_modules, block_numel
 
     model = parse_model("gpt-mini")
