@@ -73,6 +73,9 @@ class Seconds(NamedTuple):
     queues it in backward (``Calibration.outer_reduce``); ``reduce`` itself where nothing more is queued."""
     boundary: float
     """The step boundary's collectives."""
+    passes: dict[tuple, tuple[float, float, float]]
+    """``pipeline``'s passes over these collectives, by what else they read (``_pass``): strategies that share the
+    schedule and their compute per block share them too."""
 
 
 def _seconds(sched: Schedule, costs: Costs, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Seconds:
@@ -99,8 +102,22 @@ def _seconds(sched: Schedule, costs: Costs, model: ModelSpec, cluster: ClusterSp
     if len(costs.seconds) > 100_000:
         costs.seconds.clear()
     known = costs.seconds[sched.key] = Seconds({n: ct(c) for n, c in sched.fwd.items()},
-                                               {n: ct(c) for n, c in sched.bwd.items()}, r_of, r_final, boundary_s)
+                                               {n: ct(c) for n, c in sched.bwd.items()}, r_of, r_final, boundary_s,
+                                               {})
     return known
+
+
+def _pass(memo: dict[tuple, tuple[float, float, float]] | None, key: tuple, *args: Any) -> tuple[float, float, float]:
+    """``pipeline(*args)``, memoized in ``memo`` by ``key`` (None: not memoized), which must hold every argument the
+    memo's ``Seconds`` does not fix."""
+    if memo is None:
+        return pipeline(*args)
+    out = memo.get(key)
+    if out is None:
+        if len(memo) > 4096:
+            memo.clear()
+        out = memo[key] = pipeline(*args)
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -143,7 +160,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     sched = build_schedule(model, cluster, s)
     costs = costs_for(cluster, calib, e, s.quantize_above, block)
     ct = costs.time
-    f_of, b_of, r_of, r_final, boundary_s = _seconds(sched, costs, model, cluster, s)
+    f_of, b_of, r_of, r_final, boundary_s, passes = _seconds(sched, costs, model, cluster, s)
+    memo: dict[tuple, tuple[float, float, float]] | None = passes
 
     tokens = mbs * model.seq_len
     attention = calib.attention_rate(model.seq_len, model.head_dim)
@@ -183,7 +201,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     root_f, root_b, deepspeed = ct(sched.fwd[sched.root]), 0.0, None
     fwd_times = bwd_times = None
     if stage3 is not None:  # DeepSpeed: a gather per sub-module, with no prefetch credited
-        p = 0
+        p, memo = 0, None  # its gathers are the strategy's own, not the schedule's
         if s.param_span:  # ZeRO-3: each sub-module as often as its coordinator gathers it (deepspeed.simulate)
             ds = simulate(model, stage3, s.activation_checkpointing)
             deepspeed = deepspeed_step(ds, stage3, calib.stage3_settings, e)
@@ -198,8 +216,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     r_lengths, r_units, r_groups, fwd_runs, bwd_runs = _runs_of(sched.lengths, sched.units, sched.group_end, p)
     compute_s = (fwd_block + bwd_block) * sched.total_units + head_fwd + head_bwd
 
-    t0, comm0, lost_f = pipeline(root_f, root_f, f_of, sched.lengths, fwd_block, sched.units, None, None, p,
-                                 fwd_runs, kappa)
+    # the root's gather and kappa are the memo's: the pass reads the compute per block and the prefetch beside them
+    t0, comm0, lost_f = _pass(memo, ("forward", fwd_block, p), root_f, root_f, f_of, sched.lengths, fwd_block,
+                              sched.units, None, None, p, fwd_runs, kappa)
     head_s = head_fwd + head_bwd
     if kappa and comm0 > t0:
         head_s += kappa * min(comm0 - t0, head_s)
@@ -212,8 +231,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     def micro_step(reductions: dict[Group, float]) -> tuple[float, float, float]:
         """(seconds, communication seconds, slow-down seconds) of one micro-step reducing by ``reductions``
         (the forward pass and the head, alike in every micro-step, are timed once, above)."""
-        t, comm, lost_b = pipeline(t0, comm0, b_of, r_lengths, bwd_block, r_units, reductions,
-                                   r_groups, p, bwd_runs, kappa)
+        t, comm, lost_b = _pass(memo, ("backward", reductions is r_of, t0, comm0, bwd_block, p), t0, comm0, b_of,
+                                r_lengths, bwd_block, r_units, reductions, r_groups, p, bwd_runs, kappa)
         comm = (comm if comm > t else t) + (reductions[sched.root_group] if sched.root_group else 0.0)
         comm_s = (root_f + root_b + sum(k * (f_of[n] + b_of[n]) for n, k in sched.block_counts)
                   + sum(k * reductions[g] for g, k in sched.group_counts))

@@ -1221,6 +1221,41 @@ def test_reduce_groups_memoized_by_where_the_size_falls_cut_as_the_plain_greedy_
             assert cut_reduce_groups(padded, mb) == _cut(padded, mb * 1e6 / BYTES_PER_16BIT), (padded, cap)
 
 
+@pytest.mark.parametrize("runner", ["zerotune", "deepspeed", "fsdp"])
+def test_predictions_made_warm_equal_those_made_cold(runner, monkeypatch):
+    """What the model memoizes as it runs (each schedule's collective seconds per runner and its pipeline passes,
+    the reduce-group cuts) changes no prediction: strategies of the tuner's space and the presets, over 1 and 4
+    micro-steps, give bit for bit what they give with every cache cleared before each and every pipeline pass run
+    afresh, whatever was predicted before them."""
+    import importlib
+
+    from zerotune.strategies.costmodel import clear_caches
+    from zerotune.strategies.costmodel.pipeline import pipeline
+    from zerotune.strategies.costmodel.rates import run_by
+    from zerotune.tuner.space import Space
+
+    predict_module = importlib.import_module("zerotune.strategies.costmodel.predict")
+    model, cluster = parse_model("gpt-neox-20b"), parse_cluster("dgx-h100:16")
+    calib = run_by(calibration_for(cluster), runner)
+    batch = 4 * cluster.world_size
+    rng = random.Random(5)
+    strategies = rng.sample(list(Space(cluster, global_batch=batch).enumerate_space()), 40) + [
+        build_strategy(name, cluster, micro_batch_size=mbs) for name in ("ddp", "zero1", "zero2", "zero3", "mics",
+                                                                         "zeropp") for mbs in (1, 2)]
+    calls = [(s, b) for s in strategies for b in (None, 4 * s.micro_batch_size * cluster.world_size)]
+    cold = []
+    with monkeypatch.context() as patch:
+        patch.setattr(predict_module, "_pass", lambda memo, key, *args: pipeline(*args))
+        for s, b in calls:
+            clear_caches()
+            cold.append(predict(model, cluster, s, global_batch=b, calibration=calib))
+    clear_caches()
+    for order in (range(len(calls)), reversed(range(len(calls)))):
+        for i in order:
+            s, b = calls[i]
+            assert predict(model, cluster, s, global_batch=b, calibration=calib) == cold[i], (runner, s, b)
+
+
 def test_predict_rate_bench_times_warm_search_and_unseen_predictions():
     """bench/predict_rate.py prints predictions per second of the three workloads it names, over the tuner's real
     search space; it measures and asserts nothing about speed. Bad flags exit 2 with one line naming them."""
