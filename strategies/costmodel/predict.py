@@ -99,7 +99,7 @@ def _seconds(sched: Schedule, costs: Costs, model: ModelSpec, cluster: ClusterSp
                      for n, k in sched.bucket_counts) + (sync or 0.0)
     if calib.gathers == "module" and s.param_span:  # DeepSpeed ZeRO-3's persistent parameters, once a step
         boundary_s += persistent_gathers(ct, model, cluster, s)
-    if len(costs.seconds) > 100_000:
+    if len(costs.seconds) > 16_384:  # as many as the schedules kept (``schedule._build``), each with its passes
         costs.seconds.clear()
     known = costs.seconds[sched.key] = Seconds({n: ct(c) for n, c in sched.fwd.items()},
                                                {n: ct(c) for n, c in sched.bwd.items()}, r_of, r_final, boundary_s,
@@ -198,7 +198,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     # one micro-step: a FIFO communication queue and a compute stream, as the engine runs them
     p = s.prefetch_buckets
     stage3 = settings_for(model, cluster, s, calib.stage3_settings) if calib.gathers == "module" else None
-    root_f, root_b, deepspeed = ct(sched.fwd[sched.root]), 0.0, None
+    root_f, root_b, deepspeed = f_of[sched.root], 0.0, None
     fwd_times = bwd_times = None
     if stage3 is not None:  # DeepSpeed: a gather per sub-module, with no prefetch credited
         p, memo = 0, None  # its gathers are the strategy's own, not the schedule's

@@ -50,10 +50,9 @@ def protocol_rows(calib: Calibration, nodes: int) -> list[Row]:
 
 def hop_s(calib: Calibration, hop_us: float, node_scale: float, net_scale: float, floor: float) -> float:
     """Seconds one ring step waits on a hop of ``hop_us`` (Simple): the network's scale where the hop is the
-    library's Simple network latency or more, else the node link's, and never less than ``floor``."""
-    table = RING_PROTOCOLS.get(calib.protocols)
+    library's Simple network latency or more (``network``), else the node link's, and never less than ``floor``."""
     alpha = calib.latency_scale * 1e-6
-    if table is not None and hop_us >= table["Simple"][2]:
+    if network(calib, hop_us):
         return hop_us * alpha * net_scale
     step = hop_us * alpha * node_scale
     return step if step > floor else floor

@@ -697,6 +697,16 @@ def _naive_pipeline(t, comm, gathers, computes, reductions, p, slowdown=0.0):
     return t, comm, lost
 
 
+def _last_of_runs(keys):
+    """For each iteration, the last iteration of its run of equal ``keys`` (an iteration whose key ends in None, its
+    gather ahead past the last bucket, joins no run): the ``runs`` argument of ``pipeline``, written plainly."""
+    runs = list(range(len(keys)))
+    for i in range(len(keys) - 2, -1, -1):
+        if keys[i] == keys[i + 1] and keys[i][-1] is not None:
+            runs[i] = runs[i + 1]
+    return runs
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_the_pipeline_skip_is_exact_against_the_plain_schedule(seed):
     """Runs of identical buckets (with odd ones between), comm- or compute-bound, any prefetch, with or without
@@ -724,19 +734,13 @@ def test_the_pipeline_skip_is_exact_against_the_plain_schedule(seed):
     compute, p = rng.uniform(0.5, 2.0), rng.randint(0, 3)
     kappa = rng.choice([0.0, 0.15, 0.5])
     keys = [(units[i], lengths[i + p] if i + p < nb else None) for i in range(nb)]
-    runs = list(range(nb))
-    for i in range(nb - 2, -1, -1):
-        if keys[i] == keys[i + 1] and keys[i][-1] is not None:
-            runs[i] = runs[i + 1]
+    runs = _last_of_runs(keys)
     t0, c0 = rng.uniform(0, 3), rng.uniform(0, 3)
     fast = pipeline(t0, c0, gathers, lengths, compute, units, None, None, p, runs, kappa)
     plain = _naive_pipeline(t0, c0, [gathers[n] for n in lengths], [compute * u for u in units], None, p, kappa)
     assert fast == pytest.approx(plain, rel=1e-12)
     keys = [(units[i], groups[i], lengths[i + p] if i + p < nb else None) for i in range(nb)]
-    runs = list(range(nb))
-    for i in range(nb - 2, -1, -1):
-        if keys[i] == keys[i + 1] and keys[i][-1] is not None:
-            runs[i] = runs[i + 1]
+    runs = _last_of_runs(keys)
     fast = pipeline(t0, c0, gathers, lengths, compute, units, reductions, groups, p, runs, kappa)
     plain = _naive_pipeline(t0, c0, [gathers[n] for n in lengths], [compute * u for u in units],
                             [reductions.get(g, 0.0) for g in groups], p, kappa)
@@ -752,10 +756,7 @@ def test_the_pipeline_skip_waits_out_a_busy_queue_before_a_run_with_nothing_to_g
     def check(lengths, gathers, comm0, kappa, p=3):
         nb = len(lengths)
         keys = [(1, lengths[i + p] if i + p < nb else None) for i in range(nb)]
-        runs = list(range(nb))
-        for i in range(nb - 2, -1, -1):
-            if keys[i] == keys[i + 1] and keys[i][-1] is not None:
-                runs[i] = runs[i + 1]
+        runs = _last_of_runs(keys)
         fast = pipeline(0.0, comm0, gathers, lengths, 1.0, (1,) * nb, None, None, p, runs, kappa)
         plain = _naive_pipeline(0.0, comm0, [gathers[n] for n in lengths], [1.0] * nb, None, p, kappa)
         assert fast == pytest.approx(plain, rel=1e-12), (lengths, comm0, kappa)
