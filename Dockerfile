@@ -27,11 +27,6 @@ WORKDIR /app
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 
 COPY pyproject.toml README.md ./
-COPY strategies ./strategies
-COPY tuner ./tuner
-COPY db ./db
-COPY api ./api
-# zerotune/ links the four folders in: they install as one package, zerotune.*
 COPY zerotune ./zerotune
 RUN pip install --no-cache-dir . \
     && mkdir -p /data \

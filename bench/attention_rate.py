@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_efficiency import time_kernel  # noqa: E402  - a sibling bench script: this file's folder is on sys.path
 
-from zerotune.strategies.costmodel.attention import ATTENTION_KERNELS, causal_kernel_efficiency  # noqa: E402
-from zerotune.strategies.costmodel.hardware import device_key_of, peak_tflops_of  # noqa: E402
-from zerotune.strategies.costmodel.rates import curve_rate  # noqa: E402
+from zerotune.costmodel.attention import ATTENTION_KERNELS, causal_kernel_efficiency  # noqa: E402
+from zerotune.costmodel.hardware import device_key_of, peak_tflops_of  # noqa: E402
+from zerotune.costmodel.rates import curve_rate  # noqa: E402
 
 BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 

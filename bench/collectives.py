@@ -28,8 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def launch(args: argparse.Namespace) -> int:
-    from zerotune.strategies.catalog import parse_cluster
-    from zerotune.strategies.launch import run_torchrun
+    from zerotune.costmodel.catalog import parse_cluster
+    from zerotune.trainer.launch import run_torchrun
 
     cluster = parse_cluster(args.cluster)
     print(f"launching {cluster.world_size} ranks for {cluster.name} ...", file=sys.stderr)
@@ -46,9 +46,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from zerotune.strategies.catalog import parse_cluster
-    from zerotune.strategies.comm import Communicator
-    from zerotune.strategies.topology import build_topology
+    from zerotune.core.topology import build_topology
+    from zerotune.costmodel.catalog import parse_cluster
+    from zerotune.trainer.comm import Communicator
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))

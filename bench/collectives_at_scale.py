@@ -25,11 +25,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from zerotune.strategies.catalog import parse_cluster  # noqa: E402
-from zerotune.strategies.costmodel import calibration_for  # noqa: E402
-from zerotune.strategies.costmodel.rates import Calibration, run_by  # noqa: E402
-from zerotune.strategies.costmodel.timing import costs_for  # noqa: E402
-from zerotune.strategies.spec import ClusterSpec  # noqa: E402
+from zerotune.core.spec import ClusterSpec  # noqa: E402
+from zerotune.costmodel import calibration_for  # noqa: E402
+from zerotune.costmodel.catalog import parse_cluster  # noqa: E402
+from zerotune.costmodel.rates import Calibration, run_by  # noqa: E402
+from zerotune.costmodel.timing import costs_for  # noqa: E402
 
 TABLES = ROOT / "bench" / "published" / "collectives"
 MIB = 2**20

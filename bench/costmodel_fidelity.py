@@ -46,10 +46,10 @@ import sys
 import time
 from pathlib import Path
 
+from zerotune.costmodel import Calibration, clear_caches, predict
+from zerotune.costmodel.calibration import Measurement, fit, fit_options, predicted_step_time
+from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.errors import SpecError
-from zerotune.strategies.calibration import Measurement, fit, fit_options, predicted_step_time
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.costmodel import Calibration, clear_caches, predict
 
 ROOT = Path(__file__).resolve().parent.parent
 

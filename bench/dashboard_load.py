@@ -44,10 +44,10 @@ FCP = "(performance.getEntriesByName('first-contentful-paint')[0] || {}).startTi
 
 def seed(url: str, trials: int) -> int:
     """Run a real model-executor study of ``trials`` trials into ``url``; return its study id."""
+    from zerotune.costmodel.catalog import parse_cluster, parse_model
     from zerotune.db.migrate import upgrade
     from zerotune.db.session import make_engine, make_session_factory, session_scope
-    from zerotune.strategies.catalog import parse_cluster, parse_model
-    from zerotune.tuner.executors.model import ModelExecutor
+    from zerotune.tuner.executors.predicted import ModelExecutor
     from zerotune.tuner.request import TuneRequest
     from zerotune.tuner.study import Tuner
 

@@ -4,7 +4,7 @@
     python bench/emulated_fidelity.py --rounds 3 --runs-dir runs/emulated   # reuse run.json files there (resumes)
 
 Loopback runs cannot check the model's time where links differ: every level is the same transport.
-Here each cluster is emulated (``strategies/emulate.py``: a namespace per innermost group, ``tc``-shaped
+Here each cluster is emulated (``zerotune/tuner/executors/emulate.py``: a namespace per innermost group, ``tc``-shaped
 links per level), its levels' bandwidths given directly as the emulated rates (``--emulate-scale 1``):
 
 - ``two-level``: one rank per namespace; node links 320 MB/s per rank, inter-node links 8x slower;
@@ -44,11 +44,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zerotune.core.spec import ClusterSpec
+from zerotune.costmodel.calibration import Measurement, fit, fit_options, predicted_step_time
+from zerotune.costmodel.catalog import build_strategy
 from zerotune.errors import SpecError
-from zerotune.strategies import emulate
-from zerotune.strategies.calibration import Measurement, fit, fit_options, predicted_step_time
-from zerotune.strategies.catalog import build_strategy
-from zerotune.strategies.spec import ClusterSpec
+from zerotune.tuner.executors import emulate
 
 ROOT = Path(__file__).resolve().parent.parent
 

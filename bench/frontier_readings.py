@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from published import Table  # noqa: E402  - a sibling bench script: this file's folder is on sys.path
 
-from zerotune.strategies.costmodel import clear_caches, timing  # noqa: E402
-from zerotune.strategies.costmodel.protocols import STEPS  # noqa: E402
+from zerotune.costmodel import clear_caches, timing  # noqa: E402
+from zerotune.costmodel.protocols import STEPS  # noqa: E402
 
 TABLE = ROOT / "bench" / "published" / "frontier_3level.toml"
 PCCL = ROOT / "bench" / "published" / "collectives" / "pccl.toml"

@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from zerotune.strategies.costmodel.hardware import peak_tflops_of  # noqa: E402
+from zerotune.costmodel.hardware import peak_tflops_of  # noqa: E402
 
 
 def layer_gemms(tokens: int, hidden: int) -> list[tuple[str, int, int, int]]:

@@ -14,7 +14,7 @@ $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cu
     2>&1 | tee -a "$OUT/log.txt"
 $PY - "$OUT/one-gpu.json" "${PEAK_TFLOPS:-}" <<'EOF' || exit 2
 import json, sys, torch
-from zerotune.strategies.costmodel.hardware import peak_tflops_of
+from zerotune.costmodel.hardware import peak_tflops_of
 name = torch.cuda.get_device_name(0)
 peak = float(sys.argv[2]) if sys.argv[2] else peak_tflops_of(name)
 if peak is None:

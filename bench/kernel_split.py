@@ -4,12 +4,12 @@
     python bench/kernel_split.py --model gpt-125m --batches 4,16 --json-out split.json
     python bench/kernel_split.py --device cpu --model gpt-tiny    # a check that the script runs (no device figures)
 
-The time model (``strategies/costmodel/traffic.py``) splits a step's compute in two: the matmuls and
+The time model (``zerotune/costmodel/traffic.py``) splits a step's compute in two: the matmuls and
 the attention at a fraction of the device's peak, every other kernel (LayerNorms, GELU, residual adds,
 bias gradients, the qkv split's backward, embedding gathers, the loss over the vocabulary) at its
 bytes over a fraction of the datasheet HBM bandwidth (``STREAM_FRACTION`` where nothing better was
 measured). This script measures both parts on the device in hand, for the engine's own model
-(``strategies.model``) run eagerly; the Hopper figures of ``strategies/costmodel/hardware.py``
+(``trainer.gpt``) run eagerly; the Hopper figures of ``zerotune/costmodel/hardware.py``
 (``H200_ENGINE_EFFICIENCY``, ``H200_EAGER_MEMORY_FRACTION``, and the H100's) and of ``attention.py``
 (``H200_ENGINE_ATTENTION`` and its forward share, and the H100's) are its
 medians on one H200 (``bench/data/h200-kernels``) and one H100 (``bench/data/h100-kernels``):
@@ -46,16 +46,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gemm_efficiency import time_kernel  # noqa: E402  - a sibling bench script: this file's folder is on sys.path
 
-from zerotune.strategies.catalog import parse_model  # noqa: E402
-from zerotune.strategies.costmodel.hardware import (  # noqa: E402
+from zerotune.core.plan import block_numel, root_numel  # noqa: E402
+from zerotune.core.spec import ModelSpec  # noqa: E402
+from zerotune.costmodel.catalog import parse_model  # noqa: E402
+from zerotune.costmodel.hardware import (  # noqa: E402
     ADAMW_BYTES_PER_ELEM,
     STREAM_FRACTION,
     device_of,
     peak_tflops_of,
 )
-from zerotune.strategies.costmodel.traffic import block_flops, head_flops, traffic  # noqa: E402
-from zerotune.strategies.plan import block_numel, root_numel  # noqa: E402
-from zerotune.strategies.spec import ModelSpec  # noqa: E402
+from zerotune.costmodel.traffic import block_flops, head_flops, traffic  # noqa: E402
 
 MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
 """Operators whose kernels are matmuls (the innermost of them gets a kernel's time)."""
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     hbm = args.hbm_gbps or (hbm_gbps_of(name) if cuda else None)
     print(f"{spec.name} on {name}, {dtype}, sequence {spec.seq_len}; torch {torch.__version__}; "
           f"peak {peak or '?'} TFLOPS, HBM {hbm or '?'} GB/s, STREAM_FRACTION {STREAM_FRACTION}", flush=True)
-    from zerotune.strategies.model import build_gpt
+    from zerotune.trainer.gpt import build_gpt
 
     model, rows = build_gpt(spec, dtype=dtype).to(device), []
     for batch in batches:

@@ -39,8 +39,8 @@ from torch.utils._pytree import tree_flatten
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from zerotune.strategies.costmodel.traffic import nanotron_block_bytes, traffic  # noqa: E402
-from zerotune.strategies.spec import ModelSpec  # noqa: E402
+from zerotune.core.spec import ModelSpec  # noqa: E402
+from zerotune.costmodel.traffic import nanotron_block_bytes, traffic  # noqa: E402
 
 COMPUTE = {"mm", "addmm", "bmm", "baddbmm"}
 SHAPES = ((2048, 32, 32, 8192), (3072, 32, 32, 8192), (2048, 32, 32, 4096), (2048, 32, 8, 8192), (2048, 32, 16, 8192))
@@ -54,7 +54,7 @@ def _bytes(tensors: list[torch.Tensor]) -> int:
 
 class KernelBytes(TorchDispatchMode):
     """Bytes each kernel reads and writes, by kernel name (``book`` adds the stood-in fused kernels), by the rules of
-    ``tests/strategies/test_traffic.py``'s counter for the kernels this block runs (it has no index or embedding
+    ``tests/costmodel/test_traffic.py``'s counter for the kernels this block runs (it has no index or embedding
     kernels): every input once, every output once; an in-place kernel reads its inputs (``copy_`` its source) and
     writes its output; views move nothing."""
 

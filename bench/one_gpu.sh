@@ -39,7 +39,7 @@ done
 
 for mbs in 1 2 4 8; do
   log "zerotune train $MODEL zero3 micro-batch $mbs"
-  timeout 120 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m zerotune.strategies.train \
+  timeout 120 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m zerotune.trainer.train \
       --model "$MODEL" --cluster "$OUT/one-gpu.json" --strategy zero3 --set micro_batch_size=$mbs \
       --steps 6 --warmup 2 --global-batch 8 --out "$OUT/train-$MODEL-zero3-mbs$mbs.json" 2>&1 \
       | tail -4 | tee -a "$OUT/log.txt"

@@ -32,9 +32,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
-from zerotune.strategies.costmodel import clear_caches, predict, schedule  # noqa: E402
-from zerotune.strategies.spec import Strategy  # noqa: E402
+from zerotune.core.spec import Strategy  # noqa: E402
+from zerotune.costmodel import clear_caches, predict, schedule  # noqa: E402
+from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model  # noqa: E402
 from zerotune.tuner.space import Space  # noqa: E402
 
 CASES = (("gpt-neox-20b", "frontier:48"), ("gpt-neox-20b", "dgx-h100:16"))

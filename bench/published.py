@@ -4,7 +4,7 @@
     python bench/published.py --table zeropp_blog --json
 
 Each ``bench/published/*.toml`` transcribes one source: its ``[source]`` (title, url, what was assumed
-where the source is silent), the clusters (a device and links from ``strategies/costmodel/hardware.py``,
+where the source is silent), the clusters (a device and links from ``zerotune/costmodel/hardware.py``,
 or a preset; ``host`` names the node's host design in ``HOSTS`` where the source gives it, else
 NCCL's defaults for an unknown host), the models, the strategies (a preset and the fields the source's
 engine used), and the published values: ``[[groups]]`` of rows ``[model, micro-batch, value per strategy column]`` and
@@ -72,13 +72,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.costmodel import Calibration, calibration_for, predict
-from zerotune.strategies.costmodel.attention import ATTENTION_KERNELS, STACK_ATTENTION, with_attention
-from zerotune.strategies.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
-from zerotune.strategies.costmodel.hardware import device_key_of
-from zerotune.strategies.costmodel.presets import profile_calibration, profile_cluster, with_measured_links
-from zerotune.strategies.costmodel.rates import (
+from zerotune.core.spec import BUSBW_FIELDS, ClusterSpec, ModelSpec
+from zerotune.costmodel import Calibration, calibration_for, predict
+from zerotune.costmodel.attention import ATTENTION_KERNELS, STACK_ATTENTION, with_attention
+from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.costmodel.error import ERROR_FILE, at_scale, band_of, on_device
+from zerotune.costmodel.hardware import device_key_of
+from zerotune.costmodel.profiles import profile_calibration, profile_cluster, with_measured_links
+from zerotune.costmodel.rates import (
     BLOCK_KERNELS,
     GATHERS,
     LOSS_KERNELS,
@@ -89,7 +90,6 @@ from zerotune.strategies.costmodel.rates import (
     run_by,
     with_host_floor,
 )
-from zerotune.strategies.spec import BUSBW_FIELDS, ClusterSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -344,7 +344,7 @@ def is_scaling(ratio: dict[str, Any]) -> bool:
 
 
 def model_error(tables: list[Table], rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> dict[str, Any]:
-    """What ``strategies/costmodel/error.py`` serves: the bands of the scored absolute figures, of the
+    """What ``zerotune/costmodel/error.py`` serves: the bands of the scored absolute figures, of the
     comparisons of two strategies (a decision's error) and of one strategy's scaling (median and 90th
     percentile of |error|), and every scored item with the GPUs it ran on, from which a prediction reads the
     band at its own scale. Scaling ratios are kept apart: the same strategy at two sizes is an easier
@@ -430,7 +430,7 @@ def _print(tables: list[Table], result: dict[str, Any]) -> None:
           f"slow-down of compute beside collectives, step boundary)")
     print("within the goal, by table: " + ", ".join(f"{name} {ok}/{n}" for name, (ok, n) in s["by_table"].items()))
     items = result["error"]["items"]
-    print("the band a prediction carries, by its scale (strategies/costmodel/error.py):")
+    print("the band a prediction carries, by its scale (zerotune/costmodel/error.py):")
     for gpus in (16, 128, 384, 1024):
         rows, row_span = at_scale(items["rows"], gpus)
         pairs, pair_span = at_scale(items["comparisons"], gpus)

@@ -31,7 +31,7 @@ done
 
 if [[ " $PARTS " == *" train "* ]]; then
   log "zerotune train $MODEL zero3, 4 sequences per micro-step, 8 a step, profiled"
-  timeout 150 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m zerotune.strategies.train \
+  timeout 150 $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m zerotune.trainer.train \
       --model "$MODEL" --cluster "$OUT/one-gpu.json" --strategy zero3 --set micro_batch_size=4 --steps 6 --warmup 2 \
       --global-batch 8 --profile --trace-dir "$OUT/trace" --out "$OUT/train-$MODEL-zero3-mbs4.json" 2>&1 \
       | tail -4 | tee -a "$OUT/log.txt"

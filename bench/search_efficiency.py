@@ -25,10 +25,10 @@ import sys
 import time
 from typing import Any
 
+from zerotune.core.spec import Strategy
+from zerotune.costmodel import predict
+from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.errors import SpecError
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.costmodel import predict
-from zerotune.strategies.spec import Strategy
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.seeding import PRESETS, refine
 from zerotune.tuner.space import Space

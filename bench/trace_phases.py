@@ -5,7 +5,7 @@
 
 For each trace (one step of one config, rank 0, profiled on the host and the device): the device's span,
 busy time and gaps, the host's lead before the first kernel, the forward / backward / optimizer split
-and the forward's host time and Python (``zerotune.strategies.profiling.trace_phases`` says what each
+and the forward's host time and Python (``zerotune.trainer.profiling.trace_phases`` says what each
 figure is). The trace was taken with the CPU profiler on, which slows the host: read the gaps and host
 times as shares and comparisons between configs profiled alike, not as the unprofiled step's absolutes
 (``trainer_vs_fsdp.py`` prints those: the timed step minus the device's busy time).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from zerotune.strategies.profiling import load_trace, trace_phases  # noqa: E402
+from zerotune.trainer.profiling import load_trace, trace_phases  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

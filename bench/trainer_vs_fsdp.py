@@ -4,9 +4,9 @@ on the same GPT.
     python bench/trainer_vs_fsdp.py                          # worlds 4 and 8, all seven configs
     python bench/trainer_vs_fsdp.py --worlds 4 --configs zero3,fsdp2 --steps 10
 
-Configs (every one trains the same ``--model`` GPT, ``strategies.model.build_gpt(spec, seed=0)``,
+Configs (every one trains the same ``--model`` GPT, ``trainer.gpt.build_gpt(spec, seed=0)``,
 on the same data, ``--batch`` sequences per rank per step (default 1), with ``zerotune train``'s
-recipe: AdamW with betas (0.9, 0.95), peak learning rate ``strategies.train.default_lr`` and linear
+recipe: AdamW with betas (0.9, 0.95), peak learning rate ``trainer.train.default_lr`` and linear
 warm-up over half the steps, no clipping; every config's AdamW is torch's fused update on a GPU and
 the unfused one on CPU, as our engine's). ``--dtype`` (default ``auto``: bf16 on GPU, fp32 on CPU)
 is the compute and communication dtype of every config alike: our engine's ``dtype`` (bf16 weights
@@ -38,7 +38,7 @@ our engine's strategy, FSDP2's ``reduce_dtype=float32`` (torchtitan's default) a
 
 ``--set activation_checkpointing=true`` (and ``--set checkpoint_policy=selective``) checkpoints every config's
 blocks the same way: the engine's own, and the peers' blocks wrapped in torch's non-reentrant checkpoint wrapper
-with the same policy (``strategies.checkpointing.wrap_blocks``, as the FSDP2 export's snippet does).
+with the same policy (``trainer.checkpointing.wrap_blocks``, as the FSDP2 export's snippet does).
 
 World sizes map to clusters as 4 -> local:2x2, 8 -> local:2x2x2 (2^k -> local:2x...x2); world 1
 (one GPU: NCCL takes one rank per device) runs on local:1, where there is nothing to shard or
@@ -66,7 +66,7 @@ On CPU, resident memory depends on the allocator and on gloo as much as on the a
 keeps what a step frees in its heaps (one per thread), and gloo's own all_gather_single and
 reduce_scatter_single copy the whole buffer into temporaries (+20-38 MiB peak for a 12 MiB buffer
 on 2-4 ranks). Our engine runs those two collectives in place on gloo from 1 MiB on, as one
-broadcast / reduce per rank (``strategies/comm.py``); FSDP2 calls gloo's own.
+broadcast / reduce per rank (``zerotune/trainer/comm.py``); FSDP2 calls gloo's own.
 ``--mmap-threshold BYTES`` sets ``MALLOC_MMAP_THRESHOLD_`` for every launch alike: lower resident
 memory for every config, paid in page faults (step time).
 
@@ -125,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the median")
     p.add_argument("--model", default="gpt-mini",
-                   help="model preset (strategies/catalog.py MODELS) or a ModelSpec JSON file")
+                   help="model preset (zerotune/costmodel/catalog.py MODELS) or a ModelSpec JSON file")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a Strategy field of our engine's configs (e.g. allgather_bucket_mb=1.6)")
@@ -176,7 +176,7 @@ TWO_LEVELS = {"mics", "hsdp"}
 
 # -- the launcher side -------------------------------------------------------------------------
 def launch(args: argparse.Namespace) -> int:
-    from zerotune.strategies.launch import run_torchrun
+    from zerotune.trainer.launch import run_torchrun
 
     worlds = [int(w) for w in _split(args.worlds)]
     model = str(Path(args.model).resolve()) if Path(args.model).is_file() else args.model  # ranks resolve it too
@@ -310,7 +310,7 @@ def report(world: int, cluster: str, rows: dict[str, dict[str, Any]], args: argp
 # -- the rank side -----------------------------------------------------------------------------
 def checkpoint_like_ours(model: Any, strategy: Any) -> str:
     """A peer's model checkpoints its blocks as the engine's strategy says; returns how (``Strategy.recompute``)."""
-    from zerotune.strategies.checkpointing import wrap_blocks
+    from zerotune.trainer.checkpointing import wrap_blocks
 
     wrap_blocks(model.blocks, strategy)
     return str(strategy.checkpointing)
@@ -326,11 +326,11 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from zerotune.strategies.catalog import build_strategy, parse_cluster
-    from zerotune.strategies.data import TokenSource, sequence_ids
-    from zerotune.strategies.files import load_model, parse_overrides
-    from zerotune.strategies.profiling import profile_step
-    from zerotune.strategies.train import BETAS, default_lr, lr_at
+    from zerotune.costmodel.catalog import build_strategy, parse_cluster
+    from zerotune.costmodel.files import load_model, parse_overrides
+    from zerotune.trainer.data import TokenSource, sequence_ids
+    from zerotune.trainer.profiling import profile_step
+    from zerotune.trainer.train import BETAS, default_lr, lr_at
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available()
@@ -355,7 +355,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch._dynamo  # noqa: F401
     from torch.distributed.fsdp import fully_shard
 
-    from zerotune.strategies.engine import ZeroEngine, adamw_options
+    from zerotune.trainer.engine import ZeroEngine, adamw_options
 
     # communication setup first (process groups / mesh), so the memory baseline excludes it
     if config in DEEPSPEED:
@@ -364,7 +364,7 @@ def worker(args: argparse.Namespace) -> None:
 
         deepspeed.init_distributed(dist_backend=backend)  # adopts the process group above
     if config in OURS:
-        from zerotune.strategies.topology import build_topology
+        from zerotune.core.topology import build_topology
 
         topo = build_topology(cluster, timeout_s=args.timeout)  # once per process
     elif config in ("fsdp2", "hsdp"):
@@ -403,7 +403,7 @@ def worker(args: argparse.Namespace) -> None:
             engine.step(lr=lr)
             return float(total) / len(micros)
     elif config in DEEPSPEED:
-        from zerotune.strategies.model import build_gpt
+        from zerotune.trainer.gpt import build_gpt
         from zerotune.tuner.exports import deepspeed_config
 
         strategy = dataclasses.replace(build_strategy("zero3", cluster, **parse_overrides(args.set)),
@@ -437,7 +437,7 @@ def worker(args: argparse.Namespace) -> None:
     else:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        from zerotune.strategies.model import build_gpt
+        from zerotune.trainer.gpt import build_gpt
 
         model = build_gpt(spec, seed=0).to(device)
         info["recompute"] = checkpoint_like_ours(model, build_strategy("zero3", cluster, **parse_overrides(args.set)))

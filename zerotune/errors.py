@@ -9,8 +9,8 @@ it as one line and the API turns it into a 422 (or a 404) with the same three pa
 - :class:`NotFoundError` — a stored row or a named thing that does not exist (HTTP 404, CLI exit 2);
 - :class:`StudyFailed` — a study that could not produce a recommendation (its reason; CLI exit 1).
 
-The HTTP mapping is ``api/errors.py``'s handler of ZerotuneError, the exit-status mapping
-``api/cli``'s one error path. Standard library only: the prologue client imports it.
+The HTTP mapping is ``zerotune/api/http_errors.py``'s handler of ZerotuneError, the exit-status mapping
+``zerotune/api/cli``'s one error path. Standard library only: the prologue client imports it.
 """
 
 from __future__ import annotations

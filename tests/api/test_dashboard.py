@@ -44,7 +44,7 @@ def key(text: str) -> str:
 
 def measured(model: Any, cluster: Any, strategy: Any, slowdown: float, healthy: bool = True) -> tuple[dict, dict]:
     """(run.json, prediction) of a short run of ``strategy``: the trainer's fields, ``slowdown`` x the prediction."""
-    from zerotune.strategies.costmodel import predict
+    from zerotune.costmodel import predict
 
     prediction = predict(model, cluster, strategy)
     steps = 8
@@ -97,10 +97,10 @@ def local_study(s: Any, name: str, model: Any, cluster: Any, trials: int, object
 
 
 def seed_running_and_failed(db: str, seeded: Seeded) -> None:
+    from zerotune.costmodel import predict
+    from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.db import repository as repo
     from zerotune.db.session import make_engine, make_session_factory, session_scope
-    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-    from zerotune.strategies.costmodel import predict
     from zerotune.tuner.request import strategy_key
 
     engine = make_engine(db)
@@ -133,7 +133,7 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
         repo.update_job(session=s, job_id=job.id, state="running", progress=4 / 12, trials_done=4, study_id=study.id)
         seeded.running, seeded.running_job = study.id, job.id
         s.flush()
-        from zerotune.tuner.calibrations import refit_study  # its three healthy runs refit local:2x2x2's calibration
+        from zerotune.tuner.calibrating import refit_study  # its three healthy runs refit local:2x2x2's calibration
 
         seeded.refit = refit_study(s, study.id) or {}
 
@@ -162,9 +162,9 @@ def seed_running_and_failed(db: str, seeded: Seeded) -> None:
 def seed_pareto(s: Any, seeded: Seeded) -> None:
     """A finished pareto study answered with a proxy-verified pick: its front, the verification run's loss
     curve and log, and one infeasible point needing ~20x the device's memory (it must not squeeze the front)."""
+    from zerotune.costmodel import predict
+    from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.db import repository as repo
-    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-    from zerotune.strategies.costmodel import predict
     from zerotune.tuner.choice import pareto_front
     from zerotune.tuner.request import strategy_key
 
@@ -588,9 +588,9 @@ def test_trials_table_sorts_and_filters(tab: Tab, seeded: Seeded) -> None:
 
 @pytest.mark.timeout(120)
 def test_live_study_shows_new_trials_without_reload(browser: Any, seeded: Seeded) -> None:
+    from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.db import repository as repo
     from zerotune.db.session import make_engine, make_session_factory, session_scope
-    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.tuner.request import strategy_key
 
     study_tab, list_tab = Tab(browser, seeded.url), Tab(browser, seeded.url)

@@ -124,8 +124,8 @@ def test_a_trial_page_shows_seconds_per_level_and_the_emulation_only_when_the_ru
         client: TestClient, app_and_engine: tuple) -> None:
     """A measured trial with rank 0's seconds per level and an emulation summary shows both (bytes, seconds and
     their rate per level and collective; the emulated links); one without them, and a predicted one, show neither."""
-    from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-    from zerotune.strategies.costmodel import predict
+    from zerotune.costmodel import predict
+    from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.tuner.request import strategy_key
 
     model, cluster = parse_model("gpt-tiny"), parse_cluster("frontier:2")
@@ -183,7 +183,7 @@ def test_a_trial_page_shows_seconds_per_level_and_the_emulation_only_when_the_ru
 
 def test_a_study_page_says_who_trains_with_its_answer(client: TestClient, app_and_engine: tuple) -> None:
     """A DeepSpeed request's study page says it searched what DeepSpeed runs, with DeepSpeed's collectives."""
-    from zerotune.strategies.catalog import parse_cluster, parse_model
+    from zerotune.costmodel.catalog import parse_cluster, parse_model
 
     ids = {}
     with session_scope(make_session_factory(app_and_engine[1])) as s:

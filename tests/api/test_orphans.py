@@ -46,7 +46,7 @@ def trial_processes(under: Path) -> dict[int, str]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if "zerotune.strategies.train" in argv and str(under) in argv and state != "Z":
+        if "zerotune.trainer.train" in argv and str(under) in argv and state != "Z":
             found[int(entry.name)] = argv
     return found
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from zerotune.strategies.launch import run_torchrun
+from zerotune.trainer.launch import run_torchrun
 
 
 def run_ranks(nproc: int, script: Path, args: list[str], out_dir: Path, timeout_s: float = 240.0) -> list[dict]:

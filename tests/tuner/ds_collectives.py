@@ -77,9 +77,9 @@ def main() -> None:
 
     import deepspeed
 
-    from zerotune.strategies.catalog import parse_model
-    from zerotune.strategies.data import TokenSource, sequence_ids
-    from zerotune.strategies.model import build_gpt
+    from zerotune.costmodel.catalog import parse_model
+    from zerotune.trainer.data import TokenSource, sequence_ids
+    from zerotune.trainer.gpt import build_gpt
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -89,7 +89,7 @@ def main() -> None:
         model = build_gpt(spec, seed=0)
         config = json.loads(Path(config_path).read_text())
         # the export's note: checkpoint each block's forward (every block, non-reentrant: what
-        # strategies.checkpointing.wrap_blocks does for a full-policy strategy, which this harness is not given)
+        # trainer.checkpointing.wrap_blocks does for a full-policy strategy, which this harness is not given)
         if config.get("activation_checkpointing"):
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
             for i, block in enumerate(model.blocks):

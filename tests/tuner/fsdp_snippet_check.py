@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.model import build_gpt
+from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.trainer.gpt import build_gpt
 from zerotune.tuner.exports import fsdp_config
 
 PRESETS = {"zero3": ("zero3", {}), "zeropp": ("zeropp", {}), "mics": ("mics", {}), "zero2": ("zero2", {}),

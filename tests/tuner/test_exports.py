@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
+from zerotune.core.spec import BITS, ClusterSpec, ModelSpec, Strategy
+from zerotune.costmodel.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
 from zerotune.errors import SpecError
-from zerotune.strategies.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
-from zerotune.strategies.spec import BITS, ClusterSpec, ModelSpec, Strategy
 from zerotune.tuner.exports import (
     deepspeed_config,
     deepspeed_notes,
@@ -171,7 +171,7 @@ def test_the_exports_clip_gradients_as_the_trials_did_whatever_deepspeeds_defaul
     key gets the installed release's default, 0 in older ones and 1.0 in 0.19.8, so the export always writes
     what zerotune's trials clip to (``GRAD_CLIP``), and DeepSpeed's parser reads it back. The FSDP2 export
     carries the same figure and its snippet says where to apply it."""
-    from zerotune.strategies.train import GRAD_CLIP
+    from zerotune.trainer.train import GRAD_CLIP
 
     cluster = parse_cluster("dgx-h100:4")
     for preset in ("zero1", "zero3", "zeropp"):
@@ -245,8 +245,8 @@ def test_the_live_cap_leaves_deepspeed_its_prefetch_window(name: str) -> None:
     holds more than without a window, and no more than the cap and the one parameter it may launch past it (and,
     beside an untied head, the embedding it fetches at the end of backward). A cap of a bucket and the window, below
     every preset root, would leave it none."""
-    from zerotune.strategies.costmodel.deepspeed import Stage3Settings, bucket_elements, simulate
-    from zerotune.strategies.plan import block_modules
+    from zerotune.core.plan import block_modules
+    from zerotune.costmodel.coordinator import Stage3Settings, bucket_elements, simulate
 
     model, cluster = parse_model(name), parse_cluster("frontier:48")
     held = {}
@@ -471,12 +471,12 @@ def test_zerotune_config_command() -> None:
     assert (z["global_batch"], z["grad_accum_steps"], z["dtype"]) == (768, 2, "bf16")
     cmd = z["command"]
     assert cmd.startswith("torchrun --nnodes 48 --nproc-per-node 8 ")
-    assert "-m zerotune.strategies.train --model gpt-neox-20b --cluster frontier:48 --strategy strategy.json" in cmd
+    assert "-m zerotune.trainer.train --model gpt-neox-20b --cluster frontier:48 --strategy strategy.json" in cmd
     assert "--global-batch 768 --dtype bf16" in cmd
     assert z["files"] == {"strategy.json": "strategy"}
     one_level = parse_cluster("local:4")
     z1 = zerotune_config(MODEL, one_level, build_strategy("zero3", one_level))
-    assert z1["command"].startswith("torchrun --nnodes 1 --nproc-per-node 4 -m zerotune.strategies.train")
+    assert z1["command"].startswith("torchrun --nnodes 1 --nproc-per-node 4 -m zerotune.trainer.train")
     with pytest.raises(ValueError, match="dtype"):
         zerotune_config(MODEL, cluster, s, dtype="fp16")
 
@@ -484,8 +484,8 @@ def test_zerotune_config_command() -> None:
 @pytest.mark.parametrize("cname", [*CLUSTERS, "custom"])
 def test_zerotune_command_is_accepted_by_the_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      cname: str) -> None:
-    """Write the files the config names, then parse the command with strategies.train's own parser."""
-    from zerotune.strategies import train
+    """Write the files the config names, then parse the command with trainer.train's own parser."""
+    from zerotune.trainer import train
 
     if cname == "custom":
         cluster = ClusterSpec.from_dict({**parse_cluster("dgx-h100:2").to_dict(), "name": "my-cluster"})
@@ -502,7 +502,7 @@ def test_zerotune_command_is_accepted_by_the_trainer(tmp_path: Path, monkeypatch
     argv = shlex.split(z["command"])
     parser = train.argparse.ArgumentParser()
     train.add_run_args(parser)
-    args = parser.parse_args(argv[argv.index("zerotune.strategies.train") + 1:])
+    args = parser.parse_args(argv[argv.index("zerotune.trainer.train") + 1:])
     args.force = True  # the parse is checked here; gpt-neox-20b with this strategy does not fit (refused otherwise)
     got_model, got_cluster, got_strategy, accum = train.resolve(args)
     assert (got_model, got_cluster, got_strategy, accum) == (model, cluster, s, 2)
@@ -554,7 +554,7 @@ def test_fsdp_exports_train_from_their_own_snippet(tmp_path: Path) -> None:
     """The FSDP2 export's code, as written, shards gpt-tiny on 4 gloo ranks (1-D, 2-D and integer reshard meshes)
     and trains 2 steps to finite losses; with full and with selective checkpointing (its policy written out in the
     snippet) and with every second block checkpointed, ZeRO-3's losses are the uncheckpointed run's."""
-    from zerotune.strategies.launch import run_torchrun
+    from zerotune.trainer.launch import run_torchrun
 
     result = run_torchrun(4, [str(ROOT / "tests" / "tuner" / "fsdp_snippet_check.py"), "local:2x2", str(tmp_path)],
                           module=False, timeout_s=240, env={"PYTHONPATH": str(ROOT)})
@@ -650,10 +650,10 @@ def test_deepspeed_gathers_what_the_exported_strategy_gathers(ds: Any, tmp_path:
     (``costmodel.deepspeed.simulate``, what predict times for a run by DeepSpeed): with the default cap its prefetch,
     run at every module's fetch (blocks and norms too), gets ahead of the forward and regathers only the first
     block's parameters for backward."""
-    from zerotune.strategies.costmodel import step_volume
-    from zerotune.strategies.costmodel.deepspeed import Stage3Settings, gathered_peak, simulate
-    from zerotune.strategies.costmodel.runners import persistent_params
-    from zerotune.strategies.plan import block_modules, block_numel
+    from zerotune.core.plan import block_modules, block_numel
+    from zerotune.costmodel import step_volume
+    from zerotune.costmodel.coordinator import Stage3Settings, gathered_peak, simulate
+    from zerotune.costmodel.runners import persistent_params
 
     model = parse_model("gpt-mini")
     llama = ModelSpec.from_dict({**model.to_dict(), "name": "llama-mini", "kv_heads": 2, "tied_head": False,

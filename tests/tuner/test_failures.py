@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.tuner.test_study import trials_of
+from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.db.migrate import upgrade
 from zerotune.errors import StudyFailed
-from zerotune.strategies.catalog import parse_cluster, parse_model
 from zerotune.tuner import failures
 from zerotune.tuner.executors.base import Executor, TrialResult
 from zerotune.tuner.request import TuneRequest

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from tests.strategies.test_train import zerotune
+from tests.trainer.test_train import zerotune
 from zerotune.db import repository as repo
 from zerotune.db.migrate import upgrade
 from zerotune.db.session import make_engine, make_session_factory, session_scope
-from zerotune.tuner.calibrations import measured_runs
+from zerotune.tuner.calibrating import measured_runs
 
 
 def test_a_gate_failed_run_still_calibrates_unless_it_went_nan(tmp_path):

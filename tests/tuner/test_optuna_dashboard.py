@@ -14,12 +14,12 @@ import optuna
 import pytest
 from sqlalchemy import select
 
+from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.db.migrate import upgrade
 from zerotune.db.models import Trial
 from zerotune.db.session import make_engine, make_session_factory
 from zerotune.errors import StudyFailed
-from zerotune.strategies.catalog import parse_cluster, parse_model
-from zerotune.tuner.executors.model import ModelExecutor
+from zerotune.tuner.executors.predicted import ModelExecutor
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.study import Tuner
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.db.migrate import upgrade
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.tuner import remeasure
 from zerotune.tuner.executors.base import Executor, TrialResult
 from zerotune.tuner.request import TuneRequest

@@ -10,16 +10,16 @@ import json
 import pytest
 from sqlalchemy import select
 
+from zerotune.core.spec import Strategy
+from zerotune.costmodel import calibration_for, predict
+from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.costmodel.error import error_band
+from zerotune.costmodel.rates import run_by
 from zerotune.db.migrate import upgrade
 from zerotune.db.models import Request, Trial
 from zerotune.db.session import make_engine, make_session_factory
 from zerotune.errors import SpecError
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.costmodel import calibration_for, predict
-from zerotune.strategies.costmodel.error import error_band
-from zerotune.strategies.costmodel.rates import run_by
-from zerotune.strategies.spec import Strategy
-from zerotune.tuner.executors.model import ModelExecutor
+from zerotune.tuner.executors.predicted import ModelExecutor
 from zerotune.tuner.exports import deepspeed_config, deepspeed_notes, fsdp_config
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.space import RUNNERS, Space, runner_rule

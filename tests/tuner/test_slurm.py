@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.cluster import PARTITION, LocalSlurm, unavailable_reason
-from zerotune.strategies.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.strategies.faults import first_rank_error
+from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.trainer.faults import first_rank_error
 from zerotune.tuner.executors.base import Executor, TrialSpec
 from zerotune.tuner.executors.slurm import REPO_ROOT, SlurmExecutor
 from zerotune.tuner.executors.slurm_commands import SlurmCommands
@@ -102,7 +102,7 @@ def test_sbatch_script_for_a_two_node_cluster(tmp_path):
     assert f"export PYTHONPATH={REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}" in lines
     assert "export ZEROTUNE_FAULT=crash@1:1" in lines and "export NOTE='it'\"'\"'s a test'" in lines
     srun = shlex.split(lines[-1])
-    assert srun[:5] == ["srun", "--kill-on-bad-exit=1", "/opt/venv/bin/python", "-m", "zerotune.strategies.train"]
+    assert srun[:5] == ["srun", "--kill-on-bad-exit=1", "/opt/venv/bin/python", "-m", "zerotune.trainer.train"]
     assert srun[5:] == spec.train_args(wd / "run.json")
     # the script is valid bash
     check = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)

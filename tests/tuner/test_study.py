@@ -18,18 +18,18 @@ from sqlalchemy import select
 
 from tests.support import ROOT
 from tests.support.postgres import fresh_database
+from zerotune.core.spec import Strategy
+from zerotune.costmodel import calibration_for
+from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.db.migrate import upgrade
 from zerotune.db.models import Recommendation, Study, Trial
 from zerotune.db.session import make_engine, make_session_factory, session_scope
 from zerotune.errors import SpecError
-from zerotune.strategies.catalog import parse_cluster, parse_model
-from zerotune.strategies.costmodel import calibration_for
-from zerotune.strategies.spec import Strategy
-from zerotune.tuner import calibrations, remeasure, seeding
+from zerotune.tuner import calibrating, remeasure, seeding
 from zerotune.tuner.choice import _checkpointing_call, _lossy_within_band, partition
 from zerotune.tuner.executors import make_executor
 from zerotune.tuner.executors.local import LocalExecutor
-from zerotune.tuner.executors.model import ModelExecutor
+from zerotune.tuner.executors.predicted import ModelExecutor
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.seeding import PRESETS
 from zerotune.tuner.study import Tuner
@@ -153,7 +153,7 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(pg_url,
             runs == 2)
     # a run the health gate failed as flat or diverged still ran its steps as a healthy one does
     ran = [t for t in trials if (t.metrics or {}).get("status") == "ok"
-           and t.metrics["health"]["verdict"] in calibrations.TIMED_VERDICTS]
+           and t.metrics["health"]["verdict"] in calibrating.TIMED_VERDICTS]
     # the measured runs refit the cluster's calibration: closer than the nominal model it started from
     refit = rec["refit"]
     assert refit["name"] == f"local:2x2-study{rec['study_id']}" and refit["start"] == "nominal"
@@ -163,8 +163,8 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(pg_url,
     # and the next study on that cluster starts from it: its predictions carry the measured error as their band
     sessions = make_session_factory(make_engine(url))
     with session_scope(sessions) as s:
-        name = calibrations.resolve_name(s, req.cluster, None)
-        calib = calibrations.load(s, name)
+        name = calibrating.resolve_name(s, req.cluster, None)
+        calib = calibrating.load(s, name)
     assert name == refit["name"] and calib is not None and calib.measured_error is not None
     nxt = TuneRequest(model=req.model, cluster=req.cluster, trials=4, seed=0, calibration=name)
     assert nxt.key() != dataclasses.replace(nxt, calibration=None).key()  # a new calibration, a new question
@@ -298,7 +298,7 @@ def test_warm_start_enqueues_the_best_strategies_of_a_similar_request(sqlite_url
 
 
 def test_local_executor_prunes_a_slow_run(tmp_path):
-    from zerotune.strategies.catalog import build_strategy
+    from zerotune.costmodel.catalog import build_strategy
     from zerotune.tuner.executors.base import TrialSpec
 
     cluster = parse_cluster("local:2")

@@ -1,0 +1,211 @@
+"""``zerotune tune``: a study without a server, progress on stderr, the recommendation on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from zerotune.api.cli import ExitStatus
+from zerotune.core.spec import Strategy
+from zerotune.tuner.executors import NAMES
+
+
+def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
+    """Add this group's commands to ``sub``."""
+    p = sub.add_parser("tune", help="run a study without a server and print the recommendation")
+    p.add_argument("--model", required=True, help="model preset or JSON file")
+    p.add_argument("--cluster", required=True, help="cluster preset or JSON file")
+    p.add_argument("--executor", choices=NAMES, default="model")
+    p.add_argument("--trials", type=int, default=40, help="trials to finish (invalid combinations do not count)")
+    p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
+    p.add_argument("--sampler", choices=["tpe", "nsga2", "random"], default="tpe")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="sequences per optimizer step, the same for every trial (default: world size x 4)")
+    p.add_argument("--tokens-per-step", type=int, default=None, help="the same batch in tokens")
+    p.add_argument("--time-budget", type=float, default=None, help="stop starting trials after this many seconds")
+    p.add_argument("--steps", type=int, default=10, help="steps per measured trial")
+    p.add_argument("--trial-timeout", type=float, default=600.0, help="seconds before a measured trial is killed")
+    p.add_argument("--calibration", help="a stored calibration to predict with (default: the newest stored for the "
+                                         "cluster in --db, else the cluster's profile), or a zerotune calibrate file")
+    p.add_argument("--measure-shortlist", choices=["local", "slurm"], default=None,
+                   help="after a model study, measure the partitions within the model's error of its winner (its "
+                        "three fastest where that error is unknown) with this executor, and answer with the fastest")
+    p.add_argument("--emulate", action="store_true",
+                   help="local executor: run the short runs on an emulated cluster (a namespace per innermost group, "
+                        "links shaped to the cluster's levels; Linux, CAP_NET_ADMIN)")
+    p.add_argument("--runner", choices=["zerotune", "deepspeed", "fsdp"], default="zerotune",
+                   help="who trains with the answer: search only what that runner runs exactly, with its collectives "
+                        "(DeepSpeed and FSDP2: flat NCCL rings, the reduction in backward); model executor only")
+    p.add_argument("--grad-reduce-in-fp32", action="store_true",
+                   help="the training reduces gradients in fp32 (torchtitan's default, FSDP2 reduce_dtype=float32, "
+                        "Megatron's grad_reduce_in_fp32): every strategy searched reduces them in fp32")
+    p.add_argument("--partition", help="Slurm partition (slurm executor)")
+    p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
+    p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
+    p.add_argument("--full", action="store_true", help="print the whole recommendation record")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """A study without a server: progress on stderr, the recommendation on stdout."""
+    import dataclasses
+
+    from zerotune.costmodel.files import load_cluster, load_model
+    from zerotune.db.migrate import upgrade
+    from zerotune.db.session import default_url, make_engine, make_session_factory, session_scope
+    from zerotune.tuner import calibrating
+    from zerotune.tuner.request import TuneRequest
+
+    request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), executor=args.executor,
+                          trials=args.trials, objective=args.objective, global_batch=args.global_batch,
+                          tokens_per_step=args.tokens_per_step, measure=args.measure_shortlist,
+                          sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget, emulate=args.emulate,
+                          runner=args.runner, grad_reduce_in_fp32=args.grad_reduce_in_fp32)
+    if request.emulate:
+        from zerotune.tuner.executors import emulate
+
+        emulate.require()  # before any study: exit 2 with what is missing
+    url = args.db or default_url()
+    upgrade(url)
+    engine = make_engine(url)
+    sessions = make_session_factory(engine)
+    try:  # the calibration named, else the newest stored for the cluster (as the service does)
+        with session_scope(sessions) as s:
+            request = dataclasses.replace(request, calibration=calibrating.resolve_name(s, request.cluster,
+                                                                                         args.calibration))
+            calibration = calibrating.for_request(s, request)
+        return _tune(args, request, url, sessions, calibration)
+    finally:
+        engine.dispose()
+
+def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calibration: Any) -> int:
+    """``cmd_tune`` once the request and its calibration are resolved: the study, its shortlist, the summary."""
+    from pathlib import Path
+
+    from zerotune.db.session import session_scope
+    from zerotune.tuner import shortlist
+    from zerotune.tuner.executors import make_executor
+    from zerotune.tuner.request import TuneRequest
+    from zerotune.tuner.study import Tuner
+
+    def study(request: TuneRequest, trials: int, **options: Any) -> dict[str, Any]:
+        bar = _progress_bar(trials, args.quiet)
+        workdir = Path(args.workdir or Path(".zerotune")) / request.key()[:12]
+        executor = make_executor(request.executor, calibration=calibration, partition=args.partition,
+                                 emulate=request.emulate)
+        tuner = Tuner(request, db_url=url, executor=executor, workdir=workdir, steps=args.steps,
+                      trial_timeout_s=args.trial_timeout, calibration=calibration, progress=bar, **options)
+        try:
+            return tuner.run()
+        finally:
+            if hasattr(bar, "close"):
+                bar.close()
+
+    rec = study(request, args.trials)
+    if request.measure:
+        with session_scope(sessions) as s:
+            todo = shortlist.plan(s, request, rec)
+        if todo is None:
+            print("zerotune: the predicted winner is beyond the model's error: nothing to measure", file=sys.stderr)
+        else:
+            print(f"zerotune: measuring the shortlist ({todo.note['measured_shortlist']['why']}) with "
+                  f"{todo.request.executor}", file=sys.stderr)
+            rec = study(todo.request, len(todo.candidates), candidates=todo.candidates, answer_key=todo.answer_key,
+                        answer_note=todo.note)
+    s = rec["strategy"]
+    d = rec.get("decision") or {}
+    band = f" (model error {d['band']:.1%}: {d['margin_vs_band']})" if d.get("band") is not None and \
+        d.get("margin_vs_band") else ""
+    print(f"zerotune: recommended {_describe(s)} — {rec['value']:.4g} TFLOPS/rank ({rec['evidence']}), "
+          f"margin {rec['margin'] or 0:.1%} over the runner-up{band}, every trial at {request.global_batch} "
+          f"sequences ({request.tokens_per_step:,} tokens) per step; study {rec['study_id']} in {url}", file=sys.stderr)
+    again = set(rec.get("remeasured") or [])
+    measured = [f"trial {lead['trial_id']} {lead['value']:.4g} [{lead['interval'][0]:.4g}, {lead['interval'][1]:.4g}]"
+                f"{' re-measured' if lead['trial_id'] in again else ''}"
+                for lead in rec.get("leaders") or [] if lead.get("interval")]
+    if measured:  # a model study's leaders are predictions: no interval to print
+        print("zerotune: measured leaders (TFLOPS/rank, median [interquartile]): " + "; ".join(measured),
+              file=sys.stderr)
+    if d.get("lossy") and d["lossy"]["kept"] == "unquantized":
+        print(f"zerotune: {d['lossy']['why']}", file=sys.stderr)
+    if d.get("checkpointing"):
+        print(f"zerotune: {d['checkpointing']['why']}", file=sys.stderr)
+    if d.get("collectives"):
+        from zerotune.api.prologue import collectives_caveat
+
+        print(f"zerotune: {collectives_caveat(d['collectives'])}", file=sys.stderr)
+    if rec.get("refit") and "error" not in rec["refit"]:
+        r = rec["refit"]
+        print(f"zerotune: the measured runs refitted calibration {r['name']}: median error "
+              f"{r['before']['rows']['median']:.1%} before, {r['after']['rows']['median']:.1%} after"
+              + (f", {r['cross_validated']['rows']['median']:.1%} cross-validated" if r["cross_validated"] else "")
+              + f" ({r['runs']} runs); the next study on {r['cluster']} starts from it", file=sys.stderr)
+    if d.get("shortlist") and not rec.get("measured_shortlist"):
+        print(f"zerotune: {len(d['shortlist'])} partitions lie within the model's error of the winner; worth "
+              f"measuring (--executor local or slurm): " + "; ".join(
+                  f"trial {c['trial_id']} {_describe(c['strategy'])}" for c in d["shortlist"]), file=sys.stderr)
+    print(json.dumps(rec if args.full else {k: rec[k] for k in ("strategy", "value", "evidence", "margin", "exports")},
+                     indent=2, default=str))
+    return ExitStatus.SUCCESS
+
+def _describe(s: dict[str, Any]) -> str:
+    hpz = f" hpZ {s['secondary_span']}" if s.get("secondary_span") is not None else ""
+    bits = f"w{s['weight_bits']} g{s['grad_bits']}"
+    bits += f" (quantized from level {s['quantize_above']})" if min(s["weight_bits"], s["grad_bits"]) < 16 else ""
+    return (f"P/G/OS spans {s['param_span']}/{s['grad_span']}/{s['optim_span']}{hpz}, {bits}, "
+            f"buckets {s['allgather_bucket_mb']:g}/{s['reduce_bucket_mb']:g} MB, prefetch {s['prefetch_buckets']}, "
+            f"micro-batch {s['micro_batch_size']}"
+            f"{_checkpointing(s)}")
+
+
+def _checkpointing(s: dict[str, Any]) -> str:
+    """How a stored strategy checkpoints, after a comma (``Strategy.checkpointing``; a strategy stored before the
+    policy and ``checkpoint_every`` existed is full, on every block); nothing without."""
+    strategy = Strategy.from_dict(s)
+    return {"none": "", "full": ", checkpointing", "selective": ", selective checkpointing"}.get(
+        strategy.checkpointing, f", checkpointing 1 block in {strategy.checkpoint_every}")
+
+def _progress_bar(total: int, quiet: bool) -> Any:
+    """Progress on stderr: a bar on a terminal, one plain line per event in a log (no carriage returns).
+
+    Each finished trial shows its status, and a failed one its reason; a new phase (measuring,
+    re-measuring k/n, verifying) is announced."""
+    if quiet:
+        return None
+
+    def line(progress: Any) -> str:
+        last = progress.last
+        if not last:
+            return f"{progress.phase}"
+        outcome = f"{last['value']:.4g} TFLOPS/rank" if last.get("value") is not None else \
+            f"{last.get('status')}: {last.get('reason') or 'no reason recorded'}"
+        best = f"{progress.best_value:.4g}" if progress.best_value is not None else "-"
+        return f"{progress.phase} trial {progress.done + 1}/{progress.total} (#{last.get('number')}): {outcome}; " \
+               f"best {best}"
+
+    if not sys.stderr.isatty():
+        def plain(progress: Any) -> None:
+            print(f"zerotune: {line(progress)}", file=sys.stderr, flush=True)
+        return plain
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="trials", unit="trial", file=sys.stderr)
+
+    def update(progress: Any) -> None:
+        bar.set_description_str(progress.phase or "trials")
+        bar.n = progress.done + 1 if progress.last else progress.done
+        last = progress.last
+        if last.get("value") is None and last.get("status"):
+            bar.write(f"zerotune: {line(progress)}", file=sys.stderr)  # a failed trial's reason stays on screen
+        best = f"{progress.best_value:.4g}" if progress.best_value is not None else "-"
+        bar.set_postfix_str(f"best {best} TFLOPS/rank; last #{last.get('number')} {last.get('status')}" if last
+                            else f"best {best} TFLOPS/rank")
+        bar.refresh()
+    update.close = bar.close  # type: ignore[attr-defined]
+    return update

@@ -1,0 +1,61 @@
+"""The analytic model of one training step: bytes, memory and time per rank (pure Python).
+
+- ``schedule``: every collective one step issues, read off the engine's bucket plan — the one list
+  that bytes, time and memory all read;
+- ``tally``: one step's bytes per level, collectives issued, elements quantized and latency, summed over its
+  schedule (exactly what the engine's counter books);
+- ``timing``: seconds of one collective (α-β with ring step counts, launch cost and achievable
+  bandwidth; one ring per level or one flat ring over the group), ``protocols`` the fastest of the
+  collective library's protocols for each ring, tree or chain;
+- ``pipeline``: the engine's bucket pipeline (prefetch, queued reductions, compute slow-down
+  beside running collectives, exposed first and last buckets);
+- ``runners``: how DeepSpeed, InternEvo and FSDP2 issue the schedule's collectives otherwise (per
+  sub-module gathers, all-reduced buckets, broadcast weight syncs, copies);
+- ``traffic``: FLOPs and memory-bound bytes per token of the model's kernels (the compute time's two
+  parts: matmuls at the device's achievable rate, element-wise kernels and the loss at its HBM rate);
+- ``memory``: bytes per rank by category, the accountant's categories;
+- ``rates``: ``Calibration``, what one prediction is charged; ``hardware``, ``links``, ``attention`` the
+  device, link and attention-kernel profiles, every constant with its hardware-level source; ``presets`` the
+  calibration each cluster preset carries;
+- ``predict``: the run.json the trainer would write, assembled from the above.
+
+Every formula is written in its module's docstring.
+"""
+
+import math
+from typing import Any
+
+from zerotune.core.spec import ClusterSpec
+from zerotune.costmodel.memory import GIB, activation_memory, state_memory
+from zerotune.costmodel.predict import predict
+from zerotune.costmodel.profiles import calibration_for
+from zerotune.costmodel.rates import Calibration, MeasuredError
+from zerotune.costmodel.schedule import Schedule, build_schedule
+from zerotune.costmodel.tally import accumulation_steps, step_calls, step_latency, step_volume
+
+__all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_steps", "activation_memory",
+           "build_schedule", "calibration_for", "clear_caches", "cross_node_bytes", "predict", "scaling_efficiency",
+           "state_memory", "step_calls", "step_latency", "step_volume"]
+
+
+def clear_caches() -> None:
+    """Forget every memoized plan, schedule, per-collective cost, step volume and DeepSpeed gathered peak (what
+    ``predict`` learns as it runs): the next call starts cold, e.g. to time it."""
+    from zerotune.costmodel import coordinator, schedule, timing, traffic
+    from zerotune.costmodel.predict import _runs_of
+
+    schedule.clear()
+    timing.clear()
+    traffic.traffic.cache_clear()
+    traffic.pass_seconds.cache_clear()
+    _runs_of.cache_clear()
+    coordinator.simulate.cache_clear()
+
+
+def cross_node_bytes(prediction: dict[str, Any], cluster: ClusterSpec) -> int:
+    """Bytes per rank per step on the outermost level."""
+    return sum(prediction["bytes_per_level"].get(cluster.levels[-1].name, {}).values())
+
+
+def scaling_efficiency(tflops: float, base_tflops: float) -> float:
+    return tflops / base_tflops if base_tflops > 0 and math.isfinite(tflops) else float("nan")

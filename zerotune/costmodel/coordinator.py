@@ -1,0 +1,298 @@
+"""What DeepSpeed's ZeRO-3 holds gathered and staged for reduction when it runs a strategy (``Calibration.gathers =
+"module"``): the bytes ``memory.memory_per_rank`` books for its communication buffers in place of the engine's.
+
+DeepSpeed does not hold whole buckets. Its parameter coordinator
+(``deepspeed/runtime/zero/partitioned_param_coordinator.py`` at edaa72212, the rules unchanged since 0.10) fetches
+the parameters of each sub-module about to run, and after it:
+
+- **prefetches** from the step's recorded parameter trace while the elements it has launched are fewer than
+  ``min(stage3_max_live_parameters - elements held, stage3_prefetch_bucket_size)`` (``fetch_sub_module``: at least
+  one parameter whenever that bound is positive, none when what it holds already reaches the live cap);
+- **releases** a sub-module's parameters after its forward or backward, except those it prefetched past and those
+  used again within the next ``stage3_max_reuse_distance`` elements of the trace (``__params_to_release``), and
+  never while a module that uses them is still running (``__release_param``: ``ds_active_sub_modules``).
+
+A model's root module holds the tied embedding its head reads (an external parameter of the root, fetched when the
+root's forward starts and released when it ends, and again for the whole backward) or its untied head (a direct
+parameter of the root), so the root's elements count against the live cap all step, and so do those of the
+sub-module running: the export's cap (``export_settings``) holds both and the prefetch window, so that DeepSpeed
+prefetches what the window asks (a cap of a bucket and the window alone, below the root, let it prefetch nothing).
+Parameters under ``stage3_param_persistence_threshold`` stay whole on every rank and are not counted here.
+Under activation checkpointing the block's recompute fires the forward hooks again between its last sub-module's
+backward fetch and its backward (torch's non-reentrant checkpoint recomputes when that backward unpacks its input).
+
+The trace holds every module DeepSpeed fetches, in the order its hooks fire: the root, the embeddings, each block
+(and the checkpoint wrapper around it), its norms and its matmuls, the final norm. Blocks and norms gather nothing
+(a norm's parameters stay whole), but every fetch prefetches, so under a live cap above what a step holds the
+prefetch runs ahead of the forward by a few parameters a block until the cap is full.
+
+``simulate`` runs these rules over one step's trace: the most elements held at once (``gathered_peak``) and what is
+gathered, pass by pass and sub-module by sub-module, which ``predict`` times for a run by DeepSpeed. Measured on
+DeepSpeed 0.19.8 (4 gloo ranks, gpt-mini and a Llama of its size, with and without checkpointing, with the export's
+settings and DeepSpeed's defaults: eleven configs), both are what DeepSpeed held and all-gathered, exactly
+(``tests/tuner/test_exports.py``).
+
+Gradients (``stage3.py``): each gradient autograd produces whole is copied into the reduce bucket
+(``reduce_bucket_size`` elements of the communication dtype, allocated once) when it fits, else reduced from its
+own tensor; a bucket of several gradients is interleaved into one more buffer of its size for the reduce-scatter
+(``coalesced_collectives.reduce_scatter_coalesced``). Staged at once: the bucket, plus the larger of a full bucket's
+interleaved copy and the largest gradient that is reduced from its own tensor.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Any
+
+from zerotune.core.plan import BYTES_PER_16BIT, block_modules, block_numel
+from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.costmodel.traffic import block_matmuls
+
+
+@dataclass(frozen=True)
+class Stage3Settings:
+    """The ``zero_optimization`` keys that decide what DeepSpeed's ZeRO-3 holds gathered, in elements."""
+
+    prefetch: int
+    """``stage3_prefetch_bucket_size``."""
+    max_live: int
+    """``stage3_max_live_parameters``."""
+    reuse: int
+    """``stage3_max_reuse_distance``."""
+    persistence: int
+    """``stage3_param_persistence_threshold``: parameters of fewer elements stay whole on every rank."""
+
+    def config(self) -> dict[str, int]:
+        """The four ``zero_optimization`` keys, as a DeepSpeed config writes them."""
+        return {key: getattr(self, field) for key, field in CONFIG_KEYS}
+
+    @classmethod
+    def from_config(cls, zero_optimization: dict[str, Any]) -> Stage3Settings:
+        """The settings a ``zero_optimization`` section runs under: DeepSpeed's own where it leaves a key out."""
+        return cls(**{field: zero_optimization.get(key, getattr(DEEPSPEED_DEFAULTS, field))
+                      for key, field in CONFIG_KEYS})
+
+
+CONFIG_KEYS = (("stage3_prefetch_bucket_size", "prefetch"), ("stage3_max_live_parameters", "max_live"),
+               ("stage3_max_reuse_distance", "reuse"), ("stage3_param_persistence_threshold", "persistence"))
+"""(DeepSpeed's key, ``Stage3Settings`` field) of the four settings."""
+
+
+DEEPSPEED_DEFAULTS = Stage3Settings(prefetch=50_000_000, max_live=1_000_000_000, reuse=1_000_000_000,
+                                    persistence=100_000)
+"""DeepSpeed's own values for the four keys (``deepspeed/runtime/zero/config.py``: 5e7, 1e9, 1e9, 1e5): what a run
+with a config that leaves them out holds (the published DeepSpeed runs)."""
+
+
+def bucket_elements(mb: float) -> int:
+    """A bucket of ``mb`` MB of 16-bit values as an element count (>= 1: DeepSpeed wants > 0)."""
+    return max(1, round(mb * 1e6 / BYTES_PER_16BIT))
+
+
+def export_settings(model: ModelSpec, allgather_bucket_mb: float, prefetch_buckets: int,
+                    activation_checkpointing: bool, keep_all: bool) -> Stage3Settings:
+    """What zerotune's DeepSpeed export writes for a strategy (``zerotune/tuner/exports/deepspeed.py``'s mapping table):
+    a prefetch window of ``prefetch_buckets`` buckets, and a live cap of what it holds while it runs a sub-module
+    (the root, held all pass: module docstring; the largest sub-module or a bucket, if larger) and that window, so
+    that it prefetches what the window asks; parameters released after each use (reuse distance 0), but for a
+    checkpointed block's recompute, which its backward follows within 2 x a block's elements; with ``keep_all``
+    (a 1-rank secondary group) every parameter kept from forward into backward."""
+    bucket = bucket_elements(allgather_bucket_mb)
+    prefetch = bucket * prefetch_buckets
+    if keep_all:  # a parameter is next used at most 2 x the model's elements later: forward, then backward
+        live, reuse = model.num_params() + prefetch, 2 * model.num_params()
+    else:
+        root = sum(n for _, n in _modules(model)[0])
+        running = max(bucket, *block_modules(model))
+        live, reuse = root + running + prefetch, 2 * block_numel(model) if activation_checkpointing else 0
+    return Stage3Settings(prefetch=prefetch, max_live=live, reuse=reuse, persistence=10 * model.hidden)
+
+
+def settings_for(model: ModelSpec, cluster: ClusterSpec, s: Strategy, which: str) -> Stage3Settings:
+    """The settings a DeepSpeed run of ``s`` holds its parameters under: the export's, or DeepSpeed's own
+    (``Calibration.stage3_settings``)."""
+    if which == "defaults":
+        return DEEPSPEED_DEFAULTS
+    keep_all = s.secondary_span is not None and cluster.span_size(s.secondary_span) == 1
+    return export_settings(model, s.allgather_bucket_mb, s.prefetch_buckets, s.activation_checkpointing, keep_all)
+
+
+def _modules(model: ModelSpec) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[tuple[str, int], ...], ...]]:
+    """(the root's own parameters, each block's sub-modules in forward order) as (name, elements) per parameter:
+    the engine's model (``zerotune/trainer/gpt.py``), a sub-module per matmul of ``traffic.block_matmuls`` (its weight,
+    and GPT's bias)."""
+    block = tuple(((f"mm{i}", n_in * n_out),) + (() if model.llama else ((f"mm{i}.bias", n_out),))
+                  for i, (n_in, n_out) in enumerate(block_matmuls(model)))
+    embedding = model.vocab * model.hidden
+    root = (("lm_head", model.untied_head_numel),) if model.untied_head_numel else (("wte", embedding),)
+    return root, block
+
+
+@dataclass(frozen=True)
+class Stage3Step:
+    """One training step of DeepSpeed's ZeRO-3 by its coordinator's rules (``simulate``), in elements of
+    partitioned parameters."""
+
+    peak: int
+    """The most held gathered at once."""
+    forward: tuple[float, ...]
+    """Per block sub-module (``traffic.block_matmuls``' order): the elements gathered for its forward uses, over
+    every block, as a multiple of its elements over every block (1.0: once each; prefetched ones count for the pass
+    of the use they were fetched for; a sub-module whose parameters all stay whole counts 1.0 too, so that the time
+    model charges it as the schedule has it, never less)."""
+    backward: tuple[float, ...]
+    """The same for its backward uses, the recompute's included: 1.0 where each is gathered once in backward, more
+    where a checkpointed block's recompute released what its backward then gathers again (beyond
+    ``stage3_max_reuse_distance``), less where a parameter is kept from forward into backward."""
+    root: tuple[float, float]
+    """The root's parameters (and the embeddings'), gathered in forward and in backward, as multiples of their
+    elements."""
+    elements: tuple[int, int]
+    """Elements gathered in all for forward uses and for backward uses."""
+    partitioned: int
+    """Elements of the parameters it partitions (all but those under ``stage3_param_persistence_threshold``)."""
+
+
+@functools.lru_cache(maxsize=512)
+def simulate(model: ModelSpec, settings: Stage3Settings, checkpointed: bool) -> Stage3Step:
+    """A training step of ``model`` under ``settings`` (every block checkpointed or none) by DeepSpeed's
+    coordinator's rules (module docstring): what it holds at its fullest and what it gathers."""
+    root_params, block = _modules(model)
+    size: dict[str, int] = {}  # the partitioned parameters' elements
+    module_of: dict[str, int] = {}  # a block parameter's sub-module index; the root's are absent
+    Module = tuple[tuple[str, ...], int]  # a fetched module: its partitioned parameters, and all its elements
+
+    def params(module: tuple[tuple[str, int], ...], tag: str, index: int | None = None) -> Module:
+        out = []
+        for name, n in module:
+            if n >= settings.persistence:
+                size[f"{tag}{name}"] = n
+                out.append(f"{tag}{name}")
+                if index is not None:
+                    module_of[f"{tag}{name}"] = index
+        return tuple(out), sum(n for _, n in module)
+
+    h, empty = model.hidden, ((), 0)
+    norm = (("w", h),) if model.llama else (("w", h), ("b", h))
+    attention = 4 if model.llama else 2  # the matmuls before the second norm
+    root = params(root_params, "")
+    wte = params((("wte", model.vocab * h),), "")  # the embedding module: the root's own when tied
+    wpe = [params((("wpe", model.position_numel),), "")] if model.position_numel else []
+    final_norm = params(norm, "ln_f.")
+    # every module DeepSpeed fetches, in forward order: a block (and, checkpointed, the wrapper around it: the
+    # harness's checkpoint_wrapper) fetches nothing, its norms' parameters stay whole; each fetch still prefetches
+    blocks = []
+    for layer in range(model.layers):
+        mats = [params(m, f"{layer}.", i) for i, m in enumerate(block)]
+        blocks.append([params(norm, f"{layer}.n1.")] + mats[:attention] + [params(norm, f"{layer}.n2.")]
+                      + mats[attention:])
+    # the step's fetches (modules, and when their parameters are released: "next" after their own use, "pass" at
+    # the pass's end, "hold" by a later "release" event)
+    fwd = [(root, "pass"), (wte, "next")] + [(m, "next") for m in wpe]
+    for b in blocks:
+        fwd += [(empty, "next")] * (1 + checkpointed) + [(m, "next") for m in b]
+    fwd += [(final_norm, "next")]
+    bwd: list[tuple[Module, str]] = [(root, "pass"), (final_norm, "next")]
+    for b in reversed(blocks):
+        if checkpointed:  # the last matmul's backward fetch, then the recompute, then the block's backward
+            bwd += [(empty, "next")] * 2 + [(b[-1], "hold"), (empty, "next")] + [(m, "next") for m in b]
+            bwd += [(b[-1], "release")] + [(m, "next") for m in reversed(b[:-1])]
+        else:
+            bwd += [(empty, "next")] + [(m, "next") for m in reversed(b)]
+    bwd += [(m, "next") for m in wpe] + [(wte, "next")]
+    trace = [m for m, how in fwd + bwd if how != "release"]  # the coordinator's trace: one entry per fetch
+    order = [ps for ps, _ in trace]
+    backward_from = len(fwd)  # the trace's first backward entry
+    queue = deque((p, step) for step, ps in enumerate(order) for p in ps)
+    fetched_for: dict[str, int] = defaultdict(lambda: -1)
+    held: set[str] = set()
+    active: dict[str, int] = defaultdict(int)
+    gathered: dict[tuple[bool, int], int] = defaultdict(int)  # (for a backward use, sub-module or -1) -> elements
+    n = peak = step = 0
+
+    def gather(p: str, used_at: int) -> None:
+        gathered[used_at >= backward_from, module_of.get(p, -1)] += size[p]
+
+    # the reuse window: an entry j of the trace is within it from entry i while the elements of entries i..j-1
+    # (every parameter of those modules, the whole ones too) are fewer than the reuse distance
+    before = list(itertools.accumulate((numel for _, numel in trace), initial=0))
+    uses: dict[str, list[int]] = defaultdict(list)
+    for i, ps in enumerate(order):
+        for p in ps:
+            uses[p].append(i)
+
+    def reused(p: str, at: int) -> bool:
+        """Whether ``p`` is used again within the reuse distance from entry ``at`` (``__params_to_release``)."""
+        k = bisect.bisect_left(uses[p], at)
+        return k < len(uses[p]) and before[uses[p][k]] - before[at] < settings.reuse
+
+    def release(ps: tuple[str, ...], at: int) -> None:
+        nonlocal n
+        for p in ps:
+            active[p] -= 1
+            if p in held and not active[p] and fetched_for[p] <= at and not reused(p, at):
+                held.discard(p)
+                n -= size[p]
+
+    for (ps, _), how in fwd + [(root, "release")] + bwd:  # the root's forward ends: its parameters may go
+        if how == "release":
+            release(ps, step)
+            continue
+        for p in ps:
+            active[p] += 1
+            if p not in held:
+                held.add(p)
+                n += size[p]
+                gather(p, step)
+        wanted = {p for p in ps if fetched_for[p] < step}
+        popped: set[str] = set()
+        while queue and len(popped) < len(wanted):
+            p, used_at = queue.popleft()
+            fetched_for[p] = used_at
+            popped.add(p)
+        if settings.prefetch > 0:
+            room, launched, ahead = min(settings.max_live - n, settings.prefetch), 0, set()
+            while queue and launched < room:
+                p, used_at = queue.popleft()
+                if p not in held and p not in ahead:
+                    ahead.add(p)
+                    launched += size[p]
+                    gather(p, used_at)
+                fetched_for[p] = max(fetched_for[p], used_at)
+            held.update(ahead)
+            n += launched
+        peak = max(peak, n)
+        step += 1
+        if how == "next":
+            release(ps, step)
+    per_module = [sum(n for _, n in m if n >= settings.persistence) * model.layers for m in block]
+    outer = sum(size[p] for p in {*root[0], *wte[0], *(p for m in wpe for p in m[0])})
+
+    def share(phase: bool, index: int, whole: int) -> float:
+        return gathered[phase, index] / whole if whole else 1.0
+
+    return Stage3Step(peak,
+                      tuple(share(False, i, w) for i, w in enumerate(per_module)),
+                      tuple(share(True, i, w) for i, w in enumerate(per_module)),
+                      (share(False, -1, outer), share(True, -1, outer)),
+                      (sum(n for (backward, _), n in gathered.items() if not backward),
+                       sum(n for (backward, _), n in gathered.items() if backward)),
+                      sum(size.values()))
+
+
+def gathered_peak(model: ModelSpec, settings: Stage3Settings, checkpointed: bool) -> int:
+    """The most elements of partitioned parameters DeepSpeed's ZeRO-3 holds gathered at once in a training step of
+    ``model`` under ``settings`` (every block checkpointed or none), by its coordinator's rules (module docstring)."""
+    return simulate(model, settings, checkpointed).peak
+
+
+def staged_gradients(model: ModelSpec, reduce_bucket: int) -> int:
+    """Elements of gradients DeepSpeed's ZeRO-3 stages for reduction at once (module docstring): the reduce bucket,
+    and the larger of its interleaved copy and the largest gradient reduced from its own tensor."""
+    root_params, block = _modules(model)
+    largest = max(n for module in (*block, root_params) for _, n in module)
+    return reduce_bucket + max(largest, reduce_bucket)

@@ -1,0 +1,263 @@
+"""The cluster presets and the calibrations they carry: each preset's device and links (``PROFILES``, ``PRESET_HOSTS``),
+how a calibration is built from the device, link and host profiles (``profile_calibration``; ``hardware``,
+``links``, ``attention``), the efficiency a device's figure is re-based to where the model can express the run it
+came from (``source_run_efficiency``), and the calibration any cluster is predicted with (``calibration_for``: a
+preset's, a profiled device's at its own links, the nominal one, or measured links').
+
+Sources are cited by the keys of ``hardware``'s docstring ([olcf-frontier], [nersc-perlmutter], [dgx-a100], [h200]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from collections.abc import Iterator, Mapping
+
+from zerotune.core.spec import ClusterSpec
+from zerotune.costmodel.attention import (
+    FIGURE_ATTENTION,
+    SCORE_PASSES,
+    STACK_ATTENTION,
+    attention_efficiency,
+    with_attention,
+)
+from zerotune.costmodel.hardware import (
+    DEVICES,
+    ENGINE_STACK,
+    OVERLAP_SLOWDOWN,
+    QUANT_BYTES_PER_ELEM,
+    SOURCE_RUNS,
+    STEP_BYTES_PER_ELEM,
+    STREAM_FRACTION,
+    device_key_of,
+    gemm_efficiency,
+)
+from zerotune.costmodel.links import HOSTS, LINKS, RING_PROTOCOLS
+from zerotune.costmodel.rates import NOMINAL, NOMINAL_LINK_EFFICIENCY, Calibration, run_by
+
+
+def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
+                        rings: str = "hierarchical", outer_reduce: str = "backward",
+                        host: str = "unknown", gathers: str = "bucket", whole_run: bool = True,
+                        attention: str | None = None) -> Calibration:
+    """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
+    for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
+    runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
+    reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: in the final backward)
+    and fetches parameters (``Calibration.gathers``; zerotune's engine: a bucket per all-gather),
+    on nodes of the ``host`` design (a key of ``HOSTS``). No host floor: ``run_by`` gives it the floor of
+    the runner that runs it. A published efficiency whose run the model expresses (``SOURCE_RUNS``) is
+    re-based so that the model predicts that run's published step (``source_run_efficiency``);
+    ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``). ``attention`` names the
+    run's attention kernel (``ATTENTION_KERNELS``; default: the stack's own, ``STACK_ATTENTION``): where it has a
+    rate on this device its FLOPs are charged at it, and the re-base takes the source run's own kernel's time out
+    (``FIGURE_ATTENTION``)."""
+    if host not in HOSTS:
+        raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
+    d, h = DEVICES[device], HOSTS[host]
+    memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s: quantization and the optimizer's passes
+    efficiency, measured_on = d.efficiency(stack), d.source_model(stack)
+    if measured_on is not None:
+        model, ran_on = measured_on
+        source, figure = DEVICES[ran_on], d._figure(stack)
+        if whole_run and (ran_on, figure) in SOURCE_RUNS and source.peak_tflops == d.peak_tflops:
+            efficiency = source_run_efficiency(ran_on, figure)
+        else:
+            ran = FIGURE_ATTENTION.get(figure, "matmul")
+            efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
+                                         source.memory_fraction(stack) * source.hbm_gbps * 1e9,
+                                         attention_efficiency(ran, ran_on, model), SCORE_PASSES.get(ran, (0, 0)))
+    calib = Calibration(name=name, compute_efficiency=efficiency,
+                        memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
+                        bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
+                        quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
+                        optimizer_elems_per_s=memory_bound / STEP_BYTES_PER_ELEM,
+                        collective_launch_us=RING_PROTOCOLS[d.protocols]["Simple"][0],
+                        overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
+                        outer_reduce=outer_reduce, gathers=gathers, protocols=d.protocols,
+                        net_overhead_us=h.net_overhead_us,
+                        ll_max_busbw_gbps=(d.ll_max_busbw_gbps, *h.ll_max_busbw_gbps) if d.ll_max_busbw_gbps else (),
+                        ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau)
+    return with_attention(calib, attention or STACK_ATTENTION.get(stack, "matmul"), device)
+
+
+def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], ...],
+                    bandwidths: tuple[float | None, ...] | None = None) -> ClusterSpec:
+    """A ClusterSpec from a device key and (level name, size, link key) triples, innermost first; a level
+    whose ``bandwidths`` entry is given has that per-rank bandwidth (GB/s: a link shared by fewer NICs
+    than the profile's), None keeps its link's."""
+    d = DEVICES[device]
+    own = bandwidths or (None,) * len(levels)
+    out = tuple(LINKS[link].level(lv, size) for lv, size, link in levels)
+    out = tuple(dataclasses.replace(level, bandwidth_gbps=bw) if bw is not None else level
+                for level, bw in zip(out, own, strict=True))
+    return ClusterSpec(name=name, levels=out, device=d.name, device_memory_gib=d.memory_gib, peak_tflops=d.peak_tflops)
+
+
+PROFILES: dict[str, tuple[str, tuple[tuple[str, int, str], ...]]] = {
+    "frontier": ("MI250X", (("gcd-pair", 2, "xgmi-gcd-pair"), ("node", 4, "xgmi-node"),
+                            ("inter-node", 1, "slingshot-11"))),
+    "dgx-h100": ("H100", (("node", 8, "nvlink4-nvswitch"), ("inter-node", 1, "ib-ndr-400"))),
+    "dgx-h200": ("H200", (("node", 8, "nvlink4-nvswitch"), ("inter-node", 1, "ib-ndr-400"))),
+    "dgx-a100": ("A100", (("node", 8, "nvlink3-nvswitch"), ("inter-node", 1, "ib-hdr-200"))),
+    "perlmutter": ("A100-40GB", (("node", 4, "nvlink3-4gpu"), ("inter-node", 1, "slingshot-11-gpu-nic"))),
+}
+"""The cluster presets: device and (level, size, link) innermost first; the outermost size is set by ``NAME:N``."""
+
+
+PRESET_HOSTS: dict[str, str] = {"frontier": "amd", "dgx-h100": "intel", "dgx-h200": "intel", "dgx-a100": "amd",
+                                "perlmutter": "amd-cpu-nic"}
+"""The host design of each preset's node (``HOSTS``): Frontier, one AMD EPYC 7A53 per node with the NICs on
+the MI250X packages [olcf-frontier]; DGX H100 and DGX H200, two Intel Xeon Platinum 8480C (NVIDIA DGX H100
+user guide, [h200]);
+DGX A100, two AMD EPYC 7742 with the NICs on the GPUs' PCIe switches [dgx-a100]; Perlmutter, one AMD EPYC
+7763 [nersc-perlmutter] (the NIC placement: ``HOSTS["amd-cpu-nic"]``)."""
+
+@functools.cache
+def source_run_efficiency(ran_on: str, stack: str) -> float:
+    """The compute efficiency at which the model predicts the source run of ``DEVICES[ran_on]``'s
+    ``stack`` figure (``SOURCE_RUNS``) at its published tokens per second: the whole prediction
+    (compute, exposed communication, the slow-down beside collectives, the step boundary, the optimizer)
+    held to that step by bisection between 5% of peak and peak (an error if neither end brackets it)."""
+    from zerotune.costmodel.catalog import build_strategy
+    from zerotune.costmodel.predict import predict
+
+    d, run = DEVICES[ran_on], SOURCE_RUNS[(ran_on, stack)]
+    found = d.source_model(stack)
+    if found is None or found[1] != ran_on:
+        raise ValueError(f"SOURCE_RUNS[{(ran_on, stack)!r}]: DEVICES[{ran_on!r}] names no {stack} run on itself")
+    model = found[0]
+    cluster = profile_cluster(f"{ran_on}-{stack}-source", ran_on, tuple(lv[:3] for lv in run.levels),
+                              tuple(lv[3] for lv in run.levels))
+    base = profile_calibration("source", ran_on, tuple(lv[2] for lv in run.levels), stack, run.rings,
+                               run.outer_reduce, whole_run=False, attention=FIGURE_ATTENTION.get(stack, "matmul"))
+    strategy = build_strategy(dict(run.strategy), cluster, micro_batch_size=run.micro_batch)
+    target = run.micro_batch * model.seq_len / run.tokens_per_s_per_gpu
+
+    def step(efficiency: float) -> float:
+        calib = dataclasses.replace(base, compute_efficiency=efficiency)
+        return predict(model, cluster, strategy, elem_bytes=2, calibration=calib,
+                       global_batch=cluster.world_size * run.micro_batch)["step_time_s"]
+
+    lo, hi = 0.05, 1.0
+    if step(hi) > target or step(lo) < target:
+        raise ValueError(f"SOURCE_RUNS[{(ran_on, stack)!r}]: no efficiency in [{lo}, {hi}] predicts the run's "
+                         f"{run.tokens_per_s_per_gpu} tokens/s per GPU")
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step(mid) > target else (lo, mid)
+    return round(hi, 6)
+
+
+class _Presets(Mapping[str, Calibration]):
+    """``PRESET_CALIBRATIONS``, built on first use, once, under a lock (threads asking meanwhile wait): a
+    profile re-based on its source run predicts that run, which needs the whole cost model loaded."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Calibration] | None = None
+        self._lock = threading.Lock()
+
+    def built(self) -> tuple[Calibration, ...]:
+        """The presets' calibrations if they are built, else none, without building them: whether a
+        calibration is a preset's (``error.error_band``) — no calibration is before they exist."""
+        return tuple(self._cache.values()) if self._cache is not None else ()
+
+    @property
+    def _built(self) -> dict[str, Calibration]:
+        if self._cache is None:
+            with self._lock:
+                if self._cache is None:
+                    self._cache = {base: run_by(profile_calibration(f"{base}-profile", device,
+                                                                    tuple(link for _, _, link in levels),
+                                                                    host=PRESET_HOSTS[base]), "zerotune")
+                                   for base, (device, levels) in PROFILES.items()}
+        return self._cache
+
+    def __getitem__(self, key: str) -> Calibration:
+        return self._built[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built)
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+
+PRESET_CALIBRATIONS = _Presets()
+"""The calibration each cluster preset carries, by preset name: zerotune's engine running on it."""
+
+
+MEASURED_LINKS_SUFFIX = ", measured links"
+"""What ends the name of a calibration whose links' efficiency came from the cluster's measured bus bandwidths
+on a device with no profile (``nominal, measured links``)."""
+
+
+DEVICE_CALIBRATION_SUFFIX = "-device"
+"""What ends the name of a ``device_calibration`` (``H200-device``): how a caller that holds only a prediction's
+``calibration`` name tells a device profile on unprofiled links from the nominal calibration."""
+
+
+def with_measured_links(calib: Calibration, cluster: ClusterSpec) -> Calibration:
+    """``calib`` with each level that carries a measured bus bandwidth (``Level.busbw_gbps``) at the efficiency
+    it measured: busbw / (ranks under the level x ``bandwidth_gbps``), the rate at which a ring over the level's
+    span leaves each group through that many links (``timing.Costs._flat_ring``) and each rank's share of it in
+    zerotune's hierarchical exchange; a collective measured apart there (``Level.all_gather_busbw_gbps`` and its
+    kin) at its own (``Calibration.collective_efficiency``). The other levels keep ``calib``'s; ``calib`` itself
+    where none was measured."""
+    measured, own, below = [], [], 1
+    for k, lv in enumerate(cluster.levels, 1):
+        links = below * lv.bandwidth_gbps
+        measured.append(None if lv.busbw_gbps is None else lv.busbw_gbps / links)
+        own += [(op, k, gbps / links) for op, gbps in lv.collective_busbw()]
+        below *= lv.size
+    if all(e is None for e in measured) and not own:
+        return calib
+    return dataclasses.replace(calib, bandwidth_efficiency=tuple(
+        calib.level_efficiency(k) if e is None else e for k, e in enumerate(measured, 1)),
+        collective_efficiency=tuple(own))
+
+
+@functools.lru_cache(maxsize=1024)
+def calibration_for(cluster: ClusterSpec) -> Calibration:
+    """The calibration a cluster carries: its preset's profile when it is a preset (same levels and
+    links); else, when it names a profiled device at that device's peak, the device's profile on its own
+    levels (``device_calibration``); else the generic nominal one (fit your own with ``zerotune calibrate``).
+    A level with a measured bus bandwidth (``Level.busbw_gbps``) makes the cluster a custom one, whose
+    collectives on that level reach what was measured (``with_measured_links``)."""
+    measured = any(lv.measured_busbw() for lv in cluster.levels)
+    base = cluster.name.partition(":")[0]
+    profile = PROFILES.get(base)
+    if profile is not None and not measured:
+        device, levels = profile
+        same = len(levels) == cluster.num_levels and all(
+            lv.name == name and lv.bandwidth_gbps == LINKS[link].bandwidth_gbps
+            for lv, (name, _, link) in zip(cluster.levels, levels, strict=True))
+        if same and cluster.peak_tflops == DEVICES[device].peak_tflops:
+            return PRESET_CALIBRATIONS[base]
+    key = device_key_of(cluster.device)
+    if key is None or cluster.peak_tflops != DEVICES[key].peak_tflops:
+        calib = dataclasses.replace(NOMINAL, name=f"{NOMINAL.name}{MEASURED_LINKS_SUFFIX}") if measured else NOMINAL
+    else:
+        calib = device_calibration(key, tuple((lv.bandwidth_gbps, lv.latency_us) for lv in cluster.levels))
+    return with_measured_links(calib, cluster)
+
+
+@functools.lru_cache(maxsize=256)
+def device_calibration(device: str, levels: tuple[tuple[float, float], ...]) -> Calibration:
+    """The calibration of a custom cluster of ``DEVICES[device]`` whose levels have these (GB/s per rank, µs
+    per hop), innermost first, run by zerotune's engine: what belongs to the device is its profile's (the
+    engine's compute and memory-bound rates, the library's protocols and LL caps, the runner's host floor;
+    NCCL's defaults for the host, ``HOSTS["unknown"]``), and each level's collective efficiency is that of
+    the profiled link with the same bandwidth and hop latency (a preset's level resized or re-counted),
+    else ``NOMINAL_LINK_EFFICIENCY``: nothing measured those links (``calibration_for`` then puts a level's
+    measured bus bandwidth in its place). A device's rates describe it on any
+    cluster; a link's do not. One H200 in a cluster file of its own (``bench/one_gpu.sh`` writes one) is
+    predicted as the ``dgx-h200`` preset's device, not at the nominal 45% of peak that took the engine's
+    kept one-GPU steps for 19-27% longer than measured. Such a calibration carries no published band
+    (``error.error_band``): its links are not the published clusters'."""
+    efficiency = tuple(next((link.efficiency for link in LINKS.values()
+                             if (link.bandwidth_gbps, link.latency_us) == level), NOMINAL_LINK_EFFICIENCY)
+                       for level in levels)
+    base = profile_calibration(f"{device}{DEVICE_CALIBRATION_SUFFIX}", device, ())
+    return run_by(dataclasses.replace(base, bandwidth_efficiency=efficiency), "zerotune")

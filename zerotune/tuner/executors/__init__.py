@@ -1,0 +1,35 @@
+"""Executors: how a trial is evaluated (``model`` predicts, ``local`` and ``slurm`` run short trainings)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+ExecutorName = Literal["model", "local", "slurm"]
+"""The executors a request may name (the API's schema, the settings and ``zerotune tune`` read it)."""
+NAMES: tuple[str, ...] = get_args(ExecutorName)
+
+
+def make_executor(name: str, *, calibration: Any = None, partition: str | None = None, emulate: bool = False) -> Any:
+    """The one constructor of executors (the CLI, the worker and the tests use it).
+
+    Args:
+        name: ``model``, ``local`` or ``slurm``.
+        calibration: the ``Calibration`` the model executor predicts with (None: the cluster's own
+            profile, ``costmodel.calibration_for``) — the same one the tuner stores its
+            predictions with, so a trial is ranked by the model it is shown with.
+        partition: the Slurm partition (``slurm``).
+        emulate: run the short runs on an emulated cluster (``local``).
+    """
+    if name == "model":
+        from zerotune.tuner.executors.predicted import ModelExecutor
+
+        return ModelExecutor(calibration)
+    if name == "local":
+        from zerotune.tuner.executors.local import LocalExecutor
+
+        return LocalExecutor(emulate=emulate)
+    if name == "slurm":
+        from zerotune.tuner.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(partition=partition)
+    raise ValueError(f"executor={name!r}: must be one of model, local, slurm")

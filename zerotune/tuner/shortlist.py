@@ -1,0 +1,63 @@
+"""Measuring the shortlist of a predicted answer: which strategies, as what request, and why.
+
+A model study's decision names the partitions within the model's error of its winner
+(``decision.shortlist``); where nothing measured that error on the cluster (no band), its fastest
+``LEADERS`` partitions are all in doubt. A request with ``measure`` set has them measured by that
+executor as a request of its own (``shortlist_of`` the predicted one: same model, cluster and global
+batch), whose recommendation is stored under the predicted request's key — the newest answer, and
+so the one served. The worker (``tuner.worker``) and ``zerotune tune --measure-shortlist`` both use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from zerotune.core.spec import Strategy
+from zerotune.tuner.choice import leading_partitions
+from zerotune.tuner.request import TuneRequest
+
+LEADERS = 3
+"""Partitions measured when the model's error on a cluster is unknown (its fastest predicted ones)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    request: TuneRequest
+    """The measured request (``executor`` = the predicted request's ``measure``)."""
+    candidates: list[Strategy]
+    answer_key: str
+    """Where its answer is stored: the predicted request's key."""
+    note: dict[str, Any]
+    """``measured_shortlist`` for the answer's metrics: what was measured, and why."""
+
+
+def plan(session: Session, request: TuneRequest, predicted: dict[str, Any]) -> Plan | None:
+    """The measurement of ``predicted``'s shortlist, or None when the decision leaves nothing to measure
+    (a winner beyond the model's error, or fewer than two partitions)."""
+    if request.measure is None:
+        return None
+    decision = predicted["decision"]
+    if decision["band"] is None:
+        candidates = leading_partitions(session, predicted["study_id"], LEADERS)
+        why = (f"the model's error on {request.cluster.name} is unknown (no calibration measured it): the "
+               f"{len(candidates)} fastest partitions predicted")
+    else:
+        candidates = [Strategy.from_dict(c["strategy"]) for c in decision["shortlist"]]
+        why = (f"{len(candidates)} partitions lay within the model's error ({decision['band']:.1%}) of the "
+               "predicted winner")
+        call = decision.get("checkpointing") or {}
+        if call.get("verdict") == "within":  # the pick and its rival of the other checkpointing setting
+            why += (f", or within its lean on checkpointed runs ({call['lean']:+.1%}: trial "
+                    f"{call['rival_trial_id']})")
+    if len(candidates) < 2:
+        return None
+    measured = dataclasses.replace(request, executor=request.measure, measure=None, trials=len(candidates),
+                                   shortlist_of=request.key(), time_budget_s=None)
+    note = {"measured_shortlist": {
+        "of_request": request.key(), "predicted_recommendation_id": predicted["id"],
+        "predicted_strategy": predicted["strategy"], "candidates": len(candidates), "executor": request.measure,
+        "why": why}}
+    return Plan(request=measured, candidates=candidates, answer_key=request.key(), note=note)
