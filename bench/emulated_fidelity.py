@@ -48,7 +48,7 @@ from zerotune.core.spec import ClusterSpec
 from zerotune.costmodel.calibration import Measurement, fit, fit_options, predicted_step_time
 from zerotune.costmodel.catalog import build_strategy
 from zerotune.errors import SpecError
-from zerotune.tuner.executors import emulate
+from zerotune.tuner.executors import netns
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -218,7 +218,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cluster", action="append", choices=sorted(CLUSTERS), help="default: both")
     args = ap.parse_args()
-    lack = emulate.missing()
+    lack = netns.missing()
     if lack is not None:
         print(f"emulated_fidelity.py: needs {lack}", file=sys.stderr)
         return 2

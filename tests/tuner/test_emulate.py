@@ -20,7 +20,7 @@ import pytest
 from tests.support import ROOT, unavailable
 from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.errors import SpecError, UsageError
-from zerotune.tuner.executors import emulate
+from zerotune.tuner.executors import emulate, netns
 
 CHECKS = Path(__file__).with_name("emulate_checks.py")
 LINK_MBS = 10.0
@@ -29,7 +29,7 @@ LINK_MBS = 10.0
 
 @pytest.fixture
 def net() -> None:
-    lack = emulate.missing()
+    lack = netns.missing()
     if lack is not None:
         unavailable(f"emulation needs {lack}")
 
@@ -52,7 +52,7 @@ def run_in(p: emulate.Plan, rank: int, argv: list[str], **popen: Any) -> subproc
 
 
 def _sets(pre: str) -> list[str]:
-    return [ns for ns in emulate.namespaces() if ns.startswith(pre + "-")]
+    return [ns for ns in netns.namespaces() if ns.startswith(pre + "-")]
 
 
 def test_plan_names_every_group_bridge_and_link_under_its_owner():
@@ -92,7 +92,7 @@ def test_with_netem_each_link_is_delayed_by_its_levels_latency_then_rate_limited
     assert lk.delay_us == pytest.approx(cluster.levels[2].latency_us / 0.01) and not p.notes
     assert "sch_netem" in " ".join(emulate.plan(cluster, 0.01, owner=7).notes)
     ran: list[list[str]] = []
-    monkeypatch.setattr(emulate, "_run", lambda cmd, check=True: ran.append(cmd))
+    monkeypatch.setattr(netns, "run", lambda cmd, check=True: ran.append(cmd))
     emulate._shape("zt7-g0", "eth0", lk)
     rate = f"{int(lk.rate_bps)}bit"
     assert ran[0] == ["tc", "-n", "zt7-g0", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem", "delay",
@@ -183,8 +183,8 @@ def test_a_killed_runners_set_is_removed_by_the_next_run(net):
     unrelated = "ztunrelated"  # not of the zt<pid>- form: never touched
     subprocess.run(["ip", "netns", "add", unrelated], check=True)
     try:
-        emulate.clean(stale_only=False)
-        assert unrelated in emulate.namespaces()
+        netns.clean(stale_only=False)
+        assert unrelated in netns.namespaces()
     finally:
         subprocess.run(["ip", "netns", "del", unrelated], check=False)
 
@@ -222,7 +222,7 @@ def _train(tmp_path: Path, name: str, *args: str, prefix: list[str] | None = Non
 
 
 def test_train_on_an_emulated_cluster_records_it_and_leaves_nothing(net, tmp_path):
-    before = set(emulate.namespaces())
+    before = set(netns.namespaces())
     result, run = _train(tmp_path, "tiny", "--model", "gpt-tiny", "--cluster", "local:2x2", "--emulate",
                          "--emulate-scale", "0.01")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -230,7 +230,7 @@ def test_train_on_an_emulated_cluster_records_it_and_leaves_nothing(net, tmp_pat
     assert run["emulation"]["scale"] == 0.01 and run["emulation"]["namespaces"] == 2
     assert run["emulation"]["levels"]["inter-node"]["mb_per_s"] == pytest.approx(5 * 1e3 * 2 * 0.01)
     assert "emulating local:2x2: links slowed by 0.01" in result.stderr
-    assert set(emulate.namespaces()) == before
+    assert set(netns.namespaces()) == before
 
 
 def test_without_cap_net_admin_emulate_is_refused_and_auto_runs_on_loopback(without_net_admin, tmp_path):
@@ -281,7 +281,7 @@ def test_a_local_study_runs_its_trials_on_the_emulated_cluster(without_net_admin
     from zerotune.db import repository as repo
 
     url = f"sqlite:///{tmp_path / 'zt.sqlite'}"
-    before = set(emulate.namespaces())
+    before = set(netns.namespaces())
     result = subprocess.run([sys.executable, "-m", "zerotune.api.cli", "tune", "--model", "gpt-tiny", "--cluster",
                              "local:2x2", "--executor", "local", "--emulate", "--trials", "2", "--steps", "3",
                              "--db", url, "--workdir", str(tmp_path / "work"), "--quiet", "--seed", "1", "--full"],
@@ -294,7 +294,7 @@ def test_a_local_study_runs_its_trials_on_the_emulated_cluster(without_net_admin
                     t.status == "complete"]
     engine.dispose()
     assert len(measured) >= 2 and all(t.metrics["emulation"]["namespaces"] == 2 for t in measured)
-    assert set(emulate.namespaces()) == before
+    assert set(netns.namespaces()) == before
     lacking = subprocess.run([*without_net_admin, sys.executable, "-m",
                               "zerotune.api.cli", "tune", "--model", "gpt-tiny", "--cluster", "local:2x2",
                               "--executor", "local", "--emulate", "--db", url], capture_output=True, text=True,

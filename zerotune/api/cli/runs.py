@@ -102,15 +102,15 @@ def _emulated(mode: str, cluster: Any, scale: float | None) -> Any:
     """A context holding the emulation ``mode`` asks for (its Plan), or None: off, or auto where it cannot run."""
     import contextlib
 
-    from zerotune.tuner.executors import emulate
+    from zerotune.tuner.executors import emulate, netns
 
     if mode == "off":
         return contextlib.nullcontext(None)
-    lack = emulate.missing()
+    lack = netns.missing()
     if lack is not None and mode == "auto":
         print(f"zerotune: warning: running on loopback, not emulated: this machine lacks {lack}", file=sys.stderr)
         return contextlib.nullcontext(None)
-    emulate.require()
+    netns.require()
     if cluster.num_levels < 2:
         print("zerotune: warning: a one-level cluster has nothing to emulate: running on loopback", file=sys.stderr)
         return contextlib.nullcontext(None)
@@ -164,15 +164,15 @@ def cmd_emulate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Check, plan or clean emulated clusters (``zerotune/tuner/executors/emulate.py``)."""
     from zerotune.costmodel import calibration_for
     from zerotune.costmodel.files import load_cluster
-    from zerotune.tuner.executors import emulate
+    from zerotune.tuner.executors import emulate, netns
 
     if args.check:
-        emulate.require()
-        print(f"emulation available (latency shaping: {'yes' if emulate.has_netem() else 'no, no sch_netem'})")
+        netns.require()
+        print(f"emulation available (latency shaping: {'yes' if netns.has_netem() else 'no, no sch_netem'})")
         return ExitStatus.SUCCESS
     if args.clean:
-        emulate.require()
-        removed = emulate.clean(stale_only=not args.all)
+        netns.require()
+        removed = netns.clean(stale_only=not args.all)
         print(f"removed {len(removed)} namespaces" + (": " + " ".join(removed) if removed else ""))
         return ExitStatus.SUCCESS
     if not args.cluster:
@@ -187,7 +187,7 @@ def cmd_emulate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         scale = emulate.scale_for(cluster, efficiency, args.local_tflops)
         how = (f"links slowed by {scale:.3g} = {args.local_tflops:.3g} TFLOPS per rank here / "
                f"{cluster.peak_tflops:g} x {efficiency:.3g} achievable per rank there")
-    plan = emulate.plan(cluster, scale, netem=emulate.missing() is None and emulate.has_netem())
+    plan = emulate.plan(cluster, scale, netem=netns.missing() is None and netns.has_netem())
     print("\n".join(plan.describe()))
     print(f"scale {scale:.3g}: {how}")
     return ExitStatus.SUCCESS

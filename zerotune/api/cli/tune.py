@@ -67,9 +67,9 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                           sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget, emulate=args.emulate,
                           runner=args.runner, grad_reduce_in_fp32=args.grad_reduce_in_fp32)
     if request.emulate:
-        from zerotune.tuner.executors import emulate
+        from zerotune.tuner.executors import netns
 
-        emulate.require()  # before any study: exit 2 with what is missing
+        netns.require()  # before any study: exit 2 with what is missing
     url = args.db or default_url()
     upgrade(url)
     engine = make_engine(url)

@@ -46,131 +46,22 @@ Needs Linux, root or CAP_NET_ADMIN, and the ``ip`` and ``tc`` commands (iproute2
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import os
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from zerotune.core.spec import ClusterSpec
 from zerotune.errors import UsageError
+from zerotune.tuner.executors import netns
 
-CAP_NET_ADMIN = 12
 SUBNET = "10.251"
 """Addresses of the emulated groups: 10.251.0.1 ... (one /16, inside the namespaces only)."""
-_NAME = re.compile(r"^zt([0-9a-z]+)-")
-
-
-class EmulationUnavailable(UsageError):
-    """What this machine lacks to emulate a cluster (one line: the field, the value, what is missing)."""
-
-
-def missing() -> str | None:
-    """What this machine lacks for an emulation, or None when it can run one."""
-    if sys.platform != "linux":
-        return f"network namespaces need Linux (this is {sys.platform})"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"the '{tool}' command (iproute2) is not installed"
-    if not _has_cap_net_admin():
-        return "CAP_NET_ADMIN (run as root, or grant the capability) to create network namespaces and shape links"
-    return None
-
-
-def _has_cap_net_admin() -> bool:
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return False
-    match = re.search(r"^CapEff:\s*([0-9a-f]+)$", status, re.MULTILINE)
-    return bool(match) and bool(int(match.group(1), 16) >> CAP_NET_ADMIN & 1)  # type: ignore[union-attr]
-
-
-def require() -> None:
-    """Raise ``EmulationUnavailable`` naming what is missing (the CLI exits 2 with that line)."""
-    lack = missing()
-    if lack is not None:
-        raise EmulationUnavailable("emulate", "on", f"needs {lack}")
-
-
-@functools.cache
-def has_netem() -> bool:
-    """Whether the kernel can delay packets (``sch_netem``): tried once per process on a veth pair in a
-    throwaway namespace (the kernel's qdiscs do not change while it runs)."""
-    ns = f"{prefix()}-probe"
-    try:
-        _ip("netns", "add", ns)
-        _ip("-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1")
-        return _run(["tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"],
-                    check=False).returncode == 0
-    finally:
-        _run(["ip", "netns", "del", ns], check=False)
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
-
-
-def prefix(pid: int | None = None) -> str:
-    """The name prefix of the set a process owns: ``zt`` + its pid in base 36 (Linux names are ≤ 15 bytes)."""
-    return f"zt{_base36(os.getpid() if pid is None else pid)}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
-    if check and result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed (exit {result.returncode}): {result.stderr.strip()}")
-    return result
-
-
-def _ip(*args: str) -> None:
-    _run(["ip", *args])
-
-
-def namespaces() -> list[str]:
-    """Every network namespace on this machine (names only)."""
-    out = _run(["ip", "netns", "list"], check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def clean(stale_only: bool = True) -> list[str]:
-    """Remove emulation sets: those whose owner died (``stale_only``), or every ``zt<pid>-`` set. Returns the
-    namespaces removed. Only names of this module's own pattern are touched."""
-    removed = []
-    for ns in namespaces():
-        match = _NAME.match(ns)
-        if match is None:
-            continue
-        if stale_only and _alive(int(match.group(1), 36)):
-            continue
-        if _run(["ip", "netns", "del", ns], check=False).returncode == 0:
-            removed.append(ns)
-    return removed
 
 
 @dataclass(frozen=True)
@@ -247,7 +138,7 @@ def plan(cluster: ClusterSpec, scale: float, *, owner: int | None = None, netem:
         raise UsageError("emulate.scale", scale, "must be in (0, 1]: links are slowed, never sped up")
     if cluster.num_levels < 2:
         raise UsageError("cluster", cluster.name, "has one level: nothing to emulate (the innermost level is loopback)")
-    pre = prefix(owner)
+    pre = netns.prefix(owner)
     sizes = cluster.sizes
     n_groups = math.prod(sizes[1:])
     if n_groups > 250 * 250:
@@ -320,64 +211,53 @@ def local_tflops(ranks: int, seconds: float = 0.5) -> float:
     return 2 * n ** 3 * done / (time.perf_counter() - start) / 1e12 / max(1, ranks)
 
 
-def _burst(rate_bps: float) -> int:
-    """Bytes a tbf may send at once: a 64 KiB segment (veth passes GSO segments whole) or 10 ms of the rate."""
-    return int(min(1 << 30, max(65536 * 2, rate_bps / 8 / 100)))  # tc takes 32-bit byte counts
-
-
-def _limit(rate_bps: float) -> int:
-    """Bytes a tbf may queue: 2 s of the rate, at least 16 MiB. A deep queue delays instead of dropping, so TCP
-    sees the link's rate rather than loss and retransmission timeouts (an emulation wants bandwidth, not drops)."""
-    return int(min(1 << 30, max(16 << 20, rate_bps / 8 * 2)))
-
-
 def build(p: Plan) -> None:
     """Create the namespaces, bridges and shaped links of ``p`` (undone by ``teardown``)."""
     fabric = p.fabric
-    _ip("netns", "add", fabric)
-    _ip("-n", fabric, "link", "set", "lo", "up")
+    netns.ip("netns", "add", fabric)
+    netns.ip("-n", fabric, "link", "set", "lo", "up")
     for ns in p.groups:
-        _ip("netns", "add", ns)
-        _ip("-n", ns, "link", "set", "lo", "up")
+        netns.ip("netns", "add", ns)
+        netns.ip("-n", ns, "link", "set", "lo", "up")
     for bridge in p.bridges:
         name = bridge.removeprefix(p.prefix + "-")  # inside the fabric namespace, names need no prefix
-        _ip("-n", fabric, "link", "add", name, "type", "bridge")
-        _ip("-n", fabric, "link", "set", name, "up")
+        netns.ip("-n", fabric, "link", "add", name, "type", "bridge")
+        netns.ip("-n", fabric, "link", "set", name, "up")
     address_of = dict(zip(p.groups, p.addresses, strict=True))
     for lk in p.links:
         up, down = lk.up.removeprefix(p.prefix + "-"), lk.down.removeprefix(p.prefix + "-")
         parent = lk.parent.removeprefix(p.prefix + "-")
-        _ip("-n", fabric, "link", "add", up, "type", "veth", "peer", "name", down)
-        _ip("-n", fabric, "link", "set", down, "master", parent, "up")
+        netns.ip("-n", fabric, "link", "add", up, "type", "veth", "peer", "name", down)
+        netns.ip("-n", fabric, "link", "set", down, "master", parent, "up")
         if lk.child in address_of:  # a group: its end moves into its namespace as eth0, with its address
-            _ip("-n", fabric, "link", "set", up, "netns", lk.child)
-            _ip("-n", lk.child, "link", "set", up, "name", "eth0")
-            _ip("-n", lk.child, "addr", "add", f"{address_of[lk.child]}/16", "dev", "eth0")
-            _ip("-n", lk.child, "link", "set", "eth0", "up")
+            netns.ip("-n", fabric, "link", "set", up, "netns", lk.child)
+            netns.ip("-n", lk.child, "link", "set", up, "name", "eth0")
+            netns.ip("-n", lk.child, "addr", "add", f"{address_of[lk.child]}/16", "dev", "eth0")
+            netns.ip("-n", lk.child, "link", "set", "eth0", "up")
             _shape(lk.child, "eth0", lk)
         else:  # a bridge of the level below
-            _ip("-n", fabric, "link", "set", up, "master", lk.child.removeprefix(p.prefix + "-"), "up")
+            netns.ip("-n", fabric, "link", "set", up, "master", lk.child.removeprefix(p.prefix + "-"), "up")
             _shape(fabric, up, lk)
         _shape(fabric, down, lk)
 
 
 def _shape(ns: str, dev: str, lk: Link) -> None:
     rate = f"{int(lk.rate_bps)}bit"
-    burst, limit = str(_burst(lk.rate_bps)), str(_limit(lk.rate_bps))
+    burst, limit = str(netns.tbf_burst(lk.rate_bps)), str(netns.tbf_limit(lk.rate_bps))
     if lk.delay_us > 0:
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
+        netns.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
               f"{lk.delay_us:.0f}us"])
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:", "handle", "2:", "tbf", "rate", rate,
+        netns.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:", "handle", "2:", "tbf", "rate", rate,
               "burst", burst, "limit", limit])
     else:
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
+        netns.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst,
               "limit", limit])
 
 
 def teardown(p: Plan) -> None:
     """Delete every namespace of ``p`` (their links and qdiscs go with them); never raises."""
     for ns in (*p.groups, p.fabric):
-        _run(["ip", "netns", "del", ns], check=False)
+        netns.run(["ip", "netns", "del", ns], check=False)
 
 
 class _Terminated(BaseException):
@@ -392,9 +272,9 @@ def emulation(cluster: ClusterSpec, scale: float) -> Iterator[Plan]:
     the process installed a handler of its own (a worker's graceful stop), which then runs instead and ends
     the run its way; Ctrl-C unwinds as KeyboardInterrupt. Raises ``EmulationUnavailable`` where the machine
     cannot emulate."""
-    require()
-    clean(stale_only=True)
-    p = plan(cluster, scale, netem=has_netem())
+    netns.require()
+    netns.clean(stale_only=True)
+    p = plan(cluster, scale, netem=netns.has_netem())
     previous: Any = None
 
     def on_term(signum: int, frame: FrameType | None) -> None:

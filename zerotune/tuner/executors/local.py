@@ -122,9 +122,9 @@ class LocalExecutor(Executor):
         target = ["zerotune.trainer.train", *local.train_args(out)]
         extra: dict[str, Any] = {"cluster_run": local.cluster.name, "emulated": local.cluster != spec.cluster}
         if self.emulate:
-            from zerotune.tuner.executors import emulate
+            from zerotune.tuner.executors import emulate, netns
 
-            if (lack := emulate.missing()) is not None:
+            if (lack := netns.missing()) is not None:
                 return TrialResult(status="failed", reason=f"cannot emulate {spec.cluster.name} here: this machine "
                                    f"lacks {lack}", executor=self.name, extra=extra)
             with emulate.emulation(emulated_links(local.cluster, spec.cluster), self._scale(spec, local)) as plan:
