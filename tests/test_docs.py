@@ -1,5 +1,6 @@
 """The map stays true: every path docs/architecture.md names exists, every module is on its map, the layers
-import only downwards, and no two modules share a name."""
+import only downwards, and no two modules share a name. The docs stay true too: the README reads in five minutes,
+and every link and every repository path that README.md and docs/*.md name exists."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ ALLOWED = {"core": {"core", "errors"},
            "db": {"db", "errors"},
            "tuner": {"tuner", "db", "trainer", "costmodel", "core", "errors"},
            "api": {"api", "tuner", "db", "trainer", "costmodel", "core", "errors"}}
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_LINES = 250
+"""The README a new user reads in five minutes; the rest lives in docs/, by topic."""
+REPO_PATH = re.compile(r"(?<![\w./$~-])((?:zerotune|tests|bench|docs|examples)/[\w./*-]*)")
+"""A repository path as the docs write it: from a top-level folder, not the tail of another path or a URL."""
 RESOURCES = {"calibrations", "jobs", "recommendations", "studies", "trials"}
 """The service's resources: each has its queries (``db/repository/<name>.py``) and its routes
 (``api/routes/<name>.py``), named alike on purpose, as the FastAPI template names them."""
@@ -81,3 +87,83 @@ def test_no_two_modules_share_a_name() -> None:
     assert not shared, shared
     for name in RESOURCES:
         assert sorted(names[name]) == [f"zerotune/api/routes/{name}.py", f"zerotune/db/repository/{name}.py"], name
+
+
+def _split_code(text: str) -> tuple[list[str], str]:
+    """The fenced code blocks of a Markdown text and the text without them."""
+    fence = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+    return fence.findall(text), fence.sub("", text)
+
+
+def _anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown text's headings: lower case, punctuation dropped, spaces to hyphens, and a
+    repeated heading numbered (``-1``, ``-2``)."""
+    seen: collections.Counter[str] = collections.Counter()
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t]*#*$", _split_code(text)[1], re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(slug if not seen[slug] else f"{slug}-{seen[slug]}")
+        seen[slug] += 1
+    return anchors
+
+
+def _named_paths(text: str) -> set[str]:
+    """Every repository path in a Markdown text's code: fenced blocks and backticked spans."""
+    blocks, prose = _split_code(text)
+    spans = blocks + re.findall(r"`([^`\n]+)`", prose)
+    return {m.rstrip(".,") for span in spans for m in REPO_PATH.findall(span)}
+
+
+def _exists(path: str) -> bool:
+    if "*" in path:
+        return any(ROOT.glob(path))
+    if (ROOT / path).exists():
+        return True
+    # `zerotune/tuner/choice.choose`: a name in a module
+    module = re.sub(r"\.\w+$", ".py", path)
+    return module != path and (ROOT / module).is_file()
+
+
+def test_the_readme_reads_in_five_minutes() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, \
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move the detail to docs/"
+
+
+def test_every_relative_link_in_the_docs_resolves() -> None:
+    assert len(DOCS) > 5, DOCS
+    broken = []
+    for doc in DOCS:
+        prose = _split_code(doc.read_text())[1]
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (doc.parent / path).resolve() if path else doc
+            where = f"{doc.relative_to(ROOT)} -> {target}"
+            if not file.exists() or not file.is_relative_to(ROOT):
+                broken.append(f"{where}: no such file")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append(f"{where}: no heading with that anchor")
+    assert not broken, broken
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    missing = []
+    named = 0
+    for doc in DOCS:
+        paths = _named_paths(doc.read_text())
+        named += len(paths)
+        missing += [f"{doc.relative_to(ROOT)}: {p}" for p in sorted(paths) if not _exists(p)]
+    assert named > 100, named
+    assert not missing, missing
+
+
+def test_the_doc_checks_see_what_they_check() -> None:
+    """The helpers above find what a doc writes: a path in a code block, a backticked one, not a URL's tail."""
+    text = "# A title's words\n\n```bash\npython bench/x.py   # bench/y.py\n```\n`zerotune/a.py`, " \
+           "`sqlite:///$HOME/zerotune/db` and ~/.cache/zerotune/z, [t](docs/a.md#a-titles-words)\n## A title's words\n"
+    assert _named_paths(text) == {"bench/x.py", "bench/y.py", "zerotune/a.py"}
+    assert _anchors(text) == {"a-titles-words", "a-titles-words-1"}
+    assert _exists("zerotune/tuner/choice.choose") and _exists("bench/published/*.toml")
+    assert not _exists("zerotune/tuner/nothing.py") and not _exists("bench/published/*.nothing")

@@ -1,4 +1,4 @@
-"""optuna-dashboard, the tool the README points Optuna users to, reads our studies as they are: each
+"""optuna-dashboard, the tool docs/dashboard.md points Optuna users to, reads our studies as they are: each
 trial's feasibility, the best trial among the points that fit, and no best where nothing fits. The real
 optuna-dashboard (its WSGI app over real HTTP) against a study database written by the real tuner."""
 

@@ -10,7 +10,7 @@ Under an existing launcher (every rank runs this module):
         --strategy zeropp --steps 8 --out run.json
     srun python -m zerotune.trainer.train ...      # RANK/WORLD_SIZE from SLURM_*; set MASTER_ADDR/PORT
 
-Rank 0 writes run.json (fields in the README); a failing rank writes ``<out>.rank<r>.err`` with its
+Rank 0 writes run.json (fields in docs/trainer.md); a failing rank writes ``<out>.rank<r>.err`` with its
 error so the launcher can say which rank failed and why.
 """
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 
 class ExitStatus(enum.IntEnum):
-    """Exit codes of every ``zerotune`` command (3-6: ``zerotune recommend``, README "Slurm job prologue")."""
+    """Exit codes of every ``zerotune`` command (3-6: ``zerotune recommend``, docs/prologue.md)."""
 
     SUCCESS = 0
     """Done. For ``recommend``: the service's answer, or (without ``--strict``) a fallback, with a warning."""

@@ -22,7 +22,7 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--quiet", action="store_true", help="do not stream the ranks' progress")
     p.add_argument("--emulate", nargs="?", const="on", default="off", choices=["on", "auto", "off"],
                    help="run on an emulated cluster: a network namespace per innermost group, links shaped per "
-                        "level (Linux, CAP_NET_ADMIN; README 'Emulated clusters'); auto: on loopback with a warning "
+                        "level (Linux, CAP_NET_ADMIN; docs/trainer.md); auto: on loopback with a warning "
                         "where that is missing")
     p.add_argument("--emulate-scale", type=float, default=None,
                    help="with --emulate: the factor every link is slowed by (default: this machine's FLOPS per rank "
