@@ -63,7 +63,7 @@ def test_published_bench_reproduces_its_tables(monkeypatch):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     # the error band every profile prediction carries is what the bench computes from today's model and tables
-    assert json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text()) == result["error"], \
+    assert json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text()) == result["error"], \
         "run: python bench/published.py --write-error"
     for name in ("dgx-h100:2", "frontier:48", "dgx-h100:128"):  # each prediction reads the items near its scale
         cluster = parse_cluster(name)
