@@ -30,14 +30,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 NEEDED = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
-SKIP_ENV = "ZEROTUNE_SKIP_SLURM"
 PARTITION = "debug"
 
 
 def unavailable_reason() -> str | None:
-    """Why a local Slurm cluster cannot be started here (a pytest skip reason), or None."""
-    if os.environ.get(SKIP_ENV, "").strip() not in ("", "0"):
-        return f"{SKIP_ENV} is set"
+    """Why a local Slurm cluster cannot be started here (what ``tests.support.unavailable`` reports), or None."""
     if sys.platform != "linux":
         return "a local Slurm cluster needs Linux"
     missing = [exe for exe in NEEDED if shutil.which(exe) is None]

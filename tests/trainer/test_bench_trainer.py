@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, require_module
 
 BENCH = ROOT / "bench" / "trainer_vs_fsdp.py"
 
@@ -74,7 +74,7 @@ def test_deepspeed_runs_the_exported_zero3_config_and_trains_the_same_model(tmp_
     stage set, and no clipping: the bench's recipe, which DeepSpeed 0.19.8 would otherwise replace with a clip at
     1.0) and trains the same model too. ``to_optimizer_ms`` is each config's forward and backward, part of its
     step."""
-    pytest.importorskip("deepspeed", reason="DeepSpeed not installed (pip install -e .[deepspeed])")
+    require_module("deepspeed", "pip install -e .[deepspeed]")
     out = tmp_path / "ds.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--worlds", "2", "--configs", "zero3,ds3,ds3d,ddp",
                            "--model", "gpt-tiny", "--steps", "4", "--warmup", "1", "--accum", "2",

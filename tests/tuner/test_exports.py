@@ -1,8 +1,9 @@
 """tuner.exports: zerotune trainer JSON, DeepSpeed config (checked by DeepSpeed's own parser), FSDP2 settings.
 
-The DeepSpeed tests need the ``deepspeed`` extra (``pip install -e .[deepspeed]``) and skip without it;
-everything else runs on the bare install. Two tests start real ranks: the FSDP2 snippet's, and DeepSpeed
-running the exports on gloo (``ds_collectives.py``), whose collectives are counted.
+The DeepSpeed tests need the ``deepspeed`` extra (``pip install -e .[deepspeed]``) and skip without it
+(``tests.support.unavailable``: under CI=true they fail); everything else runs on the bare install. Two tests
+start real ranks: the FSDP2 snippet's, and DeepSpeed running the exports on gloo (``ds_collectives.py``), whose
+collectives are counted.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, require_module
 from zerotune.core.spec import BITS, ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
 from zerotune.errors import SpecError
@@ -96,7 +97,7 @@ def ds(monkeypatch: pytest.MonkeyPatch) -> Any:
     checkpointing block is read key by key, so for those two the helper checks the names against
     DeepSpeed's own constants (``deepspeed.runtime.constants``, ``ACT_CHKPT_DEFAULT``).
     """
-    deepspeed = pytest.importorskip("deepspeed", reason="DeepSpeed not installed (pip install -e .[deepspeed])")
+    deepspeed = require_module("deepspeed", "pip install -e .[deepspeed]")
     import deepspeed.comm as ds_comm
     from deepspeed.runtime import constants as C
     from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT, ACT_CHKPT_DEFAULT

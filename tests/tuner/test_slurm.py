@@ -2,7 +2,7 @@
 
 The real-Slurm tests start a one-node cluster on this machine (tests/slurm/cluster.py: munged,
 slurmctld, slurmd, all test-owned) and skip with the reason when Slurm is not installed
-(``.ci/install-slurm.sh``), we are not root, or ``ZEROTUNE_SKIP_SLURM=1``.
+(``.ci/install-slurm.sh``) or we are not root; under CI=true they fail instead (``tests.support.unavailable``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.cluster import PARTITION, LocalSlurm, unavailable_reason
+from tests.support import unavailable
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.trainer.faults import first_rank_error
 from zerotune.tuner.executors.base import Executor, TrialSpec
@@ -356,10 +357,10 @@ def test_default_runner_passes_env_and_reports_timeouts(tmp_path):
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    """A one-node Slurm cluster on this machine for the session (skips when it cannot be started)."""
+    """A one-node Slurm cluster on this machine for the session (``unavailable`` when it cannot be started)."""
     reason = unavailable_reason()
     if reason:
-        pytest.skip(f"no local Slurm: {reason}")
+        unavailable(f"no local Slurm: {reason}")
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
     cluster.start()
     try:
