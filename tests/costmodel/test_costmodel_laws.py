@@ -45,7 +45,7 @@ from zerotune.costmodel.links import (
     RCCL_RING_BASE_US,
     RCCL_RING_PROTOCOLS,
 )
-from zerotune.costmodel.profiles import PROFILES, profile_calibration, profile_cluster, source_run_efficiency
+from zerotune.costmodel.profiles import profile_calibration, profile_cluster, source_run_efficiency
 from zerotune.costmodel.rates import NOMINAL_LINK_EFFICIENCY, run_by
 from zerotune.costmodel.timing import costs_for
 
@@ -1368,31 +1368,6 @@ def test_the_triton_kernel_rate_carries_from_512_to_65536_tokens_a_context(monke
     assert len(long) >= 15
     for row in long:
         assert table.predict(row)["value"] / plain[row] - 1 > 0.10, row
-
-def test_presets_built_on_first_use_are_the_same_for_threads_that_ask_at_once():
-    """The presets are built on first use (their re-base predicts its source run), once: threads that ask
-    while one builds them wait and get that build's calibrations, all of them, the very same objects; and
-    whether a calibration is a preset's (``built``) does not start a build."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    from zerotune.costmodel import profiles
-
-    source_run_efficiency.cache_clear()  # a build that takes its time: the source runs solved again
-    fresh, start = profiles._Presets(), threading.Barrier(6)
-    assert fresh.built() == ()  # asked before any build: none, and still none built
-    assert fresh._cache is None
-
-    def ask(_: int) -> tuple[int, Calibration, bool]:
-        start.wait(timeout=30)
-        return len(fresh), fresh["dgx-a100"], "dgx-h100" in fresh
-
-    with ThreadPoolExecutor(6) as pool:
-        seen = list(pool.map(ask, range(6), timeout=60))
-    assert all(s == (len(PROFILES), profiles.PRESET_CALIBRATIONS["dgx-a100"], True) for s in seen), seen
-    assert len({id(calib) for _, calib, _ in seen}) == 1  # one build
-    assert fresh.built() == tuple(fresh.values())
-
 
 def test_selective_checkpointing_costs_and_saves_what_torchtitan_measured(monkeypatch):
     """torchtitan's per-op selective checkpointing (``checkpoint_policy = "selective"``), against its published
