@@ -481,11 +481,12 @@ def test_bad_slurm_variables_and_flags_are_usage_errors(tmp_path, env, args, mes
 FORBIDDEN = {"torch", "optuna", "sqlalchemy", "fastapi", "uvicorn", "pydantic", "numpy", "starlette"}
 
 
-def _imported(*args: str, expect: int) -> set[str]:
+def _imported(*args: str, expect: int, cache: Path) -> set[str]:
     """Top-level names of every module ``python -X importtime -m zerotune.api.cli recommend ...`` imports (no site);
-    zerotune's own as their part (``zerotune.api``)."""
+    zerotune's own as their part (``zerotune.api``). Saved answers in ``cache`` (empty: the fallback is built)."""
     proc = subprocess.run([sys.executable, "-S", "-X", "importtime", "-m", "zerotune.api.cli", "recommend", *args],
-                          cwd=ROOT, capture_output=True, text=True, env=clean_env(), timeout=60)
+                          cwd=ROOT, capture_output=True, text=True, env=clean_env(ZEROTUNE_CACHE_DIR=str(cache)),
+                          timeout=60)
     assert proc.returncode == expect, proc.stderr[-2000:]
     names = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)", proc.stderr, re.MULTILINE)
     assert names, proc.stderr[-2000:]
@@ -493,7 +494,7 @@ def _imported(*args: str, expect: int) -> set[str]:
 
 
 def test_the_recommend_path_imports_only_the_standard_library(tmp_path):
-    fast = _imported("--dry-run", "--model", "gpt-neox-20b", "--cluster", "frontier:48", expect=0)
+    fast = _imported("--dry-run", "--model", "gpt-neox-20b", "--cluster", "frontier:48", expect=0, cache=tmp_path)
     # the CLI's and the prologue's own modules, the presets' table (zerotune.core.clusters) and the error family,
     # all standard library only
     assert fast - set(sys.stdlib_module_names) == {"zerotune", "zerotune.api", "zerotune.core", "zerotune.errors"}, \
@@ -501,7 +502,7 @@ def test_the_recommend_path_imports_only_the_standard_library(tmp_path):
     # the built-in fallback adds the pure-Python exporters, nothing heavy
     down = f"http://127.0.0.1:{free_port()}"
     slow = _imported("--model", "gpt-neox-20b", "--cluster", "frontier:48", "--server", down, "--timeout", "0.2",
-                     "--format", "deepspeed", "--no-slurm", expect=0)
+                     "--format", "deepspeed", "--no-slurm", expect=0, cache=tmp_path)
     assert {"zerotune.core", "zerotune.costmodel", "zerotune.tuner"} <= slow, sorted(slow)
     assert not slow & FORBIDDEN, sorted(slow & FORBIDDEN)
     assert "zerotune.db" not in slow
