@@ -47,8 +47,9 @@ import time
 from pathlib import Path
 
 from zerotune.costmodel import Calibration, clear_caches, predict
-from zerotune.costmodel.calibration import Measurement, fit, fit_options, predicted_step_time
+from zerotune.costmodel.calibration import fit, fit_options, predicted_step_time
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.costmodel.measured import Measurement
 from zerotune.errors import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from zerotune.core.spec import ClusterSpec
-from zerotune.costmodel.calibration import Measurement, fit, fit_options, predicted_step_time
+from zerotune.costmodel.calibration import fit, fit_options, predicted_step_time
 from zerotune.costmodel.catalog import build_strategy
+from zerotune.costmodel.measured import Measurement
 from zerotune.errors import SpecError
 from zerotune.tuner.executors import netns
 

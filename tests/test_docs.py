@@ -1,6 +1,7 @@
 """The map stays true: every path docs/architecture.md names exists, every module is on its map, the layers
-import only downwards, and no two modules share a name. The docs stay true too: the README reads in five minutes,
-and every link and every repository path that README.md and docs/*.md name exists."""
+import only downwards, no module imports one that imports it back, and no two modules share a name. The
+docs stay true too: the README reads in five minutes, and every link and every repository path that
+README.md and docs/*.md name exists."""
 
 from __future__ import annotations
 
@@ -167,3 +168,73 @@ def test_the_doc_checks_see_what_they_check() -> None:
     assert _anchors(text) == {"a-titles-words", "a-titles-words-1"}
     assert _exists("zerotune/tuner/choice.choose") and _exists("bench/published/*.toml")
     assert not _exists("zerotune/tuner/nothing.py") and not _exists("bench/published/*.nothing")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of the package (packages by their ``__init__``) and the modules of the package it imports, at
+    module level or inside a function: ``import zerotune.a.b`` counts ``zerotune.a.b``; ``from zerotune.a import b``
+    counts ``zerotune.a.b`` where ``b`` is a module, else ``zerotune.a``."""
+    paths = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "__pycache__" not in path.parts:
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, one level up per dot beyond the first
+                    above = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(above + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in paths:  # zerotune.a.b.function -> zerotune.a.b
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    out.add(target)
+        graph[name] = out
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as the modules along it, first repeated at the end; None where there is none."""
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done (no cycle through it)
+    for root in sorted(graph):
+        if root in state:
+            continue
+        path, todo = [root], [iter(sorted(graph[root]))]
+        state[root] = 1
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No cycle in the package's imports, through any number of modules, imports inside functions included: a
+    module that needs another which needs it back works only in one import order (the cost model once predicted
+    at first use to build its presets: ``catalog`` -> ``profiles`` -> ``predict`` -> ``error`` -> ``profiles``)."""
+    graph = _import_graph()
+    assert {"zerotune.costmodel.profiles", "zerotune.api.prologue.body"} <= set(graph)
+    assert "zerotune.costmodel.predict" in graph["zerotune.costmodel"]  # the walk sees the imports it must
+    assert "zerotune.costmodel.coordinator" in graph["zerotune.costmodel"]  # (one inside a function)
+    cycle = _cycle(graph)
+    assert cycle is None, "an import cycle: " + " -> ".join(cycle or [])
+    found = _cycle({**graph, "zerotune.core.spec": graph["zerotune.core.spec"] | {"zerotune.core.plan"}})
+    assert found in (["zerotune.core.plan", "zerotune.core.spec", "zerotune.core.plan"],
+                     ["zerotune.core.spec", "zerotune.core.plan", "zerotune.core.spec"])  # one it would find

@@ -25,7 +25,8 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     assert {n.split("/")[0] for n in names} == {"zerotune", wheel.name.split("-py")[0] + ".dist-info"}
     for part in ("core", "costmodel", "trainer", "tuner", "api", "db"):  # the layers are all in, under the one name
         assert f"zerotune/{part}/__init__.py" in names, part
-    for data in ("zerotune/costmodel/model_error.json", "zerotune/api/dashboard/static/dashboard.js",
+    for data in ("zerotune/costmodel/model_error.json", "zerotune/costmodel/rebased.json",
+                 "zerotune/api/dashboard/static/dashboard.js",
                  "zerotune/api/dashboard/templates/base.html", "zerotune/db/migrations/versions/0001_initial.py"):
         assert data in names, data
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()

@@ -20,16 +20,14 @@ from zerotune.costmodel import (
 )
 from zerotune.costmodel.calibration import (
     FITTABLE,
-    Measurement,
     fit,
     identifiable_fields,
     load_calibration,
-    measured_all_to_all_efficiency,
-    measured_level_efficiencies,
     predicted_step_time,
     save_calibration,
 )
 from zerotune.costmodel.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from zerotune.costmodel.measured import Measurement, measured_all_to_all_efficiency, measured_level_efficiencies
 from zerotune.errors import SpecError
 
 
@@ -172,7 +170,8 @@ def test_a_refit_reads_the_bandwidths_off_the_clocks_of_gloo_runs_spread_over_ho
     over hosts or emulated namespaces, a study's refit and ``calibrate`` take each level's bandwidth from the
     clocks instead of fitting it; NCCL runs (seconds = issue time) and one-host runs (one transport under
     every level) keep the fitted bandwidths."""
-    from zerotune.costmodel.calibration import bandwidths_from_clocks, refit
+    from zerotune.costmodel.calibration import refit
+    from zerotune.costmodel.measured import bandwidths_from_clocks
 
     efficiency, start = (0.5, 0.25, 0.1), Calibration(overlap=0.0, latency_scale=40.0)
     spread = {"host": {"name": "n0", "cpus": 2, "local_ranks": 2}, "backend": "gloo"}  # 2 ranks per namespace
@@ -308,7 +307,8 @@ def test_the_quantization_rate_is_read_off_the_runs_clocks_where_gloo_timed_it(t
     """run.json's ``quantization`` (elements and the seconds in those calls): gloo runs' rate is the
     elements over the seconds, which a fit holds instead of fitting it to step times; NCCL runs (issue
     times only) and runs without the record leave it to the fit."""
-    from zerotune.costmodel.calibration import measured_quant_rate, refit
+    from zerotune.costmodel.calibration import refit
+    from zerotune.costmodel.measured import measured_quant_rate
 
     rate, truth = 3e7, Calibration(overlap=0.0, compute_efficiency=0.3, quant_elems_per_s=3e7)
     runs, gloo = [], []

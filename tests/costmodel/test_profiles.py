@@ -34,7 +34,7 @@ from zerotune.costmodel.links import (
     NCCL_RING_BASE_US,
     RCCL_RING_BASE_US,
 )
-from zerotune.costmodel.profiles import PROFILES, profile_calibration, source_run_efficiency
+from zerotune.costmodel.profiles import profile_calibration, source_run_efficiency
 from zerotune.costmodel.rates import NOMINAL_LINK_EFFICIENCY
 
 
@@ -153,28 +153,3 @@ def test_the_h200_preset_is_the_h100s_node_with_its_own_memory_and_measured_rate
         assert times[1]["memory_bound_s"] < times[0]["memory_bound_s"] and times[0]["host_wait_s"] == 0
         assert times[1]["optimizer_s"] < times[0]["optimizer_s"]
         assert abs(times[0]["compute_s"] / times[1]["compute_s"] - 1) < 0.02
-
-
-def test_presets_built_on_first_use_are_the_same_for_threads_that_ask_at_once():
-    """The presets are built on first use (their re-base predicts its source run), once: threads that ask
-    while one builds them wait and get that build's calibrations, all of them, the very same objects; and
-    whether a calibration is a preset's (``built``) does not start a build."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    from zerotune.costmodel import profiles
-
-    source_run_efficiency.cache_clear()  # a build that takes its time: the source runs solved again
-    fresh, start = profiles._Presets(), threading.Barrier(6)
-    assert fresh.built() == ()  # asked before any build: none, and still none built
-    assert fresh._cache is None
-
-    def ask(_: int) -> tuple[int, Calibration, bool]:
-        start.wait(timeout=30)
-        return len(fresh), fresh["dgx-a100"], "dgx-h100" in fresh
-
-    with ThreadPoolExecutor(6) as pool:
-        seen = list(pool.map(ask, range(6), timeout=60))
-    assert all(s == (len(PROFILES), profiles.PRESET_CALIBRATIONS["dgx-a100"], True) for s in seen), seen
-    assert len({id(calib) for _, calib, _ in seen}) == 1  # one build
-    assert fresh.built() == tuple(fresh.values())

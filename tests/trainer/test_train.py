@@ -13,8 +13,8 @@ import pytest
 
 from tests.support import ROOT
 from zerotune.costmodel import predict, state_memory, step_volume
-from zerotune.costmodel.calibration import Measurement, measured_quant_rate
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.costmodel.measured import Measurement, measured_quant_rate
 from zerotune.trainer.faults import failure_reason
 from zerotune.trainer.health import health
 

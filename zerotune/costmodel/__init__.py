@@ -15,8 +15,9 @@
   parts: matmuls at the device's achievable rate, element-wise kernels and the loss at its HBM rate);
 - ``memory``: bytes per rank by category, the accountant's categories;
 - ``rates``: ``Calibration``, what one prediction is charged; ``hardware``, ``links``, ``attention`` the
-  device, link and attention-kernel profiles, every constant with its hardware-level source; ``presets`` the
-  calibration each cluster preset carries;
+  device, link and attention-kernel profiles, every constant with its hardware-level source; ``profiles`` the
+  calibration each cluster preset carries (its source runs' efficiencies solved by ``rebase`` and read from
+  ``rebased.json``, so that building one runs no prediction);
 - ``predict``: the run.json the trainer would write, assembled from the above.
 
 Every formula is written in its module's docstring.

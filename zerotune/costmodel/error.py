@@ -120,7 +120,7 @@ def _band(calibration: Calibration, world: int | None, device: str | None) -> di
                 "comparison_median": measured.comparison_median, "comparison_p90": measured.comparison_p90,
                 "source": measured.source}
     # a preset's profile under any runner's collectives: the published rows were run by all three
-    err = published_error() if run_by(calibration, "zerotune") in PRESET_CALIBRATIONS.built() else None
+    err = published_error() if run_by(calibration, "zerotune") in PRESET_CALIBRATIONS.values() else None
     if err is None or "items" not in err:  # not written yet by this version of the bench
         return None
     rows, row_range = at_scale(err["items"]["rows"], world)

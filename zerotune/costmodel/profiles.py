@@ -1,8 +1,9 @@
 """The cluster presets and the calibrations they carry: each preset's device and links (``PROFILES``, ``PRESET_HOSTS``),
 how a calibration is built from the device, link and host profiles (``profile_calibration``; ``hardware``,
 ``links``, ``attention``), the efficiency a device's figure is re-based to where the model can express the run it
-came from (``source_run_efficiency``), and the calibration any cluster is predicted with (``calibration_for``: a
-preset's, a profiled device's at its own links, the nominal one, or measured links').
+came from (``source_run_efficiency``: solved on the whole model by ``rebase``, read from ``rebased.json`` here, so
+that building a preset never runs a prediction), and the calibration any cluster is predicted with
+(``calibration_for``: a preset's, a profiled device's at its own links, the nominal one, or measured links').
 
 Sources are cited by the keys of ``hardware``'s docstring ([olcf-frontier], [nersc-perlmutter], [dgx-a100], [h200]).
 """
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
-from collections.abc import Iterator, Mapping
+import json
+import warnings
+from pathlib import Path
 
+from zerotune.core.clusters import CLUSTER_PRESETS
 from zerotune.core.spec import ClusterSpec
 from zerotune.costmodel.attention import (
     FIGURE_ATTENTION,
@@ -48,7 +51,7 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     and fetches parameters (``Calibration.gathers``; zerotune's engine: a bucket per all-gather),
     on nodes of the ``host`` design (a key of ``HOSTS``). No host floor: ``run_by`` gives it the floor of
     the runner that runs it. A published efficiency whose run the model expresses (``SOURCE_RUNS``) is
-    re-based so that the model predicts that run's published step (``source_run_efficiency``);
+    re-based so that the model predicts that run's published step (``source_run_efficiency``, stored);
     ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``). ``attention`` names the
     run's attention kernel (``ATTENTION_KERNELS``; default: the stack's own, ``STACK_ATTENTION``): where it has a
     rate on this device its FLOPs are charged at it, and the re-base takes the source run's own kernel's time out
@@ -61,8 +64,9 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     if measured_on is not None:
         model, ran_on = measured_on
         source, figure = DEVICES[ran_on], d._figure(stack)
-        if whole_run and (ran_on, figure) in SOURCE_RUNS and source.peak_tflops == d.peak_tflops:
-            efficiency = source_run_efficiency(ran_on, figure)
+        stored = source_run_efficiency(ran_on, figure) if (ran_on, figure) in SOURCE_RUNS else None
+        if whole_run and stored is not None and source.peak_tflops == d.peak_tflops:
+            efficiency = stored
         else:
             ran = FIGURE_ATTENTION.get(figure, "matmul")
             efficiency = gemm_efficiency(efficiency, model, d.peak_tflops,
@@ -95,15 +99,9 @@ def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], 
     return ClusterSpec(name=name, levels=out, device=d.name, device_memory_gib=d.memory_gib, peak_tflops=d.peak_tflops)
 
 
-PROFILES: dict[str, tuple[str, tuple[tuple[str, int, str], ...]]] = {
-    "frontier": ("MI250X", (("gcd-pair", 2, "xgmi-gcd-pair"), ("node", 4, "xgmi-node"),
-                            ("inter-node", 1, "slingshot-11"))),
-    "dgx-h100": ("H100", (("node", 8, "nvlink4-nvswitch"), ("inter-node", 1, "ib-ndr-400"))),
-    "dgx-h200": ("H200", (("node", 8, "nvlink4-nvswitch"), ("inter-node", 1, "ib-ndr-400"))),
-    "dgx-a100": ("A100", (("node", 8, "nvlink3-nvswitch"), ("inter-node", 1, "ib-hdr-200"))),
-    "perlmutter": ("A100-40GB", (("node", 4, "nvlink3-4gpu"), ("inter-node", 1, "slingshot-11-gpu-nic"))),
-}
-"""The cluster presets: device and (level, size, link) innermost first; the outermost size is set by ``NAME:N``."""
+PROFILES = CLUSTER_PRESETS
+"""The cluster presets: device and (level, size, link) innermost first; the outermost size is set by ``NAME:N``
+(``zerotune.core.clusters``: plain data, which the prologue reads too)."""
 
 
 PRESET_HOSTS: dict[str, str] = {"frontier": "amd", "dgx-h100": "intel", "dgx-h200": "intel", "dgx-a100": "amd",
@@ -114,77 +112,39 @@ user guide, [h200]);
 DGX A100, two AMD EPYC 7742 with the NICs on the GPUs' PCIe switches [dgx-a100]; Perlmutter, one AMD EPYC
 7763 [nersc-perlmutter] (the NIC placement: ``HOSTS["amd-cpu-nic"]``)."""
 
-@functools.cache
-def source_run_efficiency(ran_on: str, stack: str) -> float:
-    """The compute efficiency at which the model predicts the source run of ``DEVICES[ran_on]``'s
-    ``stack`` figure (``SOURCE_RUNS``) at its published tokens per second: the whole prediction
-    (compute, exposed communication, the slow-down beside collectives, the step boundary, the optimizer)
-    held to that step by bisection between 5% of peak and peak (an error if neither end brackets it)."""
-    from zerotune.costmodel.catalog import build_strategy
-    from zerotune.costmodel.predict import predict
-
-    d, run = DEVICES[ran_on], SOURCE_RUNS[(ran_on, stack)]
-    found = d.source_model(stack)
-    if found is None or found[1] != ran_on:
-        raise ValueError(f"SOURCE_RUNS[{(ran_on, stack)!r}]: DEVICES[{ran_on!r}] names no {stack} run on itself")
-    model = found[0]
-    cluster = profile_cluster(f"{ran_on}-{stack}-source", ran_on, tuple(lv[:3] for lv in run.levels),
-                              tuple(lv[3] for lv in run.levels))
-    base = profile_calibration("source", ran_on, tuple(lv[2] for lv in run.levels), stack, run.rings,
-                               run.outer_reduce, whole_run=False, attention=FIGURE_ATTENTION.get(stack, "matmul"))
-    strategy = build_strategy(dict(run.strategy), cluster, micro_batch_size=run.micro_batch)
-    target = run.micro_batch * model.seq_len / run.tokens_per_s_per_gpu
-
-    def step(efficiency: float) -> float:
-        calib = dataclasses.replace(base, compute_efficiency=efficiency)
-        return predict(model, cluster, strategy, elem_bytes=2, calibration=calib,
-                       global_batch=cluster.world_size * run.micro_batch)["step_time_s"]
-
-    lo, hi = 0.05, 1.0
-    if step(hi) > target or step(lo) < target:
-        raise ValueError(f"SOURCE_RUNS[{(ran_on, stack)!r}]: no efficiency in [{lo}, {hi}] predicts the run's "
-                         f"{run.tokens_per_s_per_gpu} tokens/s per GPU")
-    while hi - lo > 1e-6:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if step(mid) > target else (lo, mid)
-    return round(hi, 6)
+REBASED_FILE = Path(__file__).with_name("rebased.json")
+"""The compute efficiency each source run (``SOURCE_RUNS``) re-bases its device's figure to, as
+``python -m zerotune.costmodel.rebase --write`` solved it on the model (a test solves them again and fails when
+the file is stale)."""
 
 
-class _Presets(Mapping[str, Calibration]):
-    """``PRESET_CALIBRATIONS``, built on first use, once, under a lock (threads asking meanwhile wait): a
-    profile re-based on its source run predicts that run, which needs the whole cost model loaded."""
-
-    def __init__(self) -> None:
-        self._cache: dict[str, Calibration] | None = None
-        self._lock = threading.Lock()
-
-    def built(self) -> tuple[Calibration, ...]:
-        """The presets' calibrations if they are built, else none, without building them: whether a
-        calibration is a preset's (``error.error_band``) — no calibration is before they exist."""
-        return tuple(self._cache.values()) if self._cache is not None else ()
-
-    @property
-    def _built(self) -> dict[str, Calibration]:
-        if self._cache is None:
-            with self._lock:
-                if self._cache is None:
-                    self._cache = {base: run_by(profile_calibration(f"{base}-profile", device,
-                                                                    tuple(link for _, _, link in levels),
-                                                                    host=PRESET_HOSTS[base]), "zerotune")
-                                   for base, (device, levels) in PROFILES.items()}
-        return self._cache
-
-    def __getitem__(self, key: str) -> Calibration:
-        return self._built[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._built)
-
-    def __len__(self) -> int:
-        return len(self._built)
+def _stored_efficiencies() -> dict[tuple[str, str], float]:
+    """``REBASED_FILE`` by (key in ``DEVICES``, stack); a source run it lacks (all of them while it is not
+    written) is said once, as a warning, so that ``rebase`` can still run the model to write it."""
+    runs = json.loads(REBASED_FILE.read_text())["source_runs"] if REBASED_FILE.exists() else []
+    stored = {(run["device"], run["stack"]): float(run["compute_efficiency"]) for run in runs}
+    missing = sorted(set(SOURCE_RUNS) - set(stored))
+    if missing:
+        warnings.warn(f"{REBASED_FILE.name} holds no efficiency for SOURCE_RUNS {missing}: those figures are "
+                      "re-based on their run's compute alone until python -m zerotune.costmodel.rebase --write",
+                      stacklevel=2)
+    return stored
 
 
-PRESET_CALIBRATIONS = _Presets()
+SOURCE_RUN_EFFICIENCY: dict[tuple[str, str], float] = _stored_efficiencies()
+
+
+def source_run_efficiency(ran_on: str, stack: str) -> float | None:
+    """The compute efficiency at which the model predicts the source run of ``DEVICES[ran_on]``'s ``stack`` figure
+    (``SOURCE_RUNS``) at its published tokens per second, the whole step held to it (``rebase.bisect_source_run``),
+    as ``REBASED_FILE`` stores it; None where the file holds none."""
+    return SOURCE_RUN_EFFICIENCY.get((ran_on, stack))
+
+
+PRESET_CALIBRATIONS: dict[str, Calibration] = {
+    base: run_by(profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels),
+                                     host=PRESET_HOSTS[base]), "zerotune")
+    for base, (device, levels) in PROFILES.items()}
 """The calibration each cluster preset carries, by preset name: zerotune's engine running on it."""
 
 

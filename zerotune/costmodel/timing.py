@@ -194,7 +194,7 @@ class Costs:
         hops under Simple, as ``_level_rings`` charges them — for the levels whose bytes are booked as ring
         collectives (or, with ``all_to_all``, for those booked as a quantized reduction's all-to-all). What a
         measured level's seconds in the engine's collectives hold beside their wire time
-        (``calibration.measured_level_efficiencies``)."""
+        (``measured.measured_level_efficiencies``)."""
         op, (lo, hi), _, _ = c
         vol, calib = self.volume(c), self.calib
         alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6

@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 
 from zerotune.core.spec import ClusterSpec
 from zerotune.costmodel import Calibration, calibration_for
-from zerotune.costmodel.calibration import Measurement, load_calibration, refit
+from zerotune.costmodel.calibration import load_calibration, refit
+from zerotune.costmodel.measured import Measurement
 from zerotune.costmodel.rates import run_by
 from zerotune.db import repository as repo
 from zerotune.db.models import Trial

@@ -242,7 +242,8 @@ def _print_breakdown(rows: list[dict[str, Any]]) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from zerotune.costmodel.calibration import Measurement, bandwidths_from_clocks, fit, fit_options, save_calibration
+    from zerotune.costmodel.calibration import fit, fit_options, save_calibration
+    from zerotune.costmodel.measured import Measurement, bandwidths_from_clocks
 
     fields, start = fit_options(args.fit, args.fix)  # refuse bad options before reading any run
     runs = []

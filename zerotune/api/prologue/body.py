@@ -10,10 +10,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from zerotune.core.clusters import PRESET_DEVICES_PER_NODE  # the presets' own table, standard library only
 from zerotune.errors import UsageError
 
-PRESET_DEVICES_PER_NODE = {"frontier": 8, "dgx-h100": 8, "dgx-h200": 8, "dgx-a100": 8, "perlmutter": 4}
-"""Ranks per node of the cluster presets (``zerotune/costmodel/catalog.py``; a test keeps the two in step)."""
 EXECUTORS = ("model", "local", "slurm")
 """The service's executors (``zerotune/tuner/executors``; copied, since this client imports only the standard
 library; a test keeps the two in step)."""
