@@ -1,10 +1,16 @@
-"""What the test files share: the repository root, PostgreSQL databases made and dropped for a test, and
-real torchrun jobs under a hard timeout (``postgres``, ``ranks``)."""
+"""What the test files share: the repository root, the sessions of a database, PostgreSQL databases made and
+dropped for a test, and real torchrun jobs under a hard timeout (``postgres``, ``ranks``)."""
+
+from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository's root (the checkout under test)."""
@@ -16,3 +22,10 @@ def unavailable(what: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI must run this test, but {what}")
     pytest.skip(what)
+
+
+def session_factory(url: str) -> sessionmaker[Session]:
+    """Sessions on the database at ``url``, on an engine of their own (what a Tuner is given)."""
+    from zerotune.db.session import make_engine, make_session_factory
+
+    return make_session_factory(make_engine(url))
