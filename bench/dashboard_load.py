@@ -49,14 +49,17 @@ def seed(url: str, trials: int) -> int:
     from zerotune.db.session import make_engine, make_session_factory, session_scope
     from zerotune.tuner.executors.predicted import ModelExecutor
     from zerotune.tuner.request import TuneRequest
-    from zerotune.tuner.study import Tuner
+    from zerotune.tuner.study import Tuner, TunerOptions
 
     upgrade(url)
     request = TuneRequest(model=parse_model("gpt-neox-20b"), cluster=parse_cluster("frontier:48"), executor="model",
                           trials=trials, sampler="random", seed=0)
+    engine = make_engine(url)
     with tempfile.TemporaryDirectory() as work:
-        tuner = Tuner(request, db_url=url, executor=ModelExecutor(), workdir=Path(work), verify_quantized=False)
+        tuner = Tuner(request, sessions=make_session_factory(engine), executor=ModelExecutor(), workdir=Path(work),
+                      options=TunerOptions(verify_quantized=False))
         rec = tuner.run()
+    engine.dispose()
     from zerotune.db.models import Trial
 
     with session_scope(make_session_factory(make_engine(url))) as s:

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from zerotune.api.cli import ExitStatus, main
 
 
@@ -42,6 +44,40 @@ def test_validate_with_a_model_checks_that_it_fits(capsys):
                           "it: needs 95.3 GiB of 64 GiB") and len(err.splitlines()) == 1, err
     assert main(["validate", "--strategy", "zero3", "--model", "gpt-neox-20b", "--cluster", "frontier:48"]) == 0
     assert "gpt-neox-20b needs 22.3 GiB of 64 GiB per rank" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model, cluster, strategy", [
+    ("gpt-13b", "dgx-h100:4", ["--strategy", "zero3"]),
+    ("gpt-tiny", "local:2x2", ["--strategy", "zeropp", "--set", "micro_batch_size=2"]),
+    ("gpt-neox-20b", "frontier:2", ["--strategy", "3level-b", "--set", "micro_batch_size=8"]),
+])
+def test_train_and_predict_default_to_the_same_training(model, cluster, strategy, tmp_path, capsys):
+    """With no --global-batch, `zerotune predict` predicts the step `zerotune train` runs (the same global batch,
+    split into the same micro-batches), and, where the micro-batch is one a study tries, the batch a request's
+    trials train; both --help texts say so."""
+    import argparse
+
+    from zerotune.costmodel.catalog import parse_cluster, parse_model
+    from zerotune.trainer.train import add_run_args, resolve
+    from zerotune.tuner.request import TuneRequest
+    from zerotune.tuner.space import MICRO_BATCH_SIZES
+
+    assert main(["predict", "--model", model, "--cluster", cluster, *strategy, "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)
+    parser = argparse.ArgumentParser()
+    add_run_args(parser)  # what the ranks of `zerotune train` resolve, before any process starts
+    args = parser.parse_args(["--model", model, "--cluster", cluster, *strategy, "--out", str(tmp_path / "run.json"),
+                              "--force"])
+    _, world, plan, accum = resolve(args, accelerated=False)
+    trained = world.world_size * plan.micro_batch_size * accum
+    micro = predicted["global_batch"] // (predicted["world_size"] * predicted["grad_accum_steps"])
+    assert (predicted["global_batch"], micro) == (trained, plan.micro_batch_size)
+    assert trained >= 4 * world.world_size  # four sequences per rank at least, whatever the micro-batch
+    if plan.micro_batch_size in MICRO_BATCH_SIZES:
+        assert TuneRequest(model=parse_model(model), cluster=parse_cluster(cluster)).global_batch == trained
+    for command, other in (("predict", "zerotune train"), ("train", "zerotune predict")):
+        assert main([command, "--help"]) == ExitStatus.SUCCESS
+        assert f"as {other} and a request default to" in " ".join(capsys.readouterr().out.split())
 
 
 def test_catalog_sizes_read_for_small_models_too(capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support import session_factory
 from tests.tuner.test_study import trials_of
 from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.db.migrate import upgrade
@@ -59,7 +60,7 @@ def test_a_study_stops_after_three_runs_fail_for_one_cause(tmp_path):
     request = TuneRequest(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2x2"), executor="slurm",
                           trials=16, seed=0)
     with pytest.raises(StudyFailed) as err:
-        Tuner(request, db_url=url, executor=executor, workdir=tmp_path).run()
+        Tuner(request, sessions=session_factory(url), executor=executor, workdir=tmp_path).run()
     assert executor.calls == failures.FAIL_FAST  # not 16
     message = str(err.value)
     assert "stopped after 3 failed runs and none completed, all with one cause" in message

@@ -14,6 +14,7 @@ import optuna
 import pytest
 from sqlalchemy import select
 
+from tests.support import session_factory
 from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.db.migrate import upgrade
 from zerotune.db.models import Trial
@@ -59,7 +60,7 @@ def test_optuna_dashboard_sees_feasibility_and_crowns_only_a_point_that_fits(tmp
     url = f"sqlite:///{tmp_path / 'fits.sqlite'}"
     upgrade(url)
     request = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("dgx-h100:1"), trials=24, seed=0)
-    rec = Tuner(request, db_url=url, executor=ModelExecutor(), workdir=tmp_path).run()
+    rec = Tuner(request, sessions=session_factory(url), executor=ModelExecutor(), workdir=tmp_path).run()
     rows = stored(url)
     infeasible = {i for i, t in rows.items() if t.status == "infeasible"}
     assert infeasible and len(infeasible) < len(rows), "the study needs points on both sides of the limit"
@@ -82,7 +83,7 @@ def test_a_study_where_nothing_fits_has_no_best_in_optuna_dashboard(tmp_path):
     upgrade(url)
     request = TuneRequest(model=parse_model("gpt-neox-20b"), cluster=parse_cluster("local:2x2"), trials=6, seed=0)
     with pytest.raises(StudyFailed, match="no trial of study"):
-        Tuner(request, db_url=url, executor=ModelExecutor(), workdir=tmp_path).run()
+        Tuner(request, sessions=session_factory(url), executor=ModelExecutor(), workdir=tmp_path).run()
     assert {t.status for t in stored(url).values()} == {"infeasible"}
     with optuna_dashboard(url) as base:
         detail = study_detail(base)

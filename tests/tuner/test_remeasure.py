@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support import session_factory
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.db.migrate import upgrade
 from zerotune.tuner import remeasure
 from zerotune.tuner.executors.base import Executor, TrialResult
 from zerotune.tuner.request import TuneRequest
-from zerotune.tuner.study import Tuner
+from zerotune.tuner.shortlist import Plan, ShortlistTuner
 
 
 def run_json(times: list[float], tflops_at_median: float, warmup: int = 2) -> dict:
@@ -71,8 +72,8 @@ def test_a_study_remeasures_overlapping_leaders_before_it_answers(tmp_path):
     executor = RecordedExecutor(cluster, runs)
     request = TuneRequest(model=parse_model("gpt-tiny"), cluster=cluster, executor="local", trials=3)
     candidates = [build_strategy(n, cluster).replace(name=n) for n in ("zero2", "zero3", "zero1")]
-    tuner = Tuner(request, db_url=url, executor=executor, workdir=tmp_path, candidates=candidates)
-    rec = tuner.run()
+    todo = Plan(request=request, candidates=candidates, answer_key=request.key(), note={})
+    rec = ShortlistTuner(todo, sessions=session_factory(url), executor=executor, workdir=tmp_path).run()
     assert sorted(executor.calls) == ["zero1", "zero2", "zero2", "zero3", "zero3"]  # zero1 stood clear: run once
     assert len(rec["remeasured"]) == 2
     by_id = {lead["trial_id"]: lead for lead in rec["leaders"]}
@@ -94,8 +95,9 @@ def test_a_quantized_leader_inside_the_spread_gives_way_to_the_unquantized_one(t
     request = TuneRequest(model=parse_model("gpt-tiny"), cluster=cluster, executor="local", trials=2)
     candidates = [build_strategy(n, cluster).replace(name=n) for n in ("zeropp", "zero3")]
     assert candidates[0].quantized and not candidates[1].quantized
-    rec = Tuner(request, db_url=url, executor=RecordedExecutor(cluster, runs), workdir=tmp_path,
-                candidates=candidates).run()
+    todo = Plan(request=request, candidates=candidates, answer_key=request.key(), note={})
+    rec = ShortlistTuner(todo, sessions=session_factory(url), executor=RecordedExecutor(cluster, runs),
+                         workdir=tmp_path).run()
     lossy = rec["decision"]["lossy"]
     assert rec["strategy"]["name"] == "zero3" and lossy["kept"] == "unquantized" and lossy["gain"] > 0
     assert "cannot tell from their noise" in lossy["why"]
@@ -103,6 +105,6 @@ def test_a_quantized_leader_inside_the_spread_gives_way_to_the_unquantized_one(t
     clear = {"zeropp": [[0.5] * 8], "zero3": [[1.0] * 8]}
     url2 = f"sqlite:///{tmp_path / 'zt2.sqlite'}"
     upgrade(url2)
-    rec = Tuner(request, db_url=url2, executor=RecordedExecutor(cluster, clear), workdir=tmp_path / "2",
-                candidates=candidates).run()
+    rec = ShortlistTuner(todo, sessions=session_factory(url2), executor=RecordedExecutor(cluster, clear),
+                         workdir=tmp_path / "2").run()
     assert rec["strategy"]["name"] == "zeropp" and rec["decision"]["lossy"]["kept"] == "quantized"

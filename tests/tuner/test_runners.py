@@ -10,6 +10,7 @@ import json
 import pytest
 from sqlalchemy import select
 
+from tests.support import session_factory
 from zerotune.core.spec import Strategy
 from zerotune.costmodel import calibration_for, predict
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
@@ -129,7 +130,8 @@ def test_a_study_of_a_training_that_reduces_in_fp32_searches_and_exports_only_fp
     model, cluster = parse_model("gpt-neox-20b"), parse_cluster("frontier:8")
     request = TuneRequest(model=model, cluster=cluster, trials=12, seed=0, runner="fsdp", grad_reduce_in_fp32=True)
     assert request.key() != dataclasses.replace(request, grad_reduce_in_fp32=False).key()
-    rec = Tuner(request, db_url=url, executor=ModelExecutor(), workdir=tmp_path).run()
+    fsdp = ModelExecutor(run_by(calibration_for(cluster), "fsdp"))  # configured as the worker makes it
+    rec = Tuner(request, sessions=session_factory(url), executor=fsdp, workdir=tmp_path).run()
     with make_session_factory(make_engine(url))() as s:
         trials = list(s.scalars(select(Trial).where(Trial.study_id == rec["study_id"])))
         stored = s.scalars(select(Request)).one()
@@ -145,7 +147,7 @@ def test_a_study_of_a_training_that_reduces_in_fp32_searches_and_exports_only_fp
         space.admit(build_strategy("zero3", cluster))
     # a 16-bit request on the same database warm-starts from that answer, reduced in its own width
     plain = dataclasses.replace(request, grad_reduce_in_fp32=False, trials=4)
-    again = Tuner(plain, db_url=url, executor=ModelExecutor(), workdir=tmp_path).run()
+    again = Tuner(plain, sessions=session_factory(url), executor=fsdp, workdir=tmp_path).run()
     with make_session_factory(make_engine(url))() as s:
         trials = list(s.scalars(select(Trial).where(Trial.study_id == again["study_id"])))
     assert len(trials) == 4 and {t.strategy["grad_bits"] for t in trials} == {16}
@@ -156,7 +158,8 @@ def test_a_deepspeed_study_searches_deepspeed_and_predicts_its_collectives(tmp_p
     upgrade(url)
     model, cluster = parse_model("gpt-neox-20b"), parse_cluster("frontier:8")
     request = TuneRequest(model=model, cluster=cluster, trials=20, seed=0, runner="deepspeed")
-    rec = Tuner(request, db_url=url, executor=ModelExecutor(), workdir=tmp_path).run()
+    executor = ModelExecutor(run_by(calibration_for(cluster), "deepspeed"))  # configured as the worker makes it
+    rec = Tuner(request, sessions=session_factory(url), executor=executor, workdir=tmp_path).run()
     with make_session_factory(make_engine(url))() as s:
         trials = list(s.scalars(select(Trial).where(Trial.study_id == rec["study_id"])))
         stored = s.scalars(select(Request)).one()

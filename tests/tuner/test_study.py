@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from tests.support import ROOT
+from tests.support import ROOT, session_factory
 from tests.support.postgres import fresh_database
 from zerotune.core.spec import Strategy
 from zerotune.costmodel import calibration_for
@@ -32,7 +32,7 @@ from zerotune.tuner.executors.local import LocalExecutor
 from zerotune.tuner.executors.predicted import ModelExecutor
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.seeding import PRESETS
-from zerotune.tuner.study import Tuner
+from zerotune.tuner.study import Tuner, TunerOptions
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def trials_of(url: str, study_id: int) -> list[Trial]:
 
 def test_model_study_enqueues_presets_and_recommends_the_best(sqlite_url, tmp_path):
     request = TuneRequest(model=parse_model("gpt-neox-20b"), cluster=parse_cluster("frontier:48"), trials=25, seed=1)
-    tuner = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)
+    tuner = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path)
     rec = tuner.run()
     trials = trials_of(sqlite_url, rec["study_id"])
     done = [t for t in trials if t.status in ("complete", "failed", "infeasible")]
@@ -90,7 +90,7 @@ def test_a_global_batch_fixes_the_micro_batches_the_space_offers(sqlite_url, tmp
     request = TuneRequest(model=parse_model("gpt-7b"), cluster=cluster, trials=10, seed=0, global_batch=32)
     assert TuneRequest(model=parse_model("gpt-7b"), cluster=cluster, trials=10, seed=0,
                        tokens_per_step=32 * 2048).key() == request.key()
-    rec = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).run()
+    rec = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path).run()
     done = [t for t in trials_of(sqlite_url, rec["study_id"]) if t.status in ("complete", "infeasible")]
     assert {t.strategy["micro_batch_size"] for t in done} <= {1, 2}
     assert {t.prediction["global_batch"] for t in done} == {32}
@@ -103,11 +103,11 @@ def test_a_global_batch_fixes_the_micro_batches_the_space_offers(sqlite_url, tmp
 
 def test_zero1_zero2_and_ddp_are_tried_first_where_they_fit(sqlite_url, tmp_path):
     fits = TuneRequest(model=parse_model("gpt-125m"), cluster=parse_cluster("dgx-h100:1"), trials=8, seed=0)
-    rec = Tuner(fits, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).run()
+    rec = Tuner(fits, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path).run()
     first = [t.strategy.get("name") for t in trials_of(sqlite_url, rec["study_id"])[:len(PRESETS)]]
     assert {"zero2", "zero1", "ddp"} <= set(first), first
     big = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("dgx-h100:1"), trials=8, seed=0)
-    rec = Tuner(big, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).run()
+    rec = Tuner(big, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path).run()
     names = {t.strategy.get("name") for t in trials_of(sqlite_url, rec["study_id"])}
     assert "ddp" not in names and "zero2" in names  # DDP replicates 16 bytes per parameter: 208 GB of 80
 
@@ -115,7 +115,7 @@ def test_zero1_zero2_and_ddp_are_tried_first_where_they_fit(sqlite_url, tmp_path
 def test_infeasible_points_are_never_run(sqlite_url, tmp_path):
     small = parse_cluster("frontier:1")  # 8 GCDs: most strategies cannot hold 20B
     request = TuneRequest(model=parse_model("gpt-neox-20b"), cluster=small, trials=15, seed=3)
-    rec = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).run()
+    rec = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path).run()
     trials = trials_of(sqlite_url, rec["study_id"])
     infeasible = [t for t in trials if t.status == "infeasible"]
     assert infeasible and all("GiB of 64 GiB" in t.reason for t in infeasible)
@@ -129,7 +129,8 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(pg_url,
     url, budget = pg_url, 5
     req = TuneRequest(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2x2"), executor="local",
                       trials=budget, seed=0)
-    rec = Tuner(req, db_url=url, executor=LocalExecutor(), workdir=tmp_path, steps=8, trial_timeout_s=120).run()
+    rec = Tuner(req, sessions=session_factory(url), executor=LocalExecutor(), workdir=tmp_path,
+                options=TunerOptions(steps=8, trial_timeout_s=120)).run()
     trials = trials_of(url, rec["study_id"])
     complete = [t for t in trials if t.status == "complete"]
     assert len([t for t in trials if t.status in ("complete", "failed")]) >= budget
@@ -168,7 +169,8 @@ def test_local_study_stores_every_trial_and_recommends_the_measured_best(pg_url,
     assert name == refit["name"] and calib is not None and calib.measured_error is not None
     nxt = TuneRequest(model=req.model, cluster=req.cluster, trials=4, seed=0, calibration=name)
     assert nxt.key() != dataclasses.replace(nxt, calibration=None).key()  # a new calibration, a new question
-    answer = Tuner(nxt, db_url=url, executor=make_executor("model", calibration=calib), workdir=tmp_path).run()
+    answer = Tuner(nxt, sessions=session_factory(url), executor=make_executor("model", calibration=calib),
+                   workdir=tmp_path).run()
     predicted = [t for t in trials_of(url, answer["study_id"]) if t.status == "complete"]
     assert predicted and {t.prediction["calibration"] for t in predicted} == {name}
     band = predicted[0].prediction["error_band"]
@@ -196,8 +198,8 @@ class FaultyExecutor(LocalExecutor):
 ])
 def test_a_bad_trial_fails_alone_with_its_reason(env, extra, timeout, reason, sqlite_url, tmp_path):
     req = TuneRequest(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2"), executor="local", trials=1)
-    tuner = Tuner(req, db_url=sqlite_url, executor=FaultyExecutor(env, extra), workdir=tmp_path, steps=6,
-                  trial_timeout_s=timeout)
+    tuner = Tuner(req, sessions=session_factory(sqlite_url), executor=FaultyExecutor(env, extra), workdir=tmp_path,
+                  options=TunerOptions(steps=6, trial_timeout_s=timeout))
     with pytest.raises(Exception, match="no trial of study"):
         tuner.run()
     (trial,) = [t for t in trials_of(sqlite_url, 1) if t.status != "queued"]
@@ -229,7 +231,8 @@ def test_killed_runner_is_recovered_and_its_trial_retried(sqlite_url, tmp_path):
     proc.wait()
     req = TuneRequest(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2"), executor="local", trials=3,
                       seed=0)
-    tuner = Tuner(req, db_url=sqlite_url, executor=LocalExecutor(), workdir=tmp_path, steps=4, lease_s=1.0)
+    tuner = Tuner(req, sessions=session_factory(sqlite_url), executor=LocalExecutor(), workdir=tmp_path,
+                  options=TunerOptions(steps=4, lease_s=1.0))
     # the dead runner's lease (60 s) must run out first: move its expiry into the past instead of waiting
     with make_session_factory(make_engine(sqlite_url))() as s:
         for t in s.scalars(select(Trial).where(Trial.status == "running")):
@@ -249,7 +252,7 @@ def test_pareto_objective_uses_nsga2_with_two_values(sqlite_url, tmp_path):
 
     req = TuneRequest(model=parse_model("gpt-7b"), cluster=parse_cluster("dgx-h100:4"), trials=12, seed=0,
                       objective="pareto")
-    tuner = Tuner(req, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)
+    tuner = Tuner(req, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path)
     rec = tuner.run()
     with make_session_factory(make_engine(sqlite_url))() as s:
         name = s.scalars(select(Study)).one().optuna_study_name
@@ -278,10 +281,10 @@ def test_warm_start_enqueues_the_best_strategies_of_a_similar_request(sqlite_url
     import optuna
 
     first = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=15, seed=0)
-    rec = Tuner(first, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).run()
+    rec = Tuner(first, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path).run()
     # a budget for the seven presets and the three warm starts (none of which is a preset's point)
     second = TuneRequest(model=parse_model("gpt-7b"), cluster=parse_cluster("frontier:8"), trials=10, seed=0)
-    tuner = Tuner(second, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)
+    tuner = Tuner(second, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path)
     with make_session_factory(make_engine(sqlite_url))() as s:
         warm = seeding.warm_start(s, second)
     assert warm and warm[0].to_dict() == rec["strategy"]  # the recommended (verified) strategy ranks first
@@ -325,15 +328,15 @@ def test_a_stopped_tuner_stores_no_recommendation_and_resumes(sqlite_url, tmp_pa
         if len(seen) == 4:
             stop.set()  # a cancel or a shutdown mid-study
 
-    tuner = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path, stop=stop,
-                  progress=progress, verify_quantized=False)
+    tuner = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path, stop=stop,
+                  progress=progress, options=TunerOptions(verify_quantized=False))
     assert tuner.run() == {}
     with make_session_factory(make_engine(sqlite_url))() as s:
         study = s.scalars(select(Study)).one()
         assert study.state == "cancelled"
         assert s.scalars(select(Recommendation)).all() == []  # a partial study's answer is never stored
-    rec = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path,
-                verify_quantized=False).run(study.id)
+    rec = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path,
+                options=TunerOptions(verify_quantized=False)).run(study.id)
     trials = trials_of(sqlite_url, study.id)
     assert rec["study_id"] == study.id
     assert len([t for t in trials if t.status in ("complete", "failed", "infeasible")]) == 12  # the budget, once
@@ -352,8 +355,8 @@ def test_resume_fails_unfinished_trials_and_retries_them_once(sqlite_url, tmp_pa
 
     request = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=10, seed=0)
     stop = threading.Event()
-    first = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path, stop=stop,
-                  progress=lambda p: stop.set(), verify_quantized=False)
+    first = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path, stop=stop,
+                  progress=lambda p: stop.set(), options=TunerOptions(verify_quantized=False))
     assert first.run() == {}
     study_id = first.study_id
     done = next(t for t in trials_of(sqlite_url, study_id) if t.status == "complete")
@@ -368,13 +371,14 @@ def test_resume_fails_unfinished_trials_and_retries_them_once(sqlite_url, tmp_pa
 
     stopped = threading.Event()
     stopped.set()  # recover, then stop before any new trial
-    Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path, stop=stopped).run(study_id)
+    Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path,
+          stop=stopped).run(study_id)
     by_id = {t.id: t for t in trials_of(sqlite_url, study_id)}
     assert by_id[queued_id].status == "failed" and "before starting it; retried once" in by_id[queued_id].reason
     assert by_id[running_id].status == "running"  # its lease is valid and someone else may hold the study
 
-    rec = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path, exclusive=True,
-                verify_quantized=False).run(study_id)
+    rec = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path,
+                options=TunerOptions(exclusive=True, verify_quantized=False)).run(study_id)
     trials = trials_of(sqlite_url, study_id)
     by_id = {t.id: t for t in trials}
     assert by_id[running_id].status == "failed"
@@ -396,10 +400,10 @@ def test_a_calibration_given_to_the_study_ranks_its_trials(tmp_path):
         request = TuneRequest(model=model, cluster=cluster, trials=8, seed=0, sampler="random")
         url = f"sqlite:///{tmp_path / calib.name}.sqlite"
         upgrade(url)
-        tuner = Tuner(request, db_url=url, workdir=tmp_path, executor=make_executor("model", calibration=calib),
-                      calibration=calib)
+        tuner = Tuner(request, sessions=session_factory(url), workdir=tmp_path,
+                      executor=make_executor("model", calibration=calib), calibration=calib)
         rec = tuner.run()
-        trials = [t for t in trials_of(tuner.db_url, rec["study_id"]) if t.status == "complete"]
+        trials = [t for t in trials_of(url, rec["study_id"]) if t.status == "complete"]
         assert all(t.value == t.prediction["tflops_per_rank"] for t in trials)
         assert {t.prediction["calibration"] for t in trials} == {calib.name}
         values[calib.name] = {t.strategy.get("name"): t.value for t in trials if t.strategy.get("name")}
@@ -453,7 +457,7 @@ def test_a_pick_is_held_to_the_models_lean_on_checkpointed_runs():
 
 def test_a_predicted_answer_states_its_margin_against_the_model_error(sqlite_url, tmp_path):
     request = TuneRequest(model=parse_model("gpt-7b"), cluster=parse_cluster("dgx-h100:8"), trials=40, seed=0)
-    rec = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).run()
+    rec = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path).run()
     d = rec["decision"]
     assert rec["evidence"] == "predicted" and d["band"] == rec["metrics"]["error_band"]["comparison_median"]
     assert d["margin_vs_band"] == ("beyond" if rec["margin"] > d["band"] else "within")
@@ -494,8 +498,9 @@ def test_only_an_unhealthy_verification_disqualifies_a_quantized_pick(fault, tmp
     # one micro-step a step (64 sequences on 64 GCDs): quantized gathers then move less across the slow network than
     # a replicated strategy's once-a-step reductions (with accumulation they would not)
     request = TuneRequest(model=model, cluster=cluster, trials=10, seed=0, global_batch=64)
-    rec = Tuner(request, db_url=url, workdir=tmp_path, executor=make_executor("model", calibration=slow),
-                calibration=slow, trial_timeout_s=0.5 if fault == "could not run" else 180).run()
+    rec = Tuner(request, sessions=session_factory(url), workdir=tmp_path, calibration=slow,
+                executor=make_executor("model", calibration=slow),
+                options=TunerOptions(trial_timeout_s=0.5 if fault == "could not run" else 180)).run()
     ranked = sorted((t for t in trials_of(url, rec["study_id"]) if t.status == "complete"), key=lambda t: -t.value)
     top = ranked[0]
     assert Strategy.from_dict(top.strategy).quantized  # a slow network: quantized collectives lead
@@ -517,7 +522,7 @@ def test_a_study_refines_around_its_best_trial_before_tpe_samples(sqlite_url, tm
     import optuna
 
     request = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=30, seed=0)
-    tuner = Tuner(request, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path)
+    tuner = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path)
     rec = tuner.run()
     with make_session_factory(make_engine(sqlite_url))() as s:
         name = s.scalars(select(Study).order_by(Study.id.desc())).first().optuna_study_name
@@ -542,4 +547,4 @@ def test_a_study_refines_around_its_best_trial_before_tpe_samples(sqlite_url, tm
     assert rec["trial_id"] is not None
     random = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=12, seed=0,
                          sampler="random")
-    assert not Tuner(random, db_url=sqlite_url, executor=ModelExecutor(), workdir=tmp_path).refines
+    assert not Tuner(random, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path).refines

@@ -89,6 +89,11 @@ def test_tune_rejects_bad_input_with_one_line(tmp_path):
                  "deepspeed", "--db", f"sqlite:///{tmp_path}/x.sqlite")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "runner='deepspeed': short runs train with zerotune's own engine" in r.stderr
+    r = zerotune("tune", "--model", "gpt-tiny", "--cluster", "local:2", "--executor", "local", "--steps", "0", "--db",
+                 f"sqlite:///{tmp_path}/steps.sqlite")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "steps=0: must be a whole number of optimizer steps >= 1" in r.stderr
+    assert not (tmp_path / "steps.sqlite").exists()  # refused before any database is made
 
 
 def test_a_database_path_that_is_no_url_is_refused_with_the_url_it_should_be(tmp_path):

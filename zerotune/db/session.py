@@ -119,3 +119,10 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def url_of(factory: sessionmaker[Session]) -> str:
+    """The URL ``factory``'s engine connects to, password included: for a library that opens its own engine on
+    the same database (Optuna's RDB storage)."""
+    engine: Engine = factory.kw["bind"]
+    return engine.url.render_as_string(hide_password=False)

@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from zerotune.core.batch import SEQUENCES_PER_RANK, default_global_batch
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.files import load_cluster, load_model, load_strategy, parse_overrides
 from zerotune.errors import SpecError
@@ -41,11 +42,6 @@ BETAS = (0.9, 0.95)
 GRAD_CLIP = 1.0
 """The global gradient norm the trainer clips to by default (``--grad-clip``); the DeepSpeed and FSDP exports
 carry it so that a run of theirs trains as the trials did."""
-SEQUENCES_PER_RANK = 4
-"""A step's default sequences per rank: a study's default batch (zerotune/tuner/space.py), and enough that
-one step's loss is not ruled by a single sequence: with one 128-token sequence per step on gpt-mini
-(local:1) the loss moves by 0.02–0.78 nats from one step to the next, 0.19 on average, as much as a
-short run learns in several steps."""
 
 
 def seconds_per_level(steps: list[dict[str, dict[str, float]]], warmup: int) -> dict[str, dict[str, float]]:
@@ -75,8 +71,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=10, help="optimizer steps (a study's trials run 10)")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing and the health trend")
     p.add_argument("--global-batch", type=int, default=None,
-                   help=f"sequences per step (default: {SEQUENCES_PER_RANK} per rank, in whole micro-batches, "
-                        "as a study's trials train)")
+                   help=f"sequences per step, a multiple of world x micro-batch (default: {SEQUENCES_PER_RANK} per "
+                        "rank in whole micro-batches, as zerotune predict and a request default to)")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
                    help="compute and unquantized communication dtype (auto: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--lr", type=float, default=None,
@@ -115,7 +111,7 @@ def resolve(args: argparse.Namespace, *, accelerated: bool | None = None,
     if not 0 <= args.warmup < args.steps:
         raise SpecError("warmup", args.warmup, f"must be >= 0 and < steps={args.steps}")
     per_step = cluster.world_size * strategy.micro_batch_size
-    global_batch = args.global_batch or per_step * default_accumulation(strategy)
+    global_batch = args.global_batch or default_global_batch(cluster.world_size, strategy.micro_batch_size)
     if global_batch % per_step:
         raise SpecError("global_batch", global_batch, f"must be a multiple of world x micro_batch_size = {per_step}")
     _check_out(args.out)
@@ -127,11 +123,6 @@ def resolve(args: argparse.Namespace, *, accelerated: bool | None = None,
                      ranks_here=cluster.world_size if host_free_bytes is not None else None,
                      available_bytes=host_free_bytes)
     return model, cluster, strategy, accum
-
-
-def default_accumulation(strategy: Strategy) -> int:
-    """Micro-batches per step of the default short run: SEQUENCES_PER_RANK per rank, rounded up."""
-    return -(-SEQUENCES_PER_RANK // strategy.micro_batch_size)
 
 
 def elem_bytes(dtype: str, accelerated: bool) -> int:

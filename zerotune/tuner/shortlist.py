@@ -5,19 +5,26 @@ A model study's decision names the partitions within the model's error of its wi
 ``LEADERS`` partitions are all in doubt. A request with ``measure`` set has them measured by that
 executor as a request of its own (``shortlist_of`` the predicted one: same model, cluster and global
 batch), whose recommendation is stored under the predicted request's key — the newest answer, and
-so the one served. The worker (``tuner.worker``) and ``zerotune tune --measure-shortlist`` both use it.
+so the one served: :func:`plan` says what to measure, a :class:`ShortlistTuner` measures it. The worker
+(``tuner.worker``) and ``zerotune tune --measure-shortlist`` both use them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from zerotune.core.spec import Strategy
-from zerotune.tuner.choice import leading_partitions
+from zerotune.costmodel import Calibration
+from zerotune.tuner.choice import Chooser, leading_partitions
+from zerotune.tuner.executors.base import Executor, StepHook
 from zerotune.tuner.request import TuneRequest
+from zerotune.tuner.study import Progress, Tuner, TunerOptions
 
 LEADERS = 3
 """Partitions measured when the model's error on a cluster is unknown (its fastest predicted ones)."""
@@ -61,3 +68,29 @@ def plan(session: Session, request: TuneRequest, predicted: dict[str, Any]) -> P
         "predicted_strategy": predicted["strategy"], "candidates": len(candidates), "executor": request.measure,
         "why": why}}
     return Plan(request=measured, candidates=candidates, answer_key=request.key(), note=note)
+
+
+class ShortlistTuner(Tuner):
+    """The study that measures a :class:`Plan`: exactly its candidates (no known-good strategies, no warm start,
+    no refining, no sampler's picks), each run in full, answered under the predicted request's key with the
+    plan's note. Built as a :class:`~zerotune.tuner.study.Tuner` is, with the plan in place of the request."""
+
+    def __init__(self, todo: Plan, *, sessions: sessionmaker[Session], executor: Executor, workdir: Path,
+                 options: TunerOptions | None = None, calibration: Calibration | None = None,
+                 progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None) -> None:
+        super().__init__(todo.request, sessions=sessions, executor=executor, workdir=workdir, options=options,
+                         calibration=calibration, progress=progress, stop=stop)
+        self.plan = todo
+
+    @property
+    def refines(self) -> bool:
+        return False
+
+    def _first_picks(self) -> list[tuple[Strategy, dict[str, Any]]]:
+        return [(s, {"preset": s.name} if s.name else {"shortlist": "true"}) for s in self.plan.candidates]
+
+    def _pruner(self) -> StepHook | None:
+        return None  # the candidates are what the model could not tell apart: a run cut short tells nothing either
+
+    def _chooser(self) -> Chooser:
+        return dataclasses.replace(super()._chooser(), answer_key=self.plan.answer_key, note=self.plan.note)

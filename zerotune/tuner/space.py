@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from zerotune.core import batch
 from zerotune.core.spec import BITS, CHECKPOINT_POLICIES, ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.rates import RUNNERS as COST_MODEL_RUNNERS
 from zerotune.errors import SpecError
@@ -86,12 +87,12 @@ def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:
 
 
 def default_global_batch(cluster: ClusterSpec, micro_batch_sizes: tuple[int, ...] = MICRO_BATCH_SIZES) -> int:
-    """The batch of a request that names none: every rank trains the largest micro-batch of the space
-    per optimizer step (world x 4 sequences), so every micro-batch choice divides it — smaller ones
-    accumulate to it — and each strategy is compared on the same training. On frontier:48 with
-    2048-token sequences that is 1,536 sequences, 3.1 M tokens per step, the order of the batches
-    large GPT runs use."""
-    return cluster.world_size * max(micro_batch_sizes)
+    """The batch of a request that names none: the default training (``core.batch``: 4 sequences per rank,
+    as ``zerotune train`` and ``zerotune predict`` train by default) in whole micro-batches of the largest
+    micro-batch of the space (4), so every micro-batch choice divides it — smaller ones accumulate to it — and
+    each strategy is compared on the same training. On frontier:48 with 2048-token sequences that is 1,536
+    sequences, 3.1 M tokens per step, the order of the batches large GPT runs use."""
+    return batch.default_global_batch(cluster.world_size, max(micro_batch_sizes))
 
 
 def resolve_global_batch(cluster: ClusterSpec, model: ModelSpec, global_batch: int | None = None,

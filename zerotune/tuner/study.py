@@ -33,26 +33,26 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from zerotune.core.spec import Strategy
 from zerotune.costmodel import Calibration, predict
 from zerotune.db import repository as repo
-from zerotune.db.session import make_engine, make_session_factory, session_scope
-from zerotune.errors import StudyFailed
-from zerotune.tuner import calibrating, failures, optuna_study, remeasure, seeding
+from zerotune.db.session import session_scope, url_of
+from zerotune.errors import InputError, StudyFailed
+from zerotune.tuner import calibrating, failures, leases, optuna_study, remeasure, seeding
 from zerotune.tuner.choice import Chooser, choose
-from zerotune.tuner.executors.base import Executor, TrialResult, TrialSpec
-from zerotune.tuner.executors.predicted import ModelExecutor
+from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
+from zerotune.tuner.leases import RETRIED
 from zerotune.tuner.request import TuneRequest, strategy_key
 from zerotune.tuner.space import Space, params_key
 
 log = logging.getLogger("zerotune.tuner")
 
-RETRIED = "retried once"
-"""How a dead runner's trial ends its reason when a retry replaces it (the retry is what counts)."""
+
 @dataclass
 class Progress:
     done: int = 0
@@ -63,49 +63,69 @@ class Progress:
     last: dict[str, Any] = field(default_factory=dict)
 
 
-class Tuner:
-    """Runs (or resumes) the study of one request against one database."""
+@dataclass(frozen=True)
+class TunerOptions:
+    """How a Tuner runs its trials: the same for every study of one runner (a worker's settings, the flags of
+    ``zerotune tune``), where the request says what a study answers."""
 
-    def __init__(self, request: TuneRequest, *, db_url: str, executor: Executor, workdir: Path,
-                 worker_id: str | None = None, lease_s: float = 60.0, trial_timeout_s: float = 600.0,
-                 steps: int = 10, calibration: Calibration | None = None,
-                 progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None,
-                 verify_quantized: bool = True, exclusive: bool = False,
-                 candidates: list[Strategy] | None = None, answer_key: str | None = None,
-                 answer_note: dict[str, Any] | None = None) -> None:
-        """``calibration``: what every prediction uses (None: ``tuner.calibrating.for_request``, the one
-        ``request.calibration`` names, else the cluster's profile, with the request runner's collectives).
-        ``verify_quantized``: proxy-verify a predicted quantized pick before recommending it
-        (:func:`tuner.choice.choose`). ``exclusive``: the caller guarantees no other worker runs this study
-        (a worker holding its job), so unfinished trials found at resume are dead whatever their lease says.
-        ``candidates``: try exactly these strategies (a shortlist to measure) instead of the presets, the
-        warm start and the sampler. ``answer_key``: store the recommendation under this request key (the
-        request whose shortlist this measures), with ``answer_note`` in its metrics."""
-        self.verify_quantized, self.exclusive = verify_quantized, exclusive
-        self.request, self.executor, self.workdir = request, executor, Path(workdir)
-        self.db_url = db_url
-        self.worker_id = worker_id or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
-        self.lease_s, self.trial_timeout_s, self.steps = lease_s, trial_timeout_s, steps
+    steps: int = 10
+    """Optimizer steps of a measured trial; the first ``min(2, steps - 1)`` are warm-up, left out of its timing."""
+    trial_timeout_s: float = 600.0
+    """Seconds before a measured trial (or the verification run of a predicted pick) is killed."""
+    lease_s: float = 60.0
+    """How long a dispatched trial stays leased without a heartbeat (one every third of it): a runner that dies
+    leaves its trial to be failed and retried this long after its last heartbeat."""
+    verify_quantized: bool = True
+    """Proxy-verify a predicted quantized pick before recommending it (:func:`tuner.choice.choose`)."""
+    exclusive: bool = False
+    """The caller guarantees that no other runner runs this study (a worker holding its job): unfinished trials
+    found at resume are dead whatever their lease says."""
+    worker_id: str | None = None
+    """Who holds the leases of the trials it runs; None: this host and a random suffix, new for each Tuner."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise InputError("steps", self.steps, "must be a whole number of optimizer steps >= 1")
+        for name in ("trial_timeout_s", "lease_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise InputError(name, value, "must be a number of seconds > 0")
+        if self.worker_id is not None and (not isinstance(self.worker_id, str) or not self.worker_id.strip()):
+            raise InputError("worker_id", self.worker_id, "must be a non-empty name, or None")
+
+
+class Tuner:
+    """Runs (or resumes) the study of one request against one database.
+
+    The constructor only keeps what it is given: the database is first read by :meth:`open` or :meth:`run`."""
+
+    def __init__(self, request: TuneRequest, *, sessions: sessionmaker[Session], executor: Executor, workdir: Path,
+                 options: TunerOptions | None = None, calibration: Calibration | None = None,
+                 progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None) -> None:
+        """``sessions``: the database the study lives in (Optuna's storage opens the same URL). ``executor``:
+        runs each trial, configured where it was made (a model executor predicts with the calibration it was
+        given). ``calibration``: what the study screens and seeds with (None: ``tuner.calibrating.for_request``
+        at :meth:`run`, the one ``request.calibration`` names, else the cluster's profile, with the request
+        runner's collectives). ``progress``: told after each trial and at each new phase. ``stop``: set to stop
+        the study (a cancel or a shutdown) after the trial in progress."""
+        self.request, self.sessions, self.executor, self.workdir = request, sessions, executor, Path(workdir)
+        self.options = options or TunerOptions()
+        self.worker_id = self.options.worker_id or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
+        self.calibration = calibration
         self.progress_cb, self.stop = progress, stop or threading.Event()
-        self.candidates, self.answer_key, self.answer_note = candidates, answer_key, answer_note
         self.space = Space(request.cluster, global_batch=request.global_batch, runner=request.runner,
                            grad_widths=(32,) if request.grad_reduce_in_fp32 else None)
-        self.refines = candidates is None and request.sampler == "tpe" and request.objective != "pareto"
-        """Whether the study refines around its best trials before TPE samples (``seeding.refine``): a study of the
-        default sampler for throughput; not a shortlist (exactly its strategies), not random search or NSGA-II
-        (asked for as they are)."""
-        self.sessions = make_session_factory(make_engine(db_url))
-        if calibration is None and (request.calibration is not None or request.runner != "zerotune"):
-            with session_scope(self.sessions) as s:
-                calibration = calibrating.for_request(s, request)
-        self.calibration = calibration
-        if isinstance(executor, ModelExecutor) and executor.calibration is None:
-            executor.calibration = calibration  # the model executor's values are what the study screened with
         self.remeasured: list[int] = []
         """Trials this study ran a second time because their intervals overlapped the leader's."""
         self.progress: Progress | None = None
         self.refit: dict[str, Any] | None = None
         """The calibration this study's measured runs refitted (``tuner.calibrating.refit_study``)."""
+
+    @property
+    def refines(self) -> bool:
+        """Whether the study refines around its best trials before TPE samples (``seeding.refine``): a study of the
+        default sampler for throughput; not random search or NSGA-II (asked for as they are)."""
+        return self.request.sampler == "tpe" and self.request.objective != "pareto"
 
     # -- setup -------------------------------------------------------------------------------------
     def open(self) -> int:
@@ -130,6 +150,9 @@ class Tuner:
     def run(self, study_id: int | None = None) -> dict[str, Any]:
         """Run trials until the budget is spent; return the recommendation (``{}`` when stopped first:
         the study stays ``cancelled`` and resumable, and nothing partial is stored as an answer)."""
+        if self.calibration is None:  # read here, not when the Tuner is made: a constructor reads nothing
+            with session_scope(self.sessions) as s:
+                self.calibration = calibrating.for_request(s, self.request)
         study_id = study_id or self.open()
         self.study_id = study_id
         with session_scope(self.sessions) as s:
@@ -138,10 +161,10 @@ class Tuner:
                 raise StudyFailed(f"study {study_id} does not exist")
             name, fresh = row.optuna_study_name, row.state == "pending"
             repo.set_study_state(session=s, study_id=study_id, state="running")
-        study = optuna_study.create(self.request, self.db_url, name)
-        self._recover_dead_trials(study_id, study)
+        study = optuna_study.create(self.request, url_of(self.sessions), name)
+        leases.recover_dead_trials(self.sessions, study, study_id, self.space, exclusive=self.options.exclusive)
         if fresh:
-            self._enqueue_known_good(study, study_id)
+            self._enqueue_first_picks(study)
         progress = Progress(total=self.request.trials,
                             phase="measuring" if self.executor.measures else "screening")
         self.progress = progress
@@ -181,8 +204,9 @@ class Tuner:
     def _trial_spec(self, strategy: Strategy, workdir: str) -> TrialSpec:
         """One short run of ``strategy`` for this request, in ``workdir`` under the study's."""
         return TrialSpec(model=self.request.model, cluster=self.request.cluster, strategy=strategy,
-                         workdir=self.workdir / workdir, steps=self.steps, warmup=min(2, self.steps - 1),
-                         global_batch=self.request.global_batch, timeout_s=self.trial_timeout_s)
+                         workdir=self.workdir / workdir, steps=self.options.steps,
+                         warmup=min(2, self.options.steps - 1), global_batch=self.request.global_batch,
+                         timeout_s=self.options.trial_timeout_s)
 
     def _remeasure(self, study_id: int) -> list[int]:
         """Run the measured leaders whose intervals overlap again and pool their timed steps
@@ -257,7 +281,7 @@ class Tuner:
                                  executor=self.executor.name, number=trial.number, optuna_trial_id=trial._trial_id)
             trial_id = row.id
             # leased in the same transaction: a runner dying after this leaves a lease to expire
-            repo.claim_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.lease_s)
+            repo.claim_trial(session=s, trial_id=trial_id, owner=self.worker_id, lease_s=self.options.lease_s)
         trial.set_user_attr("zt_trial_id", trial_id)
         optuna_study.constrain(trial, float(-prediction["headroom_bytes"]) / 2**30)
         if not prediction["feasible"]:
@@ -291,42 +315,18 @@ class Tuner:
         The run is stopped when the runner stops or when a heartbeat finds the lease gone (the trial
         expired and was claimed again, or was finished elsewhere); either way it is ``interrupted`` and
         its result is not stored by this runner."""
-        halt, done = threading.Event(), threading.Event()
+        spec, on_step = self._trial_spec(strategy, f"trial-{trial_id}"), self._pruner()
+        with leases.held(self.sessions, trial_id, owner=self.worker_id, lease_s=self.options.lease_s,
+                         stop=self.stop) as halt:
+            try:
+                return self.executor.run(spec, stop=halt, on_step=on_step)
+            except Exception as exc:  # an executor bug must fail the trial, not the study
+                return TrialResult(status="failed", reason=f"executor error: {type(exc).__name__}: {exc}",
+                                   executor=self.executor.name)
 
-        def beat() -> None:
-            interval, last = self.lease_s / 3, time.monotonic()
-            while not done.wait(min(0.5, interval)):
-                if self.stop.is_set():
-                    halt.set()
-                if time.monotonic() - last < interval:
-                    continue
-                last = time.monotonic()
-                try:
-                    with session_scope(self.sessions) as s:
-                        held = repo.heartbeat_trial(session=s, trial_id=trial_id, owner=self.worker_id,
-                                                    lease_s=self.lease_s)
-                except Exception as exc:  # the database is away for a moment: the lease has time left
-                    log.warning("trial %d: heartbeat failed: %s: %s", trial_id, type(exc).__name__, exc)
-                    continue
-                if not held:
-                    log.warning("trial %d: the lease was lost (another runner holds the trial); stopping its run",
-                                trial_id)
-                    halt.set()
-        thread = threading.Thread(target=beat, daemon=True, name=f"zerotune-heartbeat-{trial_id}")
-        thread.start()
-        spec = self._trial_spec(strategy, f"trial-{trial_id}")
-        on_step = self._pruner() if self.candidates is None else None  # a shortlist is measured in full
-        try:
-            return self.executor.run(spec, stop=halt, on_step=on_step)
-        except Exception as exc:  # an executor bug must fail the trial, not the study
-            return TrialResult(status="failed", reason=f"executor error: {type(exc).__name__}: {exc}",
-                               executor=self.executor.name)
-        finally:
-            done.set()
-            thread.join(timeout=5)
-
-    def _pruner(self) -> Callable[[int, float], bool]:
-        """Stop a local run whose post-warm-up step time is 3x the best completed trial's."""
+    def _pruner(self) -> StepHook | None:
+        """What stops a run early (None: each runs in full): a run whose post-warm-up step time is 3x the best
+        completed trial's."""
         best = self._best_step_time()
 
         def prune(step: int, seconds: float) -> bool:
@@ -345,51 +345,17 @@ class Tuner:
                               metrics=result.metrics, prediction=prediction, reason=result.reason,
                               logs=result.logs, proxy_model=result.proxy_model)
 
-    # -- recovery and seeding ------------------------------------------------------------------------
-    def _recover_dead_trials(self, study_id: int, study: Any) -> None:
-        """Fail trials whose runner died and retry each once.
+    # -- seeding ------------------------------------------------------------------------------------
+    def _first_picks(self) -> list[tuple[Strategy, dict[str, Any]]]:
+        """What a fresh study tries first, with the user attributes that say why: the known-good strategies
+        that fit, then the best of the most similar earlier request."""
+        with session_scope(self.sessions) as session:
+            similar = seeding.warm_start(session, self.request)
+        return seeding.known_good(self.request, self.calibration) + [(s, {"warm_start": "true"}) for s in similar]
 
-        Dead: a ``running`` trial whose lease expired, a ``queued`` row (never claimed: left by an
-        older version that inserted before leasing), and — when ``exclusive`` — every running trial,
-        since no other runner can hold one.
-        """
-        import optuna
-
-        now = datetime.now(UTC)
-        retries = {t.number for t in study.get_trials(deepcopy=False) if "retry_of" in t.user_attrs}
-        with session_scope(self.sessions) as s:
-            dead = []
-            for t in repo.dead_trials(session=s, study_id=study_id, now=now, all_running=self.exclusive):
-                why = ("runner died before starting it" if t.status == "queued" else
-                       "runner died: the study was resumed by another runner" if self.exclusive
-                       and (t.lease_expires_at is None or t.lease_expires_at >= now)
-                       else "runner died: its lease expired without a heartbeat")
-                retry = t.number not in retries  # a trial that killed its runner twice is not tried again
-                repo.finish_trial(session=s, trial_id=t.id, status="failed",
-                                  reason=f"{why}; {RETRIED if retry else 'not retried (it was a retry)'}")
-                dead.append((t.id, t.number, t.strategy, retry))
-        for trial_id, number, strategy, retry in dead:
-            if number is not None:
-                study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-            if retry:
-                attrs: dict[str, Any] = {"retry_of": trial_id}
-                if strategy.get("name"):
-                    attrs["preset"] = strategy["name"]
-                study.enqueue_trial(self.space.strategy_params(Strategy.from_dict(strategy)), user_attrs=attrs)
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)  # asked, never stored
-
-    def _enqueue_known_good(self, study: Any, study_id: int) -> None:
+    def _enqueue_first_picks(self, study: Any) -> None:
         seen: set[str] = set()
-        strategies: list[tuple[Strategy, dict[str, Any]]]
-        if self.candidates is not None:  # a shortlist: exactly these, nothing else
-            strategies = [(s, {"preset": s.name} if s.name else {"shortlist": "true"}) for s in self.candidates]
-        else:
-            with session_scope(self.sessions) as session:
-                similar = seeding.warm_start(session, self.request)
-            strategies = seeding.known_good(self.request, self.calibration) + [
-                (s, {"warm_start": "true"}) for s in similar]
-        for strategy, attrs in strategies:
+        for strategy, attrs in self._first_picks():
             params = self.space.strategy_params(strategy)
             key = params_key(params)
             # never more first picks than the budget: a retry enqueued later must still get its turn
@@ -401,9 +367,11 @@ class Tuner:
         """The study's recommendation, stored; ``{}`` when the tuner was stopped (a partial study)."""
         if self.stop.is_set():
             return {}
-        chooser = Chooser(request=self.request, sessions=self.sessions, workdir=self.workdir,
-                          trial_timeout_s=self.trial_timeout_s, stop=self.stop, phase=self.phase,
-                          answer_key=self.answer_key, refit=self.refit, remeasured=self.remeasured,
-                          note=self.answer_note or {})
-        return choose(chooser, study_id, verify_quantized=self.verify_quantized)
+        return choose(self._chooser(), study_id, verify_quantized=self.options.verify_quantized)
+
+    def _chooser(self) -> Chooser:
+        """What choosing this study's answer needs of it (the answer is stored under the request's key)."""
+        return Chooser(request=self.request, sessions=self.sessions, workdir=self.workdir,
+                       trial_timeout_s=self.options.trial_timeout_s, stop=self.stop, phase=self.phase,
+                       refit=self.refit, remeasured=self.remeasured)
 

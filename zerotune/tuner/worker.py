@@ -36,7 +36,7 @@ from zerotune.db.session import make_engine, make_session_factory, session_scope
 from zerotune.errors import StudyFailed
 from zerotune.tuner import calibrating, shortlist
 from zerotune.tuner.request import TuneRequest
-from zerotune.tuner.study import RETRIED, Progress, Tuner
+from zerotune.tuner.study import RETRIED, Progress, Tuner, TunerOptions
 
 log = logging.getLogger("zerotune.worker")
 
@@ -196,22 +196,28 @@ class Worker:
         log.info("worker %s: %s → %s in %.1f s", self.id, label, state, time.monotonic() - started)
         return state
 
-    def _tuner(self, request: TuneRequest, beat: _Heartbeat, stop: threading.Event, **options: Any) -> Tuner:
-        """The Tuner of one study of a job, predicting with the calibration the request names (as its runner
-        runs the collectives)."""
+    def _tuner(self, what: TuneRequest | shortlist.Plan, beat: _Heartbeat, stop: threading.Event) -> Tuner:
+        """The Tuner of one study of a job (of its request, or of a shortlist of it to measure), predicting with
+        the calibration the request names (as its runner runs the collectives)."""
         from zerotune.tuner.executors import make_executor
 
+        request = what.request if isinstance(what, shortlist.Plan) else what
         with session_scope(self.sessions) as s:
             calibration = calibrating.for_request(s, request)
         executor = make_executor(request.executor, calibration=calibration, partition=self.settings.slurm_partition,
                                  emulate=request.emulate)
         # exclusive: holding the job means holding its study, so trials left unfinished by a
         # dead runner are failed (and retried once) at resume, without waiting for their leases
-        return Tuner(request, db_url=self.url, executor=executor, calibration=calibration,
-                     workdir=self.settings.work_root() / request.key()[:16], worker_id=self.id,
-                     lease_s=self.settings.lease_s, trial_timeout_s=self.settings.trial_timeout_s,
-                     steps=self.settings.steps, progress=beat.progress, stop=stop,
-                     verify_quantized=self.settings.verify_quantized, exclusive=True, **options)
+        options = TunerOptions(steps=self.settings.steps, trial_timeout_s=self.settings.trial_timeout_s,
+                               lease_s=self.settings.lease_s, verify_quantized=self.settings.verify_quantized,
+                               exclusive=True, worker_id=self.id)
+        workdir = self.settings.work_root() / request.key()[:16]
+        if isinstance(what, shortlist.Plan):
+            return shortlist.ShortlistTuner(what, sessions=self.sessions, executor=executor, workdir=workdir,
+                                            options=options, calibration=calibration, progress=beat.progress,
+                                            stop=stop)
+        return Tuner(request, sessions=self.sessions, executor=executor, workdir=workdir, options=options,
+                     calibration=calibration, progress=beat.progress, stop=stop)
 
     def _measure_shortlist(self, job_id: int, request: TuneRequest, predicted: dict[str, Any], beat: _Heartbeat,
                            stop: threading.Event) -> dict[str, Any]:
@@ -222,8 +228,7 @@ class Worker:
         if todo is None:
             log.info("job %d: the predicted winner is beyond the model's error; no shortlist to measure", job_id)
             return predicted
-        tuner = self._tuner(todo.request, beat, stop, candidates=todo.candidates, answer_key=todo.answer_key,
-                            answer_note=todo.note)
+        tuner = self._tuner(todo, beat, stop)
         study_id = tuner.open()
         self._update(job_id, study_id=study_id)
         beat.study_id = study_id

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerotune.api.cli import ExitStatus
+from zerotune.core.batch import SEQUENCES_PER_RANK
 
 
 def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
@@ -33,7 +34,8 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--strategy", action="append", help="strategy preset or JSON file (repeatable; default zero3)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a strategy field")
     p.add_argument("--global-batch", type=int, default=None,
-                   help="sequences per step, a multiple of world x micro-batch (default: one micro-batch per rank)")
+                   help=f"sequences per step, a multiple of world x micro-batch (default: {SEQUENCES_PER_RANK} per "
+                        "rank in whole micro-batches, as zerotune train and a request default to)")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
                    help="run dtype (auto: fp32 on CPU clusters, bf16 otherwise)")
     p.add_argument("--calibration", help="a stored calibration name (zerotune calibrate) or its JSON file")
@@ -101,15 +103,16 @@ def cmd_validate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                            "strategy": strategy.to_dict()}
     fits = ""
     if args.model:
+        from zerotune.core.batch import default_accumulation
         from zerotune.costmodel import GIB
-        from zerotune.trainer.train import check_memory, default_accumulation, elem_bytes
+        from zerotune.trainer.train import check_memory, elem_bytes
 
         model = load_model(args.model)
         out["model"] = {**model.to_dict(), "num_params": model.num_params(),
                         "flops_per_token": model.flops_per_token()}
         # a strategy that does not fit is not valid for this model: the cost model's peak per rank at the
         # default batch, bf16 on accelerators and fp32 on CPU, as train runs it
-        memory = check_memory(model, cluster, strategy, default_accumulation(strategy),
+        memory = check_memory(model, cluster, strategy, default_accumulation(strategy.micro_batch_size),
                               elem_bytes("auto", cluster.device != "cpu"),
                               hint=f"; try a wider span, zero3, or --set micro_batch_size=1 (zerotune predict "
                                    f"--model {model.name} --cluster {cluster.name} shows every preset)")
@@ -135,6 +138,7 @@ def _sweep(text: str) -> list[str]:
 
 def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.api.prologue import collectives_caveat
+    from zerotune.core.batch import default_global_batch
     from zerotune.core.spec import count_label
     from zerotune.costmodel import GIB, calibration_for, cross_node_bytes, predict
     from zerotune.costmodel.calibration import load_calibration
@@ -155,7 +159,8 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             used = calib or calibration_for(cluster)
             if args.runner:
                 used = run_by(used, args.runner)
-            p = predict(model, cluster, s, elem_bytes=elem, global_batch=args.global_batch, calibration=used)
+            batch = args.global_batch or default_global_batch(cluster.world_size, s.micro_batch_size)
+            p = predict(model, cluster, s, elem_bytes=elem, global_batch=batch, calibration=used)
             base = base or p
             p.update(cluster=cluster.name, strategy=s.name or strategy_name,
                      scaling_efficiency=p["tflops_per_rank"] / base["tflops_per_rank"],

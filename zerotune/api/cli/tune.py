@@ -60,12 +60,14 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.db.session import default_url, make_engine, make_session_factory, session_scope
     from zerotune.tuner import calibrating
     from zerotune.tuner.request import TuneRequest
+    from zerotune.tuner.study import TunerOptions
 
     request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), executor=args.executor,
                           trials=args.trials, objective=args.objective, global_batch=args.global_batch,
                           tokens_per_step=args.tokens_per_step, measure=args.measure_shortlist,
                           sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget, emulate=args.emulate,
                           runner=args.runner, grad_reduce_in_fp32=args.grad_reduce_in_fp32)
+    options = TunerOptions(steps=args.steps, trial_timeout_s=args.trial_timeout)
     if request.emulate:
         from zerotune.tuner.executors import netns
 
@@ -79,11 +81,11 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             request = dataclasses.replace(request, calibration=calibrating.resolve_name(s, request.cluster,
                                                                                          args.calibration))
             calibration = calibrating.for_request(s, request)
-        return _tune(args, request, url, sessions, calibration)
+        return _tune(args, request, options, url, sessions, calibration)
     finally:
         engine.dispose()
 
-def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calibration: Any) -> int:
+def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessions: Any, calibration: Any) -> int:
     """``cmd_tune`` once the request and its calibration are resolved: the study, its shortlist, the summary."""
     from pathlib import Path
 
@@ -93,13 +95,19 @@ def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calib
     from zerotune.tuner.request import TuneRequest
     from zerotune.tuner.study import Tuner
 
-    def study(request: TuneRequest, trials: int, **options: Any) -> dict[str, Any]:
+    def study(what: TuneRequest | shortlist.Plan, trials: int) -> dict[str, Any]:
+        """Run the study of a request, or of a shortlist (exactly its candidates), with a progress bar."""
+        of = what.request if isinstance(what, shortlist.Plan) else what
         bar = _progress_bar(trials, args.quiet)
-        workdir = Path(args.workdir or Path(".zerotune")) / request.key()[:12]
-        executor = make_executor(request.executor, calibration=calibration, partition=args.partition,
-                                 emulate=request.emulate)
-        tuner = Tuner(request, db_url=url, executor=executor, workdir=workdir, steps=args.steps,
-                      trial_timeout_s=args.trial_timeout, calibration=calibration, progress=bar, **options)
+        workdir = Path(args.workdir or Path(".zerotune")) / of.key()[:12]
+        executor = make_executor(of.executor, calibration=calibration, partition=args.partition, emulate=of.emulate)
+        tuner: Tuner
+        if isinstance(what, shortlist.Plan):
+            tuner = shortlist.ShortlistTuner(what, sessions=sessions, executor=executor, workdir=workdir,
+                                             options=options, calibration=calibration, progress=bar)
+        else:
+            tuner = Tuner(what, sessions=sessions, executor=executor, workdir=workdir, options=options,
+                          calibration=calibration, progress=bar)
         try:
             return tuner.run()
         finally:
@@ -115,8 +123,7 @@ def _tune(args: argparse.Namespace, request: Any, url: str, sessions: Any, calib
         else:
             print(f"zerotune: measuring the shortlist ({todo.note['measured_shortlist']['why']}) with "
                   f"{todo.request.executor}", file=sys.stderr)
-            rec = study(todo.request, len(todo.candidates), candidates=todo.candidates, answer_key=todo.answer_key,
-                        answer_note=todo.note)
+            rec = study(todo, len(todo.candidates))
     s = rec["strategy"]
     d = rec.get("decision") or {}
     band = f" (model error {d['band']:.1%}: {d['margin_vs_band']})" if d.get("band") is not None and \
