@@ -15,6 +15,7 @@ from sqlalchemy.pool import StaticPool
 from zerotune.api.app import create_app
 from zerotune.api.deps import get_db
 from zerotune.api.settings import Settings
+from zerotune.core.fields import OPTIONS, Described, to_body
 from zerotune.db import repository as repo
 from zerotune.db.session import make_session_factory, session_scope
 
@@ -88,6 +89,43 @@ def test_bad_input_is_a_422_naming_field_value_and_rule(client: TestClient, body
     problem = r.json()["detail"][0]
     assert problem["field"] == field and rule in problem["rule"], problem
     assert client.get("/metrics").status_code == 200  # and the service is still there
+
+
+def _breaking(d: Described) -> object:
+    """A value that breaks field ``d``'s rule as the API holds it (its type, choices, bounds or length)."""
+    rule = d.about
+    if rule.choices:
+        return "nope" if isinstance(rule.choices[0], str) else 999
+    if d.kind is bool:
+        return "yes"
+    if d.kind is str:
+        return "x" * (rule.max_length + 1) if rule.max_length else 5
+    return (rule.api_max or 0) * 2 or -1
+
+
+def test_each_field_of_a_request_body_is_the_request_s_own(client: TestClient) -> None:
+    """The POST body's fields are the request's (``core.fields.Options``): each at its place, with its default and
+    its description in the schema, and a value that breaks its rule a 422 naming it; the others are not in it."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for d in OPTIONS:
+        *path, name = d.label.split(".")
+        properties = schemas[path[0].capitalize() if path else "RecommendationCreate"]["properties"]
+        if d.about.body is None:
+            assert name not in properties
+            continue
+        assert properties[name]["description"] == d.about.doc and properties[name].get("default") == d.default
+        r = client.post("/v1/recommendations", json={**NEOX, **to_body({d.name: _breaking(d)})})
+        assert r.status_code == 422 and r.json()["detail"][0]["field"] == f"body.{d.label}", (d.name, r.text)
+    assert client.get("/metrics").status_code == 200
+
+
+def test_an_uploaded_run_is_kept_under_the_request_it_always_was(client: TestClient, app_and_engine: tuple) -> None:
+    run = {"model": "gpt-tiny", "cluster": "local:2x2", "strategy": "zero3", "tflops_per_rank": 0.01}
+    trial = client.post("/v1/trials", json=run)
+    assert trial.status_code == 201, trial.text
+    study = client.get(f"/v1/studies/{trial.json()['study_id']}").json()
+    assert study["request"]["key"] == "f6365f03e6380ead0a9b462bf849f4a12f032f411993577e7d0c6b46eeb752d6"
+    assert (study["request"]["executor"], study["request"]["budget"]) == ("external", {"trials": 1, "time_s": None})
 
 
 @pytest.mark.parametrize("path", ["/v1/jobs/99", "/v1/studies/99", "/v1/trials/99", "/v1/recommendations/99",

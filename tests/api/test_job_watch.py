@@ -8,6 +8,7 @@ from sqlalchemy import event
 
 from zerotune.api import queries, schemas
 from zerotune.api.cache import AnswerCache
+from zerotune.api.inputs import RecommendationCreate
 from zerotune.api.service import Service, normalize
 from zerotune.api.settings import Settings
 from zerotune.db import repository as repo
@@ -19,7 +20,7 @@ def test_a_job_that_ends_while_the_watcher_reads_it_comes_back_with_its_answer(d
     upgrade(db_url)
     settings = Settings(db=db_url, workers=0)
     service = Service(settings)
-    request = normalize(schemas.RecommendationCreate(model="gpt-tiny", cluster="local:2x2"), settings)
+    request = normalize(RecommendationCreate(model="gpt-tiny", cluster="local:2x2"), settings)
     key = request.key()
     other = make_session_factory(make_engine(db_url))  # the worker's side: another connection
     with session_scope(other) as s:
