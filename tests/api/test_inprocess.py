@@ -54,8 +54,8 @@ def test_a_new_request_queues_one_job_and_equal_requests_share_it(client: TestCl
     assert fp32["id"] not in (job["id"], other.json()["id"], deepspeed["id"])  # fp32 reductions: another search
     assert client.post("/v1/recommendations", json={**NEOX, "grad_reduce_in_fp32": False}).json()["id"] == job["id"]
     with session_scope(make_session_factory(app_and_engine[1])) as s:
-        assert repo.get_request(session=s, request_id=deepspeed["request_id"]).runner == "deepspeed"
-        assert repo.get_request(session=s, request_id=fp32["request_id"]).grad_reduce_in_fp32 is True
+        assert repo.get_request(session=s, request_id=deepspeed["request_id"]).spec["runner"] == "deepspeed"
+        assert repo.get_request(session=s, request_id=fp32["request_id"]).spec["grad_reduce_in_fp32"] is True
     assert client.get(f"/v1/jobs/{job['id']}").json()["request_key"] == job["request_key"]
     with session_scope(make_session_factory(app_and_engine[1])) as s:  # what the route stored, through db/
         assert repo.job_counts(session=s) == {"queued": 4}
@@ -181,8 +181,8 @@ def test_a_trial_page_shows_seconds_per_level_and_the_emulation_only_when_the_ru
     ids = {}
     with session_scope(make_session_factory(app_and_engine[1])) as s:
         request, _ = repo.get_or_create_request(
-            session=s, key="a" * 64, model=model.to_dict(), cluster=cluster.to_dict(), objective="throughput",
-            budget={"trials": 3, "time_s": None}, executor="local")
+            session=s, key="a" * 64, spec={"model": model.to_dict(), "cluster": cluster.to_dict(), "trials": 3,
+                                           "executor": "local"})
         study = repo.create_study(session=s, request_id=request.id, optuna_study_name="seconds-per-level",
                                   sampler="tpe", executor="local", n_trials=3)
         for number, (name, metrics, executor) in enumerate((("timed", run, "local"), ("plain", plain, "local"),
@@ -227,9 +227,9 @@ def test_a_study_page_says_who_trains_with_its_answer(client: TestClient, app_an
     with session_scope(make_session_factory(app_and_engine[1])) as s:
         for runner in ("zerotune", "deepspeed"):
             request, _ = repo.get_or_create_request(
-                session=s, key=runner[0] * 64, model=parse_model("gpt-tiny").to_dict(),
-                cluster=parse_cluster("frontier:2").to_dict(), objective="throughput",
-                budget={"trials": 3, "time_s": None}, executor="model", runner=runner)
+                session=s, key=runner[0] * 64, spec={"model": parse_model("gpt-tiny").to_dict(),
+                                                     "cluster": parse_cluster("frontier:2").to_dict(), "trials": 3,
+                                                     "executor": "model", "runner": runner})
             ids[runner] = repo.create_study(session=s, request_id=request.id, optuna_study_name=f"runner-{runner}",
                                             sampler="tpe", executor="model", n_trials=3).id
     pages = {runner: client.get(f"/dashboard/studies/{i}") for runner, i in ids.items()}

@@ -224,12 +224,7 @@ class Service:
             row = repo.served_recommendation(session=s, request_key=key)
             if row is not None:
                 return Outcome(answer=queries.answer_bytes(row)), False
-            req, _ = repo.get_or_create_request(
-                session=s, key=key, model=request.model.to_dict(), cluster=request.cluster.to_dict(),
-                objective=request.objective, budget={"trials": request.trials, "time_s": request.time_budget_s},
-                executor=request.executor, global_batch=request.global_batch, calibration=request.calibration,
-                measure=request.measure, emulate=request.emulate, runner=request.runner,
-                grad_reduce_in_fp32=request.grad_reduce_in_fp32)
+            req, _ = repo.get_or_create_request(session=s, key=key, spec=request.to_dict())
             job, created = repo.get_or_create_job(session=s, request_id=req.id)
             return Outcome(job=queries.job_public(s, job)), created
 

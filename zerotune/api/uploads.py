@@ -51,9 +51,7 @@ def store_run(*, session: Session, run: TrialCreate) -> tuple[Trial, bool]:
     # executor no request may name
     request = TuneRequest(model=model, cluster=cluster, trials=1)
     key = key_of({**request.normalized(), "executor": EXECUTOR})
-    req, _ = repo.get_or_create_request(session=session, key=key, model=model.to_dict(), cluster=cluster.to_dict(),
-                                        objective="throughput", budget={"trials": 1, "time_s": None},
-                                        executor=EXECUTOR)
+    req, _ = repo.get_or_create_request(session=session, key=key, spec={**request.to_dict(), "executor": EXECUTOR})
     study = next(iter(repo.studies_of_request(session=session, request_id=req.id)), None)
     if study is None:  # the request row insert above serializes racing first uploads
         study = repo.create_study(session=session, request_id=req.id, optuna_study_name=f"zerotune-external-{key[:24]}",
