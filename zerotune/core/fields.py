@@ -14,7 +14,8 @@ environments, reads the request's fields here as the service does.
 
 A new request field is one attribute of :class:`Options`: the API accepts it (a 422 naming field, value and rule
 when it breaks its rule), the stored request keeps it without a migration, the worker gets it back, a request that
-leaves it at its default keeps the key it had before the field existed, and the prologue client can send it.
+leaves it at its default keeps the key it had before the field existed, ``zerotune tune`` takes it as a flag and the
+prologue client can send it.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class About:
     object, None not at all (set by the command line or by zerotune itself)."""
     key: str = WHEN_SET
     """Whether it is part of a request's key (``ALWAYS``, ``WHEN_SET``, ``NEVER``)."""
+    flag: str | None = ""
+    """Its flag of ``zerotune tune`` (without the dashes): "" named after its place in the body (``trials``,
+    ``measure_shortlist``: ``--measure-shortlist``), None none (zerotune sets it itself)."""
 
 
 def about(doc: str, **rule: Any) -> dict[str, About]:
@@ -192,7 +196,8 @@ class Options:
     trials: int = field(default=40, metadata=about(
         "trials to finish (invalid points do not count)", minimum=1, api_max=10000, body="budget.trials", key=ALWAYS))
     time_budget_s: float | None = field(default=None, metadata=about(
-        "stop starting trials after this many seconds", above=0, api_max=604800, body="budget.time_s", key=NEVER))
+        "stop starting trials after this many seconds", above=0, api_max=604800, body="budget.time_s", key=NEVER,
+        flag="time-budget"))
     executor: str = field(default="model", metadata=about(
         "model: cost model only; local: short runs here; slurm: short runs via Slurm", choices=EXECUTORS, key=ALWAYS))
     global_batch: int | None = field(default=None, metadata=about(
@@ -218,11 +223,12 @@ class Options:
         "grad_reduce_in_fp32): every strategy searched reduces them in fp32 (grad_bits 32, twice the bytes of bf16; "
         "no quantized gradients), and the exports keep it"))
     sampler: str = field(default="tpe", metadata=about(
-        "Optuna's sampler: TPE, NSGA-II (the objective pareto uses it) or random search", choices=SAMPLERS,
+        "Optuna's sampler: TPE, NSGA-II (the pareto objective uses it whatever is named) or random search",
+        choices=SAMPLERS,
         body=None, key=ALWAYS))
     seed: int | None = field(default=None, metadata=about("the sampler's seed", body=None, key=NEVER))
     shortlist_of: str | None = field(default=None, metadata=about(
-        "set on the measured study of another request's shortlist: that request's key", body=None))
+        "set on the measured study of another request's shortlist: that request's key", body=None, flag=None))
 
 
 OPTIONS = described(Options)
