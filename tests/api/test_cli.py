@@ -160,3 +160,25 @@ def test_new_commands_are_listed_and_stay_light():
             "assert not {'torch', 'fastapi', 'optuna', 'sqlalchemy'} & set(sys.modules), sorted(sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_tune_takes_a_flag_for_each_field_of_a_request(capsys):
+    """``zerotune tune``'s request flags are the request's fields (``core.fields.Options``): type, choices, default
+    and meaning; a value that breaks a field's rule is the usual one-line usage error."""
+    import argparse
+
+    from zerotune.api.cli.tune import OWN_FLAGS, add_request_flags, request_options
+    from zerotune.core.fields import DEFAULTS, OPTIONS
+
+    p = argparse.ArgumentParser()
+    add_request_flags(p)
+    flagged = {d.name for d in OPTIONS if d.about.flag is not None and d.name not in OWN_FLAGS}
+    assert flagged >= {"trials", "time_budget_s", "measure", "runner", "grad_reduce_in_fp32", "sampler", "seed"}
+    assert request_options(p.parse_args([])) == {name: DEFAULTS[name] for name in flagged}
+    given = request_options(p.parse_args(["--time-budget", "60", "--measure-shortlist", "slurm", "--trials", "7",
+                                          "--grad-reduce-in-fp32", "--runner", "fsdp"]))
+    assert (given["time_budget_s"], given["measure"], given["trials"], given["grad_reduce_in_fp32"],
+            given["runner"]) == (60.0, "slurm", 7, True, "fsdp")
+    assert main(["tune", "--model", "gpt-tiny", "--cluster", "local:2", "--time-budget", "-1"]) == \
+        ExitStatus.USAGE_ERROR
+    assert capsys.readouterr().err.strip() == "zerotune: error: budget.time_s=-1.0: must be > 0"

@@ -89,8 +89,8 @@ def local_study(s: Any, name: str, model: Any, cluster: Any, trials: int, object
     from zerotune.db import repository as repo
 
     request, _ = repo.get_or_create_request(
-        session=s, key=key(name), model=model.to_dict(), cluster=cluster.to_dict(), objective=objective,
-        budget={"trials": trials, "time_s": None}, executor="local")
+        session=s, key=key(name), spec={"model": model.to_dict(), "cluster": cluster.to_dict(), "objective": objective,
+                                        "trials": trials, "executor": "local"})
     study = repo.create_study(session=s, request_id=request.id, optuna_study_name=name, sampler=sampler,
                               executor="local", n_trials=trials)
     return request, study

@@ -15,6 +15,7 @@ from sqlalchemy.pool import StaticPool
 from zerotune.api.app import create_app
 from zerotune.api.deps import get_db
 from zerotune.api.settings import Settings
+from zerotune.core.fields import OPTIONS, Described, to_body
 from zerotune.db import repository as repo
 from zerotune.db.session import make_session_factory, session_scope
 
@@ -53,8 +54,8 @@ def test_a_new_request_queues_one_job_and_equal_requests_share_it(client: TestCl
     assert fp32["id"] not in (job["id"], other.json()["id"], deepspeed["id"])  # fp32 reductions: another search
     assert client.post("/v1/recommendations", json={**NEOX, "grad_reduce_in_fp32": False}).json()["id"] == job["id"]
     with session_scope(make_session_factory(app_and_engine[1])) as s:
-        assert repo.get_request(session=s, request_id=deepspeed["request_id"]).runner == "deepspeed"
-        assert repo.get_request(session=s, request_id=fp32["request_id"]).grad_reduce_in_fp32 is True
+        assert repo.get_request(session=s, request_id=deepspeed["request_id"]).spec["runner"] == "deepspeed"
+        assert repo.get_request(session=s, request_id=fp32["request_id"]).spec["grad_reduce_in_fp32"] is True
     assert client.get(f"/v1/jobs/{job['id']}").json()["request_key"] == job["request_key"]
     with session_scope(make_session_factory(app_and_engine[1])) as s:  # what the route stored, through db/
         assert repo.job_counts(session=s) == {"queued": 4}
@@ -88,6 +89,43 @@ def test_bad_input_is_a_422_naming_field_value_and_rule(client: TestClient, body
     problem = r.json()["detail"][0]
     assert problem["field"] == field and rule in problem["rule"], problem
     assert client.get("/metrics").status_code == 200  # and the service is still there
+
+
+def _breaking(d: Described) -> object:
+    """A value that breaks field ``d``'s rule as the API holds it (its type, choices, bounds or length)."""
+    rule = d.about
+    if rule.choices:
+        return "nope" if isinstance(rule.choices[0], str) else 999
+    if d.kind is bool:
+        return "yes"
+    if d.kind is str:
+        return "x" * (rule.max_length + 1) if rule.max_length else 5
+    return (rule.api_max or 0) * 2 or -1
+
+
+def test_each_field_of_a_request_body_is_the_request_s_own(client: TestClient) -> None:
+    """The POST body's fields are the request's (``core.fields.Options``): each at its place, with its default and
+    its description in the schema, and a value that breaks its rule a 422 naming it; the others are not in it."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for d in OPTIONS:
+        *path, name = d.label.split(".")
+        properties = schemas[path[0].capitalize() if path else "RecommendationCreate"]["properties"]
+        if d.about.body is None:
+            assert name not in properties
+            continue
+        assert properties[name]["description"] == d.about.doc and properties[name].get("default") == d.default
+        r = client.post("/v1/recommendations", json={**NEOX, **to_body({d.name: _breaking(d)})})
+        assert r.status_code == 422 and r.json()["detail"][0]["field"] == f"body.{d.label}", (d.name, r.text)
+    assert client.get("/metrics").status_code == 200
+
+
+def test_an_uploaded_run_is_kept_under_the_request_it_always_was(client: TestClient, app_and_engine: tuple) -> None:
+    run = {"model": "gpt-tiny", "cluster": "local:2x2", "strategy": "zero3", "tflops_per_rank": 0.01}
+    trial = client.post("/v1/trials", json=run)
+    assert trial.status_code == 201, trial.text
+    study = client.get(f"/v1/studies/{trial.json()['study_id']}").json()
+    assert study["request"]["key"] == "f6365f03e6380ead0a9b462bf849f4a12f032f411993577e7d0c6b46eeb752d6"
+    assert (study["request"]["executor"], study["request"]["budget"]) == ("external", {"trials": 1, "time_s": None})
 
 
 @pytest.mark.parametrize("path", ["/v1/jobs/99", "/v1/studies/99", "/v1/trials/99", "/v1/recommendations/99",
@@ -143,8 +181,8 @@ def test_a_trial_page_shows_seconds_per_level_and_the_emulation_only_when_the_ru
     ids = {}
     with session_scope(make_session_factory(app_and_engine[1])) as s:
         request, _ = repo.get_or_create_request(
-            session=s, key="a" * 64, model=model.to_dict(), cluster=cluster.to_dict(), objective="throughput",
-            budget={"trials": 3, "time_s": None}, executor="local")
+            session=s, key="a" * 64, spec={"model": model.to_dict(), "cluster": cluster.to_dict(), "trials": 3,
+                                           "executor": "local"})
         study = repo.create_study(session=s, request_id=request.id, optuna_study_name="seconds-per-level",
                                   sampler="tpe", executor="local", n_trials=3)
         for number, (name, metrics, executor) in enumerate((("timed", run, "local"), ("plain", plain, "local"),
@@ -189,9 +227,9 @@ def test_a_study_page_says_who_trains_with_its_answer(client: TestClient, app_an
     with session_scope(make_session_factory(app_and_engine[1])) as s:
         for runner in ("zerotune", "deepspeed"):
             request, _ = repo.get_or_create_request(
-                session=s, key=runner[0] * 64, model=parse_model("gpt-tiny").to_dict(),
-                cluster=parse_cluster("frontier:2").to_dict(), objective="throughput",
-                budget={"trials": 3, "time_s": None}, executor="model", runner=runner)
+                session=s, key=runner[0] * 64, spec={"model": parse_model("gpt-tiny").to_dict(),
+                                                     "cluster": parse_cluster("frontier:2").to_dict(), "trials": 3,
+                                                     "executor": "model", "runner": runner})
             ids[runner] = repo.create_study(session=s, request_id=request.id, optuna_study_name=f"runner-{runner}",
                                             sampler="tpe", executor="model", n_trials=3).id
     pages = {runner: client.get(f"/dashboard/studies/{i}") for runner, i in ids.items()}

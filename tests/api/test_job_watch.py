@@ -8,6 +8,7 @@ from sqlalchemy import event
 
 from zerotune.api import queries, schemas
 from zerotune.api.cache import AnswerCache
+from zerotune.api.inputs import RecommendationCreate
 from zerotune.api.service import Service, normalize
 from zerotune.api.settings import Settings
 from zerotune.db import repository as repo
@@ -19,13 +20,11 @@ def test_a_job_that_ends_while_the_watcher_reads_it_comes_back_with_its_answer(d
     upgrade(db_url)
     settings = Settings(db=db_url, workers=0)
     service = Service(settings)
-    request = normalize(schemas.RecommendationCreate(model="gpt-tiny", cluster="local:2x2"), settings)
+    request = normalize(RecommendationCreate(model="gpt-tiny", cluster="local:2x2"), settings)
     key = request.key()
     other = make_session_factory(make_engine(db_url))  # the worker's side: another connection
     with session_scope(other) as s:
-        req, _ = repo.get_or_create_request(session=s, key=key, model=request.model.to_dict(),
-                                            cluster=request.cluster.to_dict(), objective=request.objective,
-                                            budget={"trials": request.trials}, executor=request.executor)
+        req, _ = repo.get_or_create_request(session=s, key=key, spec=request.to_dict())
         job, _ = repo.get_or_create_job(session=s, request_id=req.id)
         study = repo.create_study(session=s, request_id=req.id, optuna_study_name="zt-race", sampler="tpe",
                                   executor="model", n_trials=2)

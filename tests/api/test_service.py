@@ -213,8 +213,8 @@ def test_a_measured_shortlist_answers_and_refits_the_calibration_the_next_reques
     answer = nxt.json()
     assert answer["metrics"]["calibration"] == refit["name"]
     assert answer["metrics"]["error_band"]["source"].startswith(f"{refit['runs']} measured runs on local:2x2")
-    assert rows(sqlite_url, "SELECT calibration FROM zt_requests WHERE key = :k", k=answer["request_key"]) == [
-        (refit["name"],)]
+    assert rows(sqlite_url, "SELECT json_extract(spec, '$.calibration') FROM zt_requests WHERE key = :k",
+                k=answer["request_key"]) == [(refit["name"],)]
 
 
 @pytest.mark.timeout(180)

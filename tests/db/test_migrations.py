@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 
@@ -45,6 +46,16 @@ def sql(url: str, statement: str, **params: object) -> list[tuple]:
         engine.dispose()
 
 
+def json_value(value: object) -> object:
+    """A JSON column's value as Python: SQLite hands back its text, PostgreSQL the value."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def request_specs(url: str) -> list[tuple[str, object]]:
+    """Every stored request's key and ``spec``."""
+    return [(key, json_value(spec)) for key, spec in sql(url, "SELECT key, spec FROM zt_requests")]
+
+
 def schema_diff(url: str) -> list:
     """What autogenerate would change to make the database match ``db.models`` (zt_ tables only)."""
     engine = make_engine(url)
@@ -61,7 +72,7 @@ def schema_diff(url: str) -> list:
 def test_upgrade_empty_database_to_head(empty_url: str) -> None:
     assert current(empty_url) is None
     upgrade(empty_url)
-    assert current(empty_url) == head() == "0008"
+    assert current(empty_url) == head() == "0009"
     assert tables(empty_url) == OUR_TABLES | {VERSION_TABLE}  # and no "alembic_version" of ours
     upgrade(empty_url)  # a second upgrade is a no-op
     assert current(empty_url) == head()
@@ -99,15 +110,31 @@ def test_upgrade_from_previous_revision_keeps_rows(empty_url: str) -> None:
     assert "proxy_model" not in columns(empty_url, "zt_trials")
     assert sql(empty_url, "SELECT id, value FROM zt_trials") == [(7, 12.5)]
     assert sql(empty_url, "SELECT trial_id FROM zt_recommendations") == [(7,)]
-    # to head: 0003 adds zt_workers, 0004 zt_calibrations and two request columns, 0005 zt_jobs.phase,
+    # to 0008: 0003 adds zt_workers, 0004 zt_calibrations and two request columns, 0005 zt_jobs.phase,
     # 0006 zt_requests.emulate (false for the rows already there), 0007 zt_requests.runner (zerotune's),
     # 0008 zt_requests.grad_reduce_in_fp32 (false for the rows already there)
-    upgrade(empty_url)
+    upgrade(empty_url, "0008")
     assert sql(empty_url, "SELECT key, emulate, runner, grad_reduce_in_fp32 FROM zt_requests") in (
         [("k", 0, "zerotune", 0)], [("k", False, "zerotune", False)])
+    # 0009 moves every request field into zt_requests.spec, beside the key: no value is lost, either way
+    sql(empty_url, "UPDATE zt_requests SET budget = :budget, global_batch = 64, calibration = 'cal', runner = 'fsdp', "
+        "grad_reduce_in_fp32 = :yes", budget='{"trials": 5, "time_s": 30.0}', yes=True)
+    upgrade(empty_url)
+    assert columns(empty_url, "zt_requests") == {"id", "key", "spec", "created_at"}
+    assert request_specs(empty_url) == [("k", {
+        "model": {}, "cluster": {}, "objective": "tflops", "executor": "model", "global_batch": 64, "trials": 5,
+        "time_budget_s": 30.0, "calibration": "cal", "measure": None, "emulate": False, "runner": "fsdp",
+        "grad_reduce_in_fp32": True})]
+    assert sql(empty_url, "SELECT id, value FROM zt_trials") == [(7, 12.5)]  # and the rows that refer to it
+    downgrade(empty_url, "0008")
+    assert "spec" not in columns(empty_url, "zt_requests")
+    assert [(key, json_value(budget), *rest) for key, budget, *rest in sql(
+        empty_url, "SELECT key, budget, objective, executor, global_batch, calibration, measure, runner FROM "
+        "zt_requests")] == [("k", {"trials": 5, "time_s": 30.0}, "tflops", "model", 64, "cal", None, "fsdp")]
+    assert sql(empty_url, "SELECT emulate, grad_reduce_in_fp32 FROM zt_requests") in ([(0, 1)], [(False, True)])
     downgrade(empty_url, "0007")
     assert "grad_reduce_in_fp32" not in columns(empty_url, "zt_requests")
-    assert sql(empty_url, "SELECT key, runner FROM zt_requests") == [("k", "zerotune")]
+    assert sql(empty_url, "SELECT key, runner FROM zt_requests") == [("k", "fsdp")]
     downgrade(empty_url, "0006")
     assert "runner" not in columns(empty_url, "zt_requests") and sql(empty_url, "SELECT key FROM zt_requests") == [
         ("k",)]
@@ -117,7 +144,9 @@ def test_upgrade_from_previous_revision_keeps_rows(empty_url: str) -> None:
     upgrade(empty_url)
     assert schema_diff(empty_url) == []
     assert sql(empty_url, "SELECT count(*) FROM zt_workers") == [(0,)]
-    assert sql(empty_url, "SELECT key, calibration, measure FROM zt_requests") == [("k", None, None)]
+    [(key, spec)] = request_specs(empty_url)  # the columns that 0005-0007 dropped come back at their defaults
+    assert (key, spec["calibration"], spec["measure"], spec["runner"], spec["trials"]) == ("k", "cal", None,
+                                                                                           "zerotune", 5)
     assert sql(empty_url, "SELECT count(*) FROM zt_calibrations") == [(0,)]
     assert "phase" in columns(empty_url, "zt_jobs")
     downgrade(empty_url, "0004")

@@ -21,8 +21,8 @@ STRATEGY = {"param_span": 1, "grad_span": 2, "optim_span": 3, "weight_bits": 16}
 
 def new_request(session: Session, key: str = "k" * 64) -> Any:
     request, _ = repo.get_or_create_request(
-        session=session, key=key, model={"preset": "gpt-tiny"}, cluster={"preset": "local:2x2"},
-        objective="tflops", budget={"trials": 8}, executor="model", global_batch=32)
+        session=session, key=key, spec={"model": {"preset": "gpt-tiny"}, "cluster": {"preset": "local:2x2"},
+                                        "objective": "tflops", "trials": 8, "executor": "model", "global_batch": 32})
     return request
 
 
@@ -58,11 +58,9 @@ def race(n: int, work: Callable[[int], Any]) -> list[Any]:
 def test_request_dedupe_by_key(factory: Factory) -> None:
     with session_scope(factory) as session:
         first, created = repo.get_or_create_request(
-            session=session, key="a" * 64, model={"layers": 2}, cluster={"levels": []}, objective="tflops",
-            budget={}, executor="model")
+            session=session, key="a" * 64, spec={"model": {"layers": 2}, "cluster": {"levels": []}})
         again, created_again = repo.get_or_create_request(
-            session=session, key="a" * 64, model={"layers": 2}, cluster={"levels": []}, objective="tflops",
-            budget={}, executor="model")
+            session=session, key="a" * 64, spec={"model": {"layers": 2}, "cluster": {"levels": []}})
         other = new_request(session, key="b" * 64)
         with pytest.raises(ValueError, match="must be 1 to 64 characters"):
             new_request(session, key="c" * 65)
@@ -70,7 +68,7 @@ def test_request_dedupe_by_key(factory: Factory) -> None:
     assert again.id == first.id != other.id
     with session_scope(factory) as session:
         stored = repo.get_request_by_key(session=session, key="a" * 64)
-        assert stored is not None and stored.model == {"layers": 2} and stored.global_batch is None
+        assert stored is not None and stored.spec == {"model": {"layers": 2}, "cluster": {"levels": []}}
         assert stored.created_at.tzinfo is not None and stored.created_at.utcoffset() == timedelta(0)
 
 
@@ -79,8 +77,7 @@ def test_identical_concurrent_requests_share_one_request_and_one_job(factory: Fa
 
     def post(_: int) -> tuple[int, bool]:
         with session_scope(factory) as session:
-            request, created = repo.get_or_create_request(
-                session=session, key="s" * 64, model={}, cluster={}, objective="tflops", budget={}, executor="model")
+            request, created = repo.get_or_create_request(session=session, key="s" * 64, spec={"model": {}})
             return request.id, created
 
     requests = race(6, post)

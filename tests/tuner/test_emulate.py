@@ -310,9 +310,7 @@ def test_an_emulated_request_is_its_own_question_and_survives_the_database():
     base = dict(model=parse_model("gpt-tiny"), cluster=parse_cluster("local:2x2"), executor="local", trials=2)
     plain, emulated = TuneRequest(**base), TuneRequest(**base, emulate=True)
     assert plain.key() != emulated.key() and "emulate" not in plain.normalized()  # older keys hold
-    row = Request(key=emulated.key(), model=emulated.model.to_dict(), cluster=emulated.cluster.to_dict(),
-                  objective=emulated.objective, budget={"trials": 2}, executor="local",
-                  global_batch=emulated.global_batch, emulate=True)
+    row = Request(key=emulated.key(), spec=emulated.to_dict())
     assert tune_request(row).key() == emulated.key() and tune_request(row).emulate
     with pytest.raises(SpecError, match="only the local executor"):
         TuneRequest(**{**base, "executor": "model"}, emulate=True)

@@ -20,9 +20,9 @@ def test_a_gate_failed_run_still_calibrates_unless_it_went_nan(tmp_path):
     upgrade(url)
     engine = make_engine(url)
     with session_scope(make_session_factory(engine)) as s:
-        req, _ = repo.get_or_create_request(session=s, key="k" * 64, model=run["model"], cluster=run["cluster"],
-                                            objective="throughput", budget={"trials": 3, "time_s": None},
-                                            executor="local")
+        req, _ = repo.get_or_create_request(session=s, key="k" * 64, spec={"model": run["model"],
+                                                                          "cluster": run["cluster"], "trials": 3,
+                                                                          "executor": "local"})
         study = repo.create_study(session=s, request_id=req.id, optuna_study_name="runs", sampler="tpe",
                                   executor="local", n_trials=3)
         ids = {}

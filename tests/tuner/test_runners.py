@@ -135,7 +135,7 @@ def test_a_study_of_a_training_that_reduces_in_fp32_searches_and_exports_only_fp
     with make_session_factory(make_engine(url))() as s:
         trials = list(s.scalars(select(Trial).where(Trial.study_id == rec["study_id"])))
         stored = s.scalars(select(Request)).one()
-        assert stored.grad_reduce_in_fp32 is True and tune_request(stored).key() == request.key()
+        assert stored.spec["grad_reduce_in_fp32"] is True and tune_request(stored).key() == request.key()
     assert len(trials) == 12 and {t.strategy["grad_bits"] for t in trials} == {32}
     assert "zero3" in {t.strategy.get("name") for t in trials}  # the seeds too
     assert rec["strategy"]["grad_bits"] == 32
@@ -163,7 +163,7 @@ def test_a_deepspeed_study_searches_deepspeed_and_predicts_its_collectives(tmp_p
     with make_session_factory(make_engine(url))() as s:
         trials = list(s.scalars(select(Trial).where(Trial.study_id == rec["study_id"])))
         stored = s.scalars(select(Request)).one()
-        assert stored.runner == "deepspeed" and tune_request(stored).key() == request.key()
+        assert stored.spec["runner"] == "deepspeed" and tune_request(stored).key() == request.key()
     names = {t.strategy.get("name") for t in trials}
     assert {"zero3", "zeropp"} <= names and not names & {"3level-a", "3level-b", "mics"}
     assert all(runner_rule("deepspeed", cluster, Strategy.from_dict(t.strategy)) is None for t in trials)

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from zerotune.api import schemas
 from zerotune.api.schemas import ImportancePublic, ParamImportancePublic, TrialPointPublic, TrialPointsPublic
+from zerotune.core.fields import DEFAULTS, to_body
 from zerotune.db import repository as repo
 from zerotune.db.models import Job, Recommendation, Request, Study, Trial
 
@@ -37,6 +38,20 @@ def served_answer(session: Session, key: str) -> bytes | None:
     return answer_bytes(row) if row is not None else None
 
 
+def request_fields(row: Request) -> dict[str, Any]:
+    """What a stored request asks: its model, cluster and fields (one it has none of, stored before the field
+    existed, at its default)."""
+    return {**DEFAULTS, **row.spec}
+
+
+def request_public(row: Request) -> schemas.RequestPublic:
+    """A stored request as a client reads it: the body it stands for, presets expanded and defaults filled."""
+    fields = request_fields(row)
+    return schemas.RequestPublic.model_validate({**to_body(fields), "model": fields.get("model"),
+                                                 "cluster": fields.get("cluster"), "id": row.id, "key": row.key,
+                                                 "created_at": row.created_at})
+
+
 def job_public(session: Session, job: Job) -> schemas.JobPublic:
     """A job with what a client polls for: progress, best so far, the recommendation once done."""
     request = repo.get_request(session=session, request_id=job.request_id)
@@ -46,7 +61,7 @@ def job_public(session: Session, job: Job) -> schemas.JobPublic:
     return schemas.JobPublic(
         id=job.id, state=job.state,  # type: ignore[arg-type]  # CHECK constraint
         progress=job.progress, trials_done=job.trials_done, phase=job.phase,
-        trials_total=int((request.budget or {}).get("trials") or 0), best_value=best.value if best else None,
+        trials_total=int(request_fields(request)["trials"]), best_value=best.value if best else None,
         error=job.error, request_key=request.key, request_id=request.id, study_id=job.study_id,
         recommendation_id=rec.id if rec else None,
         worker=job.worker, created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
@@ -61,7 +76,7 @@ def study_detail(session: Session, study: Study) -> schemas.StudyDetailPublic:
     rec = repo.latest_recommendation(session=session, study_id=study.id)
     return schemas.StudyDetailPublic(
         **schemas.StudyPublic.model_validate(study, from_attributes=True).model_dump(),
-        request=schemas.RequestPublic.model_validate(request, from_attributes=True),
+        request=request_public(request),
         trial_counts=counts, best_trial_id=best.id if best else None,
         best_value=best.value if best else None, recommendation_id=rec.id if rec else None)
 
@@ -120,7 +135,7 @@ def trial_point(trial: Trial, outer_level: str | None) -> TrialPointPublic:
 
 def outer_level(request: Request) -> str | None:
     """The name of the request's outermost cluster level (where cross-node bytes go)."""
-    levels = (request.cluster or {}).get("levels") or []
+    levels = (request.spec.get("cluster") or {}).get("levels") or []
     return str(levels[-1]["name"]) if levels else None
 
 

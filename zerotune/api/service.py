@@ -21,8 +21,10 @@ from starlette.concurrency import run_in_threadpool
 
 from zerotune.api import queries, schemas
 from zerotune.api.cache import AnswerCache
+from zerotune.api.inputs import ClusterCreate, ModelCreate, RecommendationCreate
 from zerotune.api.metrics import Metrics
 from zerotune.api.settings import Settings
+from zerotune.core.fields import OPTIONS, from_body
 from zerotune.core.spec import ClusterSpec, ModelSpec
 from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.db import repository as repo
@@ -37,7 +39,7 @@ MAX_WORLD_SIZE = 2**24
 ACTIVE = ("queued", "running")
 
 
-def model_spec(value: str | schemas.ModelCreate) -> ModelSpec:
+def model_spec(value: str | ModelCreate) -> ModelSpec:
     """A preset name or an explicit ModelSpec (the catalog never reads a file)."""
     try:
         return parse_model(value if isinstance(value, str) else value.model_dump())
@@ -45,7 +47,7 @@ def model_spec(value: str | schemas.ModelCreate) -> ModelSpec:
         raise InputError.from_spec("model", exc) from None
 
 
-def cluster_spec(value: str | schemas.ClusterCreate) -> ClusterSpec:
+def cluster_spec(value: str | ClusterCreate) -> ClusterSpec:
     """A preset string (``frontier:48``, ``local:2x2``) or an explicit ClusterSpec, at most 2**24 ranks."""
     try:
         cluster = parse_cluster(value if isinstance(value, str) else value.model_dump())
@@ -56,25 +58,24 @@ def cluster_spec(value: str | schemas.ClusterCreate) -> ClusterSpec:
     return cluster
 
 
-def normalize(body: schemas.RecommendationCreate, settings: Settings, calibration: str | None = None) -> TuneRequest:
-    """The request with presets expanded and defaults filled; its ``key()`` names equivalent requests.
+BODY_FIELDS = frozenset(d.label for d in OPTIONS if d.about.body is not None)
+"""The request's fields by their places in the body (``budget.trials``): a rule one of them breaks names it so."""
 
-    ``calibration``: the stored calibration it resolves to (``Service.normalize`` looks it up)."""
-    for field, value in (("executor", body.executor), ("measure_shortlist", body.measure_shortlist)):
+
+def normalize(body: RecommendationCreate, settings: Settings) -> TuneRequest:
+    """The request with presets expanded and defaults filled; its ``key()`` names equivalent requests. Its
+    calibration is the name the body gives (``Service.normalize`` resolves it against the stored ones)."""
+    options = from_body(body.model_dump(exclude={"model", "cluster"}))
+    for field, value in (("executor", options["executor"]), ("measure_shortlist", options["measure"])):
         if value is not None and value not in settings.executors:
             raise InputError(f"body.{field}", value, f"this service runs only {list(settings.executors)}")
-    if body.budget.trials > settings.max_trials:
-        raise InputError("body.budget.trials", body.budget.trials, f"must be <= {settings.max_trials} here")
+    if options["trials"] > settings.max_trials:
+        raise InputError("body.budget.trials", options["trials"], f"must be <= {settings.max_trials} here")
     model, cluster = model_spec(body.model), cluster_spec(body.cluster)
     try:
-        return TuneRequest(model=model, cluster=cluster, executor=body.executor, trials=body.budget.trials,
-                           objective=body.objective, global_batch=body.global_batch,
-                           tokens_per_step=body.tokens_per_step, time_budget_s=body.budget.time_s,
-                           calibration=calibration, measure=body.measure_shortlist, emulate=body.emulate,
-                           runner=body.runner, grad_reduce_in_fp32=body.grad_reduce_in_fp32)
+        return TuneRequest(model=model, cluster=cluster, **options)
     except SpecError as exc:
-        if exc.field in ("global_batch", "tokens_per_step", "measure_shortlist", "emulate", "runner",
-                         "grad_reduce_in_fp32"):  # top level
+        if exc.field in BODY_FIELDS:
             raise InputError(f"body.{exc.field}", exc.as_detail()["value"], exc.rule) from None
         raise InputError.from_spec("request", exc) from None
 
@@ -125,12 +126,12 @@ class Service:
         self.engine.dispose()
 
     # -- the recommendation flow ---------------------------------------------------------------
-    async def normalize(self, body: schemas.RecommendationCreate) -> TuneRequest:
+    async def normalize(self, body: RecommendationCreate) -> TuneRequest:
         """``normalize`` with the request's calibration resolved against the database: the one the body
         names (422 when none is stored by that name), else the newest stored for its cluster."""
         request = normalize(body, self.settings)
-        name = await run_in_threadpool(self._calibration_name, request.cluster, body.calibration)
-        return request if name is None else dataclasses.replace(request, calibration=name)
+        name = await run_in_threadpool(self._calibration_name, request.cluster, request.calibration)
+        return dataclasses.replace(request, calibration=name)
 
     def _calibration_name(self, cluster: ClusterSpec, name: str | None) -> str | None:
         with session_scope(self.sessions) as s:
@@ -223,12 +224,7 @@ class Service:
             row = repo.served_recommendation(session=s, request_key=key)
             if row is not None:
                 return Outcome(answer=queries.answer_bytes(row)), False
-            req, _ = repo.get_or_create_request(
-                session=s, key=key, model=request.model.to_dict(), cluster=request.cluster.to_dict(),
-                objective=request.objective, budget={"trials": request.trials, "time_s": request.time_budget_s},
-                executor=request.executor, global_batch=request.global_batch, calibration=request.calibration,
-                measure=request.measure, emulate=request.emulate, runner=request.runner,
-                grad_reduce_in_fp32=request.grad_reduce_in_fp32)
+            req, _ = repo.get_or_create_request(session=s, key=key, spec=request.to_dict())
             job, created = repo.get_or_create_job(session=s, request_id=req.id)
             return Outcome(job=queries.job_public(s, job)), created
 

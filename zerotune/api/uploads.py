@@ -12,15 +12,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from zerotune.api.inputs import TrialCreate
 from zerotune.api.queries import finite
-from zerotune.api.schemas import TrialCreate
 from zerotune.api.service import cluster_spec, model_spec
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.catalog import STRATEGY_PRESETS, build_strategy, device_matches
 from zerotune.db import repository as repo
 from zerotune.db.models import Trial
 from zerotune.errors import InputError, SpecError
-from zerotune.tuner.request import TuneRequest, strategy_key
+from zerotune.tuner.request import TuneRequest, key_of, strategy_key
 
 EXECUTOR = "external"
 
@@ -47,11 +47,11 @@ def store_run(*, session: Session, run: TrialCreate) -> tuple[Trial, bool]:
         raise InputError("body.tflops_per_rank", None, "required when status is 'ok'")
     metrics = finite({**run.model_dump(exclude={"logs"}), "model": model.to_dict(), "cluster": cluster.to_dict(),
                       "strategy": strategy.to_dict()})
-    request = TuneRequest(model=model, cluster=cluster, executor=EXECUTOR, trials=1)
-    key = request.key()
-    req, _ = repo.get_or_create_request(session=session, key=key, model=model.to_dict(), cluster=cluster.to_dict(),
-                                        objective="throughput", budget={"trials": 1, "time_s": None},
-                                        executor=EXECUTOR)
+    # uploaded runs are kept under a request of their own: a one-trial study of their model and cluster, by the
+    # executor no request may name
+    request = TuneRequest(model=model, cluster=cluster, trials=1)
+    key = key_of({**request.normalized(), "executor": EXECUTOR})
+    req, _ = repo.get_or_create_request(session=session, key=key, spec={**request.to_dict(), "executor": EXECUTOR})
     study = next(iter(repo.studies_of_request(session=session, request_id=req.id)), None)
     if study is None:  # the request row insert above serializes racing first uploads
         study = repo.create_study(session=session, request_id=req.id, optuna_study_name=f"zerotune-external-{key[:24]}",

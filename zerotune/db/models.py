@@ -16,7 +16,6 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
-    Boolean,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -31,7 +30,6 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.sql.expression import false
 
 TABLE_PREFIX = "zt_"
 
@@ -96,23 +94,15 @@ class Base(DeclarativeBase):
 
 
 class Request(Base):
-    """A normalized tuning request (model + cluster + objective + budget); ``key`` is its hash."""
+    """A normalized tuning request: ``spec`` holds it whole (the model, the cluster and every field, as
+    ``tuner.request.TuneRequest.to_dict`` writes it), ``key`` is its hash; a new request field needs no column
+    (revision 0009 moved the earlier ones into ``spec``)."""
 
     __tablename__ = "zt_requests"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(64), unique=True, index=True)
-    model: Mapped[dict[str, Any]]
-    cluster: Mapped[dict[str, Any]]
-    objective: Mapped[str] = mapped_column(String(32))
-    budget: Mapped[dict[str, Any]]
-    executor: Mapped[str] = mapped_column(String(32))
-    global_batch: Mapped[int | None] = mapped_column(Integer)
-    calibration: Mapped[str | None] = mapped_column(String(128))  # the stored calibration it uses (revision 0004)
-    measure: Mapped[str | None] = mapped_column(String(16))  # executor that measures the shortlist (revision 0004)
-    emulate: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # revision 0006
-    runner: Mapped[str] = mapped_column(String(16), default="zerotune", server_default="zerotune")  # revision 0007
-    grad_reduce_in_fp32: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # revision 0008
+    spec: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -8,57 +8,24 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from zerotune.core.fields import ALWAYS, OPTIONS, WHEN_SET, Options, check_fields, from_dict
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.errors import SpecError
 from zerotune.tuner.executors.local import runs_as_is
-from zerotune.tuner.space import RUNNERS, resolve_global_batch
-
-SAMPLERS = ("tpe", "nsga2", "random")
+from zerotune.tuner.space import resolve_global_batch
 
 
-@dataclass(frozen=True)
-class TuneRequest:
-    """What a user asks for; ``key()`` identifies equivalent requests."""
+@dataclass(frozen=True, kw_only=True)
+class TuneRequest(Options):
+    """What a user asks for: a model on a cluster, and how to search (every other field: ``core.fields.Options``);
+    ``key()`` identifies equivalent requests. ``to_dict`` / ``from_dict`` are its stored form."""
 
     model: ModelSpec
     cluster: ClusterSpec
-    executor: str = "model"
-    trials: int = 40
-    objective: str = "throughput"
-    """``throughput`` (max TFLOPS per rank) or ``pareto`` (TFLOPS vs peak memory, NSGA-II)."""
-    global_batch: int | None = None
-    """Sequences per optimizer step, held fixed for every trial; None = ``space.default_global_batch``."""
-    sampler: str = "tpe"
-    seed: int | None = None
-    time_budget_s: float | None = None
-    tokens_per_step: int | None = None
-    """The same batch in tokens (a whole number of sequences); filled in from ``global_batch``."""
-    calibration: str | None = None
-    """The stored calibration every prediction uses (``tuner.calibrating``); None = the cluster's profile."""
-    measure: str | None = None
-    """``local`` or ``slurm``: after a model study, measure the shortlist its decision names with that executor."""
-    shortlist_of: str | None = None
-    """Set on the measured study of another request's shortlist: that request's key."""
-    emulate: bool = False
-    """``local`` only: run the short runs on an emulated cluster (``tuner.executors.emulate``: a namespace per
-    innermost group, links shaped to the requested cluster's levels)."""
-    runner: str = "zerotune"
-    """Who trains with the answer (``space.RUNNERS``): the study searches what that runner runs exactly and
-    predicts its collectives as that runner issues them (``costmodel.rates.run_by``)."""
-    grad_reduce_in_fp32: bool = False
-    """The training reduces gradients in fp32 (torchtitan's default, FSDP2 ``reduce_dtype=float32``, Megatron's
-    ``grad_reduce_in_fp32``): every strategy of the study has ``grad_bits`` 32 (``fit``), so none quantizes them."""
 
     def __post_init__(self) -> None:
-        if self.objective not in ("throughput", "pareto"):
-            raise SpecError("objective", self.objective, "must be 'throughput' or 'pareto'")
-        if self.sampler not in SAMPLERS:
-            raise SpecError("sampler", self.sampler, f"must be one of {list(SAMPLERS)}")
-        if not isinstance(self.trials, int) or self.trials < 1:
-            raise SpecError("budget.trials", self.trials, "must be an integer >= 1")
+        check_fields(self)
         if self.measure is not None:
-            if self.measure not in ("local", "slurm"):
-                raise SpecError("measure_shortlist", self.measure, "must be 'local' or 'slurm'")
             if self.executor != "model":
                 raise SpecError("measure_shortlist", self.measure, f"only a model study has a shortlist to measure; "
                                 f"executor {self.executor!r} measures every trial already")
@@ -69,15 +36,11 @@ class TuneRequest:
         if self.emulate and self.executor != "local":
             raise SpecError("emulate", self.emulate, f"only the local executor's runs can be emulated, not "
                             f"{self.executor!r}")
-        if self.runner not in RUNNERS:
-            raise SpecError("runner", self.runner, f"must be one of {list(RUNNERS)}")
         if self.runner != "zerotune" and (self.executor != "model" or self.measure is not None):
             what = f"executor {self.executor!r}" if self.executor != "model" else f"measure_shortlist {self.measure!r}"
             raise SpecError("runner", self.runner, f"short runs train with zerotune's own engine, so {what} cannot "
                             f"measure how {self.runner} runs a strategy; use executor 'model' without "
                             "measure_shortlist, or runner 'zerotune'")
-        if not isinstance(self.grad_reduce_in_fp32, bool):
-            raise SpecError("grad_reduce_in_fp32", self.grad_reduce_in_fp32, "must be true or false")
         if self.emulate and self.cluster.num_levels < 2:
             raise SpecError("emulate", self.emulate, f"{self.cluster.name} has one level: nothing to emulate")
         batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
@@ -85,20 +48,28 @@ class TuneRequest:
         object.__setattr__(self, "tokens_per_step", batch * self.model.seq_len)
 
     def normalized(self) -> dict[str, Any]:
-        """What makes two requests equivalent (the optional fields only where set, so older keys hold)."""
-        fields = {"model": self.model.to_dict(), "cluster": self.cluster.to_dict(), "executor": self.executor,
-                  "objective": self.objective, "global_batch": self.global_batch, "trials": self.trials,
-                  "sampler": self.sampler}
-        for name in ("calibration", "measure", "shortlist_of"):
-            if getattr(self, name) is not None:
-                fields[name] = getattr(self, name)
-        if self.emulate:
-            fields["emulate"] = True
-        if self.runner != "zerotune":
-            fields["runner"] = self.runner
-        if self.grad_reduce_in_fp32:
-            fields["grad_reduce_in_fp32"] = True
+        """What makes two requests equivalent: the model, the cluster and each field that is part of the key
+        (``core.fields.About.key``: a field keyed ``WHEN_SET`` only where it is not its default, so older keys hold)."""
+        fields = {"model": self.model.to_dict(), "cluster": self.cluster.to_dict()}
+        for d in OPTIONS:
+            value = getattr(self, d.name)
+            if d.about.key == ALWAYS or (d.about.key == WHEN_SET and value != d.default):
+                fields[d.name] = value
         return fields
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request as it is stored (``db.models.Request.spec``): the model, the cluster and every field."""
+        return {"model": self.model.to_dict(), "cluster": self.cluster.to_dict(),
+                **{d.name: getattr(self, d.name) for d in OPTIONS}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TuneRequest:
+        """The request ``to_dict`` stored (a field it lacks, stored before the field existed, takes its default)."""
+        if not isinstance(data, dict):
+            raise SpecError("request", data, "must be a JSON object with a model, a cluster and the request's fields")
+        fields = {**data, "model": ModelSpec.from_dict(data.get("model")),
+                  "cluster": ClusterSpec.from_dict(data.get("cluster"))}
+        return from_dict(cls, fields, "request")
 
     def fit(self, s: Strategy) -> Strategy:
         """``s`` as this request trains it: with ``grad_reduce_in_fp32``, its gradients reduced in fp32; without,
@@ -107,7 +78,12 @@ class TuneRequest:
         return s if s.grad_bits == want else s.replace(grad_bits=want)
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(self.normalized(), sort_keys=True).encode()).hexdigest()
+        return key_of(self.normalized())
+
+
+def key_of(normalized: dict[str, Any]) -> str:
+    """The hash of a normalized request (``TuneRequest.normalized``): equal for equivalent requests."""
+    return hashlib.sha256(json.dumps(normalized, sort_keys=True).encode()).hexdigest()
 
 
 KEYLESS_DEFAULTS = {"checkpoint_policy": "full", "checkpoint_every": 1}

@@ -70,11 +70,11 @@ def warm_start(session: Session, request: TuneRequest, top: int = 3) -> list[Str
     family = r.cluster.name.split(":")[0]
     best: tuple[float, int] | None = None
     for req in repo.list_requests(session=session):
-        cluster = ClusterSpec.from_dict(req.cluster)
+        cluster = ClusterSpec.from_dict(req.spec["cluster"])
         if req.key == r.key() or cluster.name.split(":")[0] != family or \
                 cluster.num_levels != r.cluster.num_levels:
             continue
-        model = ModelSpec.from_dict(req.model)
+        model = ModelSpec.from_dict(req.spec["model"])
         distance = abs(math.log(model.num_params() / r.model.num_params())) + \
             abs(math.log(cluster.world_size / r.cluster.world_size))
         if distance < math.log(8) and (best is None or distance < best[0]):

@@ -23,15 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotune.core import batch
+from zerotune.core.fields import RUNNERS
 from zerotune.core.spec import BITS, CHECKPOINT_POLICIES, ClusterSpec, ModelSpec, Strategy
-from zerotune.costmodel.rates import RUNNERS as COST_MODEL_RUNNERS
 from zerotune.errors import SpecError
 
 NONE = "none"
 MICRO_BATCH_SIZES = (1, 2, 4)
-RUNNERS = tuple(COST_MODEL_RUNNERS)
-"""Who trains with the answer: zerotune's engine, DeepSpeed (ZeRO / ZeRO++) or PyTorch FSDP2 — the runners
-whose collectives the cost model knows (``costmodel.rates.RUNNERS``)."""
 
 
 def params_key(params: dict[str, Any]) -> str:

@@ -132,12 +132,7 @@ class Tuner:
         """Find or create the request and its study rows; return the study id."""
         r = self.request
         with session_scope(self.sessions) as s:
-            req, _ = repo.get_or_create_request(session=s, key=r.key(), model=r.model.to_dict(),
-                                             cluster=r.cluster.to_dict(), objective=r.objective,
-                                             budget={"trials": r.trials, "time_s": r.time_budget_s},
-                                             executor=r.executor, global_batch=r.global_batch,
-                                             calibration=r.calibration, measure=r.measure, emulate=r.emulate,
-                                             runner=r.runner, grad_reduce_in_fp32=r.grad_reduce_in_fp32)
+            req, _ = repo.get_or_create_request(session=s, key=r.key(), spec=r.to_dict())
             existing = next(reversed(repo.studies_of_request(session=s, request_id=req.id)), None)
             if existing is not None and existing.state != "failed":
                 return existing.id

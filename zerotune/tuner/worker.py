@@ -29,7 +29,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from zerotune.core.spec import ClusterSpec, ModelSpec
 from zerotune.db import repository as repo
 from zerotune.db.models import Request, utcnow
 from zerotune.db.session import make_engine, make_session_factory, session_scope
@@ -61,12 +60,7 @@ verifying a predicted pick, storing the answer) is the rest, so a job reads 1.0 
 
 def tune_request(row: Request) -> TuneRequest:
     """The TuneRequest a stored request row was made from (same key)."""
-    budget = row.budget or {}
-    return TuneRequest(model=ModelSpec.from_dict(row.model), cluster=ClusterSpec.from_dict(row.cluster),
-                       executor=row.executor, trials=int(budget.get("trials") or 40), objective=row.objective,
-                       global_batch=row.global_batch, time_budget_s=budget.get("time_s"),
-                       calibration=row.calibration, measure=row.measure, emulate=bool(row.emulate),
-                       runner=row.runner or "zerotune", grad_reduce_in_fp32=bool(row.grad_reduce_in_fp32))
+    return TuneRequest.from_dict(row.spec)
 
 
 class Worker:

@@ -105,7 +105,7 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if not isinstance(base, dict):
             raise UsageError("--base", args.base, "a DeepSpeed config is a JSON object")
     body = pl.build_request(model, cluster, objective=args.objective, executor=args.executor, trials=args.trials,
-                            time_s=args.time_budget, global_batch=args.global_batch,
+                            time_budget_s=args.time_budget, global_batch=args.global_batch,
                             runner=args.runner or env.get("ZEROTUNE_RUNNER"),
                             grad_reduce_in_fp32=args.grad_reduce_in_fp32 or pl.env_flag(
                                 "ZEROTUNE_GRAD_REDUCE_IN_FP32", env.get("ZEROTUNE_GRAD_REDUCE_IN_FP32")))

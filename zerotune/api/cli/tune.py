@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerotune.api.cli import ExitStatus
+from zerotune.core.fields import OPTIONS
 from zerotune.core.spec import Strategy
-from zerotune.tuner.executors import NAMES
 
 
 def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
@@ -18,37 +18,41 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p = sub.add_parser("tune", help="run a study without a server and print the recommendation")
     p.add_argument("--model", required=True, help="model preset or JSON file")
     p.add_argument("--cluster", required=True, help="cluster preset or JSON file")
-    p.add_argument("--executor", choices=NAMES, default="model")
-    p.add_argument("--trials", type=int, default=40, help="trials to finish (invalid combinations do not count)")
-    p.add_argument("--objective", choices=["throughput", "pareto"], default="throughput")
-    p.add_argument("--sampler", choices=["tpe", "nsga2", "random"], default="tpe")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--global-batch", type=int, default=None,
-                   help="sequences per optimizer step, the same for every trial (default: world size x 4)")
-    p.add_argument("--tokens-per-step", type=int, default=None, help="the same batch in tokens")
-    p.add_argument("--time-budget", type=float, default=None, help="stop starting trials after this many seconds")
+    add_request_flags(p)
     p.add_argument("--steps", type=int, default=10, help="steps per measured trial")
     p.add_argument("--trial-timeout", type=float, default=600.0, help="seconds before a measured trial is killed")
     p.add_argument("--calibration", help="a stored calibration to predict with (default: the newest stored for the "
                                          "cluster in --db, else the cluster's profile), or a zerotune calibrate file")
-    p.add_argument("--measure-shortlist", choices=["local", "slurm"], default=None,
-                   help="after a model study, measure the partitions within the model's error of its winner (its "
-                        "three fastest where that error is unknown) with this executor, and answer with the fastest")
-    p.add_argument("--emulate", action="store_true",
-                   help="local executor: run the short runs on an emulated cluster (a namespace per innermost group, "
-                        "links shaped to the cluster's levels; Linux, CAP_NET_ADMIN)")
-    p.add_argument("--runner", choices=["zerotune", "deepspeed", "fsdp"], default="zerotune",
-                   help="who trains with the answer: search only what that runner runs exactly, with its collectives "
-                        "(DeepSpeed and FSDP2: flat NCCL rings, the reduction in backward); model executor only")
-    p.add_argument("--grad-reduce-in-fp32", action="store_true",
-                   help="the training reduces gradients in fp32 (torchtitan's default, FSDP2 reduce_dtype=float32, "
-                        "Megatron's grad_reduce_in_fp32): every strategy searched reduces them in fp32")
     p.add_argument("--partition", help="Slurm partition (slurm executor)")
     p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
     p.add_argument("--full", action="store_true", help="print the whole recommendation record")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_tune)
+
+
+OWN_FLAGS = ("calibration",)
+"""Request fields whose flag says more than the field (``--calibration`` also takes a file): written out above."""
+
+
+def add_request_flags(p: argparse.ArgumentParser) -> None:
+    """A flag for each field of a request (``core.fields.Options``; ``About.flag`` names it) but ``OWN_FLAGS``: the
+    field's type, choices, default and meaning."""
+    for d in OPTIONS:
+        if d.about.flag is None or d.name in OWN_FLAGS:
+            continue
+        flag = "--" + (d.about.flag or d.label.split(".")[-1]).replace("_", "-")
+        if d.kind is bool:
+            p.add_argument(flag, dest=d.name, action=argparse.BooleanOptionalAction if d.default else "store_true",
+                           help=d.about.doc)
+        else:
+            p.add_argument(flag, dest=d.name, type=d.kind, choices=d.about.choices or None, default=d.default,
+                           metavar=None if d.about.choices else flag[2:].upper().replace("-", "_"), help=d.about.doc)
+
+
+def request_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The request's fields that ``add_request_flags`` read."""
+    return {d.name: getattr(args, d.name) for d in OPTIONS if d.about.flag is not None and d.name not in OWN_FLAGS}
 
 
 def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -62,11 +66,7 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.tuner.request import TuneRequest
     from zerotune.tuner.study import TunerOptions
 
-    request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), executor=args.executor,
-                          trials=args.trials, objective=args.objective, global_batch=args.global_batch,
-                          tokens_per_step=args.tokens_per_step, measure=args.measure_shortlist,
-                          sampler=args.sampler, seed=args.seed, time_budget_s=args.time_budget, emulate=args.emulate,
-                          runner=args.runner, grad_reduce_in_fp32=args.grad_reduce_in_fp32)
+    request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), **request_options(args))
     options = TunerOptions(steps=args.steps, trial_timeout_s=args.trial_timeout)
     if request.emulate:
         from zerotune.tuner.executors import netns

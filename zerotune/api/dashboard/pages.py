@@ -51,7 +51,7 @@ def page_data(value: Any) -> Any:
 
 
 def cluster_levels(request: Request) -> list[dict[str, Any]]:
-    return list((request.cluster or {}).get("levels") or [])
+    return list((request.spec.get("cluster") or {}).get("levels") or [])
 
 
 def span_words(levels: list[dict[str, Any]], span: Any) -> str:
@@ -82,15 +82,15 @@ def strategy_rows(strategy: dict[str, Any], levels: list[dict[str, Any]]) -> lis
 
 
 def request_summary(request: Request) -> dict[str, Any]:
-    model, cluster = request.model or {}, request.cluster or {}
+    fields = queries.request_fields(request)
+    model, cluster = fields.get("model") or {}, fields.get("cluster") or {}
     levels = cluster_levels(request)
     return {"id": request.id, "model": model.get("name", "custom"), "cluster": cluster.get("name", "custom"),
             "world_size": math.prod(int(level.get("size", 1)) for level in levels) if levels else None,
             "device": cluster.get("device"), "device_memory_gib": cluster.get("device_memory_gib"),
-            "levels": [level.get("name") for level in levels], "objective": request.objective,
-            "executor": request.executor, "trials": (request.budget or {}).get("trials"),
-            "calibration": request.calibration, "runner": request.runner or "zerotune",
-            "grad_reduce_in_fp32": bool(request.grad_reduce_in_fp32)}
+            "levels": [level.get("name") for level in levels], "objective": fields["objective"],
+            "executor": fields["executor"], "trials": fields["trials"], "calibration": fields["calibration"],
+            "runner": fields["runner"], "grad_reduce_in_fp32": bool(fields["grad_reduce_in_fp32"])}
 
 
 def refit_of(session: Session, study_id: int) -> dict[str, Any] | None:

@@ -21,7 +21,8 @@ The flow:
    ZeRO-3 with DeepSpeed's default buckets.
 5. :func:`write_outputs` writes the chosen format (atomically) and returns the ``export`` lines.
 
-Modules: ``request`` (1, 2), ``answers`` (3, 4), ``outputs`` (5), ``client`` (HTTP with retries).
+Modules: ``body`` (1, 2), ``answers`` (3, 4), ``outputs`` (5), ``client`` (HTTP with retries); the request's
+fields, their names and defaults, are ``zerotune/core/fields.py``'s (standard library only too).
 """
 
 from zerotune.api.prologue.answers import (
@@ -34,9 +35,7 @@ from zerotune.api.prologue.answers import (
 )
 from zerotune.api.prologue.body import (
     DEEPSPEED_DEFAULT_BUCKETS,
-    EXECUTORS,
     PRESET_DEVICES_PER_NODE,
-    RUNNERS,
     build_request,
     env_flag,
     job_id,
@@ -61,6 +60,7 @@ from zerotune.api.prologue.outputs import (
     write_atomic,
     write_outputs,
 )
+from zerotune.core.fields import EXECUTORS, RUNNERS  # what a request may name, as the command line offers it
 
 __all__ = [
     "slurm_nodes",

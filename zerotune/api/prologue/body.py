@@ -1,5 +1,6 @@
 """The request a job makes: its cluster from the flags, ``ZEROTUNE_*`` and ``SLURM_*``, its model, the body
-with the service's defaults filled in, and the key equal requests share."""
+with the service's defaults filled in (the request's fields, their names and defaults: ``core.fields``, which is
+standard library only too), and the key equal requests share."""
 
 from __future__ import annotations
 
@@ -11,13 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerotune.core.clusters import PRESET_DEVICES_PER_NODE  # the presets' own table, standard library only
-from zerotune.errors import UsageError
-
-EXECUTORS = ("model", "local", "slurm")
-"""The service's executors (``zerotune/tuner/executors``; copied, since this client imports only the standard
-library; a test keeps the two in step)."""
-RUNNERS = ("zerotune", "deepspeed", "fsdp")
-"""Who trains with the answer (``zerotune/tuner/space.py``; copied, a test keeps the two in step)."""
+from zerotune.core.fields import ALWAYS, OPTIONS, check, to_body
+from zerotune.errors import SpecError, UsageError
 
 DEEPSPEED_DEFAULT_BUCKETS = {"reduce_bucket_mb": 1000.0, "allgather_bucket_mb": 100.0, "prefetch_buckets": 1}
 """The fallback's buckets: DeepSpeed's defaults (reduce_bucket_size 5e8 and stage3_prefetch_bucket_size
@@ -163,27 +159,32 @@ def resolve_model(model: str | None) -> str | dict[str, Any]:
     return model
 
 
-def build_request(model: str | dict[str, Any], cluster: str | dict[str, Any], *, objective: str = "throughput",
-                  executor: str = "model", trials: int = 40, time_s: float | None = None,
-                  global_batch: int | None = None, runner: str | None = None,
-                  grad_reduce_in_fp32: bool = False) -> dict[str, Any]:
-    """The body of ``POST /v1/recommendations`` with the service's defaults filled in (``runner`` only when it is
-    not zerotune's engine, ``grad_reduce_in_fp32`` only when set, so the bodies, and keys, of earlier clients
-    hold)."""
-    budget: dict[str, Any] = {"trials": trials}
-    if time_s is not None:
-        budget["time_s"] = time_s
-    body: dict[str, Any] = {"model": model, "cluster": cluster, "objective": objective, "executor": executor,
-                            "budget": budget}
-    if global_batch is not None:
-        body["global_batch"] = global_batch
-    if runner is not None and runner != "zerotune":
-        if runner not in RUNNERS:
-            raise UsageError("runner", runner, f"must be one of {list(RUNNERS)}")
-        body["runner"] = runner
-    if grad_reduce_in_fp32:
-        body["grad_reduce_in_fp32"] = True
-    return body
+def build_request(model: str | dict[str, Any], cluster: str | dict[str, Any], **options: Any) -> dict[str, Any]:
+    """The body of ``POST /v1/recommendations`` with the service's defaults filled in, from the request's fields
+    by name (``core.fields.Options``: ``trials``, ``time_budget_s``, ``runner`` ...; None: not given).
+
+    A field that is part of every request's key (the objective, the executor, the budget's trials) is sent always,
+    where it has a value; any other only where it is not its default, so the bodies, and keys, of earlier clients
+    hold.
+
+    Raises:
+        UsageError: a value that breaks its field's rule (``runner='x': must be one of [...]``).
+    """
+    unknown = sorted(set(options) - {d.name for d in OPTIONS if d.about.body is not None})
+    if unknown:
+        raise TypeError(f"build_request: {unknown[0]!r} is not a field of a request's body")
+    values = {}
+    for d in OPTIONS:
+        value = options.get(d.name)
+        value = d.default if value is None else value
+        if d.about.body is None or value is None or (d.about.key != ALWAYS and value == d.default):
+            continue
+        try:
+            check(d, value, d.label)
+        except SpecError as exc:
+            raise UsageError(exc.field, exc.value, exc.rule) from None
+        values[d.name] = value
+    return {"model": model, "cluster": cluster, **to_body(values)}
 
 
 def env_flag(name: str, value: str | None) -> bool:

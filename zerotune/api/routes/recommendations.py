@@ -10,8 +10,9 @@ from fastapi.responses import JSONResponse
 from zerotune.api import queries
 from zerotune.api.cache import MAX_WAIT_S
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
+from zerotune.api.inputs import RecommendationCreate
 from zerotune.api.prologue.outputs import ENV_FILES
-from zerotune.api.schemas import JobPublic, Message, RecommendationCreate, RecommendationPublic
+from zerotune.api.schemas import JobPublic, Message, RecommendationPublic
 from zerotune.db import repository as repo
 from zerotune.errors import NotFoundError
 

@@ -6,7 +6,8 @@ from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
-from zerotune.api.schemas import Message, TrialCreate, TrialDetailPublic
+from zerotune.api.inputs import TrialCreate
+from zerotune.api.schemas import Message, TrialDetailPublic
 from zerotune.api.uploads import store_run
 from zerotune.db import repository as repo
 from zerotune.db.session import session_scope

@@ -43,7 +43,7 @@ def get_or_create_job(*, session: Session, request_id: int) -> tuple[Job, bool]:
     Returns:
         ``(job, created)``.
     """
-    lock = update(Request).where(Request.id == request_id).values(objective=Request.objective).returning(Request.id)
+    lock = update(Request).where(Request.id == request_id).values(key=Request.key).returning(Request.id)
     if session.execute(lock).scalar_one_or_none() is None:
         raise NotFoundError("request", request_id)
     query = (select(Job).where(Job.request_id == request_id, Job.state.in_(ACTIVE_JOB_STATES))

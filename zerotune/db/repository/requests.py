@@ -17,25 +17,20 @@ from zerotune.db.repository._common import (
 )
 
 
-def get_or_create_request(
-    *, session: Session, key: str, model: JsonDict, cluster: JsonDict, objective: str, budget: JsonDict,
-    executor: str, global_batch: int | None = None, calibration: str | None = None, measure: str | None = None,
-    emulate: bool = False, runner: str = "zerotune", grad_reduce_in_fp32: bool = False,
-) -> tuple[Request, bool]:
+def get_or_create_request(*, session: Session, key: str, spec: JsonDict) -> tuple[Request, bool]:
     """The request stored under ``key``, inserting it if new; safe when many callers race.
 
     Args:
         key: the hash of the normalized request (64 characters at most).
+        spec: the normalized request (``TuneRequest.to_dict()``), stored as it is.
 
     Returns:
         ``(request, created)``; ``created`` is False when an equal request was already stored.
     """
     _check_key("key", key)
-    values = {"key": key, "model": model, "cluster": cluster, "objective": objective, "budget": budget,
-              "executor": executor, "global_batch": global_batch, "calibration": calibration, "measure": measure,
-              "emulate": emulate, "runner": runner, "grad_reduce_in_fp32": grad_reduce_in_fp32, "created_at": utcnow()}
     insert = postgresql.insert if _dialect(session) == "postgresql" else sqlite.insert
-    stmt = insert(Request).values(**values).on_conflict_do_nothing(index_elements=["key"]).returning(Request.id)
+    stmt = (insert(Request).values(key=key, spec=spec, created_at=utcnow())
+            .on_conflict_do_nothing(index_elements=["key"]).returning(Request.id))
     created = session.execute(stmt).scalar_one_or_none() is not None
     return session.scalars(select(Request).where(Request.key == key)).one(), created
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any
 
-ExecutorName = Literal["model", "local", "slurm"]
-"""The executors a request may name (the API's schema, the settings and ``zerotune tune`` read it)."""
-NAMES: tuple[str, ...] = get_args(ExecutorName)
+from zerotune.core.fields import EXECUTORS as NAMES  # the executors a request may name, one branch each below
 
 
 def make_executor(name: str, *, calibration: Any = None, partition: str | None = None, emulate: bool = False) -> Any:
@@ -32,4 +30,4 @@ def make_executor(name: str, *, calibration: Any = None, partition: str | None =
         from zerotune.tuner.executors.slurm import SlurmExecutor
 
         return SlurmExecutor(partition=partition)
-    raise ValueError(f"executor={name!r}: must be one of model, local, slurm")
+    raise ValueError(f"executor={name!r}: must be one of {', '.join(NAMES)}")
