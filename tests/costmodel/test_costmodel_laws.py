@@ -661,6 +661,7 @@ def test_deepspeed_stages_1_and_2_pay_an_all_reduce_for_each_gradient_bucket():
     ZeRO-3 reduce-scatters in DeepSpeed too: unchanged."""
     from zerotune.core.volume import QUANT_BLOCK
     from zerotune.costmodel.schedule import build_schedule
+    from zerotune.costmodel.tally import step_counts
     from zerotune.costmodel.timing import costs_for
 
     cluster, model = parse_cluster("dgx-h100:4"), parse_model("gpt-13b")
@@ -678,7 +679,7 @@ def test_deepspeed_stages_1_and_2_pay_an_all_reduce_for_each_gradient_bucket():
             continue
         sched, costs = build_schedule(model, cluster, s), costs_for(cluster, ds, 2, s.quantize_above, QUANT_BLOCK)
         more = 0.0
-        for c, times in sched.counts(accum).items():
+        for c, times in step_counts(sched, accum).items():
             op, levels, numel, bits = c
             if op == "reduce_scatter" and costs.moves(c):
                 more += times * (costs.time(("all_reduce", levels, numel, bits)) - costs.time(c))
@@ -761,7 +762,7 @@ def test_a_band_is_no_narrower_than_the_models_error_on_its_device():
     assert on_device(items, None, None) is None and on_device(items, "H100", None) is None
     frontier = parse_cluster("frontier:48")
     band = predict(GPT_18B, frontier, build_strategy("zero3", frontier))["error_band"]
-    stored = json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text())["items"]["comparisons"]
+    stored = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())["items"]["comparisons"]
     near, span = at_scale(stored, 384)
     own = on_device(stored, frontier.device, span)
     assert own is not None and own["median"] > 2 * near["median"]  # the seed paper's runs, missed by 7-45%
@@ -773,7 +774,7 @@ def test_a_band_is_no_narrower_than_the_models_error_on_its_device():
     own = on_device(stored, h100.device, span)
     assert own is not None and band["device"]["comparisons"] == own
     assert band["comparison_median"] == max(own["median"], near["median"])  # the wider of the two
-    rows = json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text())["items"]["rows"]
+    rows = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())["items"]["rows"]
     own = on_device(rows, h100.device, at_scale(rows, h100.world_size)[1])  # the Playbook's 64-256 GPU figures
     assert own is not None and band["device"]["rows"] == own and band["row_median"] >= own["median"]
 
@@ -782,7 +783,7 @@ def test_a_band_says_where_the_vendor_library_ran_slower_than_the_ring_model():
     """Flat rings (the DeepSpeed and FSDP runners) at a scale whose vendor collectives were measured more than 15% off
     the model's ring, slower or faster, carry that ratio in their band (bench/collectives_at_scale.py, stored in
     model_error.json); zerotune's per-level rings and scales where the library held to the ring do not."""
-    stored = json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text())["collectives"]
+    stored = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())["collectives"]
     ratios = {lib: dict(map(tuple, scales)) for lib, scales in stored["measured_over_predicted"].items()}
 
     def band(cluster_name: str, runner: str) -> dict:
@@ -822,7 +823,7 @@ def test_a_band_states_the_models_lean_on_checkpointed_runs(monkeypatch):
     assert lean["tables"][0]["checkpointed"] == [3, -0.12] and lean["tables"][0]["uncheckpointed"] == [2, 0.01]
     assert lean["tables"][0]["ratio"] == round(0.88 / 1.01 - 1, 4) and lean["tables"][1]["ratio"] == 0
     assert lean["lean"] == round((0.88 / 1.01 - 1) / 2, 4) and published.checkpointing_lean([])["lean"] is None
-    stored = json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text())["checkpointing"]
+    stored = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())["checkpointing"]
     assert len(stored["tables"]) >= 5 and all(t["checkpointed"][0] and t["uncheckpointed"][0] for t in stored["tables"])
     assert stored["lean"] == round(statistics.median(t["ratio"] for t in stored["tables"]), 4)
     assert abs(stored["lean"]) < 0.2  # a lean past the band's own scale would be a defect to fix, not to state
@@ -867,7 +868,7 @@ def test_published_bench_reproduces_its_tables(monkeypatch):
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     # the error band every profile prediction carries is what the bench computes from today's model and tables
-    assert json.loads((ROOT / "strategies" / "costmodel" / "model_error.json").read_text()) == result["error"], \
+    assert json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text()) == result["error"], \
         "run: python bench/published.py --write-error"
     for name in ("dgx-h100:2", "frontier:48", "dgx-h100:128"):  # each prediction reads the items near its scale
         cluster = parse_cluster(name)

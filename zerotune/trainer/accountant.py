@@ -17,7 +17,9 @@ from contextlib import contextmanager
 
 import torch
 
-CATEGORIES = ("params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations")
+from zerotune.core.records import MEMORY_CATEGORIES
+
+CATEGORIES = MEMORY_CATEGORIES
 
 
 class MemoryAccountant:
