@@ -41,8 +41,8 @@ __all__ = ["GIB", "Calibration", "MeasuredError", "Schedule", "accumulation_step
 
 
 def clear_caches() -> None:
-    """Forget every memoized plan, schedule, per-collective cost, step volume and DeepSpeed gathered peak (what
-    ``predict`` learns as it runs): the next call starts cold, e.g. to time it."""
+    """Forget every memoized plan, schedule, per-collective cost, step volume, pipeline run, memory and DeepSpeed
+    gathered peak (what ``predict`` learns as it runs): the next call starts cold, e.g. to time it."""
     from zerotune.costmodel import coordinator, memory, pipeline, schedule, timing, traffic
 
     schedule.clear()

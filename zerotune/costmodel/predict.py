@@ -5,12 +5,17 @@
 1. the question (``schedule.Setup``): the specs, the calibration, the dtype, the micro-steps per step
    (``schedule.accumulation_steps``) and what the specs say of the step;
 2. the schedule (``schedule.build_schedule`` → ``Schedule``): every collective one step issues;
-3. the collectives' seconds as the runner issues them (``runners.schedule_seconds`` → ``Seconds``, per schedule;
-   ``runners.gathers_of`` → ``Gathers``, per strategy), each collective timed by ``timing.Costs``;
-4. the compute (``traffic.compute_seconds`` → ``Compute``), with the runner's copies (``runners.copy_seconds``);
-5. the step (``pipeline.time_step`` → ``StepTime``): the bucket pipeline, the micro-steps and the boundary;
-6. the memory (``memory.memory_of`` → ``MemoryBytes``);
-7. the result (``result.assemble`` → ``Prediction``).
+3. its bytes (``tally.step_bytes`` → ``StepBytes``): per level and kind, and the elements quantized;
+4. the collectives' seconds as the runner issues them (``runners.schedule_seconds`` → ``Seconds``, per schedule),
+   each collective timed by ``timing.Costs``;
+5. the compute (``traffic.compute_seconds`` → ``Compute``), with the runner's copies (``runners.copy_seconds``);
+6. the gathers of the strategy's micro-step (``coordinator.gathers_of`` → ``Gathers``): the schedule's, or
+   DeepSpeed's sub-module by sub-module, and what DeepSpeed holds;
+7. the step (``pipeline.time_step`` → ``StepTime``): the bucket pipeline, the micro-steps and the boundary;
+8. the memory (``memory.memory_of`` → ``MemoryBytes``);
+9. the result (``result.assemble`` → ``Prediction``, ``core.records``).
+
+``bench/predict_walk.py`` follows one strategy through it call by call.
 
 One micro-step is the engine's pipeline (``pipeline.pipeline``): the root's gather (exposed: nothing
 computes before it), the forward pass with gathers ``prefetch_buckets`` ahead, the head, then the
