@@ -466,6 +466,7 @@ def test_deepspeed_stages_1_and_2_pay_an_all_reduce_for_each_gradient_bucket():
     ZeRO-3 reduce-scatters in DeepSpeed too: unchanged."""
     from zerotune.core.volume import QUANT_BLOCK
     from zerotune.costmodel.schedule import build_schedule
+    from zerotune.costmodel.tally import step_counts
     from zerotune.costmodel.timing import costs_for
 
     cluster, model = parse_cluster("dgx-h100:4"), parse_model("gpt-13b")
@@ -483,7 +484,7 @@ def test_deepspeed_stages_1_and_2_pay_an_all_reduce_for_each_gradient_bucket():
             continue
         sched, costs = build_schedule(model, cluster, s), costs_for(cluster, ds, 2, s.quantize_above, QUANT_BLOCK)
         more = 0.0
-        for c, times in sched.counts(accum).items():
+        for c, times in step_counts(sched, accum).items():
             op, levels, numel, bits = c
             if op == "reduce_scatter" and costs.moves(c):
                 more += times * (costs.time(("all_reduce", levels, numel, bits)) - costs.time(c))

@@ -257,14 +257,12 @@ def test_predictions_made_warm_equal_those_made_cold(runner, monkeypatch):
     the reduce-group cuts) changes no prediction: strategies of the tuner's space and the presets, over 1 and 4
     micro-steps, give bit for bit what they give with every cache cleared before each and every pipeline pass run
     afresh, whatever was predicted before them."""
-    import importlib
-
     from zerotune.costmodel import clear_caches
+    from zerotune.costmodel import pipeline as pipeline_module
     from zerotune.costmodel.pipeline import pipeline
     from zerotune.costmodel.rates import run_by
     from zerotune.tuner.space import Space
 
-    predict_module = importlib.import_module("zerotune.costmodel.predict")
     model, cluster = parse_model("gpt-neox-20b"), parse_cluster("dgx-h100:16")
     calib = run_by(calibration_for(cluster), runner)
     batch = 4 * cluster.world_size
@@ -275,7 +273,7 @@ def test_predictions_made_warm_equal_those_made_cold(runner, monkeypatch):
     calls = [(s, b) for s in strategies for b in (None, 4 * s.micro_batch_size * cluster.world_size)]
     cold = []
     with monkeypatch.context() as patch:
-        patch.setattr(predict_module, "_pass", lambda memo, key, *args: pipeline(*args))
+        patch.setattr(pipeline_module, "_pass", lambda memo, key, *args: pipeline(*args))
         for s, b in calls:
             clear_caches()
             cold.append(predict(model, cluster, s, global_batch=b, calibration=calib))

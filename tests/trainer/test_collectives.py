@@ -100,19 +100,16 @@ def test_quantized_reduce_scatter_within_documented_bound(measured):
 
 
 def test_cost_model_charges_the_quantization_the_collectives_run(measured):
-    """The elements ``comm.py`` quantizes and dequantizes equal what the cost model charges for."""
-    from zerotune.costmodel import Calibration
-    from zerotune.costmodel.timing import costs_for
-
+    """The elements ``comm.py`` quantizes and dequantizes equal what the cost model charges for
+    (``volume.quant_elements``, which ``timing.Costs`` and ``tally`` read)."""
     cluster, ranks = measured
     checked = 0
     for r in ranks[0]["records"]:
         if r["flat"]:
             continue  # the engine runs the hierarchical algorithm; the cost model prices that one
         lo, hi = r["levels"]
-        costs = costs_for(cluster, Calibration(), 4, r["qa"], BLOCK)
         numel = r["n"] if r["op"] == "all_gather" else volume.pad_to(r["n"], math.prod(cluster.sizes[lo - 1:hi]))
-        want = costs.quant_elems(r["op"], lo, hi, numel) if r["bits"] < 16 else 0
+        want = volume.quant_elements(cluster, r["qa"], r["op"], lo, hi, numel) if r["bits"] < 16 else 0
         assert r["quant_elems"] == want, r
         checked += want > 0
     assert checked, "no quantized collective crossed a quantized level"

@@ -8,13 +8,12 @@ stored trial also carries the cost model's prediction for the same point.
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy.orm import Session
 
 from zerotune.api.inputs import TrialCreate
 from zerotune.api.queries import finite
 from zerotune.api.service import cluster_spec, model_spec
+from zerotune.core.records import Prediction
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.catalog import STRATEGY_PRESETS, build_strategy, device_matches
 from zerotune.db import repository as repo
@@ -73,7 +72,7 @@ def store_run(*, session: Session, run: TrialCreate) -> tuple[Trial, bool]:
     return finished, True
 
 
-def _prediction(run: TrialCreate, model: ModelSpec, cluster: ClusterSpec, strategy: Strategy) -> dict[str, Any] | None:
+def _prediction(run: TrialCreate, model: ModelSpec, cluster: ClusterSpec, strategy: Strategy) -> Prediction | None:
     from zerotune.costmodel import predict
 
     try:

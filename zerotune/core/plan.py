@@ -19,12 +19,18 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 from dataclasses import dataclass
 
 from zerotune.core.spec import ModelSpec
-from zerotune.core.volume import pad_to
 
 BYTES_PER_16BIT = 2
+
+
+def pad_to(numel: int, multiple: int) -> int:
+    """``numel`` rounded up to a multiple of ``multiple`` (a bucket's length for a world of ranks, a buffer's for
+    the ranks that split it: ``volume.py``)."""
+    return math.ceil(numel / multiple) * multiple
 
 
 def block_modules(spec: ModelSpec) -> tuple[int, ...]:
@@ -133,17 +139,14 @@ def _buckets(spec: ModelSpec, world_size: int, k: int) -> tuple[tuple[Bucket, ..
     return tuple(buckets), tuple(b.padded for b in buckets), tuple(len(b.units) for b in buckets[1:])
 
 
-def padded_buckets(spec: ModelSpec, world_size: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The padded lengths of the buckets of ``k`` blocks (root first) and the blocks in each block bucket."""
-    _, padded, blocks = _buckets(spec, world_size, k)
-    return padded, blocks
-
-
-def bucket_layout(spec: ModelSpec, world_size: int, allgather_bucket_mb: float) -> tuple[int, tuple[int, ...]]:
-    """The blocks a bucket holds at ``allgather_bucket_mb`` and the buckets' padded lengths, root first: all that
-    the all-gather bucket size decides (bucket sizes that hold the same number of blocks share it, memoized)."""
+def bucket_layout(spec: ModelSpec, world_size: int,
+                  allgather_bucket_mb: float) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The blocks a bucket holds at ``allgather_bucket_mb``, the buckets' padded lengths (root first) and the blocks
+    in each block bucket: all that the all-gather bucket size decides (bucket sizes that hold the same number of
+    blocks share it, memoized)."""
     k = blocks_per_bucket(block_numel(spec), allgather_bucket_mb)
-    return k, _buckets(spec, world_size, k)[1]
+    _, padded, blocks = _buckets(spec, world_size, k)
+    return k, padded, blocks
 
 
 def cut_reduce_groups(padded: tuple[int, ...], reduce_bucket_mb: float) -> tuple[tuple[int, ...], ...]:
@@ -198,6 +201,5 @@ def _cut(padded: tuple[int, ...], reduce_cap: float) -> tuple[tuple[int, ...], .
 def plan_buckets(spec: ModelSpec, world_size: int, allgather_bucket_mb: float, reduce_bucket_mb: float) -> Plan:
     """The bucket plan of ``spec`` for ``world_size`` ranks (see the module docstring). Bucket sizes that hold the
     same number of blocks share their buckets (memoized): only the reduce groups are cut for each call."""
-    k, padded = bucket_layout(spec, world_size, allgather_bucket_mb)
-    buckets, _, blocks = _buckets(spec, world_size, k)
-    return Plan(buckets, cut_reduce_groups(padded, reduce_bucket_mb), padded, blocks)
+    k, padded, blocks = bucket_layout(spec, world_size, allgather_bucket_mb)
+    return Plan(_buckets(spec, world_size, k)[0], cut_reduce_groups(padded, reduce_bucket_mb), padded, blocks)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from zerotune.core.plan import pad_to  # a buffer split among ranks is padded as a bucket is (and read from here)
 from zerotune.core.spec import ClusterSpec
 
 QUANT_BLOCK = 2048
@@ -47,10 +48,6 @@ def wire_elem_bytes(elem_bytes: int, bits: int) -> int:
     """Bytes per element of an unquantized collective at width ``bits``: 4 at 32 (an fp32 reduction of a
     16-bit run's gradients), else the run's own ``elem_bytes``."""
     return 4 if bits == 32 else elem_bytes
-
-
-def pad_to(numel: int, multiple: int) -> int:
-    return math.ceil(numel / multiple) * multiple
 
 
 def _levels(lo: int, hi: int) -> range:
@@ -156,3 +153,33 @@ def merge(*volumes: Volume) -> Volume:
 def scale(volume: Volume, factor: int) -> Volume:
     """A volume repeated ``factor`` times."""
     return {name: {kind: n * factor for kind, n in kinds.items()} for name, kinds in volume.items()}
+
+
+def pairs(volume: Volume) -> tuple[tuple[tuple[str, str], int], ...]:
+    """``volume`` as ((level, kind), bytes) pairs with bytes > 0 (cheap to accumulate)."""
+    return tuple(((name, kind), n) for name, kinds in volume.items() for kind, n in kinds.items() if n)
+
+
+def quant_elements(cluster: ClusterSpec, quantize_above: int, op: str, lo: int, hi: int, numel: int) -> int:
+    """Elements quantized plus elements dequantized by a collective at bits < 16, as ``comm.py`` runs it.
+
+    Quantized levels are those ≥ ``quantize_above`` with 2+ ranks. An all-gather of a
+    ``numel``-element shard quantizes the shard once and dequantizes once, on leaving the
+    quantized (outer) levels, the c · Π s_l elements gathered over them. A reduce-scatter of a
+    ``numel``-element buffer quantizes and dequantizes, at each quantized level l, the buffer
+    that level sees: numel / Π_{lo ≤ k < l} s_k. An all-reduce is a reduce-scatter, then an
+    all-gather of its result."""
+    sizes = cluster.sizes
+    quantized = [lv for lv in range(max(lo, quantize_above), hi + 1) if sizes[lv - 1] > 1]
+    if not quantized:
+        return 0
+    if op == "all_gather":
+        return numel + numel * math.prod(sizes[lv - 1] for lv in quantized)
+    total, seen = 0, numel
+    for level in range(lo, hi + 1):
+        if level in quantized:
+            total += 2 * seen
+        seen //= sizes[level - 1]
+    if op == "all_reduce":  # seen is now the shard each rank keeps
+        total += quant_elements(cluster, quantize_above, "all_gather", lo, hi, seen)
+    return total

@@ -44,12 +44,18 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from zerotune.core.plan import BYTES_PER_16BIT, block_modules, block_numel
+from zerotune.core.plan import BYTES_PER_16BIT, block_numel
+from zerotune.core.records import DeepSpeedStep
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.core.volume import wire_elem_bytes
+from zerotune.costmodel.runners import Timer
+from zerotune.costmodel.schedule import Coll, Schedule, Setup
+from zerotune.costmodel.timing import Costs, Seconds
 from zerotune.costmodel.traffic import block_matmuls
 
 
@@ -106,8 +112,9 @@ def export_settings(model: ModelSpec, allgather_bucket_mb: float, prefetch_bucke
     if keep_all:  # a parameter is next used at most 2 x the model's elements later: forward, then backward
         live, reuse = model.num_params() + prefetch, 2 * model.num_params()
     else:
-        root = sum(n for _, n in _modules(model)[0])
-        running = max(bucket, *block_modules(model))
+        root_params, block = _modules(model)
+        root = sum(n for _, n in root_params)
+        running = max(bucket, *(sum(n for _, n in m) for m in block))  # the largest sub-module (plan.block_modules)
         live, reuse = root + running + prefetch, 2 * block_numel(model) if activation_checkpointing else 0
     return Stage3Settings(prefetch=prefetch, max_live=live, reuse=reuse, persistence=10 * model.hidden)
 
@@ -117,7 +124,7 @@ def settings_for(model: ModelSpec, cluster: ClusterSpec, s: Strategy, which: str
     (``Calibration.stage3_settings``)."""
     if which == "defaults":
         return DEEPSPEED_DEFAULTS
-    keep_all = s.secondary_span is not None and cluster.span_size(s.secondary_span) == 1
+    keep_all = s.secondary_span is not None and math.prod(cluster.sizes[:s.secondary_span]) == 1
     return export_settings(model, s.allgather_bucket_mb, s.prefetch_buckets, s.activation_checkpointing, keep_all)
 
 
@@ -296,3 +303,90 @@ def staged_gradients(model: ModelSpec, reduce_bucket: int) -> int:
     root_params, block = _modules(model)
     largest = max(n for module in (*block, root_params) for _, n in module)
     return reduce_bucket + max(largest, reduce_bucket)
+
+
+def deepspeed_step(ds: Stage3Step, settings: Stage3Settings, which: str, elem_bytes: int) -> DeepSpeedStep:
+    """What a DeepSpeed ZeRO-3 run of the prediction does by its coordinator's rules (``simulate``): the
+    stage-3 settings it runs under (``which``: zerotune's export or DeepSpeed's defaults), the times it gathers its
+    partitioned parameters in a step, forward and backward, and the most bytes of them it holds gathered."""
+    forward, backward = (n / ds.partitioned if ds.partitioned else 0.0 for n in ds.elements)
+    return {"stage3_settings": which, "stage3": settings.config(),
+            "gathered_per_step": forward + backward, "gathered_forward": forward, "gathered_backward": backward,
+            "held_peak_bytes": ds.peak * elem_bytes}
+
+def held_bytes(model: ModelSpec, settings: Stage3Settings, s: Strategy, elem_bytes: int) -> int:
+    """Bytes DeepSpeed's ZeRO-3 holds for its communication under ``settings`` (module docstring): what its
+    coordinator holds gathered at its fullest, in the run's dtype, and the gradients it stages for reduction in its
+    buckets' dtype (the communication dtype: fp32 reductions with ``grad_bits`` 32, else the run's)."""
+    bucket_bytes = wire_elem_bytes(elem_bytes, s.grad_bits) if s.grad_bits >= 16 else elem_bytes
+    return (gathered_peak(model, settings, s.activation_checkpointing) * elem_bytes
+            + staged_gradients(model, bucket_elements(s.reduce_bucket_mb)) * bucket_bytes)
+
+
+def by_module(ct: Timer, gathers: dict[int, Coll], lengths: tuple[int, ...], units: tuple[int, ...],
+               model: ModelSpec, times: tuple[float, ...] | None = None) -> dict[int, float]:
+    """Seconds of each block bucket's gather issued as one all-gather per sub-module
+    (``Calibration.gathers = "module"``): the bucket's shard split in the sub-modules' proportions
+    (``plan.block_modules``, its LayerNorms shared among them), one collective per block and module, each
+    sub-module gathered ``times`` times in the pass (``Stage3Step``: more than once where a recompute's
+    gathers were released before its backward, less where what the pass before gathered is kept; None: once)."""
+    modules = tuple(sum(n for _, n in m) for m in _modules(model)[1])
+    times = times or (1.0,) * len(modules)
+    total = sum(modules)
+    out = {}
+    for n, u in dict(zip(lengths, units, strict=True)).items():
+        op, rng, numel, bits = gathers[n]
+        out[n] = u * sum(k * ct((op, rng, max(1, round(numel * m / total / u)), bits))
+                         for m, k in zip(modules, times, strict=True))
+    return out
+
+
+class Gathers(NamedTuple):
+    """The gathers of one strategy's micro-step as its runner issues them: the schedule's (``Seconds``), or
+    DeepSpeed's ZeRO-3's, sub-module by sub-module as often as its coordinator gathers each."""
+
+    fwd: dict[int, float]
+    """Forward gather by bucket length."""
+    bwd: dict[int, float]
+    """Backward gather by bucket length."""
+    root_fwd: float
+    """The root's gather, exposed before the forward pass."""
+    root_bwd: float
+    """The root's second gather at the turn to backward (0: it stays gathered, as zerotune's engine keeps it)."""
+    prefetch: int
+    """Buckets gathered ahead of the one computing (``Strategy.prefetch_buckets``; 0 for DeepSpeed: none credited)."""
+    passes: dict[tuple, tuple[float, float, float]] | None
+    """Where the pipeline's passes are memoized (``Seconds.passes``); None where the gathers are the strategy's own."""
+    deepspeed: DeepSpeedStep | None
+    """What a DeepSpeed ZeRO-3 run gathers and holds, where it shards parameters (None: another runner or stage)."""
+    held: int | None
+    """The bytes such a run holds for its communication (``held_bytes``: ``memory.memory_per_rank`` books them);
+    None where the runner holds the schedule's buckets."""
+
+
+def gathers_of(setup: Setup, sched: Schedule, costs: Costs, seconds: Seconds) -> Gathers:
+    """The gathers of ``setup``'s micro-step (``Gathers``): a runner that gathers per sub-module (DeepSpeed's ZeRO-3,
+    ``Calibration.gathers = "module"``) gathers each as often as its parameter coordinator does
+    (``simulate``): the root a second time at the turn to backward where its reuse distance does not keep
+    it, and a checkpointed block's sub-modules a third time where the recompute released them beyond that distance."""
+    model, s, calib = setup.model, setup.strategy, setup.calib
+    if calib.gathers != "module":
+        return Gathers(seconds.fwd, seconds.bwd, seconds.fwd[sched.root], 0.0, s.prefetch_buckets, seconds.passes,
+                       None, None)
+    ct = costs.time
+    stage3 = settings_for(model, setup.cluster, s, calib.stage3_settings)
+    root_f, root_b, deepspeed, held = seconds.fwd[sched.root], 0.0, None, None
+    fwd_times = bwd_times = None
+    if s.param_span:  # ZeRO-3: each sub-module as often as its coordinator gathers it
+        ds = simulate(model, stage3, s.activation_checkpointing)
+        deepspeed = deepspeed_step(ds, stage3, calib.stage3_settings, setup.elem_bytes)
+        held = held_bytes(model, stage3, s, setup.elem_bytes)
+        fwd_times, bwd_times = ds.forward, ds.backward
+        # the root's parameters (embeddings, final LayerNorm) are released after forward like every other
+        # module's and gathered again for the head's backward where the reuse distance does not keep them
+        # (counted on DeepSpeed 0.19.8 under the export: every parameter gathered twice a step,
+        # tests/tuner/test_exports.py); zerotune's engine keeps the root
+        root_f, root_b = root_f * ds.root[0], ct(sched.bwd[sched.root]) * ds.root[1]
+    fwd = {**seconds.fwd, **by_module(ct, sched.fwd, sched.lengths, sched.units, model, fwd_times)}
+    bwd = {**seconds.bwd, **by_module(ct, sched.bwd, sched.lengths, sched.units, model, bwd_times)}
+    return Gathers(fwd, bwd, root_f, root_b, 0, None, deepspeed, held)

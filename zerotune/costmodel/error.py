@@ -52,6 +52,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from zerotune.core.records import Band, Collectives, DeviceBand, ErrorBand, Lean
 from zerotune.costmodel.profiles import PRESET_CALIBRATIONS
 from zerotune.costmodel.rates import Calibration, run_by
 
@@ -66,7 +67,7 @@ COLLECTIVES_WITHIN = 0.15
 """A library's measured collectives within this of the model's ring add nothing to a band (the published goal)."""
 
 
-def band_of(errors: list[float]) -> dict[str, Any]:
+def band_of(errors: list[float]) -> Band:
     """Median and 90th percentile (nearest rank) of absolute relative errors."""
     errors = sorted(abs(e) for e in errors)
     if not errors:
@@ -75,7 +76,7 @@ def band_of(errors: list[float]) -> dict[str, Any]:
             "p90": round(errors[min(len(errors) - 1, round(0.9 * (len(errors) - 1)))], 4)}
 
 
-def at_scale(items: list[list], world: int | None) -> tuple[dict[str, Any], tuple[int, int] | None]:
+def at_scale(items: list[list], world: int | None) -> tuple[Band, tuple[int, int] | None]:
     """The band of the ``[gpus, error, device, table]`` items measured near ``world`` GPUs, and the GPU range it
     read (None: every item, as for a prediction without a scale)."""
     if world is None or not items:
@@ -88,7 +89,7 @@ def at_scale(items: list[list], world: int | None) -> tuple[dict[str, Any], tupl
             return band_of([it[1] for it in near]), (int(min(it[0] for it in near)), int(max(it[0] for it in near)))
 
 
-def on_device(items: list[list], device: str | None, span: tuple[int, int] | None) -> dict[str, Any] | None:
+def on_device(items: list[list], device: str | None, span: tuple[int, int] | None) -> Band | None:
     """The band of the items measured on ``device`` within ``span`` GPUs (all GPU counts for None): None for
     fewer than ``DEVICE_MIN_ITEMS``."""
     mine = [it[1] for it in items if len(it) > 2 and it[2] == device
@@ -103,17 +104,27 @@ def published_error() -> dict[str, Any] | None:
     return json.loads(ERROR_FILE.read_text()) if ERROR_FILE.exists() else None
 
 
-def error_band(calibration: Calibration, world: int | None = None, device: str | None = None) -> dict[str, Any] | None:
+_BY_ID: dict[tuple[int, int | None, str | None], tuple[Calibration, ErrorBand | None]] = {}
+"""``_band`` by the calibration's identity (held, so that no id is reused): a study predicts with one calibration
+object call after call, and hashing it (every rate) costs more than the band's lookup."""
+
+
+def error_band(calibration: Calibration, world: int | None = None, device: str | None = None) -> ErrorBand | None:
     """The band a prediction made with ``calibration`` for ``world`` ranks of ``device`` (a
     ``ClusterSpec.device``) carries: its measured error for a fitted one, the published one near that
     scale and on that device for a preset's own profile, None otherwise (nothing measured its error).
     A fresh dict per call."""
-    band = _band(calibration, world, device)
-    return dict(band) if band is not None else None
+    known = _BY_ID.get((id(calibration), world, device))
+    if known is None or known[0] is not calibration:
+        if len(_BY_ID) > 256:
+            _BY_ID.clear()
+        known = _BY_ID[id(calibration), world, device] = (calibration, _band(calibration, world, device))
+    band = known[1]
+    return band.copy() if band is not None else None
 
 
 @functools.lru_cache(maxsize=256)
-def _band(calibration: Calibration, world: int | None, device: str | None) -> dict[str, Any] | None:
+def _band(calibration: Calibration, world: int | None, device: str | None) -> ErrorBand | None:
     measured = calibration.measured_error
     if measured is not None:
         return {"row_median": measured.row_median, "row_p90": measured.row_p90,
@@ -133,23 +144,28 @@ def _band(calibration: Calibration, world: int | None, device: str | None) -> di
         """The tables the items a band read came from."""
         return {it[3] for it in err["items"][kind] if span is None or span[0] <= it[0] <= span[1]}
     read = sorted(tables("rows", row_range) | tables("comparisons", pair_range))
-    band = {"row_median": rows["median"], "row_p90": rows["p90"],
-            "comparison_median": pairs["median"], "comparison_p90": pairs["p90"],
-            "source": f"bench/published.py: {rows['count']} published figures{where(row_range)} and "
-                      f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(read)})"}
-    own = {"rows": on_device(err["items"]["rows"], device, row_range),
-           "comparisons": on_device(err["items"]["comparisons"], device, pair_range)}
-    said = []
-    for kind, prefix, label in (("rows", "row", "figures"), ("comparisons", "comparison", "comparisons")):
-        mine = own[kind]
-        if mine is None:
-            continue
-        said.append(f"{mine['count']} {label} {mine['median']:.0%} median, {mine['p90']:.0%} p90")
-        for stat in ("median", "p90"):  # the wider of the scale's and the device's
-            if band[f"{prefix}_{stat}"] is None or mine[stat] > band[f"{prefix}_{stat}"]:
-                band[f"{prefix}_{stat}"] = mine[stat]
+    band: ErrorBand = {
+        "row_median": rows["median"], "row_p90": rows["p90"],
+        "comparison_median": pairs["median"], "comparison_p90": pairs["p90"],
+        "source": f"bench/published.py: {rows['count']} published figures{where(row_range)} and "
+                  f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(read)})"}
+    own_rows = on_device(err["items"]["rows"], device, row_range)
+    own_pairs = on_device(err["items"]["comparisons"], device, pair_range)
+    said = [f"{mine['count']} {label} {mine['median']:.0%} median, {mine['p90']:.0%} p90"
+            for mine, label in ((own_rows, "figures"), (own_pairs, "comparisons")) if mine is not None]
+    if own_rows is not None:  # the wider of the scale's and the device's
+        band["row_median"], band["row_p90"] = _wider(band["row_median"], own_rows["median"]), \
+            _wider(band["row_p90"], own_rows["p90"])
+    if own_pairs is not None:
+        band["comparison_median"], band["comparison_p90"] = _wider(band["comparison_median"], own_pairs["median"]), \
+            _wider(band["comparison_p90"], own_pairs["p90"])
     if said:
-        band["device"] = {"device": device, **{k: v for k, v in own.items() if v is not None}}
+        mine: DeviceBand = {"device": device}
+        if own_rows is not None:
+            mine["rows"] = own_rows
+        if own_pairs is not None:
+            mine["comparisons"] = own_pairs
+        band["device"] = mine
         band["source"] += f"; on {device}: {' and '.join(said)}, the wider band kept"
     slower = _collectives(err, calibration, world)
     if slower is not None:
@@ -162,13 +178,18 @@ def _band(calibration: Calibration, world: int | None, device: str | None) -> di
     return band
 
 
-def lean_sentence(lean: dict[str, Any]) -> str:
+def _wider(band: float | None, mine: float | None) -> float | None:
+    """The wider of a scale's band and its device's."""
+    return mine if band is None or (mine is not None and mine > band) else band
+
+
+def lean_sentence(lean: Lean) -> str:
     """The clause every client says of a band's ``checkpointing`` lean (``zerotune predict``, a decision's ``why``)."""
     return (f"the model's figures for checkpointed runs sat {lean['lean']:+.1%} from its figures for uncheckpointed "
             f"ones in the published tables that measured both ({lean['source']})")
 
 
-def _collectives(err: dict[str, Any], calibration: Calibration, world: int | None) -> dict[str, Any] | None:
+def _collectives(err: dict[str, Any], calibration: Calibration, world: int | None) -> Collectives | None:
     """Where a prediction runs its library's flat rings (DeepSpeed's and FSDP's) at a scale whose vendor
     collectives were measured more than ``COLLECTIVES_WITHIN`` off the model's ring: the measured ratio
     at the largest measured GPU count not above ``world`` (``model_error.json``'s ``collectives``)."""

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from zerotune.core.records import RunMetrics
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.rates import Calibration
-from zerotune.costmodel.tally import accumulation_steps, step_latency
+from zerotune.costmodel.schedule import accumulation_steps
+from zerotune.costmodel.tally import step_latency
 from zerotune.errors import SpecError
 
 
@@ -49,7 +50,7 @@ class Measurement:
     """(elements quantized + dequantized, seconds in those calls) per step (run.json's ``quantization``)."""
 
     @classmethod
-    def from_run(cls, run: dict[str, Any], source: str = "run.json") -> Measurement:
+    def from_run(cls, run: RunMetrics, source: str = "run.json") -> Measurement:
         """From a trainer ``run.json`` (status ok)."""
         if run.get("status") != "ok":
             raise SpecError(source, run.get("status"), "only completed runs (status ok) can calibrate")
@@ -101,7 +102,7 @@ RATE_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 all-to-all is left out: gloo runs it as pairwise sends whose time is not the model's ring."""
 
 
-def _level_traffic(run: dict[str, Any], kinds_of: Sequence[str]) -> tuple[tuple[str, int, float], ...]:
+def _level_traffic(run: RunMetrics, kinds_of: Sequence[str]) -> tuple[tuple[str, int, float], ...]:
     seconds, volume = run.get("seconds_per_level") or {}, run.get("bytes_per_level") or {}
     out = []
     for level, kinds in seconds.items():

@@ -32,7 +32,7 @@ it: only the cast back to the run's dtype is new, t·V·e.
 Communication buffers: the root and (1 + prefetch) gathered buckets, and two reduce groups of full
 gradients (the one staged for reduction in fp32 with ``grad_bits`` 32). A run by DeepSpeed's ZeRO-3
 (``Calibration.gathers = "module"``) holds instead what its coordinator gathers at its fullest under the run's
-stage-3 settings, and the gradients it stages in and beside its reduce bucket (``costmodel.deepspeed``).
+stage-3 settings, and the gradients it stages in and beside its reduce bucket (``coordinator.held_bytes``).
 Peak = their sum (an upper bound).
 """
 
@@ -40,14 +40,14 @@ from __future__ import annotations
 
 import math
 
+from zerotune.core.records import MEMORY_CATEGORIES, MemoryBytes, MemoryCategory, Overflow
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.core.volume import wire_elem_bytes
-from zerotune.costmodel.coordinator import Stage3Settings, bucket_elements, gathered_peak, staged_gradients
-from zerotune.costmodel.schedule import Schedule, build_schedule
+from zerotune.costmodel.schedule import Schedule, Setup, build_schedule
 from zerotune.costmodel.traffic import kept_matmuls
 
 GIB = 2**30
-CATEGORIES = ("params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations")
+CATEGORIES = MEMORY_CATEGORIES
 
 
 def schedule_state_memory(sched: Schedule, sizes: tuple[int, ...], s: Strategy, elem_bytes: int) -> dict[str, int]:
@@ -108,31 +108,57 @@ def head_backward_transient(model: ModelSpec, s: Strategy, elem_bytes: int, loss
 
 
 def memory_per_rank(model: ModelSpec, sched: Schedule, sizes: tuple[int, ...], s: Strategy,
-                    elem_bytes: int, stage3: Stage3Settings | None = None, loss: str = "torch") -> dict[str, int]:
-    """Every category and their sum ``peak`` (see the module docstring); ``stage3``: the settings of a run by
-    DeepSpeed's ZeRO-3, whose buffers are its own (None: zerotune's engine, or a runner that holds whole buckets);
-    ``loss``: the run's loss kernel (``traffic.LOSS_KERNELS``)."""
-    memory = schedule_state_memory(sched, sizes, s, elem_bytes)
-    staged = wire_elem_bytes(elem_bytes, s.grad_bits)
-    if stage3 is not None and s.param_span:
-        # DeepSpeed's buckets are in the communication dtype: fp32 reductions with grad_bits 32, else the run's
-        bucket_bytes = staged if s.grad_bits >= 16 else elem_bytes
-        memory["comm_buffers"] = (gathered_peak(model, stage3, s.activation_checkpointing) * elem_bytes
-                                  + staged_gradients(model, bucket_elements(s.reduce_bucket_mb)) * bucket_bytes)
+                    elem_bytes: int, held: int | None = None, loss: str = "torch") -> MemoryBytes:
+    """Every category and their sum ``peak`` (see the module docstring); ``held``: the communication buffers of a
+    run by DeepSpeed's ZeRO-3, which are its own (``coordinator.held_bytes``; None: zerotune's engine, or a runner
+    that holds whole buckets); ``loss``: the run's loss kernel (``traffic.LOSS_KERNELS``). The memory stage of
+    ``predict``'s pipeline."""
+    state = schedule_state_memory(sched, sizes, s, elem_bytes)
+    if held is not None:
+        comm_buffers = held
     else:
+        staged = wire_elem_bytes(elem_bytes, s.grad_bits)
         gathered = (sched.root + (1 + s.prefetch_buckets) * max(sched.lengths, default=0)) if s.param_span else 0
         # two reduce groups: one autograd fills (run dtype), one staged for its reduction (the wire's width)
-        memory["comm_buffers"] = (gathered + sched.largest_group) * elem_bytes + sched.largest_group * staged
-    memory["activations"] = (activation_memory(model, s, elem_bytes, loss)
-                             + head_backward_transient(model, s, elem_bytes, loss))
-    memory["peak"] = sum(memory.values())
-    return memory
+        comm_buffers = (gathered + sched.largest_group) * elem_bytes + sched.largest_group * staged
+    activations = (activation_memory(model, s, elem_bytes, loss) + head_backward_transient(model, s, elem_bytes, loss))
+    return {"params": state["params"], "secondary_params": state["secondary_params"], "grads": state["grads"],
+            "optim_states": state["optim_states"], "comm_buffers": comm_buffers, "activations": activations,
+            "peak": sum(state.values()) + comm_buffers + activations}
 
 
-def overflow(memory: dict[str, int], capacity_gib: float) -> dict[str, object]:
+_MEMORY: dict[tuple, MemoryBytes] = {}
+"""``memory_of`` by what it reads beside the schedule."""
+
+
+def memory_of(setup: Setup, sched: Schedule, held: int | None) -> MemoryBytes:
+    """``memory_per_rank`` of ``setup``'s strategy on ``sched`` (``held``: ``coordinator.Gathers.held``), memoized by
+    schedule and what else it reads (the strategy's prefetch, micro-batch and recompute, the dtype and the loss
+    kernel): the strategies of a search share them. A fresh dict per call."""
+    s = setup.strategy
+    key = (sched.key, setup.elem_bytes, s.prefetch_buckets, s.micro_batch_size, setup.recompute, setup.checkpointed,
+           held, setup.calib.loss_kernel)
+    known = _MEMORY.get(key)
+    if known is None:
+        if len(_MEMORY) > 65_536:
+            _MEMORY.clear()
+        known = _MEMORY[key] = memory_per_rank(setup.model, sched, setup.cluster.sizes, s, setup.elem_bytes, held,
+                                               setup.calib.loss_kernel)
+    return known.copy()
+
+
+def clear() -> None:
+    _MEMORY.clear()
+
+
+def overflow(memory: MemoryBytes, capacity_gib: float) -> Overflow:
     """What to report when ``memory`` does not fit ``capacity_gib``: the largest category and by how much."""
-    category = max(CATEGORIES, key=lambda k: memory[k])
+    def size_of(category: MemoryCategory) -> int:
+        return memory[category]
+
+    category = max(CATEGORIES, key=size_of)
     over = memory["peak"] - int(capacity_gib * GIB)
-    return {"category": category, "bytes": memory[category], "over_by_bytes": over,
+    size = size_of(category)
+    return {"category": category, "bytes": size, "over_by_bytes": over,
             "reason": f"needs {memory['peak'] / GIB:.1f} GiB of {capacity_gib:g} GiB; "
-                      f"largest: {category} {memory[category] / GIB:.1f} GiB"}
+                      f"largest: {category} {size / GIB:.1f} GiB"}

@@ -235,9 +235,9 @@ class Calibration:
     zerotune's engine's, op by op) or ``nanotron`` (flash-attn's Triton RMSNorm and rotary in nanotron's block)."""
     stage3_settings: str = "export"
     """With ``gathers = "module"``, the ``zero_optimization`` settings DeepSpeed's ZeRO-3 held its gathered parameters
-    under (``costmodel.deepspeed``: what ``memory.memory_per_rank`` books): ``export`` (zerotune's export of the
-    strategy: ``deepspeed.export_settings``) or ``defaults`` (DeepSpeed's own, ``deepspeed.DEEPSPEED_DEFAULTS``: a
-    published run whose config left them out)."""
+    under (``coordinator``: what it gathers and what ``memory.memory_per_rank`` books): ``export`` (zerotune's export
+    of the strategy: ``coordinator.export_settings``) or ``defaults`` (DeepSpeed's own,
+    ``coordinator.DEEPSPEED_DEFAULTS``: a published run whose config left them out)."""
     host_s_per_layer: float = 0.0
     """Host floor: the seconds a micro-step's forward and backward of one transformer block take the host
     to issue (kernel launches, the framework's Python), whatever the batch. A block whose device time is

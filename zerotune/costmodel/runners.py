@@ -4,7 +4,7 @@ The bytes each runner moves per level are the schedule's (``schedule``, ``volume
 many collectives carry them and what they cost beside, each switched by a ``Calibration`` field:
 
 - ``gathers = "module"`` (DeepSpeed's ZeRO-3): one all-gather per sub-module, as often as its parameter
-  coordinator gathers it (``deepspeed.simulate``), and its persistent parameters gathered after every step
+  coordinator gathers it (``coordinator.gathers_of``), and its persistent parameters gathered after every step
   (``persistent_gathers``);
 - ``grad_reduce = "all_reduce"`` (DeepSpeed's stages 1 and 2): each gradient bucket all-reduced where the
   schedule reduce-scatters it (``all_reduced``);
@@ -12,28 +12,71 @@ many collectives carry them and what they cost beside, each switched by a ``Cali
   parameters (``broadcast_sync``);
 - ``copies`` (FSDP2): each gather copied out of and each reduction copied into its flat buffer on the compute
   stream (``copy_seconds``).
+
+This is the timing stage of ``predict``'s pipeline, after the schedule: ``schedule_seconds`` times the schedule's
+collectives as the runner issues them (``Seconds``, the same for every strategy that shares the schedule; each
+collective by ``timing.Costs``); ``copy_seconds`` what the copies add to the compute stream.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
 
-from zerotune.core.plan import block_modules, parameter_numels
-from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
-from zerotune.costmodel.coordinator import Stage3Settings, Stage3Step
-from zerotune.costmodel.schedule import Coll, Schedule
-from zerotune.costmodel.timing import Costs
+from zerotune.core.plan import parameter_numels
+from zerotune.core.spec import ModelSpec, Strategy
+from zerotune.core.volume import wire_elem_bytes
+from zerotune.costmodel.schedule import Coll, Schedule, Setup
+from zerotune.costmodel.timing import Costs, Seconds
+
+Timer = Callable[[Coll], float]
+"""Seconds of one collective (``Costs.time``, or one runner's variant of it)."""
 
 
-def copy_seconds(sched: Schedule, costs: Costs, reduce_bytes: int) -> tuple[float, float]:
+def schedule_seconds(setup: Setup, sched: Schedule, costs: Costs) -> Seconds:
+    """``Seconds`` of ``sched`` on ``costs``, memoized there by schedule (whose key holds the model, the spans
+    and the bits that every term reads)."""
+    known = costs.seconds.get(sched.key)
+    if known is not None:
+        return known
+    calib, s = costs.calib, setup.strategy
+    # a runner that reduces a bucket with an all-reduce where the schedule reduce-scatters it (DeepSpeed's stages 1
+    # and 2: Calibration.grad_reduce) pays the all-reduce's seconds for the same buffer; a gather costs the same
+    timer = all_reduced(costs.time) if calib.grad_reduce == "all_reduce" and not s.param_span else costs.time
+    # every collective of the schedule timed once, in the schedule's order
+    t = {c: timer(c) for c in dict.fromkeys(itertools.chain(sched.fwd.values(), sched.bwd.values(),
+                                                            *sched.reduce.values(), *sched.boundary.values()))}
+    r_of = {g: t[a] + t[b] for g, (a, b) in sched.reduce.items()}
+    outer_in_backward = calib.outer_reduce == "backward"
+    # the final micro-step queues each group's reduction beyond grad_span after its own reduce-scatters
+    outer_of = {g: sum(t[c] for c in cs) for g, cs in sched.outer.items()} if outer_in_backward else {}
+    r_final = {g: r + outer_of[g] for g, r in r_of.items()} if any(outer_of.values()) else r_of
+    sync = broadcast_sync(costs, setup.model, s) if calib.weight_sync == "broadcast" else None
+    boundary_s = sum(k * sum(t[c] for i, c in enumerate(sched.boundary[n])
+                             if i >= 2 * outer_in_backward and (sync is None or i != 2))
+                     for n, k in sched.bucket_counts) + (sync or 0.0)
+    if calib.gathers == "module" and s.param_span:  # DeepSpeed ZeRO-3's persistent parameters, once a step
+        boundary_s += persistent_gathers(costs.time, setup.model, costs.prefix[s.param_span], s)
+    fwd, bwd = {n: t[c] for n, c in sched.fwd.items()}, {n: t[c] for n, c in sched.bwd.items()}
+    if len(costs.seconds) > 16_384:  # as many as the schedules kept (``schedule._build``), each with its passes
+        costs.seconds.clear()
+    known = costs.seconds[sched.key] = Seconds(fwd, bwd, r_of, r_final, boundary_s, {})
+    return known
+
+
+def copy_seconds(setup: Setup, sched: Schedule, costs: Costs) -> tuple[float, float] | None:
     """Seconds of one micro-step's copies on the compute stream (``Calibration.copies``), forward and backward:
     each all-gather's output read and written once more into the parameters (``costs.e``: the gather's
     16-bit elements), each reduce-scatter's input read from the gradients and written in the reduction's
-    dtype (``reduce_bytes``), summed over the buckets and reduce groups that gather or reduce at all
-    (``Costs.moves``), at the calibration's memory-bound rate. Memoized on ``costs`` by schedule."""
+    dtype (``wire_elem_bytes`` at ``grad_bits``), summed over the buckets and reduce groups that gather or reduce at
+    all (``Costs.moves``), at the calibration's memory-bound rate. Memoized on ``costs`` by schedule. None for a
+    runner that does not copy (or a calibration that charges no memory-bound bytes)."""
+    if not (costs.calib.copies and costs.calib.memory_bytes_per_s):
+        return None
+    reduce_bytes = wire_elem_bytes(setup.elem_bytes, setup.strategy.grad_bits)
     key = (sched.key, reduce_bytes)
     known = costs.copies.get(key)
     if known is not None:
@@ -53,24 +96,6 @@ def copy_seconds(sched: Schedule, costs: Costs, reduce_bytes: int) -> tuple[floa
     return known
 
 
-def by_module(ct: Any, gathers: dict[int, Coll], lengths: tuple[int, ...], units: tuple[int, ...],
-               model: ModelSpec, times: tuple[float, ...] | None = None) -> dict[int, float]:
-    """Seconds of each block bucket's gather issued as one all-gather per sub-module
-    (``Calibration.gathers = "module"``): the bucket's shard split in the sub-modules' proportions
-    (``plan.block_modules``, its LayerNorms shared among them), one collective per block and module, each
-    sub-module gathered ``times`` times in the pass (``deepspeed.Stage3Step``: more than once where a recompute's
-    gathers were released before its backward, less where what the pass before gathered is kept; None: once)."""
-    modules = block_modules(model)
-    times = times or (1.0,) * len(modules)
-    total = sum(modules)
-    out = {}
-    for n, u in dict(zip(lengths, units, strict=True)).items():
-        op, rng, numel, bits = gathers[n]
-        out[n] = u * sum(k * ct((op, rng, max(1, round(numel * m / total / u)), bits))
-                         for m, k in zip(modules, times, strict=True))
-    return out
-
-
 @functools.lru_cache(maxsize=256)
 def persistent_params(model: ModelSpec) -> tuple[int, ...]:
     """The elements of each parameter DeepSpeed's ZeRO-3 keeps whole on every rank (``ds_persist``: fewer than
@@ -84,13 +109,13 @@ def persistent_params(model: ModelSpec) -> tuple[int, ...]:
     return (h, h, h + 2 * model.kv, h, h, h, model.ffn, h) * model.layers + (h, h)
 
 
-def persistent_gathers(ct: Any, model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> float:
+def persistent_gathers(ct: Timer, model: ModelSpec, ranks: int, s: Strategy) -> float:
     """Seconds of the all-gathers DeepSpeed's ZeRO-3 runs after every optimizer step to bring its persistent
     parameters up to date (``stage3.py`` ``_post_step``: ``persistent_parameters[0].all_gather(...)``, which
     ``partition_parameters.py``'s ``_allgather_params_coalesced`` launches as one ``all_gather_into_tensor`` per
     parameter on the partition group): 8 per block and 2, each a message of a few KB over the whole group, so
-    a ring's latency each (34 on gpt-mini's 4 blocks, counted on DeepSpeed 0.19.8: ``tests/tuner/test_exports.py``)."""
-    ranks = cluster.span_size(s.param_span)
+    a ring's latency each (34 on gpt-mini's 4 blocks, counted on DeepSpeed 0.19.8: ``tests/tuner/test_exports.py``),
+    on the ``ranks`` of the partition group (``param_span``'s)."""
     return sum(n * ct(("all_gather", (1, s.param_span), max(1, numel // ranks), 16))
                for numel, n in _counted(persistent_params(model)))
 
@@ -101,7 +126,7 @@ def _counted(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     return tuple(Counter(sizes).items())
 
 
-def all_reduced(ct: Any) -> Any:
+def all_reduced(ct: Timer) -> Timer:
     """``ct`` with each 16-bit reduce-scatter timed as an all-reduce of the same buffer over the same levels."""
     def time(c: Coll) -> float:
         op, levels, numel, bits = c
@@ -132,13 +157,3 @@ def broadcast_sync(costs: Costs, model: ModelSpec, s: Strategy) -> float:
     if ranks == 1:
         return 0.0
     return sum(n * costs.broadcast(lo, hi, numel) for numel, n in owners(model, ranks, costs.prefix[s.grad_span]))
-
-
-def deepspeed_step(ds: Stage3Step, settings: Stage3Settings, which: str, elem_bytes: int) -> dict[str, Any]:
-    """What a DeepSpeed ZeRO-3 run of the prediction does by its coordinator's rules (``deepspeed.simulate``): the
-    stage-3 settings it runs under (``which``: zerotune's export or DeepSpeed's defaults), the times it gathers its
-    partitioned parameters in a step, forward and backward, and the most bytes of them it holds gathered."""
-    forward, backward = (n / ds.partitioned if ds.partitioned else 0.0 for n in ds.elements)
-    return {"stage3_settings": which, "stage3": settings.config(),
-            "gathered_per_step": forward + backward, "gathered_forward": forward, "gathered_backward": backward,
-            "held_peak_bytes": ds.peak * elem_bytes}

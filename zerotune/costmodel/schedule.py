@@ -16,17 +16,24 @@ authoritative shard is never quantized). ``boundary`` holds all four; where they
 
 Buckets of one length share their collectives, so the schedule is held per distinct length (a
 plan of 44 identical blocks has one forward gather, not 44): cheap to build, cached per strategy.
+
+The schedule is the first stage of ``predict``'s pipeline; ``Setup`` is what every stage reads of the question.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import Counter
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from zerotune.core.plan import bucket_layout, clear_cuts, cut_reduce_groups, padded_buckets
+from zerotune.core.plan import bucket_layout, clear_cuts, cut_reduce_groups
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.errors import SpecError
+
+if TYPE_CHECKING:
+    from zerotune.costmodel.rates import Calibration
 
 Coll = tuple[str, tuple[int, int], int, int]
 """One collective: (op, (first level, last level), numel, bits). ``numel`` is the shard for
@@ -36,11 +43,55 @@ Group = tuple[int, ...]
 final micro-step, each bucket's shard beyond grad_span on its own); () where no group ends."""
 
 
+class Setup(NamedTuple):
+    """One prediction's question (``predict``'s arguments, defaults filled in) and what its specs say of the step:
+    the input every stage of the pipeline reads."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    strategy: Strategy
+    calib: Calibration
+    elem_bytes: int
+    """Bytes per element of the run's dtype."""
+    accum: int
+    """Micro-steps per optimizer step (``accumulation_steps``)."""
+    tokens: int
+    """Tokens of one rank's micro-batch."""
+    recompute: str
+    """What a checkpointed block's backward runs again (``Strategy.recompute``)."""
+    checkpointed: float
+    """The share of blocks checkpointed (``Strategy.checkpointed_blocks``)."""
+    flops_per_token: int
+    """The model's training FLOPs per token (``ModelSpec.flops_per_token``)."""
+    attention: float
+    """The attention kernel's fraction of peak at the model's sequence length and head size
+    (``Calibration.attention_rate``; 0: the matmul rate)."""
+
+
+def accumulation_steps(cluster: ClusterSpec, s: Strategy, global_batch: int | None) -> int:
+    """Micro-steps per optimizer step: ``global_batch`` / (world · micro-batch), which must be whole
+    (``SpecError`` otherwise: a prediction for a rounded batch would be one for another training).
+
+    With no global batch, one micro-step (the batch is world · micro-batch sequences)."""
+    per_micro = cluster.world_size * s.micro_batch_size
+    if global_batch is None:
+        return 1
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise SpecError("global_batch", global_batch, "must be a whole number of sequences >= 1")
+    if global_batch % per_micro:
+        raise SpecError("global_batch", global_batch,
+                        f"must be a multiple of world size x micro_batch_size = {cluster.world_size} x "
+                        f"{s.micro_batch_size} = {per_micro} (sequences per micro-step)")
+    return global_batch // per_micro
+
+
 class Schedule(NamedTuple):
     """One step of one strategy, bucket by bucket."""
 
-    key: tuple
-    """What the schedule was built from (hashable: caches key on it)."""
+    key: int
+    """A number of its own: no two schedules built in one process share it (``_build`` keeps one schedule per
+    cut), so memos of what a schedule costs key on it cheaply (a tuple of what it was built from hashes a
+    model and every reduce group at each lookup)."""
     root: int
     """The root bucket's padded length (embeddings + final LN, gathered for the whole micro-step)."""
     lengths: tuple[int, ...]
@@ -75,37 +126,27 @@ class Schedule(NamedTuple):
     largest_group: int
     """The length of the longest reduce group (the reduction buffer that memory holds)."""
 
-    def counts(self, accum: int) -> Counter[Coll]:
-        """Every collective of one optimizer step with how often it runs (``accum`` micro-steps)."""
-        out: Counter[Coll] = Counter()
-        for n, k in self.bucket_counts:
-            k_blocks = k - (n == self.root)
-            out[self.fwd[n]] += k * accum
-            if k_blocks:
-                out[self.bwd[n]] += k_blocks * accum
-            for c in self.boundary[n]:
-                out[c] += k
-        for g, k in self.group_counts:
-            for c in self.reduce[g]:
-                out[c] += k * accum
-        return out
+
+_SERIAL = itertools.count()
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan_facts(model: ModelSpec, world: int, k: int, groups: tuple[tuple[int, ...], ...]) -> tuple:
-    padded, blocks = padded_buckets(model, world, k)
+def _plan_facts(padded: tuple[int, ...], blocks: tuple[int, ...], groups: tuple[tuple[int, ...], ...]) -> tuple:
     ends = {g[-1]: tuple([padded[i] for i in g]) for g in groups}
     return (padded[0], padded[1:], blocks, tuple([ends.get(i, ()) for i in range(1, len(padded))]), ends[0])
 
 
 @functools.lru_cache(maxsize=16384)
 def _build(model: ModelSpec, sizes: tuple[int, ...], k: int, reduce_groups: tuple[tuple[int, ...], ...],
-           spans: tuple[int, int, int, int | None], bits: tuple[int, int]) -> Schedule:
+           spans: tuple[int, int, int, int | None], bits: tuple[int, int], padded: tuple[int, ...],
+           blocks: tuple[int, ...]) -> Schedule:
+    """The schedule of the plan of ``k`` blocks a bucket (``padded`` lengths, ``blocks`` in each block bucket, both
+    read off ``model`` and the world by ``plan.bucket_layout``) cut into ``reduce_groups``."""
     L = len(sizes)  # noqa: N806
     P, G, O, H = spans  # noqa: E741, N806 (the paper's names)
     wb, gb = bits
     size = [math.prod(sizes[:n]) for n in range(L + 1)]
-    root, lengths, units, group_end, root_group = _plan_facts(model, size[L], k, reduce_groups)
+    root, lengths, units, group_end, root_group = _plan_facts(padded, blocks, reduce_groups)
     fwd, bwd, boundary, reduce, outer = {}, {}, {}, {}, {}
 
     def beyond_grad_span(n: int) -> tuple[Coll, Coll]:
@@ -121,7 +162,7 @@ def _build(model: ModelSpec, sizes: tuple[int, ...], k: int, reduce_groups: tupl
         m = sum(g)
         reduce[g] = (("reduce_scatter", (1, P), m, gb), ("reduce_scatter", (P + 1, G), m // size[P], gb))
         outer[g] = tuple(c for n in g for c in boundary[n][:2])
-    key = (model, sizes, k, reduce_groups, spans, bits)
+    key = next(_SERIAL)
     block_counts = dict(Counter(lengths))
     buckets = dict(block_counts)
     buckets[root] = buckets.get(root, 0) + 1
@@ -133,8 +174,8 @@ def _build(model: ModelSpec, sizes: tuple[int, ...], k: int, reduce_groups: tupl
 @functools.lru_cache(maxsize=16384)
 def _schedule_of(model: ModelSpec, sizes: tuple[int, ...], world: int, allgather_bucket_mb: float,
                  reduce_bucket_mb: float, spans: tuple[int, int, int, int | None], bits: tuple[int, int]) -> Schedule:
-    k, padded = bucket_layout(model, world, allgather_bucket_mb)
-    return _build(model, sizes, k, cut_reduce_groups(padded, reduce_bucket_mb), spans, bits)
+    k, padded, blocks = bucket_layout(model, world, allgather_bucket_mb)
+    return _build(model, sizes, k, cut_reduce_groups(padded, reduce_bucket_mb), spans, bits, padded, blocks)
 
 
 def build_schedule(model: ModelSpec, cluster: ClusterSpec, s: Strategy) -> Schedule:

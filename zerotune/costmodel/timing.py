@@ -16,7 +16,7 @@ other. A primitive over s ranks of level l moving b bytes per rank costs (α-β 
   over the level's per-rank bandwidth times the achievable fraction η_l
   (``Calibration.level_efficiency``, from collective benchmarks' bus bandwidth: each collective's own where it
   was measured apart, ``Level.all_gather_busbw_gbps`` and its kin);
-- quantization: elements quantized + dequantized / ``quant_elems_per_s`` (``quant_elems``);
+- quantization: elements quantized + dequantized / ``quant_elems_per_s`` (``volume.quant_elements``);
 - an all-to-all's bytes (ZeRO++'s quantized reduce-scatter) go at ``all_to_all_efficiency`` of the
   level's ring rate.
 
@@ -49,22 +49,44 @@ is a chain along the flat ring, charged its pipeline's fill hop by hop at the be
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import NamedTuple
 
 from zerotune.core.spec import ClusterSpec, Level
 from zerotune.core.volume import (
     Volume,
     all_gather_volume,
     all_reduce_volume,
+    pairs,
+    quant_elements,
     quantized_nbytes,
     reduce_scatter_volume,
     wire_elem_bytes,
 )
 from zerotune.costmodel.protocols import STEPS, chain, fastest, hop_s, network, protocol_rows, tree
 from zerotune.costmodel.rates import Calibration
-from zerotune.costmodel.schedule import Coll
+from zerotune.costmodel.schedule import Coll, Group
 
 _VOLUME = {"all_gather": all_gather_volume, "reduce_scatter": reduce_scatter_volume, "all_reduce": all_reduce_volume}
+
+
+class Seconds(NamedTuple):
+    """The seconds of a schedule's collectives as one runner (``Costs.calib``) issues them; the same for every
+    strategy that shares the schedule, whatever its micro-batch, prefetch or checkpointing."""
+
+    fwd: dict[int, float]
+    """Forward gather by bucket length (the root's included)."""
+    bwd: dict[int, float]
+    """Backward gather by bucket length."""
+    reduce: dict[Group, float]
+    """A reduce group's reduction within ``grad_span``."""
+    final: dict[Group, float]
+    """The same in the step's final micro-step: with the reduction beyond ``grad_span`` where the runner
+    queues it in backward (``Calibration.outer_reduce``); ``reduce`` itself where nothing more is queued."""
+    boundary: float
+    """The step boundary's collectives."""
+    passes: dict[tuple, tuple[float, float, float]]
+    """``pipeline``'s passes over these collectives, by what else they read (``pipeline.time_step``): strategies
+    that share the schedule and their compute per block share them too."""
 
 
 class Costs:
@@ -73,17 +95,18 @@ class Costs:
     def __init__(self, cluster: ClusterSpec, calib: Calibration, elem_bytes: int, quantize_above: int,
                  block: int) -> None:
         self.cluster, self.calib, self.e, self.qa, self.block = cluster, calib, elem_bytes, quantize_above, block
-        self.prefix = [math.prod(cluster.sizes[:k]) for k in range(cluster.num_levels + 1)]
+        self.prefix = [math.prod(cluster.sizes[:k]) for k in range(len(cluster.sizes) + 1)]
+        """Ranks in each span, 0..L (``ClusterSpec.span_size``)."""
         self._vol: dict[Coll, Volume] = {}
         self._flat: dict[Coll, tuple[tuple[tuple[str, str], int], ...]] = {}
         self._time: dict[Coll, float] = {}
-        self.step_volumes: dict[tuple, tuple[Volume, int]] = {}
+        self.step_volumes: dict[tuple[int, int], tuple[Volume, int]] = {}
         """Step volumes by (schedule, accumulation): strategies that differ only in what moves no bytes
         (prefetch, micro-batch at a fixed accumulation, checkpointing) share one."""
-        self.copies: dict[tuple, tuple[float, float]] = {}
+        self.copies: dict[tuple[int, int], tuple[float, float]] = {}
         """A micro-step's copies by (schedule, reduction bytes) (``runners.copy_seconds``), for runners that copy."""
-        self.seconds: dict[tuple, Any] = {}
-        """A schedule's collectives timed as this runner issues them, by schedule (``predict.Seconds``)."""
+        self.seconds: dict[int, Seconds] = {}
+        """A schedule's collectives timed as this runner issues them, by schedule (``runners.schedule_seconds``)."""
 
     def volume(self, c: Coll) -> Volume:
         vol = self._vol.get(c)
@@ -93,36 +116,11 @@ class Costs:
         return vol
 
     def flat_volume(self, c: Coll) -> tuple[tuple[tuple[str, str], int], ...]:
-        """``volume(c)`` as ((level, kind), bytes) pairs with bytes > 0 (cheap to accumulate)."""
+        """``volume(c)`` as ((level, kind), bytes) pairs with bytes > 0 (``volume.pairs``: cheap to accumulate)."""
         flat = self._flat.get(c)
         if flat is None:
-            flat = self._flat[c] = tuple(((name, kind), n) for name, kinds in self.volume(c).items()
-                                         for kind, n in kinds.items() if n)
+            flat = self._flat[c] = pairs(self.volume(c))
         return flat
-
-    def quant_elems(self, op: str, lo: int, hi: int, numel: int) -> int:
-        """Elements quantized plus elements dequantized by a collective at bits < 16, as ``comm.py`` runs it.
-
-        Quantized levels are those ≥ ``quantize_above`` with 2+ ranks. An all-gather of a
-        ``numel``-element shard quantizes the shard once and dequantizes once, on leaving the
-        quantized (outer) levels, the c · Π s_l elements gathered over them. A reduce-scatter of a
-        ``numel``-element buffer quantizes and dequantizes, at each quantized level l, the buffer
-        that level sees: numel / Π_{lo ≤ k < l} s_k. An all-reduce is a reduce-scatter, then an
-        all-gather of its result."""
-        sizes = self.cluster.sizes
-        quantized = [lv for lv in range(max(lo, self.qa), hi + 1) if sizes[lv - 1] > 1]
-        if not quantized:
-            return 0
-        if op == "all_gather":
-            return numel + numel * math.prod(sizes[lv - 1] for lv in quantized)
-        total, seen = 0, numel
-        for level in range(lo, hi + 1):
-            if level in quantized:
-                total += 2 * seen
-            seen //= sizes[level - 1]
-        if op == "all_reduce":  # seen is now the shard each rank keeps
-            total += self.quant_elems("all_gather", lo, hi, seen)
-        return total
 
     def _ring_levels(self, lo: int, hi: int, op: str | None = None) -> list[tuple[Level, int, float]]:
         """The levels lo..hi of 2+ ranks as one ring over all their R ranks runs them: (level, hops_l, rate_l), of
@@ -260,24 +258,35 @@ class Costs:
             flat = self.calib.rings == "flat" and (op == "all_gather" or bits >= 16)  # qgZ stays hierarchical
             t = self._flat_ring(op, lo, hi, numel, bits) if flat else self._level_rings(c)
             if bits < 16:
-                t += self.quant_elems(op, lo, hi, numel) / self.calib.quant_elems_per_s
+                t += quant_elements(self.cluster, self.qa, op, lo, hi, numel) / self.calib.quant_elems_per_s
         self._time[c] = t
         return t
 
 
 _COSTS: dict[tuple, Costs] = {}
+_BY_ID: dict[tuple[int, int, int, int, int], tuple[ClusterSpec, Calibration, Costs]] = {}
+"""``_COSTS`` by the identities of the cluster and calibration (held, so that no id is reused): a study predicts with
+the same two objects call after call, and hashing them (every level, every rate) costs more than the rest of a
+memoized prediction's lookups."""
 
 
 def costs_for(cluster: ClusterSpec, calib: Calibration, e: int, qa: int, block: int) -> Costs:
     """The shared ``Costs`` of one (cluster, calibration, dtype, quantize_above, block)."""
+    known = _BY_ID.get((id(cluster), id(calib), e, qa, block))
+    if known is not None and known[0] is cluster and known[1] is calib:
+        return known[2]
     key = (cluster, calib, e, qa, block)
     costs = _COSTS.get(key)
     if costs is None:
         if len(_COSTS) > 256:
             _COSTS.clear()
         costs = _COSTS[key] = Costs(cluster, calib, e, qa, block)
+    if len(_BY_ID) > 256:
+        _BY_ID.clear()
+    _BY_ID[id(cluster), id(calib), e, qa, block] = (cluster, calib, costs)
     return costs
 
 
 def clear() -> None:
     _COSTS.clear()
+    _BY_ID.clear()

@@ -60,6 +60,9 @@ the loss terms above, 2·V·e + 16 forward and backward (``loss_bytes``). An unf
 What is per parameter or per position rather than per token (the embedding tables' gradient writes,
 the LayerNorms' and biases' parameter gradients, the position gather) is left out: the optimizer
 step's passes carry the per-parameter bytes.
+
+``compute_seconds`` is the compute stage of ``predict``'s pipeline: a micro-step's seconds per block and for the
+head, as ``pipeline.time_step`` lays them beside the collectives.
 """
 
 from __future__ import annotations

@@ -17,13 +17,15 @@ from contextlib import contextmanager
 
 import torch
 
-CATEGORIES = ("params", "secondary_params", "grads", "optim_states", "comm_buffers", "activations")
+from zerotune.core.records import MEMORY_CATEGORIES
+
+CATEGORIES = MEMORY_CATEGORIES
 
 
 class MemoryAccountant:
     def __init__(self) -> None:
-        self.current = dict.fromkeys(CATEGORIES, 0)
-        self.peak = dict.fromkeys(CATEGORIES, 0)
+        self.current: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.peak: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.peak_total = 0
         self._params: set[int] = set()
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import Literal
+
+from zerotune.core.records import Health, Spread
 
 MIN_TREND_POINTS = 4
 """Fewest losses a trend is read from: with fewer, the noise estimate has under 2 degrees of freedom."""
@@ -33,7 +35,7 @@ def loss_trend(losses: list[float]) -> dict[str, float]:
 EXACT_T = 1e9
 
 
-def health(losses: list[float], grad_norms: list[float], warmup: int = 0) -> dict[str, Any]:
+def health(losses: list[float], grad_norms: list[float], warmup: int = 0) -> Health:
     """Whether the run learned: ``ok``, or ``nan`` / ``diverged`` / ``flat``, with the figures used.
 
     nan: a non-finite loss or grad norm at any step. Otherwise the loss trend is fitted over the
@@ -62,6 +64,7 @@ def health(losses: list[float], grad_norms: list[float], warmup: int = 0) -> dic
     crit = float(student_t.ppf(CONFIDENCE, len(fitted) - 2))
     figures = (f"loss {fitted[0]:.4f} -> {fitted[-1]:.4f} over steps {start + 1}-{len(losses)}: "
                f"trend {trend['slope']:+.4f}/step, noise {trend['noise']:.4f}, t = {trend['t']:.2f}")
+    verdict: Literal["diverged", "flat", "ok"]
     if trend["t"] > crit:
         verdict, rule = "diverged", f"rising beyond noise (t > {crit:.2f}"
     elif trend["t"] > -crit:
@@ -73,12 +76,12 @@ def health(losses: list[float], grad_norms: list[float], warmup: int = 0) -> dic
             "t": trend["t"], "critical_t": crit, "steps_fitted": len(fitted)}
 
 
-def spread(times: list[float]) -> dict[str, float]:
+def spread(times: list[float]) -> Spread:
     """Median and quartiles (inclusive method) of ``times``, and how many there were."""
     q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
     return {"median": statistics.median(times), "q1": q1, "q3": q3, "n": len(times)}
 
 
-def step_spread(step_times: list[float], warmup: int) -> dict[str, float]:
+def step_spread(step_times: list[float], warmup: int) -> Spread:
     """``spread`` of the timed steps (every step when none is past the warm-up)."""
     return spread(step_times[warmup:] or step_times)

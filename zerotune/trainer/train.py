@@ -28,9 +28,10 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from zerotune.core.batch import SEQUENCES_PER_RANK, default_global_batch
+from zerotune.core.records import Host, MemoryBytes, Quantization, RunMetrics
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.files import load_cluster, load_model, load_strategy, parse_overrides
 from zerotune.errors import SpecError
@@ -54,7 +55,7 @@ def seconds_per_level(steps: list[dict[str, dict[str, float]]], warmup: int) -> 
     return out
 
 
-def quantization_per_step(steps: list[dict[str, float]], warmup: int) -> dict[str, float]:
+def quantization_per_step(steps: list[dict[str, float]], warmup: int) -> Quantization:
     """Rank 0's block (de)quantization per step: elements (quantized + dequantized, as the cost model
     counts them) and wall seconds in those calls, each the median over the timed steps."""
     timed = steps[warmup:] or steps
@@ -144,7 +145,7 @@ def _check_out(out: str) -> None:
 
 def check_memory(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, accum: int, elem_bytes: int,
                  ranks_here: int | None = None, available_bytes: int | None = None,
-                 hint: str = "; --force runs it anyway") -> dict[str, Any]:
+                 hint: str = "; --force runs it anyway") -> MemoryBytes:
     """Refuse (SpecError) a run the cost model says cannot fit: per rank against the cluster's device
     memory, and, with ``ranks_here`` and ``available_bytes``, all ranks on this host against its free
     memory. Returns the prediction's memory per rank; ``hint`` ends the refusal."""
@@ -202,7 +203,7 @@ def _env_from_slurm() -> None:
             os.environ.setdefault("LOCAL_WORLD_SIZE", per_node)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any] | None:
+def run(args: argparse.Namespace) -> RunMetrics | None:
     """Train on this rank; rank 0 returns the metrics."""
     import torch
     import torch.distributed as dist
@@ -302,7 +303,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     spread = step_spread(step_times, args.warmup)
     step_time = spread["median"]
     tokens = world * mbs * accum * model_spec.seq_len
-    return {
+    out: RunMetrics = {
         "status": "ok",
         "world_size": world,
         "steps": args.steps,
@@ -315,7 +316,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "bytes_per_level": step_bytes,
         "seconds_per_level": seconds_per_level(step_seconds, args.warmup),
         "quantization": quantization_per_step(step_quant, args.warmup),
-        "memory_bytes": {k: max(m[k] for m in memories) for k in memory},
+        "memory_bytes": cast(MemoryBytes, {k: max(m[k] for m in memories) for k in memory}),
         "loss": losses,
         "grad_norm": grad_norms,
         "health": health(losses, grad_norms, args.warmup),
@@ -334,11 +335,13 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                    "token_file": args.token_file, "quant_block": args.quant_block or QUANT_BLOCK},
         "torch_version": torch.__version__,
         "host": host_facts(world),
-        **({"profile": profiled} if profiled is not None else {}),
     }
+    if profiled is not None:
+        out["profile"] = profiled
+    return out
 
 
-def host_facts(world: int) -> dict[str, Any]:
+def host_facts(world: int) -> Host:
     """Rank 0's host, the CPUs it may run on and the ranks on it: where ranks outnumber CPUs, nothing overlaps."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return {"name": platform.node(), "cpus": cpus, "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", world))}

@@ -14,10 +14,11 @@ on, never the cluster it stood in for, so its refit is stored under the machine'
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy.orm import Session
 
+from zerotune.core.records import RunMetrics
 from zerotune.core.spec import ClusterSpec
 from zerotune.costmodel import Calibration, calibration_for
 from zerotune.costmodel.calibration import load_calibration, refit
@@ -93,7 +94,7 @@ def measured_runs(session: Session, cluster_run: str, limit: int = MAX_RUNS) -> 
         if not _timed(t) or (metrics.get("cluster") or {}).get("name") != cluster_run:
             continue
         try:
-            out.append((t.id, Measurement.from_run(metrics, source=f"trial {t.id}")))
+            out.append((t.id, Measurement.from_run(cast(RunMetrics, metrics), source=f"trial {t.id}")))
         except (KeyError, TypeError, ValueError, SpecError) as exc:
             log.warning("trial %d: its run.json cannot calibrate: %s", t.id, exc)
             continue

@@ -35,10 +35,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from zerotune.core.records import ErrorBand, Lean, RunMetrics, TrialMetrics
 from zerotune.core.spec import Strategy
 from zerotune.costmodel.error import lean_sentence
 from zerotune.db import repository as repo
@@ -119,16 +120,16 @@ def _verify(chooser: Chooser, strategy: Strategy, trial_id: int) -> dict[str, An
     except Exception as exc:  # the executor itself could not start here
         return {"trial_id": trial_id, "outcome": "could not run", "healthy": None,
                 "detail": f"{type(exc).__name__}: {exc}"}
-    run = result.metrics or {}
+    run = cast(RunMetrics, result.metrics or {})  # a local run's run.json, or nothing where it wrote none
     # the run itself, for whoever reads the answer: its loss curve, the proxy it trained and its log's tail
     shown = {"loss": run.get("loss"), "grad_norm": run.get("grad_norm"), "health": run.get("health"),
              "data": run.get("data"), "proxy_model": result.proxy_model, "cluster_run": result.extra.get("cluster_run"),
              "step_time_s": run.get("step_time_s"),
              "logs": "\n".join((result.logs or "").splitlines()[-VERIFY_LOG_LINES:])}
-    health = run.get("health") or {}
+    health = run.get("health")
     if result.status == "complete":
-        outcome, healthy, detail = "healthy", True, health.get("evidence", "healthy")
-    elif health.get("verdict") not in (None, "ok"):
+        outcome, healthy, detail = "healthy", True, health["evidence"] if health else "healthy"
+    elif health is not None and health["verdict"] != "ok":
         outcome, healthy, detail = "unhealthy", False, result.reason or health["verdict"]
     else:
         outcome, healthy, detail = "could not run", None, result.reason or "no verdict"
@@ -164,9 +165,19 @@ def partition(s: Strategy) -> tuple:
             s.quantize_above if s.quantized else None)
 
 
-def _band(metrics: dict[str, Any] | None, key: str = "comparison_median") -> float | None:
-    band = (metrics or {}).get("error_band") or {}
-    return band.get(key)
+Ranked = tuple[int, Strategy, float | None, str, TrialMetrics | None]
+"""A completed trial as ``choose`` ranks it: (trial id, strategy, value, evidence, metrics)."""
+
+
+def _error_band(metrics: TrialMetrics | None) -> ErrorBand | None:
+    """The error band a predicted trial carries (a measured run's metrics have none)."""
+    return cast("ErrorBand | None", metrics.get("error_band") if metrics else None)
+
+
+def _band(metrics: TrialMetrics | None,
+          key: Literal["comparison_median", "comparison_p90"] = "comparison_median") -> float | None:
+    band = _error_band(metrics)
+    return band[key] if band else None
 
 
 def _first(ranked: list, i: int) -> list:
@@ -204,8 +215,8 @@ def _lossy_within_spread(ranked: list) -> tuple[list, dict[str, Any] | None]:
     plain = next((i for i, r in enumerate(ranked) if not r[1].quantized and r[3] != "predicted"), None)
     if plain is None or not ranked[plain][2]:
         return ranked, None
-    lead_iv = remeasure.interval(ranked[0][2], ranked[0][4] or {})
-    plain_iv = remeasure.interval(ranked[plain][2], ranked[plain][4] or {})
+    lead_iv = remeasure.interval(ranked[0][2], cast(RunMetrics, ranked[0][4] or {}))
+    plain_iv = remeasure.interval(ranked[plain][2], cast(RunMetrics, ranked[plain][4] or {}))
     if lead_iv is None or plain_iv is None:
         return ranked, None
     gain = ranked[0][2] / ranked[plain][2] - 1
@@ -224,7 +235,7 @@ def _lossy_within_spread(ranked: list) -> tuple[list, dict[str, Any] | None]:
     return _first(ranked, plain), lossy
 
 
-def _checkpointing_call(pick: tuple, rivals: list, lean: dict[str, Any] | None) -> dict[str, Any] | None:
+def _checkpointing_call(pick: tuple, rivals: list, lean: Lean | None) -> dict[str, Any] | None:
     """How a predicted pick stands against the best trial with the other activation-checkpointing setting, once the
     model's lean on checkpointed runs is allowed for (``lean``: ``error_band.checkpointing``, from the published
     tables that measured both kinds; ``bench/published.py``'s ``checkpointing_lean``). The model's figure for the
@@ -269,7 +280,8 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
     request = chooser.request
     with session_scope(chooser.sessions) as s:
         rows = repo.ranked_trials(session=s, study_id=study_id)
-        ranked = [(t.id, Strategy.from_dict(t.strategy), t.value, _evidence(request, t), t.metrics) for t in rows]
+        ranked: list[Ranked] = [(t.id, Strategy.from_dict(t.strategy), t.value, _evidence(request, t),
+                                 cast("TrialMetrics | None", t.metrics)) for t in rows]
         front = pareto_front(rows) if request.objective == "pareto" else None
         if not ranked:
             tried = repo.trials_of(session=s, study_id=study_id)
@@ -312,7 +324,8 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
     decision: dict[str, Any] = {"band": band, "lossy": lossy, "shortlist": [],
                                 "margin_vs_band": None if band is None or margin is None else
                                 ("beyond" if margin > band else "within")}
-    slower = ((metrics or {}).get("error_band") or {}).get("collectives") if evidence == "predicted" else None
+    band_of_pick = _error_band(metrics) if evidence == "predicted" else None
+    slower = band_of_pick.get("collectives") if band_of_pick else None
     if slower:  # the runner's flat rings at a scale where its vendor library was measured off the model's ring
         decision["collectives"] = slower
     if decision["margin_vs_band"] == "within":
@@ -323,7 +336,7 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
             if part not in seen and cand[2] is not None and cand[2] >= floor and len(seen) < 5:
                 seen.add(part)
                 decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(), "value": cand[2]})
-    lean = ((metrics or {}).get("error_band") or {}).get("checkpointing") if evidence == "predicted" else None
+    lean = band_of_pick.get("checkpointing") if band_of_pick else None
     call = _checkpointing_call(ranked[chosen], rivals, lean)
     if call is not None:
         decision["checkpointing"] = call
@@ -336,8 +349,8 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
     extra = {"decision": decision, "refit": chooser.refit, "runner": request.runner, **chooser.note}
     if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
         extra["front"] = front
-    measured = sorted(((r[0], r[2], r[4] or {}) for r in ranked if r[3] != "predicted" and r[2] is not None),
-                      key=lambda r: -r[1])
+    measured = sorted(((r[0], r[2], cast(RunMetrics, r[4] or {})) for r in ranked
+                       if r[3] != "predicted" and r[2] is not None), key=lambda r: -r[1])
     if measured:  # each leader's TFLOPS at the quartiles of its timed steps (and the answer's); which ran twice
         top = measured[:3] + [r for r in measured[3:] if r[0] == trial_id]
         extra["leaders"] = remeasure.leaders(top)
@@ -354,7 +367,7 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
     with session_scope(chooser.sessions) as s:
         saved = repo.save_recommendation(
             session=s, study_id=study_id, request_key=body["request_key"], strategy=body["strategy"],
-            metrics={**(metrics or {}), "verification": verification, **extra}, evidence=evidence,
+            metrics={**cast(dict[str, Any], metrics or {}), "verification": verification, **extra}, evidence=evidence,
             margin=margin,
             runner_up_trial_id=body["runner_up_trial_id"], trial_id=trial_id, exports=body["exports"])
         body["id"] = saved.id

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from zerotune.core.records import Prediction, TrialMetrics
 from zerotune.tuner.request import TuneRequest
 
 CONSTRAINT = "memory_gib_over"
@@ -45,7 +46,7 @@ def create(request: TuneRequest, db_url: str, name: str) -> Any:
                                load_if_exists=True)
 
 
-def tell_infeasible(study: Any, trial: Any, prediction: dict[str, Any], objective: str) -> None:
+def tell_infeasible(study: Any, trial: Any, prediction: Prediction, objective: str) -> None:
     """Tell Optuna a point that does not fit, so that no reader takes it for a result.
 
     Throughput: PRUNED with its constraint. TPE files a trial whose constraint is violated as
@@ -63,7 +64,7 @@ def tell_infeasible(study: Any, trial: Any, prediction: dict[str, Any], objectiv
     else:
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
-def values(metrics: dict[str, Any], objective: str) -> list[float]:
+def values(metrics: TrialMetrics, objective: str) -> list[float]:
     """What a measured or predicted trial tells Optuna: TFLOPS per rank (and peak GiB for a Pareto study)."""
     tflops = float(metrics["tflops_per_rank"])
     if objective == "pareto":

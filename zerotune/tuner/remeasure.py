@@ -10,24 +10,36 @@ kept in the trial's metrics (``remeasured``), and the answer lists the leaders w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
+from zerotune.core.records import Remeasured, RunMetrics
 from zerotune.trainer.health import spread
 
 MAX_REMEASURED = 3
 """The leader and at most two rivals whose intervals overlap it are run again."""
 
 
-def timed_steps(metrics: dict[str, Any]) -> list[float]:
+class Leader(TypedDict):
+    """A measured leader as the answer lists it (``leaders``)."""
+
+    trial_id: int
+    value: float
+    interval: list[float] | None
+    """TFLOPS per rank at the third and first quartile of its timed steps."""
+    steps: int
+    remeasured: bool
+
+
+def timed_steps(metrics: RunMetrics) -> list[float]:
     """The step times a value was computed from (pooled ones after a re-measurement)."""
-    again = metrics.get("remeasured") or {}
-    if again.get("timed_steps_s"):
+    again = metrics.get("remeasured")
+    if again and again.get("timed_steps_s"):
         return list(again["timed_steps_s"])
     times = metrics.get("step_times_s") or []
     return list(times[int(metrics.get("warmup_steps") or 0):]) or list(times)
 
 
-def interval(value: float, metrics: dict[str, Any]) -> tuple[float, float] | None:
+def interval(value: float, metrics: RunMetrics) -> tuple[float, float] | None:
     """(low, high) TFLOPS per rank: ``value`` scaled from the median step time to the third and first quartile."""
     times = timed_steps(metrics)
     if not times or not value:
@@ -38,7 +50,7 @@ def interval(value: float, metrics: dict[str, Any]) -> tuple[float, float] | Non
     return value * s["median"] / s["q3"], value * s["median"] / s["q1"]
 
 
-def overlapping(ranked: list[tuple[int, float, dict[str, Any]]]) -> list[int]:
+def overlapping(ranked: list[tuple[int, float, RunMetrics]]) -> list[int]:
     """Trial ids of the leader and the rivals whose intervals reach its own (``ranked``: best value
     first, as (trial id, value, metrics)); empty when the leader stands clear or has no rival."""
     with_interval = [(i, v, iv) for i, v, m in ranked if (iv := interval(v, m)) is not None]
@@ -49,23 +61,23 @@ def overlapping(ranked: list[tuple[int, float, dict[str, Any]]]) -> list[int]:
     return [lead_id, *rivals[:MAX_REMEASURED - 1]] if rivals else []
 
 
-def pooled(metrics: dict[str, Any], value: float, again: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+def pooled(metrics: RunMetrics, value: float, again: RunMetrics) -> tuple[float, RunMetrics]:
     """The trial's value and metrics once the second run ``again`` (its run.json) is pooled in."""
     first = timed_steps(metrics)
     second = timed_steps(again)
     pool = first + second
     s = spread(pool)
     new_value = value * spread(first)["median"] / s["median"]
-    remeasured = {"runs": 2, "timed_steps_s": pool, "spread": s, "first_value": value,
-                  "second_value": again.get("tflops_per_rank"),
-                  "health_again": (again.get("health") or {}).get("verdict")}
+    remeasured: Remeasured = {"runs": 2, "timed_steps_s": pool, "spread": s, "first_value": value,
+                              "second_value": again.get("tflops_per_rank"),
+                              "health_again": (again.get("health") or {}).get("verdict")}
     return new_value, {**metrics, "remeasured": remeasured, "step_time_s": s["median"],
                        "tflops_per_rank": new_value, "step_time_spread": s}
 
 
-def leaders(rows: list[tuple[int, float, dict[str, Any]]]) -> list[dict[str, Any]]:
+def leaders(rows: list[tuple[int, float, RunMetrics]]) -> list[Leader]:
     """Measured trials (trial id, value, metrics) with their intervals, for the answer."""
-    out = []
+    out: list[Leader] = []
     for trial_id, value, metrics in rows:
         iv = interval(value, metrics)
         out.append({"trial_id": trial_id, "value": value, "interval": list(iv) if iv else None,

@@ -34,10 +34,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from zerotune.core.records import Prediction, RunMetrics
 from zerotune.core.spec import Strategy
 from zerotune.costmodel import Calibration, predict
 from zerotune.db import repository as repo
@@ -209,7 +210,7 @@ class Tuner:
         leaves the first measurement as it was."""
         with session_scope(self.sessions) as s:
             rows = repo.ranked_trials(session=s, study_id=study_id)
-            ranked = [(t.id, float(t.value), dict(t.metrics)) for t in rows
+            ranked = [(t.id, float(t.value), cast(RunMetrics, dict(t.metrics))) for t in rows
                       if t.value is not None and t.metrics and t.metrics.get("step_times_s")]
             strategies = {t.id: Strategy.from_dict(t.strategy) for t in rows}
         known = {i: (v, m) for i, v, m in ranked}
@@ -226,7 +227,7 @@ class Tuner:
                 log.warning("trial %d: the second run failed (%s); the first measurement stands", trial_id,
                             result.reason)
                 continue
-            value, metrics = remeasure.pooled(known[trial_id][1], known[trial_id][0], result.metrics)
+            value, metrics = remeasure.pooled(known[trial_id][1], known[trial_id][0], cast(RunMetrics, result.metrics))
             with session_scope(self.sessions) as s:
                 repo.finish_trial(session=s, trial_id=trial_id, status="complete", value=value, metrics=metrics)
         return todo
@@ -304,7 +305,7 @@ class Tuner:
                          "strategy": strategy.to_dict(), "value": value[0] if value else None}
         return True
 
-    def _dispatch(self, trial_id: int, strategy: Strategy, prediction: dict[str, Any]) -> TrialResult:
+    def _dispatch(self, trial_id: int, strategy: Strategy, prediction: Prediction) -> TrialResult:
         """Run one trial (leased when it was added) while a heartbeat keeps its lease alive.
 
         The run is stopped when the runner stops or when a heartbeat finds the lease gone (the trial
@@ -334,7 +335,7 @@ class Tuner:
             times = [t.metrics["step_time_s"] for t in rows if t.metrics and t.metrics.get("step_time_s")]
             return min(times) if times else None
 
-    def _finish(self, trial_id: int, result: TrialResult, prediction: dict[str, Any], value: float | None) -> None:
+    def _finish(self, trial_id: int, result: TrialResult, prediction: Prediction, value: float | None) -> None:
         with session_scope(self.sessions) as s:
             repo.finish_trial(session=s, trial_id=trial_id, status=result.status, value=value,
                               metrics=result.metrics, prediction=prediction, reason=result.reason,

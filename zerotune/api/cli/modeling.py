@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from zerotune.api.cli import ExitStatus
 from zerotune.core.batch import SEQUENCES_PER_RANK
+from zerotune.core.records import Prediction
 
 
 def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
@@ -150,7 +151,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     model = load_model(args.model)
     calib = load_calibration(args.calibration) if args.calibration else None
     elem = {"bf16": 2, "fp32": 4}.get(args.dtype)
-    rows = []
+    rows: list[PredictedRow] = []
     for strategy_name in args.strategy or ["zero3"]:
         base = None
         for text in _sweep(args.cluster):
@@ -162,11 +163,10 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             batch = args.global_batch or default_global_batch(cluster.world_size, s.micro_batch_size)
             p = predict(model, cluster, s, elem_bytes=elem, global_batch=batch, calibration=used)
             base = base or p
-            p.update(cluster=cluster.name, strategy=s.name or strategy_name,
-                     scaling_efficiency=p["tflops_per_rank"] / base["tflops_per_rank"],
-                     cross_node_bytes=cross_node_bytes(p, cluster), checkpointed=s.activation_checkpointing,
-                     checkpointing=s.checkpointing)
-            rows.append(p)
+            rows.append({**p, "cluster": cluster.name, "strategy": s.name or strategy_name,
+                         "scaling_efficiency": p["tflops_per_rank"] / base["tflops_per_rank"],
+                         "cross_node_bytes": cross_node_bytes(p, cluster), "checkpointed": s.activation_checkpointing,
+                         "checkpointing": s.checkpointing})
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return ExitStatus.SUCCESS
@@ -221,12 +221,26 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return ExitStatus.SUCCESS
 
 
-BREAKDOWN = (("compute", "compute_s"), ("exposed", "exposed_comm_s"), ("slowdn", "overlap_slowdown_s"),
-             ("bound.", "boundary_s"), ("optim.", "optimizer_s"), ("fixed", "overhead_s"))
+Term = Literal["compute_s", "exposed_comm_s", "overlap_slowdown_s", "boundary_s", "optimizer_s", "overhead_s"]
+BREAKDOWN: tuple[tuple[str, Term], ...] = (
+    ("compute", "compute_s"), ("exposed", "exposed_comm_s"), ("slowdn", "overlap_slowdown_s"),
+    ("bound.", "boundary_s"), ("optim.", "optimizer_s"), ("fixed", "overhead_s"))
 """The breakdown's terms, which add up to the step (``predict``): (column, key)."""
 
 
-def _print_breakdown(rows: list[dict[str, Any]]) -> None:
+class PredictedRow(Prediction):
+    """A row of ``zerotune predict``: the prediction, and what the command says of it beside."""
+
+    cluster: str
+    strategy: str
+    scaling_efficiency: float
+    """TFLOPS per rank over the first cluster's of the sweep."""
+    cross_node_bytes: int
+    checkpointed: bool
+    checkpointing: str
+
+
+def _print_breakdown(rows: list[PredictedRow]) -> None:
     """Each prediction's step split into the terms that add up to it, and its communication, with the term beyond
     compute that costs most: what drives the difference between two rows."""
     print("where each step goes, seconds: compute (host wait included), communication not hidden behind it, the "
@@ -239,11 +253,13 @@ def _print_breakdown(rows: list[dict[str, Any]]) -> None:
           + f"{'comm':>9}{'mem-bd':>9}{'attn':>9}{'of peak':>8}  most beyond compute")
     for p in rows:
         b = p["breakdown"]
-        beyond = max(BREAKDOWN[1:], key=lambda term: b[term[1]])
-        most = f"{beyond[0]} {b[beyond[1]] / p['step_time_s']:.0%}" if b[beyond[1]] > 0 else "-"
+        terms = {k: b[k] for _, k in BREAKDOWN}
+        beyond = max(BREAKDOWN[1:], key=lambda term: terms[term[1]])
+        most = f"{beyond[0]} {terms[beyond[1]] / p['step_time_s']:.0%}" if terms[beyond[1]] > 0 else "-"
         print(f"{p['cluster']:<14}{p['strategy']:<10} {p['step_time_s']:>8.4g}"
-              + "".join(f" {b[k]:>8.4g}" for _, k in BREAKDOWN) + f" {b['comm_s']:>8.4g} {b['memory_bound_s']:>8.4g}"
-              f" {b['attention_s']:>8.4g} {b['attention_of_peak']:>7.2f}  {most}")
+              + "".join(f" {terms[k]:>8.4g}" for _, k in BREAKDOWN)
+              + f" {b['comm_s']:>8.4g} {b['memory_bound_s']:>8.4g} {b['attention_s']:>8.4g}"
+              f" {b['attention_of_peak']:>7.2f}  {most}")
 
 
 def cmd_calibrate(args: argparse.Namespace, env: Mapping[str, str]) -> int:

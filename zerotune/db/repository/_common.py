@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -18,6 +18,9 @@ from zerotune.errors import NotFoundError
 
 Row = TypeVar("Row")
 JsonDict = dict[str, Any]
+JsonObject = Mapping[str, Any]
+"""What a caller hands over to be stored as a JSON object: any mapping (the run.json and prediction records of
+``zerotune.core.records`` included, which the database layer does not import)."""
 
 TERMINAL_STUDY_STATES = ("done", "failed", "cancelled")
 TERMINAL_TRIAL_STATUSES = ("complete", "failed", "pruned", "infeasible")

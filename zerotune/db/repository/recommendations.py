@@ -12,6 +12,7 @@ from zerotune.db.models import (
 )
 from zerotune.db.repository._common import (
     JsonDict,
+    JsonObject,
     _check,
     _check_key,
     json_safe,
@@ -19,7 +20,7 @@ from zerotune.db.repository._common import (
 
 
 def save_recommendation(
-    *, session: Session, study_id: int, request_key: str, strategy: JsonDict, metrics: JsonDict, evidence: str,
+    *, session: Session, study_id: int, request_key: str, strategy: JsonDict, metrics: JsonObject, evidence: str,
     exports: JsonDict, margin: float | None = None, runner_up_trial_id: int | None = None,
     trial_id: int | None = None,
 ) -> Recommendation:

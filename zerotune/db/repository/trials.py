@@ -17,6 +17,7 @@ from zerotune.db.models import (
 from zerotune.db.repository._common import (
     TERMINAL_TRIAL_STATUSES,
     JsonDict,
+    JsonObject,
     NotFoundError,
     _check,
     _check_key,
@@ -82,8 +83,8 @@ def heartbeat_trial(
 
 
 def finish_trial(
-    *, session: Session, trial_id: int, status: str, value: float | None = None, metrics: JsonDict | None = None,
-    prediction: JsonDict | None = None, reason: str | None = None, logs: str | None = None,
+    *, session: Session, trial_id: int, status: str, value: float | None = None, metrics: JsonObject | None = None,
+    prediction: JsonObject | None = None, reason: str | None = None, logs: str | None = None,
     proxy_model: JsonDict | None = None, owner: str | None = None, now: datetime | None = None,
 ) -> Trial | None:
     """Record a trial's outcome and end its lease. Arguments left None keep their stored value.

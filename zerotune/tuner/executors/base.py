@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from zerotune.core.records import TrialMetrics
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 
 TrialStatus = Literal["complete", "failed", "pruned", "infeasible"]
@@ -63,7 +64,7 @@ class TrialResult:
     """What came back."""
 
     status: TrialStatus
-    metrics: dict[str, Any] | None = None
+    metrics: TrialMetrics | None = None
     """The run.json (measured) or the prediction (model executor)."""
     reason: str | None = None
     """Why a trial failed or is infeasible, in words a user can act on."""

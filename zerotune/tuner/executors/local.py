@@ -18,6 +18,7 @@ import re
 import threading
 from typing import Any
 
+from zerotune.core.records import RunMetrics
 from zerotune.core.spec import ClusterSpec, ModelSpec
 from zerotune.costmodel.catalog import parse_cluster
 from zerotune.trainer.faults import failure_reason
@@ -148,7 +149,7 @@ class LocalExecutor(Executor):
             reason = failure_reason(out, result.output, result.timed_out, spec.timeout_s)
             return TrialResult(status="failed", reason=reason, logs=logs, executor=self.name, proxy_model=proxy,
                                extra=extra)
-        metrics = json.loads(out.read_text())
+        metrics: RunMetrics = json.loads(out.read_text())
         if "emulation" in extra:  # as zerotune train --emulate records it
             metrics["emulation"] = extra["emulation"]
         verdict = metrics["health"]

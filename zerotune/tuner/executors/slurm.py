@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from zerotune.core.records import RunMetrics
 from zerotune.trainer.faults import first_rank_error
 from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
 from zerotune.tuner.executors.slurm_commands import (
@@ -256,7 +257,7 @@ class SlurmExecutor(Executor):
         extra = self._extra(spec, job_id, info)
         if info.state == "COMPLETED" or (info.state == "UNKNOWN" and out.is_file()):
             try:
-                metrics = json.loads(out.read_text())
+                metrics: RunMetrics = json.loads(out.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 why = (f"Slurm job {job_id} {info.state} but rank 0 wrote no readable run.json "
                        f"({type(exc).__name__}: {exc})")
