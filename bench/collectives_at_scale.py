@@ -39,7 +39,7 @@ WITHIN = 0.15
 
 def perlmutter(gpus: int) -> tuple[ClusterSpec, Calibration]:
     """The ``perlmutter`` preset: 4 A100 joined pairwise by NVLink3, one Slingshot-11 NIC per GPU, an AMD host
-    whose NICs share no PCIe switch with the GPUs (``presets.PROFILES`` and ``PRESET_HOSTS``, with sources)."""
+    whose NICs share no PCIe switch with the GPUs (``profiles.PROFILES`` and ``PRESET_HOSTS``, with sources)."""
     cluster = parse_cluster(f"perlmutter:{gpus // 4}")
     return cluster, run_by(calibration_for(cluster), "deepspeed")
 

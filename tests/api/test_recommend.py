@@ -507,7 +507,7 @@ def test_the_recommend_path_imports_only_the_standard_library(tmp_path):
     outside = _parts(fast) - set(sys.stdlib_module_names) - {"org"}
     assert outside == {"zerotune", "zerotune.api", "zerotune.core", "zerotune.errors"}, sorted(outside)
     core = {name for name in fast if name.startswith("zerotune.core")}
-    assert core == {"zerotune.core", "zerotune.core.fields", "zerotune.core.clusters"}, sorted(core)
+    assert core == {"zerotune.core", "zerotune.core.fields", "zerotune.core.cluster_presets"}, sorted(core)
     # the built-in fallback adds the pure-Python exporters, nothing heavy
     down = f"http://127.0.0.1:{free_port()}"
     slow = _parts(_imported("--model", "gpt-neox-20b", "--cluster", "frontier:48", "--server", down, "--timeout",

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from zerotune.core.clusters import CLUSTER_PRESETS, PRESET_DEVICES_PER_NODE
+from zerotune.core.cluster_presets import CLUSTER_PRESETS, PRESET_DEVICES_PER_NODE
 from zerotune.costmodel import hardware, profiles, rebase
 from zerotune.costmodel.catalog import CLUSTERS, parse_cluster
 from zerotune.costmodel.profiles import (

@@ -1,6 +1,6 @@
 """What a fused attention kernel reaches, as a fraction of dense peak on the attention's FLOPs as the model
 counts them (``traffic.attention_flops``: the whole T x T square, the backward twice the forward), and which
-kernel a run's attention is (``ATTENTION_KERNELS``, a table's ``attention``, ``presets.profile_calibration``'s).
+kernel a run's attention is (``ATTENTION_KERNELS``, a table's ``attention``, ``profiles.profile_calibration``'s).
 
 A kernel benchmark counts its FLOPs otherwise (the causal half, its backward 2.5 times its forward):
 ``causal_kernel_efficiency`` converts its figures, and ``kernel_forward_share`` says what share of its time a

@@ -3,7 +3,7 @@ fraction of peak each software stack reaches (and the published runs it was read
 bytes of the optimizer's and quantization's passes.
 
 A preset's calibration (``rates.Calibration``) is built from the profiles of its device here and of each level's
-links (``links``) by ``presets.profile_calibration``; a fitted calibration (``zerotune calibrate``) replaces it for a
+links (``links``) by ``profiles.profile_calibration``; a fitted calibration (``zerotune calibrate``) replaces it for a
 cluster this service can measure. No constant here was fitted to the strategy comparisons that
 ``bench/published.py`` reports: they come from GEMM and memory-bandwidth benchmarks, the engine's own profiles and
 published training utilisation of each device (the links' and the collective libraries' from ``links``, the
@@ -345,7 +345,7 @@ def device_key_of(name: str) -> str | None:
     ``A100``). A PCIe or NVL card names no profile: the profiles are the SXM parts, and those cards run at other
     clocks and power with other memory (H100 PCIe: 756 dense BF16 TFLOPS and 2.0 TB/s against the SXM's 989 and
     3.35, NVIDIA H100 datasheet; A100 80GB PCIe: 1,935 GB/s against 2,039), so a caller asks for the figure.
-    Memoized: ``presets.calibration_for`` asks it for every prediction of a cluster that is no preset."""
+    Memoized: ``profiles.calibration_for`` asks it for every prediction of a cluster that is no preset."""
     low = name.lower()
     if "pcie" in low or "nvl" in low.split():
         return None

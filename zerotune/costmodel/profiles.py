@@ -16,7 +16,7 @@ import json
 import warnings
 from pathlib import Path
 
-from zerotune.core.clusters import CLUSTER_PRESETS
+from zerotune.core.cluster_presets import CLUSTER_PRESETS
 from zerotune.core.spec import ClusterSpec
 from zerotune.costmodel.attention import (
     FIGURE_ATTENTION,
@@ -101,7 +101,7 @@ def profile_cluster(name: str, device: str, levels: tuple[tuple[str, int, str], 
 
 PROFILES = CLUSTER_PRESETS
 """The cluster presets: device and (level, size, link) innermost first; the outermost size is set by ``NAME:N``
-(``zerotune.core.clusters``: plain data, which the prologue reads too)."""
+(``zerotune.core.cluster_presets``: plain data, which the prologue reads too)."""
 
 
 PRESET_HOSTS: dict[str, str] = {"frontier": "amd", "dgx-h100": "intel", "dgx-h200": "intel", "dgx-a100": "amd",

@@ -2,7 +2,7 @@
 (zerotune's engine, DeepSpeed, FSDP) moves its bytes and waits for its host.
 
 A cluster preset's calibration is built from its device's, links' and host's profiles
-(``presets.profile_calibration``); a fitted one (``zerotune calibrate``, ``costmodel.calibration``)
+(``profiles.profile_calibration``); a fitted one (``zerotune calibrate``, ``costmodel.calibration``)
 replaces it for a cluster this service can measure; custom and ``local:`` clusters take ``NOMINAL``.
 Sources are cited by the keys of ``links``' docstring ([nccl-netoverhead]) and ``hardware``'s ([ds-fetch]).
 """
@@ -117,7 +117,7 @@ class Calibration:
     level."""
     collective_efficiency: tuple[tuple[str, int, float], ...] = ()
     """(collective, level, fraction): where one collective was measured apart on a level
-    (``Level.all_gather_busbw_gbps`` and its kin: ``presets.with_measured_links``), what that collective achieves
+    (``Level.all_gather_busbw_gbps`` and its kin: ``profiles.with_measured_links``), what that collective achieves
     there instead of ``bandwidth_efficiency``'s."""
     latency_scale: float = 1.0
     """Multiplies every level's ``latency_us`` (per ring step)."""

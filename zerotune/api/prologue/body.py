@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from zerotune.core.clusters import PRESET_DEVICES_PER_NODE  # the presets' own table, standard library only
+from zerotune.core.cluster_presets import PRESET_DEVICES_PER_NODE  # the presets' own table, standard library only
 from zerotune.core.fields import ALWAYS, OPTIONS, check, to_body
 from zerotune.errors import SpecError, UsageError
 
