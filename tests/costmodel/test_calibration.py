@@ -298,7 +298,8 @@ def test_refit_states_its_error_before_after_and_on_runs_it_never_saw():
     # two runs: one unknown (compute, what a short run mostly measures; the bandwidth held), still cross-validated
     few, small = refit(runs[:2], name="two")
     assert small["fit"]["fitted"] == ["compute_efficiency"] and "bandwidth_efficiency" in small["fit"]["held"]
-    assert few.bandwidth_efficiency == Calibration().bandwidth_efficiency or few.bandwidth_efficiency == (0.8,) * 3
+    levels = range(1, runs[0].cluster.num_levels + 1)  # held at what the nominal start charges each level
+    assert few.bandwidth_efficiency == tuple(Calibration().level_efficiency(level) for level in levels)
     assert small["cross_validated"]["rows"]["count"] == 2
     assert few.measured_error is not None and few.measured_error.runs == 2
 

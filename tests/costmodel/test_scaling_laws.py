@@ -4,6 +4,7 @@ tokens grow, ZeRO-3's weak scaling, fp32 reductions, overlap and what stays expo
 from __future__ import annotations
 
 import dataclasses
+from itertools import pairwise
 
 from tests.costmodel.common import GPT_18B
 from zerotune.costmodel import Calibration, calibration_for, predict
@@ -29,7 +30,7 @@ def zeropp_gain(cluster, calib, micro_batch: int) -> float:
 def test_zeropp_gain_grows_as_inter_node_bandwidth_falls():
     """ZeRO++ blog Figs. 6-8: 1.15x at 800 Gb/s per node, up to 2.2x at 100 Gb/s (384 V100)."""
     gains = [zeropp_gain(*dgx2(links), micro_batch=2) for links in (8, 4, 2, 1)]
-    assert gains == sorted(gains) and gains[0] > 1.0, gains
+    assert all(a < b for a, b in pairwise(gains)) and gains[0] > 1.0, gains  # each halving gains more
     assert gains[-1] > 1.8, gains  # communication-bound at 100 Gb/s: most of ZeRO-3's step is its cross-node bytes
 
 
@@ -37,7 +38,7 @@ def test_zeropp_gain_shrinks_as_tokens_per_gpu_grow():
     """ZeRO++ blog Figs. 6 and 7: 1.56x at 1K tokens per GPU, 1.41x at 2K (400 Gb/s); 2.21x / 1.77x (100 Gb/s)."""
     for links in (1, 4):
         gains = [zeropp_gain(*dgx2(links), micro_batch=mbs) for mbs in (1, 2, 4, 8)]
-        assert gains == sorted(gains, reverse=True) and gains[-1] >= 1.0, (links, gains)
+        assert all(a > b for a, b in pairwise(gains)) and gains[-1] >= 1.0, (links, gains)
 
 
 def test_zero3_weak_scaling_falls_below_one_at_scale():
@@ -49,7 +50,7 @@ def test_zero3_weak_scaling_falls_below_one_at_scale():
         p = predict(model, cluster, build_strategy("zero3", cluster))
         per_rank.append(p["tokens_per_s"] / cluster.world_size)
     scaling = [x / per_rank[0] for x in per_rank]
-    assert all(a >= b for a, b in zip(scaling, scaling[1:], strict=False)), scaling
+    assert all(a > b for a, b in pairwise(scaling)), scaling  # each step out adds bytes or ring hops
     assert scaling[3] < 0.97 and scaling[-1] < scaling[3], scaling
 
 

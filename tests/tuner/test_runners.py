@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.support import session_factory
-from zerotune.core.spec import Strategy
+from zerotune.core.spec import BITS, CHECKPOINT_POLICIES, Strategy
 from zerotune.costmodel import calibration_for, predict
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.costmodel.error import error_band
@@ -43,10 +43,59 @@ def _shapes(space: Space) -> list[Strategy]:
 
 
 def test_zerotune_runs_the_whole_space():
+    """zerotune's engine runs every strategy, so its space is every combination of the choices: span triples
+    P <= G <= O <= L, an hpZ span below P or none, where quantization starts (levels 1..L), the weight widths
+    where the gathers reach a quantized level (16-bit elsewhere), then gradient widths, the two bucket sizes,
+    prefetch, micro-batch and checkpointing (none, or each policy)."""
     cluster = parse_cluster("frontier:48")
     space = Space(cluster)
-    assert space.size() == 510_300  # every span triple, hpZ span, quantization level, bucket and checkpointing choice
-    assert len(space.span_triples) == 20 and all(runner_rule("zerotune", cluster, s) is None for s in _shapes(space))
+    L = cluster.num_levels  # noqa: N806
+    triples = [(p, g, o) for p in range(L + 1) for g in range(p, L + 1) for o in range(g, L + 1)]
+    gathers = sum((1 + p) * sum(len(BITS) if p >= qa else 1 for qa in range(1, L + 1)) for p, _, _ in triples)
+    rest = (len(BITS) * len(space.bucket_mb) ** 2 * len(space.prefetch) * len(space.micro_batch_sizes)
+            * (1 + len(CHECKPOINT_POLICIES)))
+    assert space.size() == gathers * rest
+    assert len(space.span_triples) == len(triples) and all(runner_rule("zerotune", cluster, s) is None
+                                                           for s in _shapes(space))
+
+
+class _Path:
+    """An Optuna trial that answers each ``suggest_categorical`` with the choice a fixed path of indexes names
+    (the first choice past the path's end) and records how many choices each question had, so that walking
+    every path visits every point a study can ask, as define-by-run asks it."""
+
+    def __init__(self, path: list[int]) -> None:
+        self.path, self.sizes = path, []
+
+    def suggest_categorical(self, name: str, choices: list) -> object:
+        i = len(self.sizes)
+        self.sizes.append(len(choices))
+        return choices[self.path[i] if i < len(self.path) else 0]
+
+
+def _every_point_asked(space: Space) -> list[Strategy]:
+    points, paths = [], [[]]
+    while paths:
+        trial = _Path(paths.pop())
+        try:
+            points.append(space.suggest(trial))
+        except SpecError:
+            pass  # a combination the rules exclude: a study tells it pruned
+        taken = trial.path + [0] * (len(trial.sizes) - len(trial.path))
+        paths += [taken[:d] + [alt] for d in range(len(trial.path), len(taken)) for alt in range(1, trial.sizes[d])]
+    return points
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_the_size_counts_every_point_a_study_can_ask(runner):
+    """What ``Space.size`` counts (``enumerate_space``) is exactly what a study asks (``suggest``, walked through
+    every answer to every question): a choice added to one and not the other fails here. Fewer buckets, prefetch
+    depths and micro-batches than the defaults keep the walk short; every question is still asked."""
+    space = Space(parse_cluster("local:2x2"), bucket_mb=(25.0, 250.0), prefetch=(0, 2), micro_batch_sizes=(1, 4),
+                  runner=runner)
+    asked = [space.key(s) for s in _every_point_asked(space)]
+    assert len(asked) == len(set(asked)) == space.size()
+    assert set(asked) == {space.key(s) for s in space.enumerate_space()}
 
 
 @pytest.mark.parametrize("name", CLUSTERS)

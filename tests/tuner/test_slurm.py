@@ -22,6 +22,7 @@ from tests.slurm.cluster import PARTITION, LocalSlurm, unavailable_reason
 from tests.support import unavailable
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.trainer.faults import first_rank_error
+from zerotune.tuner.executors import make_executor
 from zerotune.tuner.executors.base import Executor, TrialSpec
 from zerotune.tuner.executors.slurm import REPO_ROOT, SlurmExecutor
 from zerotune.tuner.executors.slurm_commands import SlurmCommands
@@ -79,8 +80,19 @@ def job_writes(files: dict[str, str | dict], rc_out: tuple[int, str, str] = (0, 
 # -- the batch script ----------------------------------------------------------------------------------------
 
 
-def test_is_an_executor_named_slurm():
-    assert issubclass(SlurmExecutor, Executor) and SlurmExecutor.name == "slurm"
+def test_is_an_executor_named_slurm(tmp_path):
+    """What a request naming ``slurm`` gets (``make_executor``, as the worker and ``zerotune tune`` call it): an
+    executor that measures (its trials are runs, not predictions), sends its jobs to the partition it was given,
+    and labels each result ``slurm``, a failed one too (the executor a trial row stores)."""
+    ex = make_executor("slurm", partition="gpu")
+    assert isinstance(ex, Executor) and ex.measures
+    assert "#SBATCH --partition=gpu" in ex.sbatch_script(make_spec(tmp_path / "script"))
+    ok = fake_executor(FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY})]), partition="gpu").run(
+        make_spec(tmp_path / "ok", timeout_s=60), stop=threading.Event())
+    refused = fake_executor(FakeSlurm(sbatch=[(1, "", "sbatch: error: invalid partition specified: gpu")]),
+                            partition="gpu").run(make_spec(tmp_path / "refused", timeout_s=60), stop=threading.Event())
+    assert (ok.status, ok.executor, ok.metrics) == ("complete", "slurm", HEALTHY)
+    assert (refused.status, refused.executor) == ("failed", "slurm") and "invalid partition" in refused.reason
 
 
 def test_sbatch_script_for_a_two_node_cluster(tmp_path):

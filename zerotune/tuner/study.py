@@ -54,6 +54,13 @@ from zerotune.tuner.space import Space, params_key
 log = logging.getLogger("zerotune.tuner")
 
 
+def prunes(step: int, seconds: float, best_s: float | None) -> bool:
+    """The study's pruning rule: stop a run whose step ``step`` took ``seconds``, over 3x ``best_s``, the best
+    completed trial's step time. Steps 1 and 2 never stop a run (the warm-up: compilation, allocator growth,
+    first collectives), and without a completed trial there is nothing to compare with."""
+    return best_s is not None and step > 2 and seconds > 3 * best_s
+
+
 @dataclass
 class Progress:
     done: int = 0
@@ -326,7 +333,7 @@ class Tuner:
         best = self._best_step_time()
 
         def prune(step: int, seconds: float) -> bool:
-            return best is not None and step > 2 and seconds > 3 * best
+            return prunes(step, seconds, best)
         return prune
 
     def _best_step_time(self) -> float | None:
