@@ -25,6 +25,7 @@ from zerotune.costmodel.attention import (
     attention_efficiency,
     with_attention,
 )
+from zerotune.costmodel.fabrics import FABRICS
 from zerotune.costmodel.hardware import (
     DEVICES,
     ENGINE_STACK,
@@ -43,13 +44,15 @@ from zerotune.costmodel.rates import NOMINAL, NOMINAL_LINK_EFFICIENCY, Calibrati
 def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: str = ENGINE_STACK,
                         rings: str = "hierarchical", outer_reduce: str = "backward",
                         host: str = "unknown", gathers: str = "bucket", whole_run: bool = True,
-                        attention: str | None = None) -> Calibration:
+                        attention: str | None = None, fabric: str = "") -> Calibration:
     """The calibration of a GPU cluster from its device's and its levels' profiles (innermost first),
     for the software ``stack`` that runs on it (zerotune's own engine: eager PyTorch) and the way it
     runs collectives over several levels (``Calibration.rings``; zerotune's engine: hierarchical) and
     reduces gradients beyond ``grad_span`` (``Calibration.outer_reduce``; zerotune's engine: in the final backward)
     and fetches parameters (``Calibration.gathers``; zerotune's engine: a bucket per all-gather),
-    on nodes of the ``host`` design (a key of ``HOSTS``). No host floor: ``run_by`` gives it the floor of
+    on nodes of the ``host`` design (a key of ``HOSTS``) joined by ``fabric`` (a key of ``FABRICS``: the collective
+    library on that network, whose measured rings at scale ``timing`` charges; "" none). No host floor: ``run_by``
+    gives it the floor of
     the runner that runs it. A published efficiency whose run the model expresses (``SOURCE_RUNS``) is
     re-based so that the model predicts that run's published step (``source_run_efficiency``, stored);
     ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``). ``attention`` names the
@@ -58,6 +61,8 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     (``FIGURE_ATTENTION``)."""
     if host not in HOSTS:
         raise ValueError(f"host={host!r}: must be one of {sorted(HOSTS)}")
+    if fabric and fabric not in FABRICS:
+        raise ValueError(f"fabric={fabric!r}: must be one of {sorted(FABRICS)}")
     d, h = DEVICES[device], HOSTS[host]
     memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s: quantization and the optimizer's passes
     efficiency, measured_on = d.efficiency(stack), d.source_model(stack)
@@ -80,7 +85,7 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                         collective_launch_us=RING_PROTOCOLS[d.protocols]["Simple"][0],
                         overlap_slowdown=OVERLAP_SLOWDOWN, rings=rings,
                         outer_reduce=outer_reduce, gathers=gathers, protocols=d.protocols,
-                        net_overhead_us=h.net_overhead_us,
+                        net_overhead_us=h.net_overhead_us, fabric=fabric,
                         ll_max_busbw_gbps=(d.ll_max_busbw_gbps, *h.ll_max_busbw_gbps) if d.ll_max_busbw_gbps else (),
                         ll128=h.nic_beside_gpu, ring_plateau=d.ring_plateau)
     return with_attention(calib, attention or STACK_ATTENTION.get(stack, "matmul"), device)
@@ -111,6 +116,15 @@ the MI250X packages [olcf-frontier]; DGX H100 and DGX H200, two Intel Xeon Plati
 user guide, [h200]);
 DGX A100, two AMD EPYC 7742 with the NICs on the GPUs' PCIe switches [dgx-a100]; Perlmutter, one AMD EPYC
 7763 [nersc-perlmutter] (the NIC placement: ``HOSTS["amd-cpu-nic"]``)."""
+
+PRESET_FABRICS: dict[str, str] = {"frontier": "rccl-slingshot-ofi", "perlmutter": "nccl-slingshot",
+                                  "dgx-h100": "nccl-ib", "dgx-h200": "nccl-ib", "dgx-a100": "nccl-ib"}
+"""The collective library and fabric each preset's nodes are joined by (``FABRICS``): Frontier, RCCL over Slingshot-11
+through the aws-ofi-rccl plugin, as the PCCL study ran it there (``fabrics`` [pccl]: RCCL 2.20.5, aws-ofi-rccl 1.4;
+without the plugin RCCL falls back to its sockets transport, a configuration no Frontier source here ran);
+Perlmutter, NCCL over Slingshot-11 ([pccl]: NCCL 2.24.3); the DGX presets, NCCL over InfiniBand without SHARP (no
+source of these presets turns SHARP on: NCCL uses it only through its CollNet or NVLS-Tree path with the SHARP
+plugin installed)."""
 
 REBASED_FILE = Path(__file__).with_name("rebased.json")
 """The compute efficiency each source run (``SOURCE_RUNS``) re-bases its device's figure to, as
@@ -143,7 +157,7 @@ def source_run_efficiency(ran_on: str, stack: str) -> float | None:
 
 PRESET_CALIBRATIONS: dict[str, Calibration] = {
     base: run_by(profile_calibration(f"{base}-profile", device, tuple(link for _, _, link in levels),
-                                     host=PRESET_HOSTS[base]), "zerotune")
+                                     host=PRESET_HOSTS[base], fabric=PRESET_FABRICS[base]), "zerotune")
     for base, (device, levels) in PROFILES.items()}
 """The calibration each cluster preset carries, by preset name: zerotune's engine running on it."""
 

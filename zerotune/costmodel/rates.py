@@ -153,6 +153,10 @@ class Calibration:
     and gloo runs are); ``nccl``: each collective the fastest of NCCL's ring protocols
     (``NCCL_RING_PROTOCOLS``), as NCCL picks them — the profiles of NVIDIA devices; ``rccl``: the
     fastest of RCCL's (``RCCL_RING_PROTOCOLS``) — the MI250X profile."""
+    fabric: str = ""
+    """The collective library and fabric its nodes are joined by (a key of ``fabrics.FABRICS``: ``rccl-slingshot-ofi``,
+    ``nccl-ib`` …): where collectives were measured on it at scale, a ring across nodes is charged the law read off
+    them (``fabrics.ring_seconds``); "" or a fabric with no measurement: the α-β ring of ``links`` and ``protocols``."""
     net_overhead_us: float = 0.0
     """Per-step network post overhead of the library's multi-node rings (``Host.net_overhead_us``):
     with ``protocols`` nccl or rccl, every step of a ring spanning 2+ nodes costs at least this (three

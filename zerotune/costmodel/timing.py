@@ -38,6 +38,13 @@ nInterSteps·interLat, and ``busBw`` the minimum over the ring's links)
 Gradient collectives at bits < 16 stay hierarchical (ZeRO++'s qgZ is a hierarchical all-to-all by
 design). The bytes booked per level (``volume.py``) are the engine's; only the seconds differ.
 
+**At scale** (``fabrics``): where the calibration's collective library and fabric (``Calibration.fabric``) were
+measured across nodes, a ring that spans 2+ nodes is charged the law read off those measurements instead —
+launch + k·(ranks − 1)·λ(N) + bytes / (η(N) · line), λ and η by the N nodes it spans: a flat ring all of it, its
+line the node's NICs (what was measured), zerotune's inter-node ring of one rank per node its N − 1 steps, its line
+the rank's share of the NICs (the ranks under the level run their rings side by side). Intra-node levels keep the
+α-β ring.
+
 **The protocol** each ring runs under (Simple, LL128 or LL), and for an all-reduce whether NCCL's tree beats
 the ring, is what the library's own model says is fastest: ``protocols``.
 
@@ -62,6 +69,8 @@ from zerotune.core.volume import (
     reduce_scatter_volume,
     wire_elem_bytes,
 )
+from zerotune.costmodel.fabrics import ring_seconds as fabric_ring
+from zerotune.costmodel.fabrics import step_seconds
 from zerotune.costmodel.protocols import STEPS, chain, fastest, hop_s, network, protocol_rows, tree
 from zerotune.costmodel.rates import Calibration
 from zerotune.costmodel.schedule import Coll, Group
@@ -137,6 +146,17 @@ class Costs:
             below *= lv.size
         return out
 
+    def _line(self, lo: int, hi: int) -> float:
+        """The line rate (bytes/s) at which one flat ring over levels lo..hi leaves a node: the ranks of the span
+        under its network levels times their per-rank bandwidth (the slowest such level's)."""
+        below, line = 1, math.inf
+        for level in range(lo, hi + 1):
+            lv = self.cluster.levels[level - 1]
+            if lv.size > 1 and network(self.calib, lv.latency_us):
+                line = min(line, below * lv.bandwidth_gbps * 1e9)
+            below *= lv.size
+        return line
+
     def _flat_ring(self, op: str, lo: int, hi: int, numel: int, bits: int) -> float:
         """Seconds on the wire of one collective run as one ring over all its ranks (module docstring)."""
         calib = self.calib
@@ -157,6 +177,9 @@ class Costs:
                 net_hop = max(net_hop, lv.latency_us)
             else:
                 node_hop = max(node_hop, lv.latency_us)
+        law = fabric_ring(calib.fabric, op, ranks, nodes, sent, self._line(lo, hi), calib.collective_launch_us * 1e-6)
+        if law is not None:  # measured on this fabric at scale (``fabrics``): the law, not the α-β ring
+            return law
         ring = fastest(calib, hops, slowest, sent, nodes, op == "all_reduce", nodes > 1 and ranks == nodes)
         if op != "all_reduce" or calib.protocols != "nccl" or not slowest:
             return ring
@@ -178,6 +201,11 @@ class Costs:
             rate = lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level, op)
             joins = network(calib, lv.latency_us)
             nodes = lv.size if joins else 1
+            law = fabric_ring(calib.fabric, op, lv.size, nodes, sent, lv.bandwidth_gbps * 1e9,
+                              calib.collective_launch_us * 1e-6)
+            if law is not None:  # one rank per node, the ranks under the level side by side (``fabrics``)
+                t += law
+                continue
             ring = fastest(calib, [(STEPS[op] * (lv.size - 1), lv.latency_us)], sent / rate, sent, nodes,
                            op == "all_reduce", joins)
             if as_tree and sent:
@@ -189,10 +217,10 @@ class Costs:
 
     def ring_latency(self, c: Coll, all_to_all: bool = False) -> tuple[tuple[str, float], ...]:
         """(level, seconds) of one collective that do not depend on its bytes — each level ring's launch and
-        hops under Simple, as ``_level_rings`` charges them — for the levels whose bytes are booked as ring
-        collectives (or, with ``all_to_all``, for those booked as a quantized reduction's all-to-all). What a
-        measured level's seconds in the engine's collectives hold beside their wire time
-        (``measured.measured_level_efficiencies``)."""
+        hops under Simple (a measured fabric's per-step latency, ``fabrics``), as ``_level_rings`` charges them —
+        for the levels whose bytes are booked as ring collectives (or, with ``all_to_all``, for those booked as a
+        quantized reduction's all-to-all). What a measured level's seconds in the engine's collectives hold beside
+        their wire time (``measured.measured_level_efficiencies``)."""
         op, (lo, hi), _, _ = c
         vol, calib = self.volume(c), self.calib
         alpha, launch = calib.latency_scale * 1e-6, calib.collective_launch_us * 1e-6
@@ -200,7 +228,9 @@ class Costs:
         for level in range(lo, hi + 1):
             lv = self.cluster.levels[level - 1]
             if lv.size > 1 and bool(vol.get(lv.name, {}).get("all_to_all")) == all_to_all:
-                out.append((lv.name, launch + STEPS[op] * (lv.size - 1) * lv.latency_us * alpha))
+                law = step_seconds(calib.fabric, lv.size, launch) if network(calib, lv.latency_us) else None
+                hop = lv.latency_us * alpha if law is None else law
+                out.append((lv.name, launch + STEPS[op] * (lv.size - 1) * hop))
         return tuple(out)
 
     def broadcast(self, lo: int, hi: int, numel: int) -> float:

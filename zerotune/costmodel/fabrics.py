@@ -1,0 +1,248 @@
+"""What a collective library's rings cost across nodes on one fabric, as collective benchmarks at scale measured it.
+
+``timing`` charges a ring that spans nodes by the α-β model of ``links`` and ``protocols``: the library's own
+tuning tables (a Simple network step of 14 µs under NCCL, 19.8 µs under RCCL) and a link's collective efficiency
+measured on 2-3 nodes. At hundreds of nodes vendor collectives run far slower than that: RCCL on Frontier ran a
+256 MB all-gather on 2,048 GCDs in 156 ms where the α-β ring charges 21 ms [pccl]. This module holds, per
+collective library and fabric (``FABRICS``, the key ``Calibration.fabric`` names), the collectives measured at
+scale and the law read off them:
+
+    T = launch + k · (R − 1) · λ(N) + sent / (η(N) · line)
+
+for a ring of R ranks spanning N nodes (k = 1 for an all-gather or a reduce-scatter, 2 for an all-reduce), each
+rank sending ``sent`` bytes; λ(N) is the per-step latency and η(N) the fraction of its line rate ``line`` the ring
+leaves a node with: a flat ring leaves each node through all its NICs (line = the node's NIC rate), zerotune's
+one ring per level through its rank's share of them (the ranks under the level run their rings side by side).
+Each fabric's law is read off its reference cluster's measurements (``Fabric.measured``); the fabric's other
+sources are rows of ``bench/collectives_at_scale.py``, predicted by the law and held to it by its test.
+
+**Solving λ and B.** The measurements of one fabric at one node count (``Measured``) are the rings the library ran
+over every GPU (a flat ring of R = N × ranks-per-node) at two or more message sizes. λ(N) and 1/B(N) are the least
+squares of the relative error over those rows (``solve``), with B held at most at the nodes' line rate (η ≤ 1) (a
+two-size solve that returns more, or a negative bandwidth, says the time did not grow with the size: the library
+was latency-bound there) and λ at least 0. **Between measured node counts** λ is interpolated linearly in log N and
+η log-log; **below the smallest** the smallest's values are held, **beyond the largest** the largest's (flat: the
+measured trend of λ beyond 32 Frontier nodes is flat, 75-83 µs; stated, not extrapolated further). **Message
+sizes**: the sources measured 256 and 512 MB buffers, chunks of 0.13-16 MB per ring step; a smaller chunk is
+charged the same λ (nothing measured says a step gets cheaper below 128 KB: conservative). **Monotone in nodes**:
+a ring is never charged less than the same ring, at the same ranks per node and bytes, on a smaller measured node
+count (``ring_seconds``): the two-size solve is ill-conditioned where the time barely grows with the size (NCCL at
+1,024 vs 2,048 GPUs trades λ for B), and nothing in a ring gets faster with more nodes.
+
+**Which measurements apply to which ring** (``timing``). The measured rings are flat: R − 1 steps with ranks per
+node 8 (Frontier) or 4 (Perlmutter). The time beyond 16 Frontier nodes is linear in the ranks and independent of
+the size ("Beyond 128 GCDs, RCCL's execution time scales almost linearly with the number of processes" [pccl]
+VI-B): a cost paid per ring *step*. A ring step is a send and a receive on every rank, each waiting for the chunk
+the previous step brought, so at each step the ranks at a node's edge post one network message; a per-message cost
+of the library's network path (its proxy thread posting to the plugin, the provider's handshake) is then paid once
+per step, R − 1 times, however many ranks the ring holds per node — not once per node boundary on the chunk's
+critical path, as the libraries' own tuners charge latency (NCCL ``src/graph/tuning.cc``: nInterSteps = N − 1 of
+the network latency), which at 2,048 GCDs would need 0.6 ms per network hop, where PCCL's own hierarchical
+all-gather over the same 256 nodes took 6.4 ms for 256 MB in all [pccl] Fig. 11, nearly all of it bandwidth. So:
+
+- a flat ring (DeepSpeed, FSDP: ``Calibration.rings == "flat"``) of R ranks over N nodes pays (R − 1) · λ(N) and
+  its bytes at B(N) — exactly what was measured;
+- zerotune's inter-node ring (one rank per node, the ranks under it side by side, each with its own proxy and
+  connections) pays (N − 1) · λ(N): the same per-step cost at the same node count, over N − 1 steps, and its
+  bytes at B(N) / (ranks per node). One ring per level therefore takes ranks-per-node times fewer slow steps; that
+  is the hierarchy's advantage at scale, and it comes from the per-step law, not from a constant. Unchecked: no
+  source measured the library's one-rank-per-node rings at these scales (PCCL's hierarchical curves run PCCL's own
+  point-to-point exchange, not RCCL's rings). Should the per-message cost be a node's (its NICs or a shared proxy)
+  rather than a ring's, side-by-side rings would pay it ranks-per-node times and the advantage would vanish;
+  the sources here cannot tell the two apart, which is stated where the band is served (``error``).
+
+An all-reduce under the law is charged as the ring's reduce-scatter plus all-gather (k = 2): no source measured
+these libraries' tree across Slingshot at scale. A fabric with no measurement (``FABRICS``' entries with no rows)
+keeps the α-β ring of ``links`` and ``protocols`` with its sourced constants, unchanged.
+
+Sources:
+- [pccl] Singh, Pradeep, Singh, Wei, Bhatele, "The Big Send-off: Scalable and Performant Collectives for Deep
+  Learning", IPDPS 2026, arXiv 2504.18658v2, Fig. 1, 8 and 10 (times read from the figures' vector paths; their
+  ratios to PCCL's curves reproduce the printed cells of Fig. 9 and 11 within about 2%): RCCL 2.20.5 with
+  aws-ofi-rccl 1.4 on Frontier (8 MI250X GCDs and 4 Slingshot-11 NICs of 25 GB/s per node) and NCCL 2.24.3 on
+  Perlmutter (4 A100 and 4 Slingshot-11 NICs per node), all-gather and reduce-scatter of 256 and 512 MB per GPU
+  (output of the gather, input of the reduction), mean of 10 trials, 32 to 2,048 GPUs. Transcribed with the same
+  figures in ``bench/published/collectives/pccl.toml``, which ``bench/collectives_at_scale.py`` compares with this
+  law row by row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIB = 2**20
+"""The sources' MB (``pccl.toml``: MB taken as 2^20 bytes)."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One collective measured on one fabric: a flat ring over ``gpus`` ranks, ``per_node`` to a node."""
+
+    collective: str
+    mb: float
+    """Each GPU's buffer: the gather's output, the reduction's input (the all-reduce's buffer), MiB."""
+    gpus: int
+    per_node: int
+    ms: float
+    node_gbps: float
+    """The line rate of a node's NICs, GB/s: what no solved B may exceed."""
+    source: str
+
+
+@dataclass(frozen=True)
+class Point:
+    """The law at one measured node count: per-step latency and the bytes per second a ring leaves a node with."""
+
+    nodes: int
+    per_node: int
+    step_s: float
+    efficiency: float
+    """η: the bytes per second a flat ring left a node with, over the node's NIC line rate."""
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A collective library on a fabric: its measured collectives at scale (none: the α-β ring of ``links``)."""
+
+    library: str
+    """``nccl`` or ``rccl`` (``Calibration.protocols``)."""
+    description: str
+    measured: tuple[Measured, ...] = ()
+
+
+STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
+"""Ring steps per rank, in units of R − 1 (``protocols.STEPS``)."""
+
+
+def sent_bytes(collective: str, mb: float, ranks: int) -> float:
+    """Bytes each rank sends in a ring collective on a buffer of ``mb`` MiB (the gather's output, the reduction's
+    input): (R − 1)/R of it, twice for an all-reduce."""
+    return STEPS[collective] * (ranks - 1) / ranks * mb * MIB
+
+
+def _pccl(collective: str, per_node: int, ms: dict[int, tuple[float, float]]) -> tuple[Measured, ...]:
+    """[pccl] rows of one library and collective: {GPUs: (ms at 256 MB, ms at 512 MB)}, 4 × 25 GB/s per node."""
+    return tuple(Measured(collective, mb, gpus, per_node, t, 100.0, "pccl")
+                 for gpus, pair in ms.items() for mb, t in zip((256, 512), pair, strict=True))
+
+
+RCCL_FRONTIER = (
+    _pccl("all_gather", 8, {32: (2.91, 5.77), 64: (2.94, 5.78), 128: (4.61, 5.85), 256: (21.2, 22.9),
+                                    512: (42.4, 42.2), 1024: (79.6, 83.0), 2048: (156.0, 158.0)})
+    + _pccl("reduce_scatter", 8, {32: (2.89, 5.72), 64: (2.94, 5.78), 128: (4.54, 5.86), 256: (18.4, 20.2),
+                                          512: (41.8, 41.6), 1024: (79.8, 82.9), 2048: (154.0, 158.0)}))
+"""RCCL 2.20.5 with aws-ofi-rccl 1.4 on Frontier, 8 GCDs and 4 Slingshot-11 NICs per node [pccl] Fig. 1, 8, 10."""
+
+NCCL_PERLMUTTER = (
+    _pccl("all_gather", 4, {32: (3.92, 7.42), 64: (3.94, 7.82), 128: (4.32, 8.01), 256: (5.30, 8.92),
+                                    512: (9.34, 10.8), 1024: (15.4, 18.0), 2048: (19.8, 32.0)})
+    + _pccl("reduce_scatter", 4, {32: (3.90, 7.44), 64: (3.90, 7.80), 128: (4.26, 7.90), 256: (5.35, 9.09),
+                                          512: (9.23, 10.4), 1024: (15.3, 17.5), 2048: (19.8, 31.6)}))
+"""NCCL 2.24.3 on Perlmutter, 4 A100 and 4 Slingshot-11 NICs per node [pccl] Fig. 1, 8, 10."""
+
+FABRICS: dict[str, Fabric] = {
+    "nccl-ib": Fabric("nccl", "NCCL on InfiniBand, SHARP off: no collective measured at scale here yet"),
+    "nccl-ib-sharp": Fabric("nccl", "NCCL on InfiniBand with SHARP in-network reduction: none measured here yet"),
+    "nccl-slingshot": Fabric("nccl", "NCCL on HPE Slingshot-11 (Perlmutter) [pccl]", NCCL_PERLMUTTER),
+    "rccl-slingshot": Fabric("rccl", "RCCL on Slingshot-11 without the aws-ofi-rccl plugin (RCCL's own sockets "
+                             "transport): none measured here yet"),
+    "rccl-slingshot-ofi": Fabric("rccl", "RCCL on Slingshot-11 through the aws-ofi-rccl libfabric plugin "
+                                 "(Frontier) [pccl]", RCCL_FRONTIER),
+    "nccl-efa": Fabric("nccl", "NCCL on AWS EFA through aws-ofi-nccl: none measured here yet"),
+}
+"""Each collective library and fabric the presets and published clusters run on (``Calibration.fabric``)."""
+
+
+def solve(rows: tuple[Measured, ...], launch_s: float) -> tuple[float, float]:
+    """(λ seconds per step, B bytes/s per node) of flat rings measured at one node count: the least squares of the
+    relative error of T = launch + k(R − 1)λ + sent/B over ``rows``, B at most the nodes' line rate, λ at least 0
+    (module docstring). One message size cannot tell λ from B: its time is charged to bandwidth (λ = 0), so a
+    smaller message is charged less and a ring of fewer steps gains nothing from it (the conservative reading for
+    the hierarchy)."""
+    cap = min(r.node_gbps for r in rows) * 1e9
+    a = [STEPS[r.collective] * (r.gpus - 1) / (r.ms * 1e-3) for r in rows]  # coefficient of λ, relative
+    b = [sent_bytes(r.collective, r.mb, r.gpus) / (r.ms * 1e-3) for r in rows]  # coefficient of 1/B
+    y = [1 - launch_s / (r.ms * 1e-3) for r in rows]
+    saa, sbb, sab = sum(x * x for x in a), sum(x * x for x in b), sum(p * q for p, q in zip(a, b, strict=True))
+    say, sby = sum(p * q for p, q in zip(a, y, strict=True)), sum(p * q for p, q in zip(b, y, strict=True))
+    det = saa * sbb - sab * sab
+    if det <= 1e-9 * saa * sbb:  # one message size: λ and B cannot be told apart; charged as bandwidth
+        return 0.0, 1 / max(sby / sbb, 1 / cap)
+    lam, inv = (say * sbb - sby * sab) / det, (sby * saa - say * sab) / det
+    if inv < 1 / cap:  # faster than the NICs: latency-bound, B at the line rate
+        inv = 1 / cap
+        lam = sum(p * (q - r * inv) for p, q, r in zip(a, y, b, strict=True)) / saa
+    if lam < 0:
+        lam = 0.0
+        inv = max(sby / sbb, 1 / cap)
+    return lam, 1 / inv
+
+
+_CACHE: dict[tuple[str, float], tuple[Point, ...]] = {}
+
+
+def points(fabric: str, launch_s: float) -> tuple[Point, ...]:
+    """The law's points of ``FABRICS[fabric]``, one per measured node count, fewest nodes first (empty where
+    nothing was measured)."""
+    key = (fabric, launch_s)
+    if key not in _CACHE:
+        measured = FABRICS[fabric].measured if fabric in FABRICS else ()
+        by_nodes: dict[int, list[Measured]] = {}
+        for r in measured:
+            by_nodes.setdefault(r.gpus // r.per_node, []).append(r)
+        out = []
+        for nodes in sorted(by_nodes):
+            rows = tuple(by_nodes[nodes])
+            lam, bw = solve(rows, launch_s)
+            out.append(Point(nodes, rows[0].per_node, lam, bw / (rows[0].node_gbps * 1e9)))
+        _CACHE[key] = tuple(out)
+    return _CACHE[key]
+
+
+def at_nodes(pts: tuple[Point, ...], nodes: float) -> tuple[float, float]:
+    """(λ, η) at ``nodes``: λ linear in log N and η log-log between measured points, held beyond them."""
+    if nodes <= pts[0].nodes:
+        return pts[0].step_s, pts[0].efficiency
+    if nodes >= pts[-1].nodes:
+        return pts[-1].step_s, pts[-1].efficiency
+    hi = next(i for i, p in enumerate(pts) if p.nodes >= nodes)
+    p, q = pts[hi - 1], pts[hi]
+    w = math.log(nodes / p.nodes) / math.log(q.nodes / p.nodes)
+    lam = p.step_s + w * (q.step_s - p.step_s)
+    return lam, math.exp(math.log(p.efficiency) + w * math.log(q.efficiency / p.efficiency))
+
+
+def measured(fabric: str) -> bool:
+    """Whether the law covers ``fabric``: some of its collectives were measured across nodes."""
+    return fabric in FABRICS and bool(FABRICS[fabric].measured)
+
+
+def step_seconds(fabric: str, nodes: int, launch_s: float) -> float | None:
+    """λ(N): the law's per-step latency of a ring over ``nodes`` nodes on ``fabric`` (None where it does not apply)."""
+    if nodes < 2 or not measured(fabric):
+        return None
+    return at_nodes(points(fabric, launch_s), nodes)[0]
+
+
+def ring_seconds(fabric: str, collective: str, ranks: int, nodes: int, sent: float, line: float,
+                 launch_s: float) -> float | None:
+    """Seconds of one ring of ``ranks`` over ``nodes`` nodes on ``fabric``, each rank sending ``sent`` bytes, the
+    ring leaving a node at most at ``line`` bytes per second (its share of the node's NICs), launch included
+    (module docstring): the law at ``nodes``,
+    never less than at a smaller measured node count with the same ranks per node; None where the law does not
+    apply (nothing measured on the fabric, or one node)."""
+    if nodes < 2 or not measured(fabric):
+        return None
+    pts = points(fabric, launch_s)
+    steps = STEPS[collective]
+
+    def at(n: float, lam: float, efficiency: float) -> float:
+        ring = max(ranks * n / nodes, 2.0)
+        return launch_s + steps * (ring - 1) * lam + sent / (efficiency * line)
+
+    t = at(nodes, *at_nodes(pts, nodes))
+    for p in pts:
+        if p.nodes < nodes:
+            t = max(t, at(p.nodes, p.step_s, p.efficiency))
+    return t
