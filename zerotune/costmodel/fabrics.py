@@ -24,7 +24,10 @@ was latency-bound there) and λ at least 0. **Between measured node counts** λ 
 η log-log; **below the smallest** the smallest's values are held, **beyond the largest** the largest's (flat: the
 measured trend of λ beyond 32 Frontier nodes is flat, 75-83 µs; stated, not extrapolated further). **Message
 sizes**: the sources measured 256 and 512 MB buffers, chunks of 0.13-16 MB per ring step; a smaller chunk is
-charged the same λ (nothing measured says a step gets cheaper below 128 KB: conservative). **Monotone in nodes**:
+charged the same λ by the law, but below the smallest chunk measured the library may run its latency protocols
+(LL, LL128), which these measurements did not exercise, so ``timing`` charges there the less of the law and the α-β
+ring of the library's protocols (NCCL's small all-reduces and all-gathers on 16 Kestrel nodes took 0.06-0.7 ms
+where the law's 12 µs per step would charge 0.4-0.8 ms). **Monotone in nodes**:
 a ring is never charged less than the same ring, at the same ranks per node and bytes, on a smaller measured node
 count (``ring_seconds``): the two-size solve is ill-conditioned where the time barely grows with the size (NCCL at
 1,024 vs 2,048 GPUs trades λ for B), and nothing in a ring gets faster with more nodes.
@@ -64,6 +67,13 @@ Sources:
   (output of the gather, input of the reduction), mean of 10 trials, 32 to 2,048 GPUs. Transcribed with the same
   figures in ``bench/published/collectives/pccl.toml``, which ``bench/collectives_at_scale.py`` compares with this
   law row by row.
+- [playbook] Tazi et al., "The Ultra-Scale Playbook: Training LLMs on GPU Clusters" (Hugging Face, 2025), figure
+  "Communication Bandwidth by Number of Nodes (size=256MB)", its Plotly data (``fragments/pp_comm_bandwidth.html``
+  of the mirror github.com/vinjn/nanotron-ultrascale-playbook at 924e4d0b): NCCL over EFA, 1-64 nodes of 8 H100;
+  transcribed in ``bench/published/collectives/ultrascale_playbook.toml``.
+- Rows of other clusters on the same fabrics, predicted by these laws in ``bench/collectives_at_scale.py`` and not
+  read into them: NCCL over Slingshot-11 on NREL Kestrel (``kestrel_nccl.toml``), NCCL all-reduces over EFA on 2
+  nodes of p4de and p5 (``aws_efa_nccl.toml``).
 """
 
 from __future__ import annotations
@@ -141,6 +151,25 @@ NCCL_PERLMUTTER = (
                                           512: (9.23, 10.4), 1024: (15.3, 17.5), 2048: (19.8, 31.6)}))
 """NCCL 2.24.3 on Perlmutter, 4 A100 and 4 Slingshot-11 NICs per node [pccl] Fig. 1, 8, 10."""
 
+def _busbw(collective: str, mb: float, per_node: int, node_gbps: float, source: str,
+           busbw: dict[int, float]) -> tuple[Measured, ...]:
+    """Rows given as nccl-tests' bus bandwidth (GB/s) by GPU count: the time is the bytes each rank sent over it."""
+    return tuple(Measured(collective, mb, gpus, per_node, 1e3 * sent_bytes(collective, mb, gpus) / (gbps * 1e9),
+                          node_gbps, source) for gpus, gbps in busbw.items())
+
+
+NCCL_EFA = (
+    _busbw("all_gather", 256, 8, 400.0, "playbook", {16: 184.6, 32: 119.0, 64: 69.0, 128: 55.0, 256: 28.0,
+                                                     512: 11.0})
+    + _busbw("reduce_scatter", 256, 8, 400.0, "playbook", {16: 181.6, 32: 115.8, 64: 68.6, 128: 54.5, 256: 27.9,
+                                                           512: 11.1}))
+"""NCCL over AWS EFA, 8 H100 per node, 2-64 nodes [playbook]: all-gather and reduce-scatter of 256 MB, the medians
+of the figure's data; the node's line rate 400 GB/s (3,200 Gb/s of EFA per p5.48xlarge, the instance the source's
+'8xH100s' with EFA implies, as ``ultrascale_playbook.toml`` states). One size: charged as bandwidth (``solve``).
+The source's 'Bandwidth' may be bus or algorithm bandwidth; for these collectives the two differ by (R − 1)/R,
+at most 6% from 16 GPUs on. Its all-reduce is left out: above one node NCCL ran a tree there, not a ring (its
+2-node figure, 362 GB/s, is more than a ring can push through the NICs)."""
+
 FABRICS: dict[str, Fabric] = {
     "nccl-ib": Fabric("nccl", "NCCL on InfiniBand, SHARP off: no collective measured at scale here yet"),
     "nccl-ib-sharp": Fabric("nccl", "NCCL on InfiniBand with SHARP in-network reduction: none measured here yet"),
@@ -149,7 +178,7 @@ FABRICS: dict[str, Fabric] = {
                              "transport): none measured here yet"),
     "rccl-slingshot-ofi": Fabric("rccl", "RCCL on Slingshot-11 through the aws-ofi-rccl libfabric plugin "
                                  "(Frontier) [pccl]", RCCL_FRONTIER),
-    "nccl-efa": Fabric("nccl", "NCCL on AWS EFA through aws-ofi-nccl: none measured here yet"),
+    "nccl-efa": Fabric("nccl", "NCCL on AWS EFA through aws-ofi-nccl (8 H100 per node) [playbook]", NCCL_EFA),
 }
 """Each collective library and fabric the presets and published clusters run on (``Calibration.fabric``)."""
 
@@ -216,6 +245,13 @@ def at_nodes(pts: tuple[Point, ...], nodes: float) -> tuple[float, float]:
 def measured(fabric: str) -> bool:
     """Whether the law covers ``fabric``: some of its collectives were measured across nodes."""
     return fabric in FABRICS and bool(FABRICS[fabric].measured)
+
+
+def smallest_chunk(fabric: str) -> float:
+    """The fewest bytes a rank sent in one ring step among ``fabric``'s measured rows: below it the law was not
+    measured (``timing`` then charges the less of the law and the α-β ring of the library's protocols)."""
+    return min(sent_bytes(r.collective, r.mb, r.gpus) / (STEPS[r.collective] * (r.gpus - 1))
+               for r in FABRICS[fabric].measured)
 
 
 def step_seconds(fabric: str, nodes: int, launch_s: float) -> float | None:

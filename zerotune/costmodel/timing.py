@@ -42,8 +42,8 @@ design). The bytes booked per level (``volume.py``) are the engine's; only the s
 measured across nodes, a ring that spans 2+ nodes is charged the law read off those measurements instead —
 launch + k·(ranks − 1)·λ(N) + bytes / (η(N) · line), λ and η by the N nodes it spans: a flat ring all of it, its
 line the node's NICs (what was measured), zerotune's inter-node ring of one rank per node its N − 1 steps, its line
-the rank's share of the NICs (the ranks under the level run their rings side by side). Intra-node levels keep the
-α-β ring.
+the rank's share of the NICs (the ranks under the level run their rings side by side); a ring whose steps carry less
+than the smallest chunk measured, the less of the law and the α-β ring. Intra-node levels keep the α-β ring.
 
 **The protocol** each ring runs under (Simple, LL128 or LL), and for an all-reduce whether NCCL's tree beats
 the ring, is what the library's own model says is fastest: ``protocols``.
@@ -70,7 +70,7 @@ from zerotune.core.volume import (
     wire_elem_bytes,
 )
 from zerotune.costmodel.fabrics import ring_seconds as fabric_ring
-from zerotune.costmodel.fabrics import step_seconds
+from zerotune.costmodel.fabrics import smallest_chunk, step_seconds
 from zerotune.costmodel.protocols import STEPS, chain, fastest, hop_s, network, protocol_rows, tree
 from zerotune.costmodel.rates import Calibration
 from zerotune.costmodel.schedule import Coll, Group
@@ -178,9 +178,9 @@ class Costs:
             else:
                 node_hop = max(node_hop, lv.latency_us)
         law = fabric_ring(calib.fabric, op, ranks, nodes, sent, self._line(lo, hi), calib.collective_launch_us * 1e-6)
-        if law is not None:  # measured on this fabric at scale (``fabrics``): the law, not the α-β ring
-            return law
         ring = fastest(calib, hops, slowest, sent, nodes, op == "all_reduce", nodes > 1 and ranks == nodes)
+        if law is not None:  # measured on this fabric at scale (``fabrics``): the law, not the α-β ring
+            return law if sent >= STEPS[op] * (ranks - 1) * smallest_chunk(calib.fabric) else min(law, ring)
         if op != "all_reduce" or calib.protocols != "nccl" or not slowest:
             return ring
         return min(ring, tree(calib, ranks, nodes, numel * e, sent / slowest, node_hop, net_hop))
@@ -203,11 +203,12 @@ class Costs:
             nodes = lv.size if joins else 1
             law = fabric_ring(calib.fabric, op, lv.size, nodes, sent, lv.bandwidth_gbps * 1e9,
                               calib.collective_launch_us * 1e-6)
-            if law is not None:  # one rank per node, the ranks under the level side by side (``fabrics``)
-                t += law
-                continue
             ring = fastest(calib, [(STEPS[op] * (lv.size - 1), lv.latency_us)], sent / rate, sent, nodes,
                            op == "all_reduce", joins)
+            if law is not None:  # one rank per node, the ranks under the level side by side (``fabrics``)
+                small = sent < STEPS[op] * (lv.size - 1) * smallest_chunk(calib.fabric)
+                t += min(law, ring) if small else law
+                continue
             if as_tree and sent:
                 buffer = sent * lv.size / (2 * (lv.size - 1))  # a ring all-reduce sends 2(s - 1)/s of it
                 ring = min(ring, tree(calib, lv.size, nodes, buffer, rate, 0.0 if joins else lv.latency_us,
