@@ -385,18 +385,19 @@ def checkpointing_lean(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def collectives_error() -> dict[str, Any]:
-    """How much slower each vendor library's flat rings ran than the model's, by GPU count (median over the
-    sizes and collectives measured: ``bench/collectives_at_scale.py``): what a prediction of flat rings at
-    that scale should expect beyond its band."""
+    """How much slower each library's flat rings on each fabric ran than the model's (its fabric law, ``fabrics``,
+    where one was measured), by GPU count: the median over the sizes and collectives measured
+    (``bench/collectives_at_scale.py``), what a prediction of flat rings at that scale should expect beyond its band."""
     sys.path.insert(0, str(ROOT / "bench"))
     import collectives_at_scale as bench  # noqa: PLC0415 (a sibling bench script, not a package)
 
-    summary = bench.summary(bench.rows(sorted(bench.TABLES.glob("*.toml"))))
-    out: dict[str, Any] = {"source": "bench/collectives_at_scale.py (RCCL on Frontier, NCCL on Perlmutter: the PCCL "
-                                     "paper, arXiv 2504.18658)", "measured_over_predicted": {}}
+    items = bench.rows(sorted(bench.TABLES.glob("*.toml")))
+    summary = bench.summary(items)
+    out: dict[str, Any] = {"source": "bench/collectives_at_scale.py (" + ", ".join(sorted({r["table"] for r in items}))
+                           + ": bench/published/collectives), after the fabric laws of zerotune/costmodel/fabrics.py",
+                           "measured_over_predicted": {}}
     for s in summary:
-        out["measured_over_predicted"].setdefault(s["library"].lower(), []).append(
-            [s["gpus"], s["measured_over_predicted"]])
+        out["measured_over_predicted"].setdefault(s["fabric"], []).append([s["gpus"], s["measured_over_predicted"]])
     return out
 
 

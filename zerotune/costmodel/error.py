@@ -30,10 +30,11 @@ held to the second, because the model's error on one device is no smaller for be
 A preset's profile keeps its band whichever runner's collectives it is charged (``rates.run_by``):
 most published rows were run by DeepSpeed or FSDP, and each table names how its engine ran them.
 Where a preset's prediction runs flat rings (``--runner deepspeed`` or ``fsdp``) at a scale where its
-vendor library's collectives were measured more than 15% off the model's ring
-(``bench/collectives_at_scale.py``, stored as ``collectives`` by the same ``--write-error``), the band
-also says so (``collectives``: the library, the GPU count, the measured ratio): RCCL's flat rings past
-16 Frontier nodes ran 3-7x the model's time, which no band of strategy figures shows.
+library's collectives on its fabric (``Calibration.fabric``) were measured more than 15% off what the model charges
+them — its fabric law (``fabrics``: RCCL's flat rings past 16 Frontier nodes, 3-7x the α-β ring, are charged by it)
+where one was measured — (``bench/collectives_at_scale.py``, stored as ``collectives`` by the same
+``--write-error``), the band also says so (``collectives``: the fabric, the GPU count, the measured ratio): the
+residual after the law, which no band of strategy figures shows.
 Every preset band also states the model's lean on checkpointed runs (``checkpointing``): in the published tables
 that measured runs with and without activation checkpointing, the median of each table's
 ``(1 + checkpointed rows' median error) / (1 + uncheckpointed rows' median error) - 1`` (about -10%: the model
@@ -190,11 +191,11 @@ def lean_sentence(lean: Lean) -> str:
 
 
 def _collectives(err: dict[str, Any], calibration: Calibration, world: int | None) -> Collectives | None:
-    """Where a prediction runs its library's flat rings (DeepSpeed's and FSDP's) at a scale whose vendor
-    collectives were measured more than ``COLLECTIVES_WITHIN`` off the model's ring: the measured ratio
+    """Where a prediction runs its library's flat rings (DeepSpeed's and FSDP's) at a scale whose collectives on its
+    fabric were measured more than ``COLLECTIVES_WITHIN`` off what the model charges them: the measured ratio
     at the largest measured GPU count not above ``world`` (``model_error.json``'s ``collectives``)."""
     measured = err.get("collectives", {})
-    scales = measured.get("measured_over_predicted", {}).get(calibration.protocols)
+    scales = measured.get("measured_over_predicted", {}).get(calibration.fabric)
     if calibration.rings != "flat" or not scales or world is None:
         return None
     below = [(g, r) for g, r in scales if g <= world]
@@ -203,5 +204,5 @@ def _collectives(err: dict[str, Any], calibration: Calibration, world: int | Non
     gpus, ratio = max(below)
     if abs(ratio - 1) <= COLLECTIVES_WITHIN:
         return None
-    return {"library": calibration.protocols.upper(), "gpus": gpus, "measured_over_predicted": ratio,
+    return {"library": calibration.fabric, "gpus": gpus, "measured_over_predicted": ratio,
             "source": measured["source"]}
