@@ -153,7 +153,8 @@ def build_cluster(name: str, spec: dict[str, Any], stack: str, rings: str, outer
         dataclasses.replace(lv, **{f: given.get(f) for f in BUSBW_FIELDS}) for lv, given in zip(
             cluster.levels, spec["levels"], strict=True)))
     calib = profile_calibration(f"{spec['device']} {stack} profile", spec["device"], links, stack, rings,
-                                outer_reduce, host=spec.get("host", "unknown"), gathers=gathers, attention=attention)
+                                outer_reduce, host=spec.get("host", "unknown"), gathers=gathers, attention=attention,
+                                fabric=spec.get("fabric", ""))
     return cluster, with_host_floor(dataclasses.replace(with_measured_links(calib, cluster), copies=copies,
                                                         weight_sync=weight_sync, recompute_early_stop=early_stop,
                                                         stage3_settings=PUBLISHED_STAGE3, loss_kernel=loss,

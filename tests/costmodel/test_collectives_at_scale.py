@@ -11,7 +11,7 @@ import pytest
 
 from zerotune.costmodel import calibration_for
 from zerotune.costmodel.catalog import parse_cluster
-from zerotune.costmodel.fabrics import FABRICS, measured, points, ring_seconds, sent_bytes
+from zerotune.costmodel.fabrics import FABRICS, design, measured, points, ring_seconds, sent_bytes
 from zerotune.costmodel.profiles import PRESET_CALIBRATIONS, PRESET_FABRICS
 from zerotune.costmodel.rates import run_by
 from zerotune.costmodel.timing import costs_for
@@ -20,18 +20,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import collectives_at_scale as bench  # noqa: E402
 
 TOLERANCE = 0.20
-"""Every row the law is read from, and every other ring row in its measured range, within ±20%."""
+"""Every row the law is read from, and every other ring row of 64 MiB or more, within ±20% (Kestrel's, on another
+node design than the law's, by the α-β ring of its links)."""
 
 
 def unreachable(row: dict) -> str | None:
-    """Why a measured row is outside the law's reach, from what the row itself is (None: it must agree)."""
-    if row["collective"] == "all_reduce":
-        return "all-reduce: NCCL ran a tree there (aws_efa_nccl.toml, ultrascale_playbook.toml), no ring at scale"
+    """Why a measured row is outside the model's reach, from what the row itself is (None: it must agree)."""
     if row["gpus"] <= 8:
         return "one node: no fabric, the α-β ring of NVLink"
-    if row["table"] == "kestrel_nccl":
-        return ("Kestrel: 2 NICs per 4 GPUs reach 0.91 of their line rate where the law's Perlmutter, whose NICs "
-                "hang off the CPU, reaches 0.68; below 16 MiB NCCL's latency protocols, which no source at scale ran")
+    if row["table"] == "aws_efa_nccl" or (row["table"] == "ultrascale_playbook" and row["collective"] == "all_reduce"):
+        return "all-reduce over EFA that NCCL ran as a tree or NVLS-tree (the sources' notes), not a ring"
+    if row["table"] == "kestrel_nccl" and row["mb"] < 64:
+        return ("NCCL's latency protocols on Slingshot-11 below 64 MiB at 64 GPUs: no source at scale measured them, "
+                "and Kestrel's small collectives took up to 5x the α-β ring's latency")
     return None
 
 
@@ -42,7 +43,8 @@ def rows() -> list[dict]:
 
 def test_every_reachable_row_within_tolerance(rows: list[dict]) -> None:
     held = [r for r in rows if unreachable(r) is None]
-    assert len(held) == 68  # the PCCL study's 56 rows and the playbook's 12 multi-node gathers
+    # the PCCL study's 56 rows, the playbook's 12 multi-node gathers, Kestrel's 14 rows of 64 MiB and more
+    assert len(held) == 82
     far = [(r["table"], r["collective"], r["mb"], r["gpus"], r["error"]) for r in held if abs(r["error"]) > TOLERANCE]
     assert not far, far
 
@@ -72,12 +74,14 @@ def _gather_ms(preset: str, nodes: int, mb: float, runner: str, fabric: str | No
 
 @pytest.mark.parametrize("fabric", ["rccl-slingshot-ofi", "nccl-slingshot", "nccl-efa"])
 def test_monotone_in_nodes(fabric: str) -> None:
-    for per_node, mb in ((8, 256.0), (4, 64.0), (8, 1024.0)):
+    for mb in (256.0, 64.0, 1024.0):
         last = 0.0
         for nodes in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024):
+            per_node, line = design(fabric)
             ranks = nodes * per_node
-            t = ring_seconds(fabric, "all_gather", ranks, nodes, sent_bytes("all_gather", mb, ranks), 100e9, 1e-5)
-            assert t is not None and t >= last * (1 - 1e-9), (fabric, per_node, mb, nodes)
+            t = ring_seconds(fabric, "all_gather", ranks, nodes, sent_bytes("all_gather", mb, ranks), line, per_node,
+                             1, 1e-5)
+            assert t is not None and t >= last * (1 - 1e-9), (fabric, mb, nodes)
             last = t
 
 
@@ -86,8 +90,11 @@ def test_unmeasured_fabric_keeps_the_alpha_beta_ring() -> None:
         with_law = _gather_ms("dgx-h100", 32, 256, runner)
         without = _gather_ms("dgx-h100", 32, 256, runner, fabric="")
         assert with_law == without  # nccl-ib: nothing measured, today's ring
-    assert ring_seconds("nccl-ib", "all_gather", 256, 32, 1e8, 1e11, 1e-5) is None
-    assert ring_seconds("rccl-slingshot-ofi", "all_gather", 8, 1, 1e8, 1e11, 1e-5) is None  # one node
+    assert ring_seconds("nccl-ib", "all_gather", 256, 32, 1e8, 1e11, 8, 1, 1e-5) is None
+    assert ring_seconds("rccl-slingshot-ofi", "all_gather", 8, 1, 1e8, 1e11, 8, 1, 1e-5) is None  # one node
+    # another node design on the same fabric (4 ranks per node, half the NICs) keeps the α-β ring
+    assert ring_seconds("rccl-slingshot-ofi", "all_gather", 128, 32, 1e8, 5e10, 4, 1, 1e-5) is None
+    assert ring_seconds("rccl-slingshot-ofi", "all_gather", 256, 32, 1e8, 1e11, 8, 1, 1e-5) is not None
 
 
 def test_frontier_flat_rings_slow_past_16_nodes_and_the_hierarchy_pays_fewer_steps() -> None:

@@ -11,8 +11,10 @@ scale and the law read off them:
 
 for a ring of R ranks spanning N nodes (k = 1 for an all-gather or a reduce-scatter, 2 for an all-reduce), each
 rank sending ``sent`` bytes; λ(N) is the per-step latency and η(N) the fraction of its line rate ``line`` the ring
-leaves a node with: a flat ring leaves each node through all its NICs (line = the node's NIC rate), zerotune's
-one ring per level through its rank's share of them (the ranks under the level run their rings side by side).
+leaves a node with: a flat ring over every rank leaves each node through all its NICs (line = the node's NIC
+rate), zerotune's one ring per level through its rank's share of them (the ranks under the level run their rings
+side by side). The law charges rings on nodes of the design it was measured on (``applies``); another node design
+on the same fabric keeps the α-β ring.
 Each fabric's law is read off its reference cluster's measurements (``Fabric.measured``); the fabric's other
 sources are rows of ``bench/collectives_at_scale.py``, predicted by the law and held to it by its test.
 
@@ -24,13 +26,15 @@ was latency-bound there) and λ at least 0. **Between measured node counts** λ 
 η log-log; **below the smallest** the smallest's values are held, **beyond the largest** the largest's (flat: the
 measured trend of λ beyond 32 Frontier nodes is flat, 75-83 µs; stated, not extrapolated further). **Message
 sizes**: the sources measured 256 and 512 MB buffers, chunks of 0.13-16 MB per ring step; a smaller chunk is
-charged the same λ by the law, but below the smallest chunk measured the library may run its latency protocols
-(LL, LL128), which these measurements did not exercise, so ``timing`` charges there the less of the law and the α-β
-ring of the library's protocols (NCCL's small all-reduces and all-gathers on 16 Kestrel nodes took 0.06-0.7 ms
-where the law's 12 µs per step would charge 0.4-0.8 ms). **Monotone in nodes**:
-a ring is never charged less than the same ring, at the same ranks per node and bytes, on a smaller measured node
-count (``ring_seconds``): the two-size solve is ill-conditioned where the time barely grows with the size (NCCL at
-1,024 vs 2,048 GPUs trades λ for B), and nothing in a ring gets faster with more nodes.
+charged the same λ by the law; below the smallest chunk measured, where the measurements say nothing of the
+library's latency protocols (LL, LL128) and λ at a few nodes was not identified (those rows were bandwidth-bound),
+``timing`` charges the more of the law and the α-β ring of the library's own tuning model (NCCL's small all-gathers
+on 16 Kestrel nodes took 0.56 ms at 1-16 KiB, five times that ring's latency: neither is too slow).
+**Monotone in nodes**: the points are solved fewest nodes first, each with η at most the previous point's and
+λ·N at least the previous point's (a ring on more nodes never gets more bandwidth, nor less latency per node it
+spans), and λ·N is interpolated linearly in log N, so at fixed ranks per node a ring's time never falls as the
+nodes grow. The two-size solve is ill-conditioned where the time barely grows with the size (NCCL at 1,024 vs 2,048
+GPUs trades λ for B); the constraints pick, among the readings that fit, the one that keeps that order.
 
 **Which measurements apply to which ring** (``timing``). The measured rings are flat: R − 1 steps with ranks per
 node 8 (Frontier) or 4 (Perlmutter). The time beyond 16 Frontier nodes is linear in the ranks and independent of
@@ -183,28 +187,31 @@ FABRICS: dict[str, Fabric] = {
 """Each collective library and fabric the presets and published clusters run on (``Calibration.fabric``)."""
 
 
-def solve(rows: tuple[Measured, ...], launch_s: float) -> tuple[float, float]:
+def solve(rows: tuple[Measured, ...], launch_s: float, cap: float, lam_min: float = 0.0) -> tuple[float, float]:
     """(λ seconds per step, B bytes/s per node) of flat rings measured at one node count: the least squares of the
-    relative error of T = launch + k(R − 1)λ + sent/B over ``rows``, B at most the nodes' line rate, λ at least 0
-    (module docstring). One message size cannot tell λ from B: its time is charged to bandwidth (λ = 0), so a
-    smaller message is charged less and a ring of fewer steps gains nothing from it (the conservative reading for
-    the hierarchy)."""
-    cap = min(r.node_gbps for r in rows) * 1e9
+    relative error of T = launch + k(R − 1)λ + sent/B over ``rows``, with B at most ``cap`` (the nodes' line rate,
+    or less: ``points``) and λ at least ``lam_min`` (module docstring). One message size cannot tell λ from B: its
+    time is charged to bandwidth (λ = ``lam_min``), so a smaller message is charged less and a ring of fewer steps
+    gains nothing from it (the conservative reading for the hierarchy)."""
     a = [STEPS[r.collective] * (r.gpus - 1) / (r.ms * 1e-3) for r in rows]  # coefficient of λ, relative
     b = [sent_bytes(r.collective, r.mb, r.gpus) / (r.ms * 1e-3) for r in rows]  # coefficient of 1/B
     y = [1 - launch_s / (r.ms * 1e-3) for r in rows]
     saa, sbb, sab = sum(x * x for x in a), sum(x * x for x in b), sum(p * q for p, q in zip(a, b, strict=True))
     say, sby = sum(p * q for p, q in zip(a, y, strict=True)), sum(p * q for p, q in zip(b, y, strict=True))
+
+    def inv_given(lam: float) -> float:
+        return max((sby - lam * sab) / sbb, 1 / cap)
+
     det = saa * sbb - sab * sab
     if det <= 1e-9 * saa * sbb:  # one message size: λ and B cannot be told apart; charged as bandwidth
-        return 0.0, 1 / max(sby / sbb, 1 / cap)
+        return lam_min, 1 / inv_given(lam_min)
     lam, inv = (say * sbb - sby * sab) / det, (sby * saa - say * sab) / det
-    if inv < 1 / cap:  # faster than the NICs: latency-bound, B at the line rate
+    if inv < 1 / cap:  # faster than the NICs allow: latency-bound, B at the cap
         inv = 1 / cap
-        lam = sum(p * (q - r * inv) for p, q, r in zip(a, y, b, strict=True)) / saa
-    if lam < 0:
-        lam = 0.0
-        inv = max(sby / sbb, 1 / cap)
+        lam = (say - inv * sab) / saa
+    if lam < lam_min:
+        lam = lam_min
+        inv = inv_given(lam)
     return lam, 1 / inv
 
 
@@ -220,17 +227,21 @@ def points(fabric: str, launch_s: float) -> tuple[Point, ...]:
         by_nodes: dict[int, list[Measured]] = {}
         for r in measured:
             by_nodes.setdefault(r.gpus // r.per_node, []).append(r)
-        out = []
+        out: list[Point] = []
         for nodes in sorted(by_nodes):
             rows = tuple(by_nodes[nodes])
-            lam, bw = solve(rows, launch_s)
-            out.append(Point(nodes, rows[0].per_node, lam, bw / (rows[0].node_gbps * 1e9)))
+            line = rows[0].node_gbps * 1e9
+            eta_max = out[-1].efficiency if out else 1.0  # never more bandwidth on more nodes
+            lam_min = out[-1].step_s * out[-1].nodes / nodes if out else 0.0  # λ·N never less on more nodes
+            lam, bw = solve(rows, launch_s, eta_max * line, lam_min)
+            out.append(Point(nodes, rows[0].per_node, lam, bw / line))
         _CACHE[key] = tuple(out)
     return _CACHE[key]
 
 
 def at_nodes(pts: tuple[Point, ...], nodes: float) -> tuple[float, float]:
-    """(λ, η) at ``nodes``: λ linear in log N and η log-log between measured points, held beyond them."""
+    """(λ, η) at ``nodes``: λ·N linear in log N and η log-log between measured points, each held beyond them (λ
+    itself beyond the largest)."""
     if nodes <= pts[0].nodes:
         return pts[0].step_s, pts[0].efficiency
     if nodes >= pts[-1].nodes:
@@ -238,8 +249,8 @@ def at_nodes(pts: tuple[Point, ...], nodes: float) -> tuple[float, float]:
     hi = next(i for i, p in enumerate(pts) if p.nodes >= nodes)
     p, q = pts[hi - 1], pts[hi]
     w = math.log(nodes / p.nodes) / math.log(q.nodes / p.nodes)
-    lam = p.step_s + w * (q.step_s - p.step_s)
-    return lam, math.exp(math.log(p.efficiency) + w * math.log(q.efficiency / p.efficiency))
+    per_node_step = p.step_s * p.nodes + w * (q.step_s * q.nodes - p.step_s * p.nodes)
+    return per_node_step / nodes, math.exp(math.log(p.efficiency) + w * math.log(q.efficiency / p.efficiency))
 
 
 def measured(fabric: str) -> bool:
@@ -249,36 +260,47 @@ def measured(fabric: str) -> bool:
 
 def smallest_chunk(fabric: str) -> float:
     """The fewest bytes a rank sent in one ring step among ``fabric``'s measured rows: below it the law was not
-    measured (``timing`` then charges the less of the law and the α-β ring of the library's protocols)."""
+    measured (``timing`` then charges the more of the law and the α-β ring of the library's protocols)."""
     return min(sent_bytes(r.collective, r.mb, r.gpus) / (STEPS[r.collective] * (r.gpus - 1))
                for r in FABRICS[fabric].measured)
 
 
-def step_seconds(fabric: str, nodes: int, launch_s: float) -> float | None:
+def step_seconds(fabric: str, nodes: int, per_node: int, node_line: float, launch_s: float) -> float | None:
     """λ(N): the law's per-step latency of a ring over ``nodes`` nodes on ``fabric`` (None where it does not apply)."""
-    if nodes < 2 or not measured(fabric):
+    if not applies(fabric, nodes, per_node, node_line):
         return None
     return at_nodes(points(fabric, launch_s), nodes)[0]
 
 
-def ring_seconds(fabric: str, collective: str, ranks: int, nodes: int, sent: float, line: float,
-                 launch_s: float) -> float | None:
-    """Seconds of one ring of ``ranks`` over ``nodes`` nodes on ``fabric``, each rank sending ``sent`` bytes, the
-    ring leaving a node at most at ``line`` bytes per second (its share of the node's NICs), launch included
-    (module docstring): the law at ``nodes``,
-    never less than at a smaller measured node count with the same ranks per node; None where the law does not
-    apply (nothing measured on the fabric, or one node)."""
+def design(fabric: str) -> tuple[int, float]:
+    """The node its law was measured on: (ranks per node, the node's NIC line rate in bytes/s)."""
+    first = FABRICS[fabric].measured[0]
+    return first.per_node, first.node_gbps * 1e9
+
+
+def applies(fabric: str, nodes: int, per_node: int, node_line: float) -> bool:
+    """Whether the law of ``fabric`` charges a ring over ``nodes`` nodes of ``per_node`` ranks whose NICs carry
+    ``node_line`` bytes/s: something measured on the fabric, 2+ nodes, and the node of the measurements (the same
+    ranks per node and line rate). A node of another design on the same fabric keeps the α-β ring with its link's
+    own measured efficiency: what a fabric's rings reach at scale did not carry over between node designs (NCCL on
+    Slingshot-11 reached 0.91 of Kestrel's 2 NICs per 4 H100 on 16 nodes, ``kestrel_nccl.toml``, and 0.68 of
+    Perlmutter's 4 per 4 A100 [pccl])."""
     if nodes < 2 or not measured(fabric):
+        return False
+    ranks, line = design(fabric)
+    return per_node == ranks and abs(node_line / line - 1) < 0.01
+
+
+def ring_seconds(fabric: str, collective: str, ranks: int, nodes: int, sent: float, node_line: float,
+                 per_node: int, share: int, launch_s: float) -> float | None:
+    """Seconds of one ring of ``ranks`` over ``nodes`` nodes on ``fabric``, each rank sending ``sent`` bytes, on
+    nodes of ``per_node`` ranks whose NICs carry ``node_line`` bytes/s, ``share`` such rings leaving each node side
+    by side, launch included (module docstring): the law at ``nodes``; None where it does not apply (``applies``)."""
+    if not applies(fabric, nodes, per_node, node_line):
         return None
+    line = node_line / share
     pts = points(fabric, launch_s)
     steps = STEPS[collective]
 
-    def at(n: float, lam: float, efficiency: float) -> float:
-        ring = max(ranks * n / nodes, 2.0)
-        return launch_s + steps * (ring - 1) * lam + sent / (efficiency * line)
-
-    t = at(nodes, *at_nodes(pts, nodes))
-    for p in pts:
-        if p.nodes < nodes:
-            t = max(t, at(p.nodes, p.step_s, p.efficiency))
-    return t
+    lam, efficiency = at_nodes(pts, nodes)
+    return launch_s + steps * (ranks - 1) * lam + sent / (efficiency * line)

@@ -178,7 +178,8 @@ def with_measured_links(calib: Calibration, cluster: ClusterSpec) -> Calibration
     span leaves each group through that many links (``timing.Costs._flat_ring``) and each rank's share of it in
     zerotune's hierarchical exchange; a collective measured apart there (``Level.all_gather_busbw_gbps`` and its
     kin) at its own (``Calibration.collective_efficiency``). The other levels keep ``calib``'s; ``calib`` itself
-    where none was measured."""
+    where none was measured. A cluster's own measured bus bandwidth replaces its fabric's law too (``fabric`` ""):
+    it measured these nodes' rings, the law a fabric's in general."""
     measured, own, below = [], [], 1
     for k, lv in enumerate(cluster.levels, 1):
         links = below * lv.bandwidth_gbps
@@ -189,7 +190,7 @@ def with_measured_links(calib: Calibration, cluster: ClusterSpec) -> Calibration
         return calib
     return dataclasses.replace(calib, bandwidth_efficiency=tuple(
         calib.level_efficiency(k) if e is None else e for k, e in enumerate(measured, 1)),
-        collective_efficiency=tuple(own))
+        collective_efficiency=tuple(own), fabric="")
 
 
 @functools.lru_cache(maxsize=1024)

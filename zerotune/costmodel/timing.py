@@ -43,7 +43,8 @@ measured across nodes, a ring that spans 2+ nodes is charged the law read off th
 launch + k·(ranks − 1)·λ(N) + bytes / (η(N) · line), λ and η by the N nodes it spans: a flat ring all of it, its
 line the node's NICs (what was measured), zerotune's inter-node ring of one rank per node its N − 1 steps, its line
 the rank's share of the NICs (the ranks under the level run their rings side by side); a ring whose steps carry less
-than the smallest chunk measured, the less of the law and the α-β ring. Intra-node levels keep the α-β ring.
+than the smallest chunk measured, the more of the law and the α-β ring. Intra-node levels, and nodes of another
+design than the one measured (``fabrics.applies``), keep the α-β ring.
 
 **The protocol** each ring runs under (Simple, LL128 or LL), and for an all-reduce whether NCCL's tree beats
 the ring, is what the library's own model says is fastest: ``protocols``.
@@ -146,16 +147,19 @@ class Costs:
             below *= lv.size
         return out
 
-    def _line(self, lo: int, hi: int) -> float:
-        """The line rate (bytes/s) at which one flat ring over levels lo..hi leaves a node: the ranks of the span
-        under its network levels times their per-rank bandwidth (the slowest such level's)."""
-        below, line = 1, math.inf
+    def _nics(self, lo: int, hi: int) -> tuple[float, int, int]:
+        """What one flat ring over levels lo..hi leaves its nodes through: (the node's NIC line rate in bytes/s,
+        ranks per node, rings side by side on each node), at its outermost network level: every rank of the node
+        under that level sends through its NICs, the ring through its span's share (ranks per node / the span's
+        ranks under the level)."""
+        below, out = 1, (math.inf, 1, 1)
         for level in range(lo, hi + 1):
             lv = self.cluster.levels[level - 1]
             if lv.size > 1 and network(self.calib, lv.latency_us):
-                line = min(line, below * lv.bandwidth_gbps * 1e9)
+                per_node = self.prefix[level - 1]
+                out = (per_node * lv.bandwidth_gbps * 1e9, per_node, max(per_node // below, 1))
             below *= lv.size
-        return line
+        return out
 
     def _flat_ring(self, op: str, lo: int, hi: int, numel: int, bits: int) -> float:
         """Seconds on the wire of one collective run as one ring over all its ranks (module docstring)."""
@@ -177,10 +181,12 @@ class Costs:
                 net_hop = max(net_hop, lv.latency_us)
             else:
                 node_hop = max(node_hop, lv.latency_us)
-        law = fabric_ring(calib.fabric, op, ranks, nodes, sent, self._line(lo, hi), calib.collective_launch_us * 1e-6)
+        node_line, per_node, share = self._nics(lo, hi)
+        law = fabric_ring(calib.fabric, op, ranks, nodes, sent, node_line, per_node, share,
+                          calib.collective_launch_us * 1e-6)
         ring = fastest(calib, hops, slowest, sent, nodes, op == "all_reduce", nodes > 1 and ranks == nodes)
         if law is not None:  # measured on this fabric at scale (``fabrics``): the law, not the α-β ring
-            return law if sent >= STEPS[op] * (ranks - 1) * smallest_chunk(calib.fabric) else min(law, ring)
+            return law if sent >= STEPS[op] * (ranks - 1) * smallest_chunk(calib.fabric) else max(law, ring)
         if op != "all_reduce" or calib.protocols != "nccl" or not slowest:
             return ring
         return min(ring, tree(calib, ranks, nodes, numel * e, sent / slowest, node_hop, net_hop))
@@ -201,13 +207,14 @@ class Costs:
             rate = lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level, op)
             joins = network(calib, lv.latency_us)
             nodes = lv.size if joins else 1
-            law = fabric_ring(calib.fabric, op, lv.size, nodes, sent, lv.bandwidth_gbps * 1e9,
-                              calib.collective_launch_us * 1e-6)
+            per_node = self.prefix[level - 1]
+            law = fabric_ring(calib.fabric, op, lv.size, nodes, sent, per_node * lv.bandwidth_gbps * 1e9, per_node,
+                              per_node, calib.collective_launch_us * 1e-6)
             ring = fastest(calib, [(STEPS[op] * (lv.size - 1), lv.latency_us)], sent / rate, sent, nodes,
                            op == "all_reduce", joins)
             if law is not None:  # one rank per node, the ranks under the level side by side (``fabrics``)
                 small = sent < STEPS[op] * (lv.size - 1) * smallest_chunk(calib.fabric)
-                t += min(law, ring) if small else law
+                t += max(law, ring) if small else law
                 continue
             if as_tree and sent:
                 buffer = sent * lv.size / (2 * (lv.size - 1))  # a ring all-reduce sends 2(s - 1)/s of it
@@ -229,7 +236,9 @@ class Costs:
         for level in range(lo, hi + 1):
             lv = self.cluster.levels[level - 1]
             if lv.size > 1 and bool(vol.get(lv.name, {}).get("all_to_all")) == all_to_all:
-                law = step_seconds(calib.fabric, lv.size, launch) if network(calib, lv.latency_us) else None
+                per_node = self.prefix[level - 1]
+                law = step_seconds(calib.fabric, lv.size, per_node, per_node * lv.bandwidth_gbps * 1e9, launch) \
+                    if network(calib, lv.latency_us) else None
                 hop = lv.latency_us * alpha if law is None else law
                 out.append((lv.name, launch + STEPS[op] * (lv.size - 1) * hop))
         return tuple(out)
