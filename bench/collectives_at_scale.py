@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the rows, the summary and the goal as JSON")
     args = parser.parse_args(argv)
     items = rows(sorted(TABLES.glob("*.toml")))
-    result = {"rows": items, "summary": summary(items), "goal": goal(items)}
+    result: dict[str, Any] = {"rows": items, "summary": summary(items), "goal": goal(items)}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
