@@ -258,11 +258,16 @@ def measured(fabric: str) -> bool:
     return fabric in FABRICS and bool(FABRICS[fabric].measured)
 
 
+_smallest: dict[str, float] = {}
+
+
 def smallest_chunk(fabric: str) -> float:
     """The fewest bytes a rank sent in one ring step among ``fabric``'s measured rows: below it the law was not
-    measured (``timing`` then charges the more of the law and the α-β ring of the library's protocols)."""
-    return min(sent_bytes(r.collective, r.mb, r.gpus) / (STEPS[r.collective] * (r.gpus - 1))
-               for r in FABRICS[fabric].measured)
+    measured (``ring_seconds`` then charges the more of the law and the α-β ring of the library's protocols)."""
+    if fabric not in _smallest:
+        _smallest[fabric] = min(sent_bytes(r.collective, r.mb, r.gpus) / (STEPS[r.collective] * (r.gpus - 1))
+                                for r in FABRICS[fabric].measured)
+    return _smallest[fabric]
 
 
 def step_seconds(fabric: str, nodes: int, per_node: int, node_line: float, launch_s: float) -> float | None:
@@ -292,10 +297,12 @@ def applies(fabric: str, nodes: int, per_node: int, node_line: float) -> bool:
 
 
 def ring_seconds(fabric: str, collective: str, ranks: int, nodes: int, sent: float, node_line: float,
-                 per_node: int, share: int, launch_s: float) -> float | None:
+                 per_node: int, share: int, launch_s: float, alpha_beta: float = 0.0) -> float | None:
     """Seconds of one ring of ``ranks`` over ``nodes`` nodes on ``fabric``, each rank sending ``sent`` bytes, on
     nodes of ``per_node`` ranks whose NICs carry ``node_line`` bytes/s, ``share`` such rings leaving each node side
-    by side, launch included (module docstring): the law at ``nodes``; None where it does not apply (``applies``)."""
+    by side, launch included (module docstring): the law at ``nodes``, or, where a step carries less than the
+    smallest chunk measured (``smallest_chunk``), the more of it and ``alpha_beta`` (the α-β ring's seconds under
+    the library's own tuning model); None where the law does not apply (``applies``)."""
     if not applies(fabric, nodes, per_node, node_line):
         return None
     line = node_line / share
@@ -303,4 +310,5 @@ def ring_seconds(fabric: str, collective: str, ranks: int, nodes: int, sent: flo
     steps = STEPS[collective]
 
     lam, efficiency = at_nodes(pts, nodes)
-    return launch_s + steps * (ranks - 1) * lam + sent / (efficiency * line)
+    law = launch_s + steps * (ranks - 1) * lam + sent / (efficiency * line)
+    return law if sent >= steps * (ranks - 1) * smallest_chunk(fabric) else max(law, alpha_beta)

@@ -71,7 +71,7 @@ from zerotune.core.volume import (
     wire_elem_bytes,
 )
 from zerotune.costmodel.fabrics import ring_seconds as fabric_ring
-from zerotune.costmodel.fabrics import smallest_chunk, step_seconds
+from zerotune.costmodel.fabrics import step_seconds
 from zerotune.costmodel.protocols import STEPS, chain, fastest, hop_s, network, protocol_rows, tree
 from zerotune.costmodel.rates import Calibration
 from zerotune.costmodel.schedule import Coll, Group
@@ -181,12 +181,12 @@ class Costs:
                 net_hop = max(net_hop, lv.latency_us)
             else:
                 node_hop = max(node_hop, lv.latency_us)
+        ring = fastest(calib, hops, slowest, sent, nodes, op == "all_reduce", nodes > 1 and ranks == nodes)
         node_line, per_node, share = self._nics(lo, hi)
         law = fabric_ring(calib.fabric, op, ranks, nodes, sent, node_line, per_node, share,
-                          calib.collective_launch_us * 1e-6)
-        ring = fastest(calib, hops, slowest, sent, nodes, op == "all_reduce", nodes > 1 and ranks == nodes)
+                          calib.collective_launch_us * 1e-6, ring)
         if law is not None:  # measured on this fabric at scale (``fabrics``): the law, not the α-β ring
-            return law if sent >= STEPS[op] * (ranks - 1) * smallest_chunk(calib.fabric) else max(law, ring)
+            return law
         if op != "all_reduce" or calib.protocols != "nccl" or not slowest:
             return ring
         return min(ring, tree(calib, ranks, nodes, numel * e, sent / slowest, node_hop, net_hop))
@@ -207,14 +207,13 @@ class Costs:
             rate = lv.bandwidth_gbps * 1e9 * calib.level_efficiency(level, op)
             joins = network(calib, lv.latency_us)
             nodes = lv.size if joins else 1
-            per_node = self.prefix[level - 1]
-            law = fabric_ring(calib.fabric, op, lv.size, nodes, sent, per_node * lv.bandwidth_gbps * 1e9, per_node,
-                              per_node, calib.collective_launch_us * 1e-6)
             ring = fastest(calib, [(STEPS[op] * (lv.size - 1), lv.latency_us)], sent / rate, sent, nodes,
                            op == "all_reduce", joins)
+            per_node = self.prefix[level - 1]
+            law = fabric_ring(calib.fabric, op, lv.size, nodes, sent, per_node * lv.bandwidth_gbps * 1e9, per_node,
+                              per_node, calib.collective_launch_us * 1e-6, ring)
             if law is not None:  # one rank per node, the ranks under the level side by side (``fabrics``)
-                small = sent < STEPS[op] * (lv.size - 1) * smallest_chunk(calib.fabric)
-                t += max(law, ring) if small else law
+                t += law
                 continue
             if as_tree and sent:
                 buffer = sent * lv.size / (2 * (lv.size - 1))  # a ring all-reduce sends 2(s - 1)/s of it
