@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from zerotune.core.spec import ClusterSpec  # noqa: E402
 from zerotune.costmodel import calibration_for  # noqa: E402
 from zerotune.costmodel.catalog import parse_cluster  # noqa: E402
-from zerotune.costmodel.fabrics import FABRICS  # noqa: E402
+from zerotune.costmodel.fabrics import FABRICS, applies  # noqa: E402
 from zerotune.costmodel.profiles import (  # noqa: E402
     PRESET_FABRICS,
     PROFILES,
@@ -100,6 +100,13 @@ def predicted_ms(cluster: ClusterSpec, calib: Calibration, collective: str, nbyt
     return 1e3 * costs.time((collective, (1, cluster.num_levels), numel, 16))
 
 
+def by_law(cluster: ClusterSpec, calib: Calibration) -> bool:
+    """Whether the row's ring across nodes is charged by its fabric's law (``fabrics.applies``: its node is the design
+    the law was measured on), not by the α-β ring."""
+    per_node = cluster.world_size // cluster.levels[-1].size
+    return applies(calib.fabric, cluster.levels[-1].size, per_node, per_node * cluster.levels[-1].bandwidth_gbps * 1e9)
+
+
 def _ms_from_busbw(collective: str, nbytes: float, gpus: int, gbps: float) -> float:
     """nccl-tests' bus bandwidth back to a time: busbw = size / time × (R − 1)/R, twice that for an all-reduce."""
     factor = (2 if collective == "all_reduce" else 1) * (gpus - 1) / gpus
@@ -146,20 +153,22 @@ def rows(tables: list[Path]) -> list[dict[str, Any]]:
         for r in measured(table):
             cluster, calib = cluster_for(r["cluster"], clusters, r["gpus"], r["fabric"])
             pred = predicted_ms(cluster, calib, r["collective"], r["bytes"], r["gpus"])
-            out.append({"table": path.stem, **r, "measured_ms": round(r["measured_ms"], 4),
-                        "predicted_ms": round(pred, 4), "error": round(pred / r["measured_ms"] - 1, 4)})
+            out.append({"table": path.stem, **r, "law": by_law(cluster, calib),
+                        "measured_ms": round(r["measured_ms"], 4), "predicted_ms": round(pred, 4),
+                        "error": round(pred / r["measured_ms"] - 1, 4)})
     return out
 
 
 def summary(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per library and fabric, the error at each scale."""
+    """Per library and fabric, the error at each scale: of the rows its law charges (``law``), and of those on other
+    node designs, which the α-β ring charges."""
     out = []
-    for library, fabric in sorted({(r["library"], r["fabric"]) for r in items}):
-        mine = [r for r in items if (r["library"], r["fabric"]) == (library, fabric)]
+    for library, fabric, law in sorted({(r["library"], r["fabric"], r["law"]) for r in items}):
+        mine = [r for r in items if (r["library"], r["fabric"], r["law"]) == (library, fabric, law)]
         for gpus in sorted({r["gpus"] for r in mine}):
             errors = [abs(r["error"]) for r in mine if r["gpus"] == gpus]
             slow = [r["measured_ms"] / r["predicted_ms"] for r in mine if r["gpus"] == gpus]
-            out.append({"library": library, "fabric": fabric, "gpus": gpus,
+            out.append({"library": library, "fabric": fabric, "law": law, "gpus": gpus,
                         "median_abs_error": round(statistics.median(errors), 4),
                         "within": sum(e <= WITHIN for e in errors), "within_goal": sum(e <= GOAL for e in errors),
                         "count": len(errors), "measured_over_predicted": round(statistics.median(slow), 2)})
@@ -190,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
             flag = "" if abs(r["error"]) <= GOAL else "  *"
             print(f"{r['library']:6} {r['fabric']:19} {r['collective']:15} {r['mb']:>10.4g} {r['gpus']:>5} "
                   f"{r['measured_ms']:>12.4g} {r['predicted_ms']:>13.4g} {r['error']:>+7.0%}{flag}")
-    print("\nby library, fabric and scale (median |error|, rows within ±15%, within ±25%, median measured / "
-          "predicted):")
+    print("\nby library, fabric (its law, or the α-β ring on another node design) and scale (median |error|, rows "
+          "within ±15%, within ±25%, median measured / predicted):")
     for s in result["summary"]:
-        print(f"  {s['library']:5} {s['fabric']:19} {s['gpus']:>5} GPUs: {s['median_abs_error']:6.1%}  "
+        how = "law" if s["law"] else "α-β"
+        print(f"  {s['library']:5} {s['fabric']:19} {how:3} {s['gpus']:>5} GPUs: {s['median_abs_error']:6.1%}  "
               f"{s['within']}/{s['count']}  {s['within_goal']}/{s['count']}  x{s['measured_over_predicted']}")
     g = result["goal"]
     print(f"\ngoal (every NCCL and RCCL row within ±{GOAL:.0%} at {GOAL_GPUS[0]}-{GOAL_GPUS[1]:,} GPUs): "

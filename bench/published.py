@@ -386,8 +386,8 @@ def checkpointing_lean(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def collectives_error() -> dict[str, Any]:
-    """How much slower each library's flat rings on each fabric ran than the model's (its fabric law, ``fabrics``,
-    where one was measured), by GPU count: the median over the sizes and collectives measured
+    """How much slower each library's flat rings on each fabric ran than its fabric law charges them (``fabrics``:
+    rows on the node design the law was measured on), by GPU count: the median over the sizes and collectives measured
     (``bench/collectives_at_scale.py``), what a prediction of flat rings at that scale should expect beyond its band."""
     sys.path.insert(0, str(ROOT / "bench"))
     import collectives_at_scale as bench  # noqa: PLC0415 (a sibling bench script, not a package)
@@ -397,8 +397,9 @@ def collectives_error() -> dict[str, Any]:
     out: dict[str, Any] = {"source": "bench/collectives_at_scale.py (" + ", ".join(sorted({r["table"] for r in items}))
                            + ": bench/published/collectives), after the fabric laws of zerotune/costmodel/fabrics.py",
                            "measured_over_predicted": {}}
-    for s in summary:
-        out["measured_over_predicted"].setdefault(s["fabric"], []).append([s["gpus"], s["measured_over_predicted"]])
+    for s in summary:  # what a preset's calibration is charged: the rows its fabric's law charges
+        if s["law"]:
+            out["measured_over_predicted"].setdefault(s["fabric"], []).append([s["gpus"], s["measured_over_predicted"]])
     return out
 
 

@@ -495,12 +495,11 @@ def test_recommendation_and_compare(tab: Tab, seeded: Seeded) -> None:
     if decision.get("checkpointing"):
         assert decision["checkpointing"]["why"] in page.locator("#checkpointing").inner_text()
     assert page.locator("#collectives").count() == 0  # zerotune's per-level rings on 2 nodes: nothing to add
-    # DeepSpeed's flat RCCL rings on 48 Frontier nodes: the answer says they were measured far slower than modelled
+    # DeepSpeed's flat RCCL rings on 48 Frontier nodes are charged by the law measured on them (costmodel/fabrics.py):
+    # within 15% of the measurements, the answer carries no caveat of theirs
     at_scale = api(seeded, f"/v1/recommendations/{seeded.at_scale}")
-    slower = at_scale["metrics"]["decision"]["collectives"]
-    assert (slower["library"], slower["gpus"]) == ("RCCL", 256) and slower["measured_over_predicted"] > 2
-    caveat = tab.open(f"/dashboard/recommendations/{seeded.at_scale}").locator("#collectives").inner_text()
-    assert f"{slower['measured_over_predicted']:.2f}x the model's time" in caveat and "optimistic" in caveat
+    assert "collectives" not in at_scale["metrics"]["decision"]
+    assert tab.open(f"/dashboard/recommendations/{seeded.at_scale}").locator("#collectives").count() == 0
     # that request's training reduces gradients in fp32: its answer, its DeepSpeed config and its study page say so
     assert at_scale["strategy"]["grad_bits"] == 32
     assert at_scale["exports"]["deepspeed"]["communication_data_type"] == "fp32"

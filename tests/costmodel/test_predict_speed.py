@@ -31,7 +31,8 @@ def test_predict_cli_sweep_table_and_json(capsys):
     assert row48.endswith(f"{band['row_median']:.0%}/{band['row_p90']:.0%}")
     assert f"error on frontier:48: figures {band['row_median']:.0%} median" in out and "bench/published.py" in out
     assert main(["predict", "--model", "gpt-neox-20b", "--cluster", "frontier:48", "--runner", "deepspeed"]) == 0
-    assert "RCCL's flat rings over 256 GPUs were measured at" in capsys.readouterr().out
+    # RCCL's flat rings past 16 Frontier nodes are charged by their measured law (fabrics.py): no residual to state
+    assert "flat rings over" not in capsys.readouterr().out
     assert main(["predict", "--model", "gpt-mini", "--cluster", "local:2x2"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[2].endswith(" -") and "'zerotune calibrate'" in out

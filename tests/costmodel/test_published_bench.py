@@ -404,28 +404,32 @@ def test_a_source_of_ratios_only_is_scored_on_its_ratios(tmp_path, monkeypatch):
             published.Table(bad)
 
 
-def test_vendor_collectives_at_scale_hold_the_ring_model_to_its_range():
-    """bench/collectives_at_scale.py: measured RCCL / NCCL all-gathers and reduce-scatters at 32-2,048 GPUs (the PCCL
-    paper) beside one flat ring of the model. NCCL on Perlmutter is within 15% up to 256 GPUs and within 30% at every
-    scale once multi-node rings pay the host's network overhead on each step (without it: 2.5x slower than the model
-    at 2,048); RCCL falls off a cliff past 16 Frontier nodes, which the bench prints rather than fits."""
+def test_vendor_collectives_at_scale_follow_their_fabric_laws():
+    """bench/collectives_at_scale.py: every source of bench/published/collectives, each row predicted as one flat ring
+    (by its fabric's law where its node is the design the law was measured on, costmodel/fabrics.py; the α-β ring
+    elsewhere). The PCCL transcription reproduces the speedups the paper prints; its 56 rows, which the laws of RCCL
+    and NCCL over Slingshot are read from, sit within 20% of them; the goal line counts every NCCL and RCCL row."""
     out = subprocess.run([sys.executable, "bench/collectives_at_scale.py", "--json"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     table = tomllib.loads((ROOT / "bench" / "published" / "collectives" / "pccl.toml").read_text())
-    assert len(result["rows"]) == sum(len(s["ms"]) for s in table["series"]) == 56
+    pccl = [r for r in result["rows"] if r["table"] == "pccl"]
+    assert len(pccl) == sum(len(s["ms"]) for s in table["series"]) == 56 and all(r["law"] for r in pccl)
     # the transcription: PCCL's own times against the speedups the paper prints
     check = table["pccl_check"]
     for mb, speedup in check["printed_speedup_2048"].items():
         rccl = next(s["ms"][-1] for s in table["series"] if s["library"] == "RCCL" and s["collective"] == "all_gather"
                     and s["mb"] == int(mb))
         assert rccl / check["ms_2048"][mb] == pytest.approx(speedup, rel=0.03)
-    nccl = [r for r in result["rows"] if r["library"] == "NCCL"]
-    assert len(nccl) == 28 and all(abs(r["error"]) <= 0.15 for r in nccl if r["gpus"] <= 256)
-    assert all(abs(r["error"]) <= 0.30 for r in nccl)
-    by = {(s["library"], s["gpus"]): s["measured_over_predicted"] for s in result["summary"]}
-    assert by[("RCCL", 2048)] > 3 * by[("RCCL", 128)] and by[("NCCL", 2048)] < 1.3
+    assert all(abs(r["error"]) <= 0.20 for r in pccl)
+    sources = {p.stem for p in (ROOT / "bench" / "published" / "collectives").glob("*.toml")}
+    assert {r["table"] for r in result["rows"]} == sources
+    goal = result["goal"]
+    counted = [r for r in result["rows"] if r["library"] in ("NCCL", "RCCL") and 32 <= r["gpus"] <= 2048]
+    assert goal["rows"] == len(counted) and goal["within"] == sum(abs(r["error"]) <= 0.25 for r in counted)
+    by = {(s["fabric"], s["law"], s["gpus"]): s["measured_over_predicted"] for s in result["summary"]}
+    assert by[("rccl-slingshot-ofi", True, 2048)] == pytest.approx(1, abs=0.05)
 
 
 def test_the_frontier_readings_bench_weighs_the_3_level_table_under_both_readings_and_rccls_cliff():

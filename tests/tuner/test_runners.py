@@ -227,11 +227,11 @@ def test_a_deepspeed_study_searches_deepspeed_and_predicts_its_collectives(tmp_p
     assert rec["runner"] == "deepspeed" and rec["exports"]["deepspeed_notes"] == []
     # the published band still speaks for it: most published rows were run by DeepSpeed or FSDP
     assert rec["decision"]["band"] is not None
-    # the same figures' band; DeepSpeed's flat RCCL rings on 64 GCDs also carry what RCCL measured there
+    # the same figures' band: DeepSpeed's flat RCCL rings on 64 GCDs are charged by the law measured there
+    # (costmodel/fabrics.py), within 15% of what RCCL measured, so they carry no residual of their own
     deepspeed_band = error_band(flat, cluster.world_size)
-    slower = deepspeed_band.pop("collectives")
+    assert deepspeed_band is not None and "collectives" not in deepspeed_band
     assert deepspeed_band == error_band(calibration_for(cluster), cluster.world_size)
-    assert (slower["library"], slower["gpus"]) == ("RCCL", 64) and abs(slower["measured_over_predicted"] - 1) > 0.15
 
 
 def test_flat_rings_change_the_value_of_the_same_strategy():

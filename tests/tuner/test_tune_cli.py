@@ -65,9 +65,9 @@ def test_tune_with_the_model_executor_prints_a_recommendation(tmp_path):
                  "--workdir", str(tmp_path), "--seed", "0", "--runner", "deepspeed", "--full")
     assert r.returncode == 0, r.stderr[-2000:]
     ds = json.loads(r.stdout)
-    assert ds["evidence"] == "predicted" and ds["decision"]["collectives"]["library"] == "RCCL"
-    assert ds["decision"]["collectives"]["measured_over_predicted"] > 2
-    assert "RCCL's flat rings over 256 GPUs were measured at" in r.stderr and "optimistic" in r.stderr
+    # charged by the law measured on those rings (costmodel/fabrics.py): no residual past 15% to add
+    assert ds["evidence"] == "predicted" and "collectives" not in ds["decision"]
+    assert "flat rings over" not in r.stderr
 
 
 def test_tune_rejects_bad_input_with_one_line(tmp_path):

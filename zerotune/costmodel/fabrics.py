@@ -20,16 +20,17 @@ sources are rows of ``bench/collectives_at_scale.py``, predicted by the law and 
 
 **Solving λ and B.** The measurements of one fabric at one node count (``Measured``) are the rings the library ran
 over every GPU (a flat ring of R = N × ranks-per-node) at two or more message sizes. λ(N) and 1/B(N) are the least
-squares of the relative error over those rows (``solve``), with B held at most at the nodes' line rate (η ≤ 1) (a
-two-size solve that returns more, or a negative bandwidth, says the time did not grow with the size: the library
-was latency-bound there) and λ at least 0. **Between measured node counts** λ is interpolated linearly in log N and
-η log-log; **below the smallest** the smallest's values are held, **beyond the largest** the largest's (flat: the
-measured trend of λ beyond 32 Frontier nodes is flat, 75-83 µs; stated, not extrapolated further). **Message
-sizes**: the sources measured 256 and 512 MB buffers, chunks of 0.13-16 MB per ring step; a smaller chunk is
-charged the same λ by the law; below the smallest chunk measured, where the measurements say nothing of the
-library's latency protocols (LL, LL128) and λ at a few nodes was not identified (those rows were bandwidth-bound),
-``timing`` charges the more of the law and the α-β ring of the library's own tuning model (NCCL's small all-gathers
-on 16 Kestrel nodes took 0.56 ms at 1-16 KiB, five times that ring's latency: neither is too slow).
+squares of the relative error over those rows (``solve``), with B held at most at the nodes' line rate (η ≤ 1: a
+two-size solve that returns more, or a negative bandwidth, says the time did not grow with the size, the library was
+latency-bound there) and λ at least 0 (both bounds tightened by the order in nodes below). **Between measured node
+counts** λ·N is interpolated linearly in log N and η log-log; **below the smallest** the smallest's values are held,
+**beyond the largest** the largest's (flat: λ from 32 to 256 Frontier nodes is 63-75 µs, flat from 64 on;
+stated, not extrapolated further). **Message sizes**: the sources measured 256 and 512 MB buffers, chunks of 0.13-16
+MB per ring step; a smaller chunk is charged the same λ by the law; below the smallest chunk measured, where the
+measurements say nothing of the library's latency protocols (LL, LL128) and λ at a few nodes was not identified
+(those rows were bandwidth-bound), ``ring_seconds`` charges the more of the law and the α-β ring of the library's
+own tuning model (NCCL's small all-gathers on 16 Kestrel nodes took 0.56 ms at 1-16 KiB, five times that ring's
+latency: neither is too slow).
 **Monotone in nodes**: the points are solved fewest nodes first, each with η at most the previous point's and
 λ·N at least the previous point's (a ring on more nodes never gets more bandwidth, nor less latency per node it
 spans), and λ·N is interpolated linearly in log N, so at fixed ranks per node a ring's time never falls as the
@@ -56,7 +57,7 @@ all-gather over the same 256 nodes took 6.4 ms for 256 MB in all [pccl] Fig. 11,
   source measured the library's one-rank-per-node rings at these scales (PCCL's hierarchical curves run PCCL's own
   point-to-point exchange, not RCCL's rings). Should the per-message cost be a node's (its NICs or a shared proxy)
   rather than a ring's, side-by-side rings would pay it ranks-per-node times and the advantage would vanish;
-  the sources here cannot tell the two apart, which is stated where the band is served (``error``).
+  the sources here cannot tell the two apart (``docs/costmodel.md`` says so beside the law).
 
 An all-reduce under the law is charged as the ring's reduce-scatter plus all-gather (k = 2): no source measured
 these libraries' tree across Slingshot at scale. A fabric with no measurement (``FABRICS``' entries with no rows)
@@ -75,9 +76,9 @@ Sources:
   "Communication Bandwidth by Number of Nodes (size=256MB)", its Plotly data (``fragments/pp_comm_bandwidth.html``
   of the mirror github.com/vinjn/nanotron-ultrascale-playbook at 924e4d0b): NCCL over EFA, 1-64 nodes of 8 H100;
   transcribed in ``bench/published/collectives/ultrascale_playbook.toml``.
-- Rows of other clusters on the same fabrics, predicted by these laws in ``bench/collectives_at_scale.py`` and not
-  read into them: NCCL over Slingshot-11 on NREL Kestrel (``kestrel_nccl.toml``), NCCL all-reduces over EFA on 2
-  nodes of p4de and p5 (``aws_efa_nccl.toml``).
+- Rows of other clusters on the same fabrics, compared in ``bench/collectives_at_scale.py`` and not read into the
+  laws: NCCL over Slingshot-11 on NREL Kestrel (``kestrel_nccl.toml``: another node design, so the α-β ring), NCCL
+  all-reduces over EFA on 2 nodes of p4de (the α-β ring) and p5 (the law's design) (``aws_efa_nccl.toml``).
 """
 
 from __future__ import annotations
