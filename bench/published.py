@@ -63,14 +63,15 @@ Goal: every row and ratio within ±15%.
 **Readings stand on quotes.** The keys above that change how a table is predicted — its ``[source]``'s ``stack``,
 ``flops``, ``collectives``, ``outer_reduce``, ``gathers``, ``runner``, ``weight_sync``, ``loss``, ``kernels``,
 ``attention``, ``copies`` and ``early_stop`` (``SOURCE_READINGS``: the path is the key), a cluster's ``early_stop``
-(``clusters.NAME.early_stop``) and its levels' measured bus bandwidths (``clusters.NAME.levels.LEVEL.busbw_gbps``, and
-each ``BUSBW_FIELDS``), a column's ``stack``, ``gathers`` and ``overlap_comm`` (``strategies.NAME.gathers``), a
-group's ``set`` (``groups.I.set.FIELD``, ``I`` counting the ``[[groups]]`` from 0) — are readings of the source. A
+(``clusters.NAME.early_stop``), ``host`` (``clusters.NAME.host``) and its levels' measured bus bandwidths
+(``clusters.NAME.levels.LEVEL.busbw_gbps``, and each ``BUSBW_FIELDS``), a column's ``stack``, ``gathers`` and
+``overlap_comm`` (``strategies.NAME.gathers``), a group's ``set`` (``groups.I.set.FIELD``, ``I`` counting the
+``[[groups]]`` from 0) — are readings of the source. A
 reading stands only where the table's ``[quotes]`` holds a quote from the source or its code that states it, keyed
 by the reading's path (or a table above it: ``strategies.zero3`` covers that column's settings) with the text
 ``"quote — location"``; a reading that differs from what its absence gives (the global default for a ``[source]`` key,
 the table's own for a cluster's or column's) and has no quote takes that default, in the main score and in the band
-(``settle_readings``; the bench prints each one it dropped). The cluster's devices, links, sizes, ``host``,
+(``settle_readings``; the bench prints each one it dropped). The cluster's devices, links, sizes,
 ``peak_tflops`` and ``gbps_per_rank`` describe the hardware (the source's ``cluster``), and the strategies' own
 fields the runs' configuration: they are not readings. ``--defaults`` scores every table with every reading at its
 default, quoted or not, and prints it beside the main score (what the quoted readings carry); ``--as-written``
@@ -176,6 +177,8 @@ def _reading_sites(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], str,
     for name, spec in data.get("clusters", {}).items():
         if "early_stop" in spec:
             sites.append((f"clusters.{name}.early_stop", spec, "early_stop", None))
+        if "host" in spec:  # the host design NCCL's overheads are read for (``HOSTS``)
+            sites.append((f"clusters.{name}.host", spec, "host", "unknown"))
         for level in spec.get("levels", []):
             sites += [(f"clusters.{name}.levels.{level['name']}.{f}", level, f, None)
                       for f in BUSBW_FIELDS if f in level]
