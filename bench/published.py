@@ -664,7 +664,7 @@ def ranking_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"{label:>9} GPUs: pairs in order {band['pairs_in_order']}/{band['pairs']} ({_pct(pairs)}), "
                      f"winners picked {band['picked']}/{band['configurations']}, regret median "
                      f"{_pct(band['regret_median'])} p90 {_pct(band['regret_p90'])}")
-    lines.append(f"{'all':>9}     : pairs in order {total['pairs_in_order']}/{total['pairs']}, winners picked "
+    lines.append(f"{'all':>9} GPUs: pairs in order {total['pairs_in_order']}/{total['pairs']}, winners picked "
                  f"{total['picked']}/{total['configurations']}")
     return lines
 
@@ -697,6 +697,14 @@ def print_scores(result: dict[str, Any], defaults: dict[str, Any] | None = None)
           f"{RANKING_GOALS['picked'][0]} of {RANKING_GOALS['picked'][1]} configurations (the tables give {configs}: "
           f">= {math.ceil(configs * RANKING_GOALS['picked'][0] / RANKING_GOALS['picked'][1])} of them); regret "
           f"median {RANKING_GOALS['regret_median']:.0%}, p90 <= {RANKING_GOALS['regret_p90']:.0%}")
+    missed = [c for c in result["configurations"] if not scoreboard.picked(c["published"], c["predicted"])]
+    if missed:
+        print(f"   configurations whose published winner the model misses ({len(missed)}):")
+        for c in missed:
+            best = max(c["published"], key=c["published"].get)
+            mine = scoreboard.model_winner(c["predicted"])
+            print(f"      {c['table']}:{c['key']} ({c['gpus']} GPUs): published {best}, model {mine}, regret "
+                  f"{scoreboard.regret(c['published'], c['predicted']):.1%}")
     plans = amsp_plans(result)
     if plans:
         print("   AMSP's plan over MiCS's plan on AMSP's engine, 1,024 GPUs (§VI-D.1; goal: the published side of 1):")
