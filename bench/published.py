@@ -503,8 +503,7 @@ def configurations(t: Table, skip: set[str]) -> list[scoreboard.Configuration]:
 def evaluate(tables: list[Table]) -> dict[str, Any]:
     """Every row and ratio predicted, the outliers found before scoring, and the scores: the ranking (primary), the
     error by band (secondary), the summary, and the band ``model_error.json`` serves."""
-    found, unexplained = scoreboard.outliers(outlier_points(tables))
-    outlier = {name: by for name, by in found.items()}
+    outlier, unexplained = scoreboard.outliers(outlier_points(tables))  # "table:row id" -> the ids contradicting it
     rows, ratios = [], []
     for t in tables:
         for row_id, (published, caption) in t.rows.items():
@@ -542,16 +541,15 @@ def evaluate(tables: list[Table]) -> dict[str, Any]:
         tally = by_table.setdefault(r["table"], [0, 0])
         tally[0] += abs(r["error"]) <= GOAL
         tally[1] += 1
-    skip = {i.split(":", 1)[1] for i in outlier}
-    configs = [c for t in tables if t.role == "agreement"
-               for c in configurations(t, {i for i in skip if i in t.rows})]
+    configs = [c for t in tables if t.role == "agreement" for c in configurations(
+        t, {i.split(":", 1)[1] for i in outlier if i.startswith(f"{t.name}:")})]
     calibration = [r for r in rows if r["role"] == "calibration"]
     return {"rows": rows, "ratios": ratios,
             "error": model_error(tables, scored, scored_ratios, calibration),
             "ranking": scoreboard.ranking(configs),
             "configurations": [c._asdict() for c in configs],
             "by_band": scoreboard.error_by_band(items),
-            "outliers": {"rows": {i: by for i, by in sorted(found.items())}, "unexplained": unexplained},
+            "outliers": {"rows": dict(sorted(outlier.items())), "unexplained": unexplained},
             "readings": {t.name: {"dropped": [[r.path, r.value] for r in t.readings if t.reading_mode == "defaults"
                                               or (t.reading_mode == "quoted" and not r.quoted)],
                                   "quoted": [r.path for r in t.readings if r.quoted],
