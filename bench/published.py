@@ -64,9 +64,9 @@ Goal: every row and ratio within ±15%.
 ``flops``, ``collectives``, ``outer_reduce``, ``gathers``, ``runner``, ``weight_sync``, ``loss``, ``kernels``,
 ``attention``, ``copies`` and ``early_stop`` (``SOURCE_READINGS``: the path is the key), a cluster's ``early_stop``
 (``clusters.NAME.early_stop``), ``host`` (``clusters.NAME.host``) and its levels' measured bus bandwidths
-(``clusters.NAME.levels.LEVEL.busbw_gbps``, and each ``BUSBW_FIELDS``), a column's ``stack``, ``gathers`` and
-``overlap_comm`` (``strategies.NAME.gathers``), a group's ``set`` (``groups.I.set.FIELD``, ``I`` counting the
-``[[groups]]`` from 0) — are readings of the source. A
+(``clusters.NAME.levels.LEVEL.busbw_gbps``, LEVEL its name or its place from 0, and each ``BUSBW_FIELDS``), a
+column's ``stack``, ``gathers`` and ``overlap_comm`` (``strategies.NAME.gathers``), a group's ``set``
+(``groups.I.set.FIELD``, ``I`` counting the ``[[groups]]`` from 0) — are readings of the source. A
 reading stands only where the table's ``[quotes]`` holds a quote from the source or its code that states it, keyed
 by the reading's path (or a table above it: ``strategies.zero3`` covers that column's settings) with the text
 ``"quote — location"``; a reading that differs from what its absence gives (the global default for a ``[source]`` key,
@@ -218,6 +218,11 @@ def settle_readings(data: dict[str, Any], mode: str = "quoted") -> tuple[dict[st
     if mode not in READINGS:
         raise ValueError(f"readings={mode!r}: must be one of {list(READINGS)}")
     quotes = _flat_quotes(data.get("quotes", {}), "[quotes]")
+    for name, spec in data.get("clusters", {}).items():  # a level may be named by its place, from 0 innermost
+        for i, level in enumerate(spec.get("levels", [])):
+            at = f"clusters.{name}.levels.{i}"
+            quotes = {f"clusters.{name}.levels.{level['name']}{q[len(at):]}" if covers(at, q) else q: text
+                      for q, text in quotes.items()}
     data = copy.deepcopy(data)
     readings: list[Reading] = []
     paths: list[str] = []

@@ -732,6 +732,10 @@ def test_a_reading_without_a_quote_takes_its_default(tmp_path, monkeypatch):
     assert written["source"]["flops"] == "hardware" and written["groups"][0]["set"] == {"grad_bits": 32}
     defaults, _, _ = published.settle_readings(data, "defaults")
     assert defaults["source"] == {"outer_reduce": "boundary"} and defaults["strategies"]["y"] == {"preset": "zero3"}
+    # a level named by its place (from 0) is the same level
+    by_place = {**data, "quotes": {"clusters.c.levels.0.busbw_gbps": "'busbw 100' — nccl-tests log"}}
+    assert published.settle_readings(by_place)[0]["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0
+    assert "busbw_gbps" not in published.settle_readings({**data, "quotes": {}})[0]["clusters"]["c"]["levels"][0]
     with pytest.raises(ValueError, match=r"quotes.stack=3: must be a non-empty string"):
         published.settle_readings({**data, "quotes": {"stack": 3}})
     # on a table: zeropp_blog's quoted readings stand, and without its [quotes] they fall to their defaults
