@@ -69,8 +69,9 @@ column's ``stack``, ``gathers`` and ``overlap_comm`` (``strategies.NAME.gathers`
 (``groups.I.set.FIELD``, ``I`` counting the ``[[groups]]`` from 0) — are readings of the source. A
 reading stands only where the table's ``[quotes]`` holds a quote from the source or its code that states it, keyed
 by the reading's path (or a table above it: ``strategies.zero3`` covers that column's settings) with the text
-``"quote — location"``; a reading that differs from what its absence gives (the global default for a ``[source]`` key,
-the table's own for a cluster's or column's) and has no quote takes that default, in the main score and in the band
+``"quote — location"``; a reading that differs from its global default (``SOURCE_READINGS``; a column's or a
+cluster's too, not the table's own: a column that names its own engine's way is a reading of that engine) and has no
+quote takes that global default, in the main score and in the band
 (``settle_readings``; the bench prints each one it dropped). The cluster's devices, links, sizes,
 ``peak_tflops`` and ``gbps_per_rank`` describe the hardware (the source's ``cluster``), and the strategies' own
 fields the runs' configuration: they are not readings. ``--defaults`` scores every table with every reading at its
@@ -170,7 +171,7 @@ def _flat_quotes(quotes: Any, where: str, prefix: str = "") -> dict[str, str]:
 
 def _reading_sites(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, Any]]:
     """Every reading the table writes, in the order they settle: ``(path, the table holding it, key, default)``; a
-    cluster's or column's default is the table's own (settled first), a group's ``set`` field's and a level's bus
+    cluster's or column's default is the global one too (``_default_of``), a group's ``set`` field's and a level's bus
     bandwidth's is its absence."""
     source = data.get("source", {})
     sites = [(key, source, key, default) for key, default in SOURCE_READINGS.items() if key in source]
@@ -196,10 +197,9 @@ def _default_of(path: str, key: str, default: Any, source: dict[str, Any]) -> An
     if path == "attention":
         return STACK_ATTENTION.get(source.get("stack", SOURCE_READINGS["stack"]), "matmul")
     if path.startswith("clusters.") and key == "early_stop":
-        return source.get("early_stop", SOURCE_READINGS["early_stop"])
+        return SOURCE_READINGS["early_stop"]
     if path.startswith("strategies."):
-        return {"stack": source.get("stack", SOURCE_READINGS["stack"]),
-                "gathers": source.get("gathers", SOURCE_READINGS["gathers"]), "overlap_comm": True}[key]
+        return {"stack": SOURCE_READINGS["stack"], "gathers": SOURCE_READINGS["gathers"], "overlap_comm": True}[key]
     return default
 
 
@@ -234,7 +234,10 @@ def settle_readings(data: dict[str, Any], mode: str = "quoted") -> tuple[dict[st
         quoted = any(covers(q, path) for q in quotes)
         readings.append(Reading(path, value, quoted))
         if mode == "defaults" or (mode == "quoted" and not quoted):
-            del holder[key]
+            if path.startswith(("strategies.", "clusters.")) and key in ("early_stop", *COLUMN_SETTINGS):
+                holder[key] = _default_of(path, key, default, data.get("source", {}))  # not the table's own
+            else:
+                del holder[key]
     stray = sorted(q for q in quotes if not any(covers(q, p) for p in paths))
     return data, readings, stray
 

@@ -704,7 +704,7 @@ def test_the_outlier_rule_finds_the_row_its_own_series_contradicts(monkeypatch):
 
 def test_a_reading_without_a_quote_takes_its_default(tmp_path, monkeypatch):
     """A per-table reading stands only on a quote in the table's [quotes] (its path, or a table above it); without
-    one it takes what its absence gives: the global default for a [source] key, the table's own for a column's.
+    one it takes its global default, a column's or a cluster's too (not the table's own).
     A table without [quotes] loads; a quote that is not a string is refused; quotes that cover no reading are
     reported."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
@@ -722,16 +722,16 @@ def test_a_reading_without_a_quote_takes_its_default(tmp_path, monkeypatch):
     assert {r.path: r.quoted for r in readings} == {
         "stack": True, "flops": False, "gathers": False, "clusters.c.early_stop": False,
         "clusters.c.levels.node.busbw_gbps": True, "strategies.y.gathers": False, "groups.0.set.grad_bits": False}
-    # outer_reduce is its default: no reading; the table's gathers fell to bucket, so z's is none and y's is one
+    # outer_reduce is its default: no reading; z's gathers is the global default (no reading), y's falls to it
     assert settled["source"] == {"stack": "megatron", "outer_reduce": "boundary"}
-    assert settled["strategies"]["z"]["gathers"] == "bucket" and "gathers" not in settled["strategies"]["y"]
-    assert settled["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0 and "early_stop" not in settled["clusters"]["c"]
+    assert settled["strategies"]["z"]["gathers"] == "bucket" and settled["strategies"]["y"]["gathers"] == "bucket"
+    assert settled["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0 and settled["clusters"]["c"]["early_stop"] is False
     assert settled["groups"][0]["set"] == {} and stray == ["clusters.c.host"]
     assert data["source"]["flops"] == "hardware"  # the table as read is left as it was
     written, _, _ = published.settle_readings(data, "written")
     assert written["source"]["flops"] == "hardware" and written["groups"][0]["set"] == {"grad_bits": 32}
     defaults, _, _ = published.settle_readings(data, "defaults")
-    assert defaults["source"] == {"outer_reduce": "boundary"} and defaults["strategies"]["y"] == {"preset": "zero3"}
+    assert defaults["source"] == {"outer_reduce": "boundary"} and defaults["strategies"]["y"] == {"preset": "zero3", "gathers": "bucket"}
     # a level named by its place (from 0) is the same level
     by_place = {**data, "quotes": {"clusters.c.levels.0.busbw_gbps": "'busbw 100' — nccl-tests log"}}
     assert published.settle_readings(by_place)[0]["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0
