@@ -150,12 +150,15 @@ class TrialCreate(BaseModel):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True, json_schema_extra={"examples": [{
         "status": "ok", "model": "gpt-tiny", "cluster": "local:2x2", "strategy": "zero3",
-        "step_time_s": 0.05, "tokens_per_s": 41000, "tflops_per_rank": 0.012}]})
+        "step_time_s": 0.05, "tokens_per_s": 41000, "tflops_per_rank": 0.012}],
+        # the schema says what _measured_when_ok checks: status "ok" (or none, its default) needs a number
+        "if": {"properties": {"status": {"const": "ok"}}},
+        "then": {"required": ["tflops_per_rank"], "properties": {"tflops_per_rank": {"type": "number"}}}})
 
     status: Literal["ok", "failed"] = "ok"
     model: ModelField
     cluster: ClusterField
-    strategy: Annotated[str | StrategyCreate, Field(description="a preset name or the Strategy that ran")]
+    strategy: Annotated[PresetName | StrategyCreate, Field(description="a preset name or the Strategy that ran")]
     tflops_per_rank: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False, validate_default=True,
                                           description="required when status is ok")
     global_batch: int | None = Field(default=None, ge=1, le=MAX_ID)
