@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -186,13 +187,13 @@ def test_bodies_in_memory_at_once_are_bounded():
         guard = BodyGuard(app, token=None, max_body_bytes=2**20, body_memory_bytes=2 * 2**20, body_wait_s=wait_s)
 
         async def one() -> tuple[int, dict[bytes, bytes]]:
-            sent: list[dict[str, Any]] = []
+            sent: list[MutableMapping[str, Any]] = []
 
-            async def receive() -> dict[str, Any]:
+            async def receive() -> MutableMapping[str, Any]:
                 await asyncio.sleep(0.01)
                 return {"type": "http.request", "body": b"x" * size, "more_body": False}
 
-            async def send(message: dict[str, Any]) -> None:
+            async def send(message: MutableMapping[str, Any]) -> None:
                 sent.append(message)
 
             scope = {"type": "http", "method": "POST", "path": "/v1/trials",

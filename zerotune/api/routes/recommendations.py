@@ -8,11 +8,11 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from zerotune.api import queries
-from zerotune.api.settings import MAX_WAIT_S, Settings
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
 from zerotune.api.inputs import RecommendationCreate
 from zerotune.api.prologue.outputs import ENV_FILES
 from zerotune.api.schemas import JobPublic, Message, RecommendationPublic
+from zerotune.api.settings import MAX_WAIT_S, Settings
 from zerotune.db import repository as repo
 from zerotune.errors import NotFoundError
 
