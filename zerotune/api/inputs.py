@@ -120,7 +120,7 @@ class StrategyCreate(body_of(Strategy)):  # type: ignore[misc]  # the fields of 
     """An explicit Strategy (spans count the cluster's levels, innermost first)."""
 
 
-PresetName = Annotated[str, Field(min_length=1, max_length=255)]
+PresetName = Annotated[str, Field(min_length=1)]
 """A preset's name: never empty (``GET /v1/catalog`` lists them)."""
 
 ModelField = Annotated[PresetName | ModelCreate, Field(
