@@ -51,12 +51,10 @@ class Closings:
     def __init__(self, header_timeout_s: float, max_connections: int) -> None:
         self.header_timeout_s, self.max_connections = header_timeout_s, max_connections
         self.counts = {"slow head": 0, "over the ceiling": 0}
-        self.total = dict(self.counts)
         self.flush: asyncio.TimerHandle | None = None
 
     def count(self, cause: str, loop: asyncio.AbstractEventLoop) -> None:
         self.counts[cause] += 1
-        self.total[cause] += 1
         if self.flush is None:
             self.report()  # the first of a burst at once, the rest every LOG_EVERY_S
             self.flush = loop.call_later(LOG_EVERY_S, self.again, loop)
@@ -82,8 +80,6 @@ def protocol(header_timeout_s: float, max_connections: int) -> type[HttpToolsPro
     closings = Closings(header_timeout_s, max_connections)
 
     class Protocol(HttpToolsProtocol):
-        closings_of_server = closings
-
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.head_deadline: asyncio.TimerHandle | None = None
