@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -336,3 +337,22 @@ def test_wait_is_documented_as_the_setting_bounds_it(api_server):
                    json={"model": "gpt-tiny", "cluster": "local:2", "executor": "model", "budget": {"trials": 3}},
                    timeout=10)
     assert r.status_code == 202 and time.monotonic() - start < 4.0
+
+
+def test_trial_command_lines_hold_no_database_url(monkeypatch, tmp_path):
+    """What a worker starts for a trial: the ``local`` executor's torchrun argv and the ``slurm`` executor's batch
+    script and ``sbatch`` argv. The URL (in the worker's environment) is in none of them: trials never open the
+    database. A guard against passing it on, not a fix (none of them ever held it)."""
+    from tests.tuner.test_slurm import FakeSlurm, make_spec
+    from zerotune.trainer.launch import torchrun_command
+    from zerotune.tuner.executors.slurm import SlurmExecutor
+    from zerotune.tuner.executors.slurm_commands import SlurmCommands
+
+    monkeypatch.setenv("ZEROTUNE_DB", "postgresql://zerotune:pw-67-trial@db/zerotune")
+    spec = make_spec(tmp_path / "trial")
+    torchrun = torchrun_command(spec.cluster.world_size, ["zerotune.trainer.train", *spec.train_args(tmp_path)])
+    fake = FakeSlurm(sbatch=[(1, "", "sbatch: error: no controller")])
+    SlurmExecutor(commands=SlurmCommands(runner=fake)).run(spec, stop=threading.Event())
+    script = (tmp_path / "trial" / "job.sbatch").read_text()
+    assert fake.calls and all("pw-67-trial" not in " ".join(argv) for argv in [torchrun, *fake.calls])
+    assert "pw-67-trial" not in script and "ZEROTUNE_DB" not in script
