@@ -8,6 +8,7 @@ database per test (dropped afterwards; skipped, with the reason, when no server 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -46,13 +47,21 @@ class Proc:
     proc: subprocess.Popen[bytes] | None = None
     url: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    nofile: int | None = None
+    """The process's open-file limit (``ulimit -n``), when the test sets one."""
 
     def start(self) -> Proc:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "ab")
+        nofile = self.nofile
+
+        def limit() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen([sys.executable, "-m", "zerotune.api.cli", *self.args], cwd=ROOT, env=self.env,
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=limit if nofile is not None else None)
         out.close()
         return self
 
@@ -118,10 +127,13 @@ class Launcher:
         self.base_env.pop("ZEROTUNE_TOKEN", None)
         self.base_env.pop("ZEROTUNE_DB", None)
 
-    def serve(self, db: str, workers: int = 1, port: int | None = None, ready: bool = True, **env: str) -> Proc:
+    def serve(self, db: str | None, workers: int = 1, port: int | None = None, ready: bool = True,
+              nofile: int | None = None, **env: str) -> Proc:
+        """``zerotune serve`` on ``db`` (None: the database ``ZEROTUNE_DB`` or ``ZEROTUNE_DB_FILE`` in ``env`` names,
+        no ``--db``), under an open-file limit of ``nofile`` when given."""
         port = port or free_port()
-        p = Proc(["serve", "--port", str(port), "--db", db, "--workers", str(workers)],
-                 self.tmp_path / f"serve-{len(self.procs)}.log", {**self.base_env, **env})
+        p = Proc(["serve", "--port", str(port), *(["--db", db] if db is not None else []), "--workers", str(workers)],
+                 self.tmp_path / f"serve-{len(self.procs)}.log", {**self.base_env, **env}, nofile=nofile)
         p.url = f"http://127.0.0.1:{port}"
         self.procs.append(p.start())
         if ready:

@@ -46,7 +46,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     # does (FastAPI's own page loads Swagger UI from a CDN). No /redoc: ReDoc's bundle fetches its logo from one.
     app = FastAPIOffline(title="zerotune", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, redoc_url=None,
                   responses={422: {"model": ValidationErrorPublic, "description": "Bad input: field, value, rule."},
-                             413: {"model": Message, "description": "Body over ZEROTUNE_MAX_BODY_MB."}})
+                             413: {"model": Message, "description": "Body over ZEROTUNE_MAX_BODY_MB."},
+                             503: {"model": Message, "description": "No room for the body now "
+                                   "(ZEROTUNE_BODY_MEMORY_MB), or the database is away: retry after Retry-After."}})
     app.state.service = service
     http_errors.install(app)
     for module in (recommendations, jobs, studies, trials, calibrations, presets, probes):
@@ -56,7 +58,9 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
     token = settings.token.get_secret_value() if settings.token else None
     # added last = runs first: Host, then the token and body size (BodyGuard), then the cached fast path
     app.add_middleware(FastAnswer, cache=service.cache, lookup=service.fast_answer)
-    app.add_middleware(BodyGuard, token=token, max_body_bytes=int(settings.max_body_mb * 2**20))
+    app.add_middleware(BodyGuard, token=token, max_body_bytes=int(settings.max_body_mb * 2**20),
+                       body_memory_bytes=int(settings.body_memory_mb * 2**20), body_wait_s=settings.body_wait_s,
+                       body_timeout_s=settings.body_timeout_s)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.hosts())
     app.add_middleware(RequestMetrics, metrics=service.metrics)
     return app

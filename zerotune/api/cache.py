@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qs
 
+from zerotune.api.settings import MAX_WAIT_S
+
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -26,7 +28,6 @@ PATH = "/v1/recommendations"
 MAX_BODY = 8192  # only small bodies are remembered; a prologue's body is ~100 bytes
 MAX_BODIES_BYTES = 4 * 2**20
 """All remembered bodies together (whitespace variants of one request are each a body): oldest dropped first."""
-MAX_WAIT_S = 3600.0  # as the route's ?wait bound
 
 
 class AnswerCache:

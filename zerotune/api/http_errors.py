@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from zerotune.errors import FieldError, InputError, NotFoundError, ZerotuneError
 
@@ -46,6 +47,17 @@ def unparsable(cause: BaseException) -> str:
     return f"could not be parsed as JSON ({type(cause).__name__})"
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app answers on this request's path (Starlette's 405 names only the first
+    route that matches the path: ``HEAD`` alone for ``/healthz``, whose ``GET`` is another route)."""
+    routes = request.app.router.routes
+    return [method for method in METHODS
+            if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)]
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Any:
@@ -54,6 +66,8 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 400 and exc.__cause__ is not None and request.method in ("POST", "PUT", "PATCH"):
             return JSONResponse({"detail": [{"field": "body", "value": None, "rule": unparsable(exc.__cause__)}]},
                                 status_code=422)
+        if exc.status_code == 405:
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(allowed_methods(request))}
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
@@ -61,7 +75,8 @@ def install(app: FastAPI) -> None:
         problems = []
         for error in exc.errors():
             loc = tuple(p for p in error.get("loc", ()) if not (isinstance(p, str) and p in (
-                "str", "ModelCreate", "ClusterCreate", "StrategyCreate", "function-after[_check()]")))
+                "str", "constrained-str", "ModelCreate", "ClusterCreate", "StrategyCreate",
+                "function-after[_check()]")))
             problems.append({"field": _field(loc), "value": _value(error.get("input")), "rule": error.get("msg", "")})
         return JSONResponse({"detail": problems}, status_code=422)
 

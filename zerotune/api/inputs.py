@@ -15,7 +15,7 @@ import math
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from zerotune.core.cluster import ClusterSpec, Level
 from zerotune.core.fields import MAX_ID, Described, Options, described
@@ -120,9 +120,12 @@ class StrategyCreate(body_of(Strategy)):  # type: ignore[misc]  # the fields of 
     """An explicit Strategy (spans count the cluster's levels, innermost first)."""
 
 
-ModelField = Annotated[str | ModelCreate, Field(
+PresetName = Annotated[str, Field(min_length=1)]
+"""A preset's name: never empty (``GET /v1/catalog`` lists them)."""
+
+ModelField = Annotated[PresetName | ModelCreate, Field(
     description="a preset name (GET /v1/catalog) or an explicit ModelSpec", examples=["gpt-neox-20b"])]
-ClusterField = Annotated[str | ClusterCreate, Field(
+ClusterField = Annotated[PresetName | ClusterCreate, Field(
     description="a preset (frontier:48, dgx-h100:4, local:2x2) or an explicit ClusterSpec", examples=["frontier:48"])]
 
 
@@ -147,19 +150,29 @@ class TrialCreate(BaseModel):
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True, json_schema_extra={"examples": [{
         "status": "ok", "model": "gpt-tiny", "cluster": "local:2x2", "strategy": "zero3",
-        "step_time_s": 0.05, "tokens_per_s": 41000, "tflops_per_rank": 0.012}]})
+        "step_time_s": 0.05, "tokens_per_s": 41000, "tflops_per_rank": 0.012}],
+        # the schema says what _measured_when_ok checks: status "ok" (or none, its default) needs a number
+        "if": {"properties": {"status": {"const": "ok"}}},
+        "then": {"required": ["tflops_per_rank"], "properties": {"tflops_per_rank": {"type": "number"}}}})
 
     status: Literal["ok", "failed"] = "ok"
     model: ModelField
     cluster: ClusterField
-    strategy: Annotated[str | StrategyCreate, Field(description="a preset name or the Strategy that ran")]
-    tflops_per_rank: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False,
+    strategy: Annotated[PresetName | StrategyCreate, Field(description="a preset name or the Strategy that ran")]
+    tflops_per_rank: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False, validate_default=True,
                                           description="required when status is ok")
     global_batch: int | None = Field(default=None, ge=1, le=MAX_ID)
     device: str | None = Field(default=None, max_length=255,
                                description="the device the run ran on (run.json's device); must be the cluster's")
     error: str | None = Field(default=None, max_length=10000)
     logs: str | None = Field(default=None, max_length=1_000_000)
+
+    @field_validator("tflops_per_rank")
+    @classmethod
+    def _measured_when_ok(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is None and info.data.get("status") == "ok":
+            raise ValueError("required when status is 'ok' (a run that measured nothing uploads status 'failed')")
+        return value
 
     @model_validator(mode="after")
     def _plain_extra(self) -> TrialCreate:

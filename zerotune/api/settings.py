@@ -16,6 +16,9 @@ from zerotune.tuner.executors import NAMES
 
 EXECUTORS = NAMES
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+MAX_WAIT_S = 3600.0
+"""The longest ``?wait=`` a request may name and the largest ``ZEROTUNE_WAIT_MAX_S``; the service holds a request
+``min(wait, wait_max_s)`` seconds."""
 
 
 class Settings(BaseSettings):
@@ -25,6 +28,9 @@ class Settings(BaseSettings):
 
     db: str | None = None
     """SQLAlchemy URL; unset means SQLite under the user's data dir (``ZEROTUNE_DATA_DIR``)."""
+    db_file: Path | None = None
+    """A file holding the SQLAlchemy URL (a mounted secret), read when ``db`` is unset: a password in it never
+    reaches any process's argv or environment listing."""
     token: SecretStr | None = None
     """When set, POST and DELETE need ``Authorization: Bearer <token>``; reads stay open."""
     host: str = "127.0.0.1"
@@ -35,8 +41,8 @@ class Settings(BaseSettings):
     """The executors requests may ask for (e.g. ``["model"]`` on a host without torch)."""
     max_trials: int = Field(default=2000, ge=1)
     """The largest ``budget.trials`` a request may ask for."""
-    wait_max_s: float = Field(default=600.0, ge=0)
-    """The longest ``?wait=`` a POST may hold a connection."""
+    wait_max_s: float = Field(default=600.0, ge=0, le=MAX_WAIT_S)
+    """The longest a POST's ``?wait=`` holds its connection (a longer ``?wait`` is held this long)."""
     cache_size: int = Field(default=4096, ge=1)
     """Stored recommendations kept in memory, serialized, for repeat requests."""
     watch_s: float = Field(default=0.5, gt=0)
@@ -66,8 +72,22 @@ class Settings(BaseSettings):
     max_body_mb: float = Field(default=8.0, gt=0, le=1024)
     """The largest request body, in MiB (an upload's logs are at most 1 MB): larger ones get 413 before
     anything is parsed."""
+    body_memory_mb: float = Field(default=16.0, gt=0, le=65536)
+    """The request bodies read and parsed at once, in MiB together (each counted by its ``Content-Length``, a body
+    without one as ``max_body_mb``): a body that does not fit waits ``body_wait_s``, then gets 503 with
+    ``Retry-After``."""
+    body_wait_s: float = Field(default=5.0, ge=0, le=600)
+    """How long a body waits for room under ``body_memory_mb`` before its 503."""
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """A body must arrive whole within this many seconds once the service starts reading it, else 408."""
+    header_timeout_s: float = Field(default=20.0, gt=0, le=60)
+    """A connection that has not sent a complete request head this long after it opened (or after its previous
+    response) is closed (``api.connections``)."""
+    max_connections: int | None = Field(default=None, ge=16)
+    """Open client connections at most; past it, the oldest one waiting on its client is closed. Unset: the
+    process's open-file limit less 128."""
 
-    @field_validator("token", "db", "slurm_partition", mode="before")
+    @field_validator("token", "db", "db_file", "slurm_partition", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value  # ZEROTUNE_TOKEN= (as compose passes an unset variable) means no token
@@ -77,6 +97,11 @@ class Settings(BaseSettings):
         unknown = [e for e in self.executors if e not in EXECUTORS]
         if unknown:
             raise ValueError(f"executors={list(self.executors)}: {unknown} unknown; known: {list(EXECUTORS)}")
+        if self.db is None and self.db_file is not None:
+            try:
+                self.db = self.db_file.read_text().strip() or None
+            except OSError as exc:
+                raise ValueError(f"db_file={str(self.db_file)!r} cannot be read: {exc.strerror or exc}") from None
         if self.stale_after_s < self.lease_s:
             # a job given back while its trial still holds a lease would leave that trial running forever
             raise ValueError(f"stale_after_s={self.stale_after_s} must be >= lease_s={self.lease_s}")

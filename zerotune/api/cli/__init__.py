@@ -116,7 +116,25 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         parser.print_help()
         return ExitStatus.USAGE_ERROR
     args.argv = argv[argv.index(args.command) + 1:]  # what followed the command, as given (train passes it on)
+    warn_secret_in_argv(getattr(args, "db", None))
     return run(args.func, args, env)
+
+
+def has_password(url: str) -> bool:
+    """Whether a database URL carries a password (``postgresql://user:PW@host/db``)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return bool(urlsplit(url).password)
+    except ValueError:  # not a URL the database layer would take either; it says so itself
+        return False
+
+
+def warn_secret_in_argv(db: str | None) -> None:
+    """One line on stderr when ``--db`` holds a password: any user of the host reads a process's argv (``ps``)."""
+    if db and has_password(db):
+        print("zerotune: warning: --db holds a password, which any user of this host can read in the process list; "
+              "set ZEROTUNE_DB or ZEROTUNE_DB_FILE (a file holding the URL) instead", file=sys.stderr)
 
 
 def entry() -> None:

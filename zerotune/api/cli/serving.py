@@ -18,13 +18,16 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p = sub.add_parser("serve", help="the HTTP service (FastAPI under uvicorn) with embedded workers")
     p.add_argument("--host", help="address to listen on (ZEROTUNE_HOST, default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (ZEROTUNE_PORT, default 8000)")
-    p.add_argument("--db", help="SQLAlchemy URL (ZEROTUNE_DB; default: SQLite under the user's data directory)")
+    p.add_argument("--db", help="SQLAlchemy URL (ZEROTUNE_DB or ZEROTUNE_DB_FILE; default: SQLite under the user's "
+                                "data directory). A URL with a password belongs in ZEROTUNE_DB, not here: argv is "
+                                "public")
     p.add_argument("--workers", type=int, help="embedded worker processes (ZEROTUNE_WORKERS, default 1; 0: none)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("worker", help="run studies for the service: claim jobs from a shared database")
-    p.add_argument("--db", help="SQLAlchemy URL of the service's database (ZEROTUNE_DB), e.g. postgresql://...")
+    p.add_argument("--db", help="SQLAlchemy URL of the service's database (ZEROTUNE_DB or ZEROTUNE_DB_FILE), e.g. "
+                                "postgresql://...; a URL with a password belongs in ZEROTUNE_DB, not here")
     p.add_argument("--max-jobs", type=int, help="exit after this many jobs (default: run until stopped)")
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # embedded: stop when the service is gone
     p.set_defaults(func=cmd_worker)
@@ -50,6 +53,7 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     import uvicorn
 
     from zerotune.api.app import create_app
+    from zerotune.api.connections import default_max_connections, protocol
 
     settings = _settings(db=args.db, host=args.host, port=args.port, workers=args.workers)
     sock = _listen(settings.host, settings.port)
@@ -57,8 +61,10 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     print(f"zerotune: serving on http://{settings.host}:{settings.port} (database {_safe_url(settings.url())}, "
           f"{settings.workers} embedded worker(s){', token required for writes' if settings.token else ''})",
           file=sys.stderr)
+    # uvicorn has no deadline for a request head and no ceiling on connections: api.connections adds both
+    http = protocol(settings.header_timeout_s, settings.max_connections or default_max_connections())
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info",
-                            access_log=args.access_log, timeout_graceful_shutdown=5)
+                            access_log=args.access_log, timeout_graceful_shutdown=5, http=http)
     uvicorn.Server(config).run(sockets=[sock])
     return ExitStatus.SUCCESS
 

@@ -8,15 +8,18 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from zerotune.api import queries
-from zerotune.api.cache import MAX_WAIT_S
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
 from zerotune.api.inputs import RecommendationCreate
 from zerotune.api.prologue.outputs import ENV_FILES
 from zerotune.api.schemas import JobPublic, Message, RecommendationPublic
+from zerotune.api.settings import MAX_WAIT_S, Settings
 from zerotune.db import repository as repo
 from zerotune.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
+
+WAIT = (f"hold the request up to this many seconds for the answer, and at most the service's ZEROTUNE_WAIT_MAX_S "
+        f"({Settings.model_fields['wait_max_s'].default:g} s unless set; a longer wait is held that long)")
 
 
 @router.post(
@@ -29,8 +32,7 @@ router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
         401: {"model": Message, "description": "ZEROTUNE_TOKEN is set and the bearer token is missing or wrong."}})
 async def create_recommendation(
     body: RecommendationCreate, service: ServiceDep, request: Request,
-    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S,
-                                 description="hold the request up to this many seconds for the answer")]
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description=WAIT)]
     = 0,
 ) -> Response:
     """Recommend a partition strategy for a model on a cluster.
