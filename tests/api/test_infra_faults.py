@@ -1,0 +1,61 @@
+"""Faults of the infrastructure never cost the work: a study survives its database connections being killed (what a
+failover, a pooler restart or an idle-connection reaper does), and a trial cut short by restarts is run again until
+it is measured; an answer built on fewer trials than its budget says so."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from tests.api.conftest import rows, wait_job
+from zerotune.db.session import make_engine
+
+KILL = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()")
+
+
+def terminate_connections(url: str) -> int:
+    """Kill every other connection to the database (``pg_terminate_backend``): how many were killed."""
+    engine = make_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as c:
+            return int(c.execute(text(KILL)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(300)
+def test_killed_database_connections_cost_the_study_nothing(pg_url, launcher):
+    budget = 40
+    server = launcher.serve(pg_url)
+    body = {"model": "gpt-neox-20b", "cluster": "frontier:48", "executor": "model", "budget": {"trials": budget}}
+    job_id = httpx.post(f"{server.url}/v1/recommendations", json=body).json()["id"]
+    killed, mark, deadline = 0, 2, time.monotonic() + 120
+    while killed < 4:  # kill every connection four times while the study runs
+        assert time.monotonic() < deadline, "the study made no progress"
+        job = rows(pg_url, "SELECT state, trials_done FROM zt_jobs WHERE id = :j", j=job_id)[0]
+        if job[0] in ("done", "failed", "cancelled"):
+            break
+        if job[1] >= mark:
+            assert terminate_connections(pg_url) >= 1
+            killed, mark = killed + 1, job[1] + 3
+        time.sleep(0.05)
+    job = wait_job(server.url, job_id, timeout=180)
+    assert job["state"] == "done", job
+    assert killed >= 2, f"the study ended before its connections were killed twice ({killed}): make it longer"
+    assert job["trials_done"] == budget, job
+    (study_id, state), = rows(pg_url, "SELECT id, state FROM zt_studies")
+    assert state == "done"
+    trials = rows(pg_url, "SELECT number, status, reason FROM zt_trials WHERE study_id = :s ORDER BY id", s=study_id)
+    numbers = [t[0] for t in trials]
+    assert len(numbers) == len(set(numbers)), "an Optuna trial number was stored twice"
+    assert not [t for t in trials if t[1] in ("queued", "running")], "a trial was left unfinished"
+    spent = [t for t in trials if not (t[2] or "").startswith(("interrupted:", "runner died"))]
+    assert len(spent) == budget, f"{len(spent)} trials spent for a budget of {budget}: {trials}"
+    rec = httpx.post(f"{server.url}/v1/recommendations", json=body).json()
+    tally = rec["metrics"]["trials"]
+    assert tally["measured"] + tally["infeasible"] + tally["pruned"] + len(tally["failed"]) == budget, tally
+    assert "a fault of the infrastructure" in server.log.read_text()  # named where it was met
