@@ -4,6 +4,7 @@ it is measured; an answer built on fewer trials than its budget says so."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import httpx
@@ -59,3 +60,36 @@ def test_killed_database_connections_cost_the_study_nothing(pg_url, launcher):
     tally = rec["metrics"]["trials"]
     assert tally["measured"] + tally["infeasible"] + tally["pruned"] + len(tally["failed"]) == budget, tally
     assert "a fault of the infrastructure" in server.log.read_text()  # named where it was met
+
+
+@pytest.mark.timeout(600)
+def test_two_sigterm_restarts_during_one_trial_cost_it_nothing(sqlite_url, launcher):
+    """SIGTERM the service while a trial runs, start it again, SIGTERM it again while the same point runs again:
+    both runs are recorded as interrupted, neither counts, and the third run measures the point."""
+    from tests.api.test_orphans import BODY, HANG, QUICK_RECOVERY, trial_processes
+
+    body = {**BODY, "cluster": "local:2"}
+    job_id = None
+    for restart in range(2):  # every run of the trial hangs in step 2 until the service is stopped
+        server = launcher.serve(sqlite_url, **HANG, **QUICK_RECOVERY)
+        if job_id is None:
+            r = httpx.post(f"{server.url}/v1/recommendations", json=body, timeout=30)
+            assert r.status_code == 202, r.text
+            job_id = r.json()["id"]
+        deadline = time.monotonic() + 120
+        while sum("torch.distributed.run" not in a for a in trial_processes(launcher.tmp_path).values()) < 2:
+            assert time.monotonic() < deadline, f"run {restart + 1} of the trial never started:\n{server.tail()}"
+            time.sleep(0.2)
+        server.stop(signal.SIGTERM)
+        assert rows(sqlite_url, "SELECT state FROM zt_jobs WHERE id = :j", j=job_id)[0][0] == "queued"
+    server = launcher.serve(sqlite_url, **QUICK_RECOVERY)  # no fault: the point runs to the end
+    job = wait_job(server.url, job_id, timeout=300)
+    assert job["state"] == "done", (job, server.tail())
+    trials = rows(sqlite_url, "SELECT number, status, reason, strategy_key FROM zt_trials ORDER BY id")
+    assert [t[1] for t in trials] == ["failed", "failed", "complete"], trials
+    assert all(t[2].startswith("interrupted: ") and t[2].endswith("; run again") for t in trials[:2]), trials
+    assert len({t[3] for t in trials}) == 1 and len({t[0] for t in trials}) == 3  # one point, three Optuna trials
+    # read by id: the measured trial refitted the cluster's calibration, so the same body now names another request
+    tally = httpx.get(f"{server.url}/v1/recommendations/{job['recommendation_id']}").json()["metrics"]["trials"]
+    assert tally == {"budget": 1, "measured": 1, "infeasible": 0, "pruned": 0, "failed": [], "interrupted": 2,
+                     "short": None}, tally
