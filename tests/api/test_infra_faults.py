@@ -93,3 +93,18 @@ def test_two_sigterm_restarts_during_one_trial_cost_it_nothing(sqlite_url, launc
     tally = httpx.get(f"{server.url}/v1/recommendations/{job['recommendation_id']}").json()["metrics"]["trials"]
     assert tally == {"budget": 1, "measured": 1, "infeasible": 0, "pruned": 0, "failed": [], "interrupted": 2,
                      "short": None}, tally
+
+
+def test_the_clients_print_why_an_answer_is_built_on_fewer_trials_than_its_budget():
+    """``zerotune recommend`` and the dashboard print the notes of ``notes_of``: a short answer's sentence is one."""
+    from zerotune.api.prologue import notes_of
+    from zerotune.tuner import failures
+
+    tally = failures.account(4, [("complete", None, {"name": "zero1"}),
+                                 ("failed", "rank 0 failed: RuntimeError: injected crash", {"name": "zero3"})])
+    assert tally["short"] is not None and "zero3" not in tally["short"]
+    notes = notes_of({"metrics": {"trials": tally}, "exports": {}}, "env")
+    assert notes == [f"study: {tally['short']}"]
+    assert tally["failed"] == [{"strategy": "zero3", "reason": "rank 0 failed: RuntimeError: injected crash"}]
+    assert notes_of({"metrics": {"trials": failures.account(1, [("complete", None, {})])}, "exports": {}},
+                    "env") == []
