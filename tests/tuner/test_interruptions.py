@@ -4,7 +4,10 @@ built on."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from sqlalchemy.exc import OperationalError
@@ -15,10 +18,11 @@ from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.db import repository as repo
 from zerotune.db.migrate import upgrade
 from zerotune.db.session import session_scope
-from zerotune.tuner import failures, leases
+from zerotune.tuner import failures, infrastructure, leases
 from zerotune.tuner.executors.predicted import ModelExecutor
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.study import Tuner, TunerOptions
+from zerotune.tuner.worker import Worker
 
 REQUEST = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=4, seed=0)
 
@@ -153,3 +157,74 @@ def test_an_answer_on_fewer_trials_than_its_budget_says_why():
                               "them out; nothing ran); 3 never ran (the time budget of 600 s ran out); 1 run(s) cut "
                               "short from outside were run again and are not counted")
     assert failures.account(1, rows[:1])["short"] is None
+
+
+@dataclass
+class Settings:
+    """What a worker reads (``tuner.worker.WorkerSettings``), with short waits."""
+
+    root: Path
+    poll_s: float = 0.1
+    heartbeat_s: float = 0.2
+    stale_after_s: float = 30.0
+    lease_s: float = 10.0
+    trial_timeout_s: float = 60.0
+    steps: int = 4
+    verify_quantized: bool = False
+    slurm_partition: str | None = None
+
+    def work_root(self) -> Path:
+        return self.root
+
+
+def queue(url: str, request: TuneRequest) -> int:
+    with session_scope(session_factory(url)) as s:
+        row, _ = repo.get_or_create_request(session=s, key=request.key(), spec=request.to_dict())
+        return repo.create_job(session=s, request_id=row.id).id
+
+
+def test_a_worker_resumes_after_faults_and_fails_only_after_the_stated_attempts(sqlite_url, tmp_path, monkeypatch):
+    monkeypatch.setattr(infrastructure, "backoff_s", lambda attempt: 0.01)
+    worker = Worker(Settings(tmp_path), sqlite_url)
+    calls = {"n": 0}
+    real = worker._attempt
+
+    def flaky(*args, **kwargs):  # the database drops twice, then stays
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise_lost()
+        return real(*args, **kwargs)
+
+    job = queue(sqlite_url, REQUEST)
+    monkeypatch.setattr(worker, "_attempt", flaky)
+    assert worker.claim() == job and worker.run_job(job) == "done" and calls["n"] == 3
+    with session_scope(session_factory(sqlite_url)) as s:
+        assert repo.get_job(session=s, job_id=job).trials_done == REQUEST.trials
+
+    calls["n"] = 0
+
+    def away(*args, **kwargs):  # the database never comes back
+        calls["n"] += 1
+        raise_lost()
+
+    job = queue(sqlite_url, dataclasses.replace(REQUEST, trials=2))
+    monkeypatch.setattr(worker, "_attempt", away)
+    assert worker.claim() == job and worker.run_job(job) == "failed"
+    assert calls["n"] == infrastructure.JOB_ATTEMPTS
+    with session_scope(session_factory(sqlite_url)) as s:
+        error = repo.get_job(session=s, job_id=job).error
+    assert error == (f"gave up after {infrastructure.JOB_ATTEMPTS} attempts, each ended by a fault of the "
+                     "infrastructure (not of the request): psycopg.AdminShutdown: terminating connection due to "
+                     "administrator command"), error
+
+    calls["n"] = 0
+
+    def broken(*args, **kwargs):  # the work's own failure: at once
+        calls["n"] += 1
+        raise ValueError("a bug in the work")
+
+    job = queue(sqlite_url, dataclasses.replace(REQUEST, trials=3))
+    monkeypatch.setattr(worker, "_attempt", broken)
+    assert worker.claim() == job and worker.run_job(job) == "failed" and calls["n"] == 1
+    with session_scope(session_factory(sqlite_url)) as s:
+        assert repo.get_job(session=s, job_id=job).error == "ValueError: a bug in the work"
