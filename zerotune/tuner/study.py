@@ -86,7 +86,7 @@ class TunerOptions:
     """Seconds before a measured trial (or the verification run of a predicted pick) is killed."""
     lease_s: float = 60.0
     """How long a dispatched trial stays leased without a heartbeat (one every third of it): a runner that dies
-    leaves its trial to be failed and retried this long after its last heartbeat."""
+    leaves its trial to be recorded as interrupted and run again this long after its last heartbeat."""
     verify_quantized: bool = True
     """Proxy-verify a predicted quantized pick before recommending it (:func:`tuner.choice.choose`)."""
     exclusive: bool = False
