@@ -228,3 +228,29 @@ def test_a_worker_resumes_after_faults_and_fails_only_after_the_stated_attempts(
     assert worker.claim() == job and worker.run_job(job) == "failed" and calls["n"] == 1
     with session_scope(session_factory(sqlite_url)) as s:
         assert repo.get_job(session=s, job_id=job).error == "ValueError: a bug in the work"
+
+
+def test_a_point_of_the_queue_asked_for_and_lost_before_it_was_stored_is_enqueued_again(sqlite_url, tmp_path):
+    """A fault between Optuna's ask (which takes a point off the queue) and the trial's row loses the point unless
+    the recovery puts it back: a preset must not vanish from the study."""
+    import optuna
+
+    from zerotune.db.session import url_of
+    from zerotune.tuner import optuna_study
+
+    stop = threading.Event()
+    stop.set()
+    tuner = Tuner(REQUEST, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path, stop=stop)
+    assert tuner.run() == {}
+    with session_scope(tuner.sessions) as s:
+        name = repo.get_study(session=s, study_id=tuner.study_id).optuna_study_name
+    study = optuna_study.create(REQUEST, url_of(tuner.sessions), name)
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    asked = study.ask()  # the first point of the queue, RUNNING in Optuna, never stored: the fault came here
+    point = waiting[0].system_attrs["fixed_params"]
+    assert point and study.trials[asked.number].system_attrs["fixed_params"] == point
+    leases.recover_dead_trials(tuner.sessions, study, tuner.study_id, tuner.space, exclusive=True)
+    assert study.trials[asked.number].state == optuna.trial.TrialState.FAIL
+    again = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    assert len(again) == len(waiting) and again[-1].system_attrs["fixed_params"] == point
+    assert again[-1].user_attrs == waiting[0].user_attrs  # it keeps what it was (a preset's name)
