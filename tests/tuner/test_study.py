@@ -211,9 +211,9 @@ def test_a_bad_trial_fails_alone_with_its_reason(env, extra, timeout, reason, sq
     assert leftover.stdout.strip() == "", "ranks left behind"
 
 
-def test_killed_runner_is_recovered_and_its_trial_retried(sqlite_url, tmp_path):
-    """Kill -9 a `zerotune tune` mid-trial; a restarted runner fails the dead trial and retries it, and the retry
-    runs to the end. The restarted study prunes by its own rule against the retry's measured step time."""
+def test_killed_runner_is_recovered_and_its_trial_run_again(sqlite_url, tmp_path):
+    """Kill -9 a `zerotune tune` mid-trial; a restarted runner records the dead trial as interrupted and runs it
+    again, to the end. The restarted study prunes by its own rule against the retry's measured step time."""
     args = [sys.executable, "-m", "zerotune.api.cli", "tune", "--model", "gpt-tiny", "--cluster", "local:2",
             "--executor", "local", "--trials", "1", "--steps", "30", "--db", sqlite_url, "--workdir", str(tmp_path),
             "--quiet", "--seed", "0"]
@@ -245,7 +245,8 @@ def test_killed_runner_is_recovered_and_its_trial_retried(sqlite_url, tmp_path):
     rec = tuner.run()
     trials = trials_of(sqlite_url, rec["study_id"])
     dead = next(t for t in trials if t.id == running.id)
-    assert dead.status == "failed" and "runner died" in dead.reason and "retried once" in dead.reason
+    assert dead.status == "failed" and dead.reason.startswith("interrupted: its runner died")
+    assert dead.reason.endswith("; run again")  # cut short from outside: not counted, not a failure
     (retried,) = [t for t in trials if t.strategy_key == dead.strategy_key and t.id != dead.id]
     assert retried.status == "complete", retried.reason  # the retry ran to the end, health gate passed
     assert retried.strategy == dead.strategy and retried.metrics["step_time_s"] > 0
@@ -381,10 +382,10 @@ def test_a_stopped_tuner_stores_no_recommendation_and_resumes(sqlite_url, tmp_pa
         assert len(s.scalars(select(Recommendation)).all()) == 1
 
 
-def test_resume_fails_unfinished_trials_and_retries_them_once(sqlite_url, tmp_path):
+def test_resume_records_unfinished_trials_as_interrupted_and_runs_them_again(sqlite_url, tmp_path):
     """A runner killed mid-trial leaves a running trial (lease not yet expired) and maybe one it added but never
-    started; the next runner fails both with the reason and retries each once. Only an exclusive runner (a worker
-    holding the job) may fail a running trial whose lease is still valid."""
+    started; the next runner records both as interrupted, with the reason, and runs each again. Only an exclusive
+    runner (a worker holding the job) may take a running trial whose lease is still valid for dead."""
     import threading
 
     from zerotune.db import repository as repo
@@ -411,7 +412,8 @@ def test_resume_fails_unfinished_trials_and_retries_them_once(sqlite_url, tmp_pa
     Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path,
           stop=stopped).run(study_id)
     by_id = {t.id: t for t in trials_of(sqlite_url, study_id)}
-    assert by_id[queued_id].status == "failed" and "before starting it; retried once" in by_id[queued_id].reason
+    assert by_id[queued_id].status == "failed"
+    assert by_id[queued_id].reason == "interrupted: its runner stopped before starting it; run again"
     assert by_id[running_id].status == "running"  # its lease is valid and someone else may hold the study
 
     rec = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path,
@@ -419,10 +421,11 @@ def test_resume_fails_unfinished_trials_and_retries_them_once(sqlite_url, tmp_pa
     trials = trials_of(sqlite_url, study_id)
     by_id = {t.id: t for t in trials}
     assert by_id[running_id].status == "failed"
-    assert "resumed by another runner; retried once" in by_id[running_id].reason
+    assert by_id[running_id].reason == ("interrupted: its runner died (the study was resumed by another runner); "
+                                        "run again")
     assert not [t for t in trials if t.status in ("queued", "running")]  # nothing left dangling
     retries = [t for t in trials if t.id > queued_id and t.strategy == done.strategy]
-    assert len(retries) == 2 and all(t.status == "complete" for t in retries)  # each retried once
+    assert len(retries) == 2 and all(t.status == "complete" for t in retries)  # each run again
     assert rec["study_id"] == study_id
 
 

@@ -3,6 +3,10 @@
 :func:`choose` needs only what :class:`Chooser` holds (the request, the database, where and how long a
 verification run may run), not the study that ran: a study hands it over when its trials are done.
 
+The answer says what it was built on (``trials``: ``failures.account``): its budget, the trials that completed,
+each run that failed with its reason, the runs cut short from outside and run again, and, when fewer trials
+completed than the budget, a sentence saying why (``trials.short``).
+
 Evidence says what backs the choice:
 - ``measured``: the trial ran the requested model on the requested cluster (``slurm``, or
   ``local`` when the request is for this machine);
@@ -283,8 +287,11 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
         ranked: list[Ranked] = [(t.id, Strategy.from_dict(t.strategy), t.value, _evidence(request, t),
                                  cast("TrialMetrics | None", t.metrics)) for t in rows]
         front = pareto_front(rows) if request.objective == "pareto" else None
+        tried = repo.trials_of(session=s, study_id=study_id)
+        # what the answer was built on: fewer completed trials than the budget is said, with why
+        tally = failures.account(request.trials, [(t.status, t.reason, t.strategy) for t in tried],
+                                 time_budget_s=request.time_budget_s)
         if not ranked:
-            tried = repo.trials_of(session=s, study_id=study_id)
             raise StudyFailed(f"no trial of study {study_id} completed ({len(tried)} tried): "
                               f"{failures.summary((t.status, t.reason) for t in tried)}")
     predicted = ranked[0][3] == "predicted"
@@ -346,7 +353,7 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
                 if cand[0] not in listed:
                     decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(),
                                                   "value": cand[2]})
-    extra = {"decision": decision, "refit": chooser.refit, "runner": request.runner, **chooser.note}
+    extra = {"decision": decision, "refit": chooser.refit, "runner": request.runner, "trials": tally, **chooser.note}
     if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
         extra["front"] = front
     measured = sorted(((r[0], r[2], cast(RunMetrics, r[4] or {})) for r in ranked

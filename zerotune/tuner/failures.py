@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 FAIL_FAST = 3
 """A study stops once this many runs have failed for one cause before any run completed: the rest of
@@ -64,3 +65,55 @@ def repeated_failure(trials: Iterable[tuple[str, str | None]], threshold: int = 
         return None
     return next(reason or "" for status, reason in reversed(rows)
                 if is_run_failure(status, reason) and cause(reason or "") == top)
+
+
+def _run_again(reason: str) -> bool:
+    """A trial cut short from outside whose point was run again (``tuner.leases.UNSPENT``)."""
+    return reason.startswith("interrupted:") or reason.endswith("retried once")
+
+
+def _label(strategy: dict[str, Any]) -> str:
+    """A strategy as a reader names it: its preset's name, else its spans (and bits where it quantizes)."""
+    if strategy.get("name"):
+        return str(strategy["name"])
+    spans = "/".join(str(strategy.get(k)) for k in ("param_span", "grad_span", "optim_span"))
+    bits = f" w{strategy.get('weight_bits')}g{strategy.get('grad_bits')}" \
+        if (strategy.get("weight_bits"), strategy.get("grad_bits")) not in ((16, 16), (None, None)) else ""
+    return f"spans {spans}{bits}"
+
+
+def account(budget: int, trials: Iterable[tuple[str, str | None, dict[str, Any]]], *,
+            time_budget_s: float | None = None) -> dict[str, Any]:
+    """What an answer was built on, from a study's trials as ``(status, reason, strategy)``: its ``budget``, the
+    trials that completed (``measured``: ran, or were predicted, to the end), the points the model ruled out
+    (``infeasible``), the runs stopped as hopeless (``pruned``), each run that failed by itself (``failed``: the
+    strategy and the reason), the runs cut short from outside and run again (``interrupted``: never counted), and
+    ``short``, a sentence saying why, when fewer trials completed than the budget (None otherwise)."""
+    rows = list(trials)
+    spent = [r for r in rows if not (r[0] == "failed" and _run_again(r[1] or ""))]
+    measured = sum(status == "complete" for status, _, _ in spent)
+    infeasible = sum(status == "infeasible" for status, _, _ in spent)
+    pruned = sum(status == "pruned" or (status == "failed" and (reason or "").startswith("pruned:"))
+                 for status, reason, _ in spent)
+    failed = [{"strategy": _label(strategy), "reason": reason or "no reason recorded"} for status, reason, strategy
+              in spent if is_run_failure(status, reason)]
+    interrupted = len(rows) - len(spent)
+    out: dict[str, Any] = {"budget": budget, "measured": measured, "infeasible": infeasible, "pruned": pruned,
+                           "failed": failed, "interrupted": interrupted, "short": None}
+    if measured >= budget:
+        return out
+    parts = []
+    if failed:
+        parts.append(f"{len(failed)} failed ({summary(('failed', f['reason']) for f in failed)})")
+    if infeasible:
+        parts.append(f"{infeasible} did not fit in memory (the cost model ruled them out; nothing ran)")
+    if pruned:
+        parts.append(f"{pruned} pruned (stopped early, slower than the best by the study's rule)")
+    unrun = budget - len(spent)
+    if unrun > 0:
+        parts.append(f"{unrun} never ran (" + (f"the time budget of {time_budget_s:g} s ran out" if time_budget_s
+                                               else "the search found no new point to try") + ")")
+    out["short"] = (f"built on {measured} completed trial(s) of a budget of {budget}: " + "; ".join(parts)
+                    + (f"; {interrupted} run(s) cut short from outside were run again and are not counted"
+                       if interrupted else ""))
+    return out

@@ -41,7 +41,10 @@ def create(request: TuneRequest, db_url: str, name: str) -> Any:
     else:
         sampler = optuna.samplers.TPESampler(seed=r.seed, n_startup_trials=10, multivariate=True, group=True)
     directions: list[Any] = ["maximize", "minimize"] if r.objective == "pareto" else ["maximize"]
-    storage = optuna.storages.RDBStorage(db_url, skip_compatibility_check=False)
+    # a pooled connection the server dropped meanwhile (a failover, an idle reaper) is replaced before use, as
+    # zerotune's own engine does (db.session.make_engine); Optuna sets this for MySQL only
+    engine_kwargs = {"pool_pre_ping": True} if db_url.startswith("postgresql") else {}
+    storage = optuna.storages.RDBStorage(db_url, engine_kwargs=engine_kwargs, skip_compatibility_check=False)
     return optuna.create_study(storage=storage, study_name=name, sampler=sampler, directions=directions,
                                load_if_exists=True)
 

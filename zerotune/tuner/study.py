@@ -3,12 +3,16 @@
 Optuna's RDB storage lives on the same database URL as our ``zt_`` tables (so ``optuna-dashboard``
 can read the study), but zerotune owns the trial lifecycle: each dispatched trial gets a lease
 that a heartbeat thread extends while its executor runs (Optuna's heartbeat does not cover
-ask/tell). When a study is resumed, trials whose lease expired — their runner died — are failed
-with that reason and retried once. A trial row is inserted already leased (one transaction), so a
-runner that dies at any moment leaves a lease to expire, never an unowned row; a caller that holds
-the study alone (a worker holding its job: ``exclusive=True``) fails every unfinished trial at once
-on resume instead of waiting for the leases. A stopped tuner (``stop`` set: a cancel or a shutdown)
-stores no recommendation: a partial study's answer is never served as final.
+ask/tell). A trial cut short from outside — a stop (``stop`` set: a cancel or a shutdown), a runner
+that died, a fault of the database — is recorded as ``interrupted:`` and its point run again, whatever
+number of times; it never counts against the budget (``leases.UNSPENT``) nor as a failure. A stop is
+recorded when it happens; when a study is resumed, trials whose lease expired — their runner died — are
+recorded then. A trial row is inserted already leased (one transaction), so a runner that dies at any
+moment leaves a lease to expire, never an unowned row; a caller that holds the study alone (a worker
+holding its job: ``exclusive=True``) recovers every unfinished trial at once on resume instead of
+waiting for the leases. A fault of the infrastructure (``tuner.infrastructure``) leaves the study as it
+stood, for the caller to resume. A stopped tuner stores no recommendation: a partial study's answer is
+never served as final.
 
 The cost model screens every point first: infeasible points are told with a positive constraint
 (``trial.set_constraint``, read by TPE and NSGA-II) and never run, and every measured trial stores
@@ -44,10 +48,10 @@ from zerotune.costmodel import Calibration, predict
 from zerotune.db import repository as repo
 from zerotune.db.session import session_scope, url_of
 from zerotune.errors import InputError, StudyFailed
-from zerotune.tuner import calibrating, failures, leases, optuna_study, remeasure, seeding
+from zerotune.tuner import calibrating, failures, infrastructure, leases, optuna_study, remeasure, seeding
 from zerotune.tuner.choice import Chooser, choose
 from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
-from zerotune.tuner.leases import RETRIED
+from zerotune.tuner.leases import UNSPENT
 from zerotune.tuner.request import TuneRequest, strategy_key
 from zerotune.tuner.space import Space, params_key
 
@@ -82,7 +86,7 @@ class TunerOptions:
     """Seconds before a measured trial (or the verification run of a predicted pick) is killed."""
     lease_s: float = 60.0
     """How long a dispatched trial stays leased without a heartbeat (one every third of it): a runner that dies
-    leaves its trial to be failed and retried this long after its last heartbeat."""
+    leaves its trial to be recorded as interrupted and run again this long after its last heartbeat."""
     verify_quantized: bool = True
     """Proxy-verify a predicted quantized pick before recommending it (:func:`tuner.choice.choose`)."""
     exclusive: bool = False
@@ -165,7 +169,8 @@ class Tuner:
             name, fresh = row.optuna_study_name, row.state == "pending"
             repo.set_study_state(session=s, study_id=study_id, state="running")
         study = optuna_study.create(self.request, url_of(self.sessions), name)
-        leases.recover_dead_trials(self.sessions, study, study_id, self.space, exclusive=self.options.exclusive)
+        leases.recover_dead_trials(self.sessions, study, study_id, self.space, exclusive=self.options.exclusive,
+                                   owner=self.worker_id)
         if fresh:
             self._enqueue_first_picks(study)
         progress = Progress(total=self.request.trials,
@@ -190,6 +195,8 @@ class Tuner:
                 self.refit = self._refit(study_id)
             recommendation = self.answer(study_id)
         except BaseException as exc:
+            if isinstance(exc, Exception) and infrastructure.fault(exc) is not None:
+                raise  # not the study's failure: it stays as it stood, to be resumed
             with session_scope(self.sessions) as s:
                 repo.set_study_state(session=s, study_id=study_id, state="failed", error=str(exc)[:2000])
             raise
@@ -263,8 +270,8 @@ class Tuner:
 
     def _count_done(self, study_id: int) -> int:
         with session_scope(self.sessions) as s:
-            # a trial whose runner died is replaced by its retry: only the retry counts against the budget
-            return repo.count_spent_trials(session=s, study_id=study_id, replaced_suffix=RETRIED)
+            # a trial cut short from outside is run again: only the run that ends counts against the budget
+            return repo.count_spent_trials(session=s, study_id=study_id, unspent=UNSPENT)
 
     def _one_trial(self, study: Any, study_id: int, progress: Progress) -> bool:
         """Ask, run and tell one trial; whether it ended with an outcome (``progress.last``): a point the rules
@@ -295,8 +302,10 @@ class Tuner:
                              "strategy": strategy.to_dict(), "value": None}
             return True
         result = self._dispatch(trial_id, strategy, prediction)
-        if result.extra.get("interrupted"):  # stopped: the trial is left to be run again
+        if result.extra.get("interrupted"):  # cut short from outside: its point is run again
             log.info("trial %d %s", trial_id, result.reason)
+            if self.stop.is_set():  # a stop, said now (a lost lease: the trial is another runner's)
+                self._interrupted(study, trial, trial_id, strategy, result.reason or "interrupted")
             return False
         value = optuna_study.values(result.metrics, self.request.objective) \
             if result.status == "complete" and result.metrics is not None else None
@@ -311,6 +320,19 @@ class Tuner:
         progress.last = {"number": trial.number, "status": result.status, "reason": result.reason,
                          "strategy": strategy.to_dict(), "value": value[0] if value else None}
         return True
+
+    def _interrupted(self, study: Any, trial: Any, trial_id: int, strategy: Strategy, reason: str) -> None:
+        """Record a trial the stop cut short as interrupted, and enqueue its point again (first: a fault between the
+        two can repeat the point, never lose it)."""
+        import optuna
+
+        leases.enqueue_again(study, self.space, strategy.to_dict(), trial_id)
+        trial.set_user_attr("reason", reason)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        why = reason if reason.startswith(leases.INTERRUPTED) else f"{leases.INTERRUPTED}{reason}"
+        with session_scope(self.sessions) as s:
+            repo.finish_trial(session=s, trial_id=trial_id, status="failed", reason=f"{why}; run again",
+                              owner=self.worker_id)
 
     def _dispatch(self, trial_id: int, strategy: Strategy, prediction: Prediction) -> TrialResult:
         """Run one trial (leased when it was added) while a heartbeat keeps its lease alive.

@@ -9,6 +9,12 @@ starts as a child process, see ``zerotune/api/pool.py``)::
                            and, after each trial, its progress; a cancelled job stops the tuner
     finish                 done (the tuner stored the recommendation) or failed with the reason
 
+A fault of the infrastructure while the study runs (a dropped or terminated database connection, a
+serialization failure: ``tuner.infrastructure``) is not the job's failure: the worker waits (1, 2, 4
+... 30 s) and runs the study again from where it stood, keeping the job heartbeating meanwhile; only
+``infrastructure.JOB_ATTEMPTS`` faults in a row with no trial ended between them fail the job, and
+its error names the fault. A trial the fault cut short is recorded as interrupted and run again.
+
 A worker that stops (SIGTERM/SIGINT, or its parent service went away) finishes the trial in
 progress and gives the job back to the queue; the next worker resumes the same study (Tuner.open
 finds it) and recovers trials whose lease ran out. A worker that dies without stopping stops
@@ -33,9 +39,10 @@ from zerotune.db import repository as repo
 from zerotune.db.models import Request, utcnow
 from zerotune.db.session import make_engine, make_session_factory, session_scope
 from zerotune.errors import StudyFailed
-from zerotune.tuner import calibrating, shortlist
+from zerotune.tuner import calibrating, infrastructure, shortlist
+from zerotune.tuner.leases import UNSPENT
 from zerotune.tuner.request import TuneRequest
-from zerotune.tuner.study import RETRIED, Progress, Tuner, TunerOptions
+from zerotune.tuner.study import Progress, Tuner, TunerOptions
 
 log = logging.getLogger("zerotune.worker")
 
@@ -164,21 +171,36 @@ class Worker:
         log.info("worker %s: %s started", self.id, label)
         stop, why = threading.Event(), {"reason": ""}
         beat = _Heartbeat(self, job_id, stop, why)
+        beat.start()
+        faults, ended = 0, -1
         try:
-            tuner = self._tuner(request, beat, stop)
-            study_id = tuner.open()
-            self._update(job_id, study_id=study_id)
-            beat.study_id = study_id
-            beat.start()
-            result = tuner.run(study_id)
-            if result and request.measure and not stop.is_set():
-                result = self._measure_shortlist(job_id, request, result, beat, stop)
-        except StudyFailed as exc:
-            log.warning("worker %s: %s → failed in %.1f s: %s", self.id, label, time.monotonic() - started, exc)
-            return self._finish(job_id, "failed", str(exc))
-        except Exception as exc:
-            log.exception("worker %s: %s → failed in %.1f s", self.id, label, time.monotonic() - started)
-            return self._finish(job_id, "failed", f"{type(exc).__name__}: {exc}")
+            while True:
+                try:
+                    result = self._attempt(job_id, request, beat, stop)
+                    break
+                except StudyFailed as exc:
+                    log.warning("worker %s: %s → failed in %.1f s: %s", self.id, label, time.monotonic() - started,
+                                exc)
+                    return self._finish(job_id, "failed", str(exc))
+                except Exception as exc:
+                    fault = infrastructure.fault(exc)
+                    if fault is None:
+                        log.exception("worker %s: %s → failed in %.1f s", self.id, label, time.monotonic() - started)
+                        return self._finish(job_id, "failed", f"{type(exc).__name__}: {exc}")
+                    faults = 1 if beat.trials_done > ended else faults + 1  # a trial ended since: count again
+                    ended = beat.trials_done
+                    if faults >= infrastructure.JOB_ATTEMPTS:
+                        log.error("worker %s: %s → failed: %d faults of the infrastructure in a row: %s", self.id,
+                                  label, faults, fault)
+                        return self._finish(job_id, "failed", f"gave up after {faults} attempts, each ended by a "
+                                            f"fault of the infrastructure (not of the request): {fault}")
+                    wait = infrastructure.backoff_s(faults)
+                    log.warning("worker %s: %s: a fault of the infrastructure (%s); the study resumes where it "
+                                "stood in %g s (attempt %d of %d)", self.id, label, fault, wait, faults + 1,
+                                infrastructure.JOB_ATTEMPTS)
+                    if stop.wait(wait):  # stopping, cancelled or lost meanwhile
+                        result = {}
+                        break
         finally:
             beat.stop()
         if result:
@@ -189,6 +211,18 @@ class Worker:
             state = self._finish(job_id, "queued", None)
         log.info("worker %s: %s → %s in %.1f s", self.id, label, state, time.monotonic() - started)
         return state
+
+    def _attempt(self, job_id: int, request: TuneRequest, beat: _Heartbeat, stop: threading.Event) -> dict[str, Any]:
+        """Run (or resume) the job's study, then measure its shortlist when the request asks; the answer, or ``{}``
+        when stopped first."""
+        tuner = self._tuner(request, beat, stop)
+        study_id = tuner.open()
+        self._update(job_id, study_id=study_id)
+        beat.study_id = study_id
+        result = tuner.run(study_id)
+        if result and request.measure and not stop.is_set():
+            result = self._measure_shortlist(job_id, request, result, beat, stop)
+        return result
 
     def _tuner(self, what: TuneRequest | shortlist.Plan, beat: _Heartbeat, stop: threading.Event) -> Tuner:
         """The Tuner of one study of a job (of its request, or of a shortlist of it to measure), predicting with
@@ -201,7 +235,7 @@ class Worker:
         executor = make_executor(request.executor, calibration=calibration, partition=self.settings.slurm_partition,
                                  emulate=request.emulate)
         # exclusive: holding the job means holding its study, so trials left unfinished by a
-        # dead runner are failed (and retried once) at resume, without waiting for their leases
+        # dead runner are recorded as interrupted and run again at resume, without waiting for their leases
         options = TunerOptions(steps=self.settings.steps, trial_timeout_s=self.settings.trial_timeout_s,
                                lease_s=self.settings.lease_s, verify_quantized=self.settings.verify_quantized,
                                exclusive=True, worker_id=self.id)
@@ -247,6 +281,8 @@ class _Heartbeat:
     def __init__(self, worker: Worker, job_id: int, stop: threading.Event, why: dict[str, str]) -> None:
         self.worker, self.job_id, self.stop_tuner, self.why = worker, job_id, stop, why
         self.study_id: int | None = None
+        self.trials_done = 0
+        """The trials the job's study had ended at its last progress report."""
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name=f"zerotune-job-{job_id}")
 
@@ -274,10 +310,11 @@ class _Heartbeat:
         values: dict[str, Any] = {}
         if with_progress and self.study_id is not None:
             with session_scope(self.worker.sessions) as s:
-                done = repo.count_spent_trials(session=s, study_id=self.study_id, replaced_suffix=RETRIED)
+                done = repo.count_spent_trials(session=s, study_id=self.study_id, unspent=UNSPENT)
                 study = repo.get_study(session=s, study_id=self.study_id)
                 total = study.n_trials if study is not None else 1
             values = {"trials_done": done, "progress": TRIALS_SHARE * min(1.0, done / total)}
+            self.trials_done = done
         if phase:
             values["phase"] = phase[:64]
         try:

@@ -138,6 +138,8 @@ def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessio
     if measured:  # a model study's leaders are predictions: no interval to print
         print("zerotune: measured leaders (TFLOPS/rank, median [interquartile]): " + "; ".join(measured),
               file=sys.stderr)
+    if (rec.get("trials") or {}).get("short"):  # fewer trials completed than the budget: said, with why
+        print(f"zerotune: the answer was {rec['trials']['short']}", file=sys.stderr)
     if d.get("lossy") and d["lossy"]["kept"] == "unquantized":
         print(f"zerotune: {d['lossy']['why']}", file=sys.stderr)
     if d.get("checkpointing"):

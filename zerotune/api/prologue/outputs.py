@@ -163,8 +163,9 @@ def env_lines(values: Mapping[str, Any]) -> list[str]:
 def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
     """What the ``fmt`` config does differently from the measured strategy (the exports' own notes), in
     which precision the measurement ran when that is not the export's, where the answer's collectives
-    were measured off the model at its scale (``metrics.decision.collectives``), and where the model's lean on
-    checkpointed runs could overturn the pick (``metrics.decision.checkpointing``, verdict ``within``)."""
+    were measured off the model at its scale (``metrics.decision.collectives``), where the model's lean on
+    checkpointed runs could overturn the pick (``metrics.decision.checkpointing``, verdict ``within``), and what
+    the answer was built on when fewer trials completed than its budget (``metrics.trials.short``)."""
     exports = rec.get("exports") or {}
     fsdp = exports.get("fsdp") or {}
     deepspeed = [f"DeepSpeed: {n}" for n in exports.get("deepspeed_notes") or []]
@@ -180,8 +181,9 @@ def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
     decision = (rec.get("metrics") or {}).get("decision") or {}
     slower = decision.get("collectives")
     lean = decision.get("checkpointing") or {}  # only a pick the model's lean on checkpointing could overturn
+    short = ((rec.get("metrics") or {}).get("trials") or {}).get("short")  # fewer trials than the budget, and why
     return picked + dtype + ([f"model: {collectives_caveat(slower)}"] if slower else []) + (
-        [f"model: {lean['why']}"] if lean.get("verdict") == "within" else [])
+        [f"model: {lean['why']}"] if lean.get("verdict") == "within" else []) + ([f"study: {short}"] if short else [])
 
 
 def collectives_caveat(slower: Mapping[str, Any], advice: bool = True) -> str:

@@ -176,12 +176,20 @@ def trial_counts(*, session: Session, study_id: int | None = None) -> dict[str, 
     return {str(k): int(v) for k, v in session.execute(query)}
 
 
-def count_spent_trials(*, session: Session, study_id: int, replaced_suffix: str) -> int:
-    """A study's ended trials that count against its budget: a trial whose reason ends with
-    ``replaced_suffix`` (its runner died and a retry replaced it) does not; its retry does."""
+def count_spent_trials(*, session: Session, study_id: int, unspent: Iterable[str]) -> int:
+    """A study's ended trials that count against its budget: not a failed one whose reason is ``LIKE`` one of the
+    ``unspent`` patterns (it was cut short from outside and run again: the run again is what counts)."""
+    again = or_(*(Trial.reason.like(p) for p in unspent))
     return session.scalar(select(func.count()).select_from(Trial).where(
         Trial.study_id == study_id, Trial.status.in_(TERMINAL_TRIAL_STATUSES),
-        ~((Trial.status == "failed") & Trial.reason.like(f"%{replaced_suffix}")))) or 0
+        ~((Trial.status == "failed") & again))) or 0
+
+
+def count_reasons(*, session: Session, study_id: int, like: str) -> dict[str, int]:
+    """How many of a study's trials of each strategy (by key) have a reason ``LIKE`` the pattern ``like``."""
+    rows = session.execute(select(Trial.strategy_key, func.count()).where(
+        Trial.study_id == study_id, Trial.reason.like(like)).group_by(Trial.strategy_key))
+    return {str(key): int(n) for key, n in rows}
 
 
 def dead_trials(*, session: Session, study_id: int, now: datetime | None = None, all_running: bool = False,

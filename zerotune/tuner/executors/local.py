@@ -140,7 +140,7 @@ class LocalExecutor(Executor):
         logs = "\n".join(result.output.splitlines()[-200:])
         proxy = local.model.to_dict() if local.model != spec.model else None
         if result.interrupted:
-            return dataclasses.replace(self.interrupted("the run was stopped (the trial is retried)", **extra),
+            return dataclasses.replace(self.interrupted("the run was stopped", **extra),
                                        logs=logs, proxy_model=proxy)
         if result.stopped:
             return TrialResult(status="pruned", reason="pruned: step times worse than the study's best",
