@@ -79,15 +79,10 @@ class Chooser:
 
 
 def exports(request: TuneRequest, strategy: Strategy) -> dict[str, Any]:
-    """The recommendation in every format: zerotune trainer JSON, DeepSpeed config, FSDP2 settings."""
+    """The recommendation in every format (``tuner.exports.all_exports``)."""
     from zerotune.tuner import exports as ex
 
-    r = request
-    gb = r.global_batch
-    return {"zerotune": ex.zerotune_config(r.model, r.cluster, strategy, global_batch=gb),
-            "deepspeed": ex.deepspeed_config(r.model, r.cluster, strategy, global_batch=gb),
-            "deepspeed_notes": ex.deepspeed_notes(r.model, r.cluster, strategy, global_batch=gb),
-            "fsdp": ex.fsdp_config(r.model, r.cluster, strategy, global_batch=gb)}
+    return ex.all_exports(request.model, request.cluster, strategy, request.global_batch)
 
 
 def _evidence(request: TuneRequest, row: Trial) -> str:

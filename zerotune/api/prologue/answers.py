@@ -127,9 +127,7 @@ def default_recommendation(body: Mapping[str, Any]) -> dict[str, Any]:
         gb = body.get("global_batch")
         return {
             "id": None, "strategy": strategy.to_dict(), "value": None, "evidence": "fallback",
-            "exports": {"zerotune": exports.zerotune_config(model, cluster, strategy, global_batch=gb),
-                        "deepspeed": exports.deepspeed_config(model, cluster, strategy, global_batch=gb),
-                        "fsdp": exports.fsdp_config(model, cluster, strategy, global_batch=gb)},
+            "exports": exports.all_exports(model, cluster, strategy, gb),
         }
     except SpecError as exc:
         raise UsageError(f"no fallback: {exc.field}", exc.value, exc.rule) from None

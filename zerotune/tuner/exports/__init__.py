@@ -17,12 +17,22 @@ client call these without either installed.
   mixed precision, notes and a code snippet.
 
 The DeepSpeed mapping and its nearest settings are documented in ``zerotune/tuner/exports/deepspeed.py``.
+- :func:`torchtitan_config` — torchtitan's ``[parallelism]``, ``[training]`` and ``[activation_checkpoint]`` (TOML
+  and the overrides its ``ConfigManager`` takes); :func:`accelerate_config` — ``accelerate launch`` YAML with the
+  FSDP2 and the DeepSpeed plugin; :func:`hf_trainer_config` — the DeepSpeed config with ``"auto"`` where the HF
+  Trainer's TrainingArguments set the value, and those TrainingArguments.
 """
 
+from typing import Any
+
+from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.tuner.exports.accelerate_yaml import accelerate_config
 from zerotune.tuner.exports.common import BYTES_PER_16BIT, DTYPES, MICS_REMOVED_IN, MIN_DEEPSPEED
 from zerotune.tuner.exports.deepspeed import deepspeed_config, deepspeed_notes, validate_deepspeed_config
 from zerotune.tuner.exports.fsdp import fsdp_config
+from zerotune.tuner.exports.hf_trainer import hf_trainer_config
 from zerotune.tuner.exports.native import zerotune_config
+from zerotune.tuner.exports.torchtitan_toml import torchtitan_config
 
 __all__ = [
     "BYTES_PER_16BIT",
@@ -34,4 +44,22 @@ __all__ = [
     "validate_deepspeed_config",
     "fsdp_config",
     "zerotune_config",
+    "torchtitan_config",
+    "accelerate_config",
+    "hf_trainer_config",
+    "all_exports",
 ]
+
+
+def all_exports(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy,
+                global_batch: int | None = None) -> dict[str, Any]:
+    """The recommendation in every format, as an answer's ``exports`` carries it (the API's ``?format=`` and the
+    prologue's ``--format`` name the same keys)."""
+    gb = global_batch
+    return {"zerotune": zerotune_config(model, cluster, strategy, global_batch=gb),
+            "deepspeed": deepspeed_config(model, cluster, strategy, global_batch=gb),
+            "deepspeed_notes": deepspeed_notes(model, cluster, strategy, global_batch=gb),
+            "fsdp": fsdp_config(model, cluster, strategy, global_batch=gb),
+            "torchtitan": torchtitan_config(model, cluster, strategy, global_batch=gb),
+            "accelerate": accelerate_config(model, cluster, strategy, global_batch=gb),
+            "hf-trainer": hf_trainer_config(model, cluster, strategy, global_batch=gb)}
