@@ -248,8 +248,13 @@ def test_formats_and_the_deepspeed_base_merge(service, tmp_path):
         assert r.returncode == 0 and json.loads(r.stdout) == rec[key], (fmt, r.stderr)
     r = recommend(*STORED_ARGS, "--server", service.url, "--format", "zerotune", "-o", str(tmp_path / "zt.json"),
                   cache=cache)
-    assert r.returncode == 0 and read(tmp_path / "zt.json") == rec["zerotune"]
-    assert read(tmp_path / "strategy.json") == rec["zerotune"]["strategy"]
+    written = read(tmp_path / "zt.json")  # its files named after it, and its command naming those
+    assert r.returncode == 0 and written["files"] == {"zt.strategy.json": "strategy"}
+    assert written["command"] == rec["zerotune"]["command"].replace(" strategy.json", " zt.strategy.json")
+    assert {k: v for k, v in written.items() if k not in ("files", "command")} == \
+        {k: v for k, v in rec["zerotune"].items() if k not in ("files", "command")}
+    assert read(tmp_path / "zt.strategy.json") == rec["zerotune"]["strategy"]
+    assert not (tmp_path / "strategy.json").exists()
 
 
 def test_pending_job_falls_back_then_wait_gets_the_answer(service, tmp_path):

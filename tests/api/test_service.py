@@ -30,6 +30,19 @@ def check_recommendation(url: str, rec: dict, shortlist_of: bool = False) -> Non
         r = httpx.get(f"{url}/v1/recommendations/{rec['id']}", params={"format": fmt})
         assert r.status_code == 200 and r.json() == rec["exports"][fmt]
         assert f'filename="{filename}"' in r.headers["content-disposition"]
+    ex = rec["exports"]  # the formats for other tools: each file as its tool reads it
+    for params, filename, body in (
+            ({"format": "torchtitan"}, "torchtitan.toml", ex["torchtitan"]["toml"]),
+            ({"format": "accelerate"}, "accelerate_fsdp.yaml", ex["accelerate"]["fsdp_yaml"]),
+            ({"format": "accelerate", "plugin": "deepspeed"}, "accelerate_deepspeed.yaml",
+             ex["accelerate"]["deepspeed_yaml"])):
+        r = httpx.get(f"{url}/v1/recommendations/{rec['id']}", params=params)
+        assert r.status_code == 200 and r.text == body, (params, r.text)
+        assert f'filename="{filename}"' in r.headers["content-disposition"]
+    r = httpx.get(f"{url}/v1/recommendations/{rec['id']}", params={"format": "hf-trainer"})
+    assert r.status_code == 200 and r.json() == ex["hf-trainer"]["config"]
+    assert r.json()["train_micro_batch_size_per_gpu"] == "auto"
+    assert 'filename="hf_ds_config.json"' in r.headers["content-disposition"]
     assert rec["exports"]["deepspeed"]["zero_optimization"]["stage"] in (1, 2, 3)
     study = httpx.get(f"{url}/v1/studies/{rec['study_id']}").json()
     assert study["state"] == "done" and study["recommendation_id"] == rec["id"]

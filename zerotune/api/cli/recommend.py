@@ -33,8 +33,10 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--token", help="bearer token for a service that requires one (ZEROTUNE_TOKEN)")
     p.add_argument("--format", choices=[*pl.FORMATS, *pl.FORMAT_ALIASES], default="env",
                    help="env: write every config into a directory and print export lines (default); deepspeed, "
-                        "fsdp, zerotune (the trainer's config; 'json' is its older name): one config, to -o or "
-                        "stdout")
+                        "fsdp, zerotune (the trainer's config; 'json' is its older name), torchtitan (TOML), "
+                        "accelerate (accelerate launch YAML, FSDP2 plugin; with -o also the DeepSpeed plugin's), "
+                        "hf-trainer (the HF Trainer's --deepspeed config, \"auto\" where TrainingArguments set it): "
+                        "one config, to -o or stdout")
     p.add_argument("-o", "--output", help="the file to write (deepspeed/fsdp/zerotune; default stdout) or, with "
                    "--format env, the directory (default .zerotune/job-$SLURM_JOB_ID)")
     p.add_argument("--base", help="your DeepSpeed config: the recommended zero_optimization is merged into it, "
@@ -92,9 +94,9 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if not rule or value != value or value == float("inf"):
             raise UsageError(name, value, "must be a finite number > 0" if name != "--wait" else
                                 "must be a finite number >= 0")
-    if args.base and args.format not in ("deepspeed", "env"):
-        raise UsageError("--base", args.base, "merges into a DeepSpeed config: use it with --format deepspeed or "
-                                                 "env")
+    if args.base and args.format not in ("deepspeed", "env", "accelerate"):
+        raise UsageError("--base", args.base, "merges into a DeepSpeed config: use it with --format deepspeed, "
+                                                 "accelerate or env")
     use_slurm = not args.no_slurm
     job = pl.job_id(env) if use_slurm else None
     model = pl.resolve_model(args.model or env.get("ZEROTUNE_MODEL"))

@@ -12,11 +12,15 @@ from typing import Any
 
 from zerotune.errors import UsageError
 
-FORMATS = ("env", "deepspeed", "fsdp", "zerotune")
+FORMATS = ("env", "deepspeed", "fsdp", "zerotune", "torchtitan", "accelerate", "hf-trainer")
 """One name per format, as the API's ``?format=`` and ``exports`` keys name them."""
 FORMAT_ALIASES = {"json": "zerotune"}
 """Older names still accepted (``--format json`` was the zerotune trainer's config)."""
 ENV_FILES = {"zerotune": "zerotune.json", "deepspeed": "ds_config.json", "fsdp": "fsdp.json"}
+TOOL_FILES = {"torchtitan": "torchtitan.toml", "accelerate": "accelerate_fsdp.yaml",
+              "accelerate-deepspeed": "accelerate_deepspeed.yaml", "hf-trainer": "hf_ds_config.json"}
+"""The files of the formats for other tools, as ``env`` writes them and the API names its downloads."""
+TOOL_FORMATS = ("torchtitan", "accelerate", "hf-trainer")
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -177,7 +181,10 @@ def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
         dtype = [f"the exports are for {target} (the target cluster's); the measurement behind this answer ran in "
                  f"{measured} on {(rec.get('metrics') or {}).get('device', 'another device')}: its memory and time "
                  "figures are for that precision"]
-    picked = {"deepspeed": deepspeed, "fsdp": fsdp_notes, "env": deepspeed + fsdp_notes}.get(fmt, [])
+    tools = {name: [f"{label}: {n}" for n in ((exports.get(name) or {}).get("notes") or [])]
+             for name, label in (("torchtitan", "torchtitan"), ("accelerate", "Accelerate"))}
+    tools["hf-trainer"] = list((exports.get("hf-trainer") or {}).get("notes") or [])  # labelled by the export
+    picked = {"deepspeed": deepspeed, "fsdp": fsdp_notes, "env": deepspeed + fsdp_notes, **tools}.get(fmt, [])
     decision = (rec.get("metrics") or {}).get("decision") or {}
     slower = decision.get("collectives")
     lean = decision.get("checkpointing") or {}  # only a pick the model's lean on checkpointing could overturn
@@ -208,9 +215,14 @@ def write_outputs(rec: Mapping[str, Any], fmt: str, output: str | None, base: Ma
 
     ``env`` writes every export into the directory ``output`` (default ``default_dir``): zerotune.json,
     the trainer's input files (strategy.json, and model.json / cluster.json when not presets),
-    ds_config.json (merged into ``base`` when given), fsdp.json and notes.txt. ``zerotune`` with
-    ``output`` writes the trainer's input files beside it; ``deepspeed`` / ``fsdp`` with ``output`` write
-    their notes beside it (``ds_config.notes.txt`` for ``ds_config.json``).
+    ds_config.json (merged into ``base`` when given), fsdp.json, the files of ``TOOL_FILES`` and notes.txt.
+    With ``output``, every other format writes its notes beside it (``x.notes.txt`` for ``x.json``), and what
+    else it needs, each file named after ``output`` so that recommendations written into one folder keep their
+    own: ``zerotune`` its trainer's input files (``x.zt.strategy.json`` for ``x.zt.json``, the command naming
+    them), ``accelerate`` (the FSDP2-plugin YAML) its DeepSpeed-plugin YAML (``x.deepspeed.yaml``) and the
+    DeepSpeed config it reads (``x.ds_config.json``, merged into ``base`` when given), ``hf-trainer`` (the
+    ``--deepspeed`` config) the TrainingArguments that match it (``x.training_args.json``). ``torchtitan`` is
+    the TOML file.
     """
     exports = rec.get("exports") or {}
     zt = exports.get("zerotune") or {}
@@ -220,23 +232,42 @@ def write_outputs(rec: Mapping[str, Any], fmt: str, output: str | None, base: Ma
     if base is not None:
         ds, warnings = merge_deepspeed(base, ds, keep_base_batch)
     notes = notes_of(rec, fmt) + warnings
+    if fmt in TOOL_FORMATS and not isinstance(exports.get(fmt), dict):
+        raise UsageError("--format", fmt, "this answer has no such export (it was stored by an older service); "
+                                          "ask the service again")
     if fmt != "env":
-        content = {"deepspeed": ds, "fsdp": exports.get("fsdp") or {}, "zerotune": zt}[fmt]
+        text = _tool_text(exports, fmt) if fmt in TOOL_FORMATS else _dumps(
+            {"deepspeed": ds, "fsdp": exports.get("fsdp") or {}, "zerotune": zt}[fmt])
         if output is None:
-            return _dumps(content), notes
-        write_atomic(output, _dumps(content))
-        if fmt == "zerotune":
-            _trainer_files(zt, os.path.dirname(os.path.abspath(output)))
+            return text, notes
+        stem = _stem(output)
+        if fmt == "accelerate":  # the DeepSpeed plugin beside it, reading the DeepSpeed export written beside too
+            ds_path = os.path.abspath(stem + ".ds_config.json")
+            write_atomic(ds_path, _dumps(ds))
+            write_atomic(stem + ".deepspeed.yaml", _accelerate_deepspeed(exports, ds_path))
+        if fmt == "hf-trainer":
+            write_atomic(stem + ".training_args.json", _dumps(exports["hf-trainer"].get("training_arguments") or {}))
+        if fmt == "zerotune":  # its files beside it, named after it: the command reads those
+            text = _dumps(_trainer_files(zt, os.path.dirname(os.path.abspath(output)), _prefix(output)))
+        write_atomic(output, text)
         if notes:
-            write_atomic(os.path.splitext(output)[0] + ".notes.txt", _lines(notes))
+            write_atomic(stem + ".notes.txt", _lines(notes))
         return "", notes
     directory = os.path.abspath(output or default_dir)
     paths = {}
     for key, name in ENV_FILES.items():
         paths[key] = os.path.join(directory, name)
         write_atomic(paths[key], _dumps(ds if key == "deepspeed" else exports.get(key) or {}))
+    for key, name in TOOL_FILES.items():
+        paths[key] = os.path.join(directory, name)
+        if key == "accelerate-deepspeed":
+            if isinstance(exports.get("accelerate"), dict):
+                write_atomic(paths[key], _accelerate_deepspeed(exports, paths["deepspeed"]))
+        elif isinstance(exports.get(key), dict):
+            write_atomic(paths[key], _tool_text(exports, key))
     write_atomic(os.path.join(directory, "notes.txt"), _lines(notes))
-    files = _trainer_files(zt, directory)
+    written = _trainer_files(zt, directory)
+    files = {name: os.path.join(directory, name) for name in (written.get("files") or {})}
     model_name = (zt.get("model") or {}).get("name")
     cluster_name = (zt.get("cluster") or {}).get("name")
     values = {
@@ -247,6 +278,8 @@ def write_outputs(rec: Mapping[str, Any], fmt: str, output: str | None, base: Ma
         "ZEROTUNE_CONFIG": paths["zerotune"],
         "ZEROTUNE_DEEPSPEED_CONFIG": paths["deepspeed"],
         "ZEROTUNE_FSDP_CONFIG": paths["fsdp"],
+        **{f"ZEROTUNE_{key.upper().replace('-', '_')}_CONFIG": paths[key] for key in TOOL_FILES
+           if os.path.exists(paths[key])},
         "ZEROTUNE_NOTES": os.path.join(directory, "notes.txt"),
         "ZEROTUNE_STRATEGY_FILE": files.get("strategy.json"),
         "ZEROTUNE_TRAIN_MODEL": files.get("model.json", model_name),
@@ -261,14 +294,52 @@ def write_outputs(rec: Mapping[str, Any], fmt: str, output: str | None, base: Ma
     return "".join(line + "\n" for line in env_lines(values)), notes
 
 
-def _trainer_files(zt: Mapping[str, Any], directory: str) -> dict[str, str]:
-    """The files the zerotune export's command reads (``files``: name → key), written into ``directory``."""
-    out = {}
+def _stem(output: str) -> str:
+    """``DIR/x.zt.json`` → ``DIR/x.zt``: the files written beside an output start with it."""
+    return os.path.splitext(output)[0]
+
+
+def _prefix(output: str) -> str:
+    """What names the trainer's files beside ``-o DIR/x.zt.json``: ``x.zt.`` (``x.zt.strategy.json``), so that
+    recommendations written into one folder keep their own; none beside ``zerotune.json`` (the env format's)."""
+    name = os.path.basename(_stem(output))
+    return "" if name == "zerotune" else name + "."
+
+
+def _trainer_files(zt: Mapping[str, Any], directory: str, prefix: str = "") -> dict[str, Any]:
+    """Write the files the zerotune export's command reads (``files``: name → key) into ``directory``, each named
+    ``prefix + name``; return the export with its ``files`` and ``command`` naming the files written."""
+    out = dict(zt)
+    files: dict[str, str] = {}
+    command = str(zt.get("command") or "")
     for name, key in (zt.get("files") or {}).items():
         if key in zt and re.match(r"^[A-Za-z0-9_.-]+$", name):
-            out[name] = os.path.join(directory, name)
-            write_atomic(out[name], _dumps(zt[key]))
+            path = os.path.join(directory, prefix + name)
+            files[prefix + name] = key
+            write_atomic(path, _dumps(zt[key]))
+            if prefix:
+                command = re.sub(rf"(?<=\s){re.escape(name)}(?=\s|$)", prefix + name, command)
+    if files:
+        out["files"], out["command"] = files, command
     return out
+
+
+def _tool_text(exports: Mapping[str, Any], fmt: str) -> str:
+    """The file of a format for another tool: torchtitan's TOML, Accelerate's FSDP2 YAML, the HF Trainer's JSON."""
+    export = exports[fmt]
+    if fmt == "torchtitan":
+        return str(export["toml"])
+    if fmt == "accelerate":
+        return str(export["fsdp_yaml"])
+    return _dumps(export["config"])
+
+
+def _accelerate_deepspeed(exports: Mapping[str, Any], ds_path: str) -> str:
+    """Accelerate's DeepSpeed-plugin YAML, its ``deepspeed_config_file`` the DeepSpeed export written at ``ds_path``."""
+    acc = exports["accelerate"]
+    name = json.dumps(acc.get("deepspeed_config_file", "ds_config.json"))
+    return str(acc["deepspeed_yaml"]).replace(f"deepspeed_config_file: {name}",
+                                               f"deepspeed_config_file: {json.dumps(ds_path)}")
 
 
 def warn(message: str) -> None:

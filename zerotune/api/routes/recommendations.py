@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from zerotune.api import queries
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
 from zerotune.api.inputs import RecommendationCreate
-from zerotune.api.prologue.outputs import ENV_FILES
+from zerotune.api.prologue.outputs import ENV_FILES, TOOL_FILES
 from zerotune.api.schemas import JobPublic, Message, RecommendationPublic
 from zerotune.api.settings import MAX_WAIT_S, Settings
 from zerotune.db import repository as repo
@@ -58,8 +58,13 @@ async def create_recommendation(
                404: {"model": Message}})
 def read_recommendation(
     recommendation_id: Id, session: SessionDep,
-    format: Annotated[Literal["zerotune", "deepspeed", "fsdp"] | None,
-                      Query(description="download one export: zerotune trainer JSON, DeepSpeed config, FSDP2")] = None,
+    format: Annotated[Literal["zerotune", "deepspeed", "fsdp", "torchtitan", "accelerate", "hf-trainer"] | None,
+                      Query(description="download one export: zerotune trainer JSON, DeepSpeed config, FSDP2, "
+                                        "torchtitan TOML, accelerate launch YAML, the HF Trainer's DeepSpeed config "
+                                        "(\"auto\" where TrainingArguments set it)")] = None,
+    plugin: Annotated[Literal["fsdp", "deepspeed"],
+                      Query(description="with format=accelerate: the FSDP2 plugin's YAML or the DeepSpeed plugin's "
+                                        "(reading the DeepSpeed export as ds_config.json)")] = "fsdp",
 ) -> Any:
     """A stored recommendation, or one of its exports."""
     row = repo.get_recommendation(session=session, recommendation_id=recommendation_id)
@@ -67,5 +72,31 @@ def read_recommendation(
         raise NotFoundError("recommendation", recommendation_id)
     if format is None:
         return queries.recommendation_public(row)
-    return JSONResponse(row.exports.get(format) or {}, headers={
-        "Content-Disposition": f'attachment; filename="{ENV_FILES[format]}"'})
+    if format in ENV_FILES:
+        return JSONResponse(row.exports.get(format) or {}, headers={
+            "Content-Disposition": f'attachment; filename="{ENV_FILES[format]}"'})
+    export = row.exports.get(format) or _rebuilt(row.exports, format)
+    if format == "hf-trainer":
+        return JSONResponse(export["config"], headers={
+            "Content-Disposition": f'attachment; filename="{TOOL_FILES[format]}"'})
+    if format == "torchtitan":
+        text, name, media = export["toml"], TOOL_FILES["torchtitan"], "application/toml"
+    else:
+        text, name = (export["fsdp_yaml"], TOOL_FILES["accelerate"]) if plugin == "fsdp" else (
+            export["deepspeed_yaml"], TOOL_FILES["accelerate-deepspeed"])
+        media = "application/yaml"
+    return PlainTextResponse(text, media_type=media, headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+def _rebuilt(exports: dict[str, Any], format: str) -> dict[str, Any]:
+    """An export an answer stored before its format existed, built from the answer's own model, cluster, strategy
+    and batch (its zerotune export)."""
+    from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
+    from zerotune.tuner.exports import all_exports
+
+    zt = exports.get("zerotune") or {}
+    if not all(k in zt for k in ("model", "cluster", "strategy")):
+        raise NotFoundError("export", format)
+    built = all_exports(ModelSpec.from_dict(zt["model"]), ClusterSpec.from_dict(zt["cluster"]),
+                        Strategy.from_dict(zt["strategy"]), zt.get("global_batch"))
+    return dict(built[format])
