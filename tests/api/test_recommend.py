@@ -540,6 +540,9 @@ def test_the_fallback_is_a_valid_deepspeed_zero3_config():
 def test_merge_keeps_the_users_keys():
     recommended = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                    "bf16": {"enabled": True}, "zero_optimization": {"stage": 3, "reduce_bucket_size": 10}}
+    merged, warnings = merge_deepspeed({}, recommended)  # no clipping anywhere: 1.0, said
+    assert merged == {**recommended, "gradient_clipping": 1.0} and "gradient_clipping 1.0" in warnings[0]
+    recommended = {**recommended, "gradient_clipping": 0.5}
     assert merge_deepspeed({}, recommended) == (recommended, [])
     mine = {"fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
             "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}
@@ -557,14 +560,22 @@ def test_merge_keeps_the_users_keys():
     with pytest.raises(UsageError, match="DeepSpeed's batch rule"):  # 100 = 3 x 1 x 64 has no solution
         merge_deepspeed({"train_batch_size": 100, "train_micro_batch_size_per_gpu": 3}, recommended,
                         keep_base_batch=True)
-    assert merge_deepspeed({"train_batch_size": "auto"}, recommended)[0]["train_batch_size"] == "auto"
+    # Hugging Face's usual base: "auto" batch keys take the measured batch (the Trainer checks its arguments
+    # against them: the warning names those), "auto" precision is the user's choice, not a mismatch
+    hf = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+          "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
+    merged, warnings = merge_deepspeed(hf, recommended)
+    assert [merged[k] for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                "gradient_accumulation_steps")] == [64, 1, 1]
+    assert merged["gradient_clipping"] == "auto" and merged["bf16"] == {"enabled": "auto"}
+    assert len(warnings) == 1 and "per_device_train_batch_size=1 and gradient_accumulation_steps=1" in warnings[0]
     # a base that checkpoints under a stage-3 answer measured without checkpointing (reuse distance 0) is warned about
     ckpt = {"activation_checkpointing": {"number_checkpoints": 4}}
     released = {**recommended, "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0}}
     merged, warnings = merge_deepspeed(ckpt, released)
     assert merged["activation_checkpointing"] == ckpt["activation_checkpointing"]
     assert len(warnings) == 1 and "gathers a checkpointed block three times a step" in warnings[0]
-    kept = {**released, "activation_checkpointing": {"number_checkpoints": 4},
+    kept = {**released, "activation_checkpointing": {"number_checkpoints": 4}, "gradient_clipping": 1.0,
             "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 100}}
     assert merge_deepspeed(ckpt, kept)[1] == []  # an answer measured with checkpointing: nothing to warn of
     # an answer that checkpoints with reuse distance 0 (exported before the export kept the recompute's gathers)

@@ -45,6 +45,7 @@ def main(cluster_name: str, out_dir: str) -> None:
             idx = torch.randint(0, spec.vocab, (2, spec.seq_len), generator=gen)
             loss = model(idx, torch.roll(idx, -1, dims=1))
             loss.backward()
+            scope["clip_gradients"](model)  # the snippet's own clipping
             opt.step()
             opt.zero_grad()
             losses.append(float(loss.detach()))

@@ -773,3 +773,25 @@ def test_selective_checkpointing_exports_its_policy_and_deepspeed_says_it_has_no
     config, notes = deepspeed_config(MODEL, cluster, s), deepspeed_notes(MODEL, cluster, s)
     assert config["activation_checkpointing"]["number_checkpoints"] == MODEL.layers
     assert any("checkpoint_policy selective" in n and "create_selective_checkpoint_contexts" in n for n in notes)
+
+
+def test_a_cpu_cluster_never_gets_what_deepspeed_lacks_there() -> None:
+    """On CPU (gloo) DeepSpeed has no quantizer op (qwZ, qgZ: "This op had not been implemented on CPU backend") and,
+    up to 0.19.6, MiCS's coalesced all-gather fails ("Backend gloo does not implement startCoalescing"): the export
+    switches them off and its notes say so, the deepspeed runner's search leaves quantized points out, and a GPU
+    cluster keeps them."""
+    cpu, gpu = parse_cluster("local:2x2x2"), parse_cluster("frontier:48")
+    quantized = {"preset": "zeropp", "weight_bits": 8, "grad_bits": 4}
+    s = build_strategy(quantized, cpu)
+    z = deepspeed_config(MODEL, cpu, s)["zero_optimization"]
+    assert not z["zero_quantized_weights"] and not z["zero_quantized_gradients"]
+    assert any("no CPU build" in n for n in deepspeed_notes(MODEL, cpu, s))
+    on_gpu = deepspeed_config(MODEL, gpu, build_strategy(quantized, gpu))["zero_optimization"]
+    assert on_gpu["zero_quantized_weights"] and on_gpu["zero_quantized_gradients"]
+    mics = build_strategy("mics", cpu)
+    assert "mics_shard_size" not in deepspeed_config(MODEL, cpu, mics, deepspeed_version="0.19.6")["zero_optimization"]
+    assert any("startCoalescing" in n for n in deepspeed_notes(MODEL, cpu, mics, deepspeed_version="0.19.6"))
+    assert "mics_shard_size" in deepspeed_config(MODEL, gpu, build_strategy("mics", gpu),
+                                                 deepspeed_version="0.19.6")["zero_optimization"]
+    assert "no CPU build" in (runner_rule("deepspeed", cpu, s) or "")
+    assert runner_rule("deepspeed", gpu, build_strategy(quantized, gpu)) is None

@@ -75,6 +75,31 @@ def test_optuna_dashboard_sees_feasibility_and_crowns_only_a_point_that_fits(tmp
     fastest_that_fits = max(t.value for t in rows.values() if t.status == "complete")
     assert rows[best["trial_id"]].value == fastest_that_fits
     assert rec["value"] <= fastest_that_fits  # the answer is never a point that does not fit
+    # why a point does not fit is beside it in the dashboard (its user attributes), the cost model's reason
+    for trial_id in infeasible:
+        attrs = {a["key"]: a["value"] for a in trials[trial_id]["user_attrs"]}
+        assert attrs["reason"] == rows[trial_id].reason and attrs["reason"], attrs
+    # the constraint is stored once: Optuna reads one value per trial (its samplers), the dashboard the same one
+    from optuna.study._constrained_optimization import _get_constraints_from_system_attrs
+
+    storage = optuna.storages.RDBStorage(url)
+    for trial_id, t in trials.items():
+        read = _get_constraints_from_system_attrs(storage.get_trial_system_attrs(trial_id))
+        assert read == {"0": t["constraints"][0]}
+    study_attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
+    assert "memory_gib_over" in study_attrs["constraints"]
+    # which trial zerotune chose, and why the best shown was passed over: the study's user attributes and note
+    chosen = next(t for t in trials.values() if rows[t["trial_id"]].id == rec["trial_id"])
+    assert study_attrs["zt_chosen_trial"] == str(chosen["number"])
+    assert detail["note"]["body"] == study_attrs["zt_choice"]
+    lossy = rec["decision"]["lossy"]
+    if best["number"] == chosen["number"]:
+        assert study_attrs["zt_choice"].endswith("the best trial shown.")
+    else:  # a quantized leader inside the model's error band (gpt-13b on dgx-h100:1 with seed 0 has one)
+        assert lossy["kept"] == "unquantized" and rows[best["trial_id"]].id == lossy["quantized_trial_id"]
+        assert study_attrs["zt_choice"].startswith(f"zerotune chose trial {chosen['number']} (")
+        assert f"not trial {best['number']} shown as best" in study_attrs["zt_choice"]
+        assert lossy["why"] in study_attrs["zt_choice"]
 
 
 @pytest.mark.timeout(120)

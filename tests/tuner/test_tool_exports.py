@@ -132,3 +132,42 @@ def test_hf_trainer_fills_only_its_own_keys_and_matches_the_measured_config(i: i
     plain.trainer_config_process(defaults)
     with pytest.raises(ValueError, match="mismatch"):
         plain.trainer_config_finalize(defaults, None, 100)
+
+
+@pytest.mark.parametrize("layout", ["hf-causal-lm", "hf-base", "gpt2", "neox", "blocks"])
+def test_the_fsdp_snippet_finds_the_blocks_of_common_model_classes(layout: str, monkeypatch) -> None:
+    """The FSDP2 snippet, run as written with ``fully_shard`` and the mesh recorded instead of run (the snippet's
+    training under torchrun is tests/tuner/fsdp_snippet_check.py), wraps each block of each layout and the root,
+    and clips gradients in code."""
+    import torch
+    import torch.distributed.device_mesh as device_mesh
+    import torch.distributed.fsdp as fsdp_mod
+
+    from zerotune.tuner.exports import fsdp_config
+
+    sharded: list[Any] = []
+    monkeypatch.setattr(fsdp_mod, "fully_shard", lambda module, **kw: sharded.append(module))
+    monkeypatch.setattr(device_mesh, "init_device_mesh", lambda *a, **kw: "mesh")
+    layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+    holder = {"hf-causal-lm": ("model", "layers"), "hf-base": ("layers",), "gpt2": ("transformer", "h"),
+              "neox": ("gpt_neox", "layers"), "blocks": ("blocks",)}[layout]
+    model = torch.nn.Module()
+    parent = model
+    for name in holder[:-1]:
+        parent.add_module(name, torch.nn.Module())
+        parent = getattr(parent, name)
+    parent.add_module(holder[-1], layers)
+    model.add_module("norm", torch.nn.LayerNorm(4))
+    cluster = parse_cluster("local:2x2")
+    code = fsdp_config(parse_model("gpt-125m"), cluster, build_strategy("zero3", cluster))["code"]
+    scope: dict[str, Any] = {"model": model}
+    exec(compile(code, "<fsdp export>", "exec"), scope)
+    assert sharded == [*layers, model]
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 10.0)
+    norm = scope["clip_gradients"](model)
+    assert float(norm) > 1.0
+    total = torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters()))
+    assert float(total) == pytest.approx(1.0, rel=1e-4)
+    with pytest.raises(ValueError, match="no transformer blocks"):
+        scope["transformer_blocks"](torch.nn.Linear(2, 2))

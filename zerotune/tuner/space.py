@@ -45,7 +45,8 @@ def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:
     data-parallel world and stage 3 partitions P, G and OS over it together; hpZ
     (``zero_hpz_partition_size``) is a secondary group of more than one rank inside the world; qwZ is
     int8 and qgZ int4 only, stage 3 only, qgZ across nodes only, and both quantize every link of the
-    collective (``quantize_above`` 1). FSDP2 (``fully_shard``): P, G and OS share one shard mesh dim
+    collective (``quantize_above`` 1), and neither exists on CPU (its quantizer op has no CPU build).
+    FSDP2 (``fully_shard``): P, G and OS share one shard mesh dim
     (HSDP replicates above it), ``reshard_after_forward`` is the hpZ group (False: one rank), and
     nothing is quantized."""
     if runner == "zerotune":
@@ -64,6 +65,8 @@ def runner_rule(runner: str, cluster: ClusterSpec, s: Strategy) -> str | None:
             return "DeepSpeed stage 3 partitions P, G and OS together"
         if secondary is not None and not 1 < secondary < world:
             return f"DeepSpeed's hpZ group must hold more than one rank and fewer than the world, not {secondary}"
+        if s.quantized and cluster.device == "cpu":
+            return "DeepSpeed's quantizer (qwZ, qgZ) has no CPU build: deepspeed.initialize fails on gloo ranks"
         if s.weight_bits not in (16, 8):
             return f"DeepSpeed's qwZ is int8 only, not int{s.weight_bits}"
         if s.grad_bits not in (32, 16, 4):

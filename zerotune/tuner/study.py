@@ -194,6 +194,8 @@ class Tuner:
                 self.remeasured = self._remeasure(study_id)
                 self.refit = self._refit(study_id)
             recommendation = self.answer(study_id)
+            if recommendation:  # what optuna-dashboard shows as best may be a trial the answer passed over
+                optuna_study.mark_choice(study, recommendation)
         except BaseException as exc:
             if isinstance(exc, Exception) and infrastructure.fault(exc) is not None:
                 raise  # not the study's failure: it stays as it stood, to be resumed

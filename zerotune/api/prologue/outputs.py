@@ -66,10 +66,15 @@ def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], kee
       batch key of the base that differs from the recommended one is refused (UsageError naming the key,
       its value and the recommended one): every trial trained the recommended batch. With
       ``keep_base_batch`` the base's keys stay (a warning says the batch differs from the measured one),
-      the missing ones are derived by DeepSpeed's rule, and a base that breaks the rule is refused.
-      ``"auto"`` (Hugging Face's placeholder, which its Trainer fills) is left to its owner.
+      the missing ones are derived by DeepSpeed's rule, and a base that breaks the rule is refused. Without
+      it, a missing or ``"auto"`` batch key (Hugging Face's placeholder, which its Trainer would fill from its
+      own defaults: another batch than was measured) takes the recommended value, and a warning names the
+      TrainingArguments that match.
+    - ``gradient_clipping`` is always written: the base's, else the recommendation's, else 1.0 (said in a
+      warning), since DeepSpeed's default differs by release (0 before 0.19.6, 1.0 from it).
     - Precision: the base's ``bf16`` / ``fp16`` / ``amp`` stays; one that differs from the recommended
-      precision is warned about. ``activation_checkpointing`` is added only where the base has none. A merged
+      precision is warned about, one whose ``enabled`` is ``"auto"`` is the user's (their Trainer's) choice.
+      ``activation_checkpointing`` is added only where the base has none. A merged
       config that checkpoints under stage 3 with ``stage3_max_reuse_distance`` 0 is warned about (DeepSpeed then
       gathers a checkpointed block three times a step: ``tuner/exports/deepspeed.py``): a base's own checkpointing
       under a recommendation measured without it, or a recommendation exported before the export kept the
@@ -115,12 +120,26 @@ def merge_deepspeed(base: Mapping[str, Any], recommended: Mapping[str, Any], kee
             warnings.append(f"--keep-base-batch: {tb} sequences per step, not the {rec_batch['train_batch_size']} "
                             "every trial measured; the ranking of strategies may differ at another batch")
     else:
-        out.update({k: v for k, v in rec_batch.items() if k not in base})  # "auto" stays its owner's
+        filled = [k for k in rec_batch if base.get(k) == "auto"]
+        out.update({k: v for k, v in rec_batch.items() if base.get(k, "auto") == "auto"})
+        if filled and len(rec_batch) == 3:
+            warnings.append(f"--base had \"auto\" for {', '.join(filled)}: set to the measured batch "
+                            f"({rec_batch['train_batch_size']} sequences per step); with the HF Trainer pass "
+                            f"per_device_train_batch_size={rec_batch['train_micro_batch_size_per_gpu']} and "
+                            f"gradient_accumulation_steps={rec_batch['gradient_accumulation_steps']}, which it checks "
+                            "against these (or use --format hf-trainer, which leaves them \"auto\")")
+    if "gradient_clipping" not in base:  # DeepSpeed's own default is 0 (none) before 0.19.6 and 1.0 from it
+        clip = recommended.get("gradient_clipping")
+        out["gradient_clipping"] = clip if isinstance(clip, int | float) else 1.0
+        if not isinstance(clip, int | float):
+            warnings.append("--base has no gradient_clipping and this answer none either: gradient_clipping 1.0 "
+                            "(DeepSpeed's default differs by release: 0, no clipping, before 0.19.6)")
 
+    auto_precision = any(isinstance(base.get(k), dict) and base[k].get("enabled") == "auto" for k in PRECISION_KEYS)
     mine_precision = [k for k in PRECISION_KEYS if _enabled(base.get(k))]
     rec_precision = [k for k in PRECISION_KEYS if _enabled(recommended.get(k))] or ["fp32"]
-    if any(k in base for k in PRECISION_KEYS):
-        if (mine_precision or ["fp32"]) != rec_precision:
+    if any(k in base for k in PRECISION_KEYS):  # "auto": the user's choice, made by their Trainer's arguments
+        if not auto_precision and (mine_precision or ["fp32"]) != rec_precision:
             warnings.append(f"--base keeps {(mine_precision or ['fp32'])[0]}: the recommendation is for "
                             f"{rec_precision[0]}, and memory per rank differs with the precision")
     else:

@@ -90,6 +90,11 @@ Nearest settings where DeepSpeed has no equivalent (each one is also written to 
   gradients rather than quantize harder than the measured strategy. ``weight_bits`` 4: qwZ is int8
   only (``CUDAQuantizer``); the export uses int8 (less lossy, twice the bytes).
 - ``quantize_above`` > 1: DeepSpeed quantizes every link of the collective, the fast inner ones too.
+- On CPU (``cluster.device == "cpu"``, gloo) the export never asks for what DeepSpeed lacks there: qwZ and qgZ are
+  off (its quantizer op has no CPU build: ``deepspeed.initialize`` fails with "This op had not been implemented on
+  CPU backend") and so is MiCS (its all-gather coalesces collectives, and gloo raises "Backend gloo does not
+  implement startCoalescing" in DeepSpeed <= 0.19.6); the notes say so. A study for the deepspeed runner on CPU
+  does not search quantized strategies at all (``tuner.space.runner_rule``).
 - Stages 1-2 partition over the whole data-parallel world; a narrower G/OS span is widened.
 """
 
@@ -207,8 +212,14 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
     # what DeepSpeed will do depends on group sizes, not span numbers: on one node (dgx-h100:1) span 1
     # is the whole world already, and plain stage 3 is exactly the strategy
     below_world = cluster.span_size(group_span) < world
-    use_mics = below_world and mics_available
+    cpu = cluster.device == "cpu"
+    use_mics = below_world and mics_available and not cpu
     out: dict[str, Any] = {}
+    if below_world and mics_available and cpu:
+        notes.append(f"MiCS off on CPU: DeepSpeed's MiCS all-gather coalesces its collectives, which gloo does not "
+                     f"implement (\"Backend gloo does not implement startCoalescing\", DeepSpeed <= 0.19.6), so "
+                     f"stage 3 shards over the whole world ({world} ranks), not over "
+                     f"{_span_words(cluster, group_span)}.")
     if use_mics:
         group = cluster.span_size(group_span)
         out["mics_shard_size"] = group
@@ -255,6 +266,12 @@ def _stage3(model: ModelSpec, cluster: ClusterSpec, s: Strategy, mics_available:
             notes.append(text + ".")
         quant_weights = s.weight_bits < 16
         quant_grads = s.grad_bits == 4
+        if cpu and (quant_weights or quant_grads):
+            off = " and ".join(w for w, on in (("int8 weights", quant_weights), ("int4 gradients", quant_grads)) if on)
+            notes.append(f"qwZ and qgZ off on CPU: DeepSpeed's quantizer has no CPU build (deepspeed.initialize fails "
+                         f"with \"This op had not been implemented on CPU backend\"), so the strategy's {off} "
+                         f"travel 16-bit: more bytes per step than predicted.")
+            quant_weights = quant_grads = False
         if s.weight_bits == 4:
             notes.append("weight_bits=4: DeepSpeed's qwZ quantizes weights to int8 only; zero_quantized_weights "
                          "uses int8 (less lossy, twice the bytes of int4).")

@@ -15,6 +15,11 @@ from zerotune.tuner.exports.common import (
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
+BLOCK_PATHS = ("model.layers", "layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers", "blocks")
+"""Where the snippet looks for the transformer blocks (``get_submodule`` paths from the model): Hugging Face's
+``*ForCausalLM`` of Llama, Mistral, Qwen2/3 and OLMo 2 (``model.layers``), their base models (``layers``), GPT-2
+(``transformer.h``), GPT-NeoX (``gpt_neox.layers``), OPT (``model.decoder.layers``), zerotune's GPT (``blocks``)."""
+
 
 def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
                 global_batch: int | None = None, dtype: str = "bf16") -> dict[str, Any]:
@@ -40,8 +45,8 @@ def fsdp_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, *,
     reduce in float32 when ``grad_bits`` is 32, else in the parameters' dtype),
     ``global_batch``, ``micro_batch_size``, ``grad_accum_steps``, ``activation_checkpointing``, ``checkpoint_policy``
     (None without checkpointing),
-    ``grad_clip`` (the global gradient norm zerotune's trials clip to: ``clip_grad_norm_`` before each optimizer
-    step, as the snippet says), ``notes`` (what FSDP2 cannot express) and ``code`` (a Python snippet).
+    ``grad_clip`` (the global gradient norm zerotune's trials clip to: the snippet's ``clip_gradients(model)``
+    before each optimizer step), ``notes`` (what FSDP2 cannot express) and ``code`` (a Python snippet).
     """
     s, gb, accum = _prepare(cluster, strategy, global_batch, dtype, DTYPES, "FSDP2")
     world = cluster.world_size
@@ -140,7 +145,8 @@ def _py_tuple(items: list[Any]) -> str:
 
 def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mixed: dict[str, str],
                recompute: str, every: int = 1) -> str:
-    """A runnable snippet (under torchrun) applying the settings to a model with ``model.blocks``; ``recompute``
+    """A runnable snippet (under torchrun) applying the settings to ``model``, its blocks found at ``BLOCK_PATHS``,
+    and clipping gradients in code (``clip_gradients``); ``recompute``
     (``Strategy.recompute``) wraps each block (each ``every``-th: ``Strategy.checkpoint_every``) in torch's
     checkpoint wrapper, with the selective policy (``trainer.checkpointing``, written out: the snippet needs
     nothing but torch) where it is selective."""
@@ -174,23 +180,44 @@ def _fsdp_code(mesh_shape: list[int], names: list[str], reshard: bool | int, mix
         ]
     lines += [
         "",
+        "",
+        "def transformer_blocks(model):",
+        "    \"\"\"The ModuleList of transformer blocks of common model classes: Hugging Face's Llama, Mistral,",
+        "    Qwen2/3, OLMo 2 (model.model.layers), their base models (model.layers), GPT-2 (model.transformer.h),",
+        "    GPT-NeoX (model.gpt_neox.layers), zerotune's and nanoGPT-like models (model.blocks).\"\"\"",
+        f"    for path in {BLOCK_PATHS!r}:",
+        "        try:",
+        "            blocks = model.get_submodule(path)",
+        "        except AttributeError:",
+        "            continue",
+        "        if isinstance(blocks, torch.nn.ModuleList):",
+        "            return blocks",
+        "    raise ValueError(f\"no transformer blocks at the usual paths in {type(model).__name__}: wrap each of \"",
+        "                     \"its blocks in fully_shard by hand\")",
+        "",
+        "",
+        "def clip_gradients(model):",
+        "    \"\"\"After backward, before optimizer.step(): the global gradient norm zerotune's trials clip to.\"\"\"",
+        f"    return torch.nn.utils.clip_grad_norm_(model.parameters(), {GRAD_CLIP})",
+        "",
+        "",
         f"mesh = init_device_mesh(\"cuda\", {_py_tuple(mesh_shape)}, mesh_dim_names={_py_tuple(names)})",
         f"mp_policy = MixedPrecisionPolicy(param_dtype=torch.{mixed['param_dtype']}, "
         f"reduce_dtype=torch.{mixed['reduce_dtype']})",
-        "for i, block in enumerate(model.blocks):  # one FSDP unit per transformer block",
+        "blocks = transformer_blocks(model)",
+        "for i, block in enumerate(blocks):  # one FSDP unit per transformer block",
     ]
     if recompute == "full":
-        wrap = "block = model.blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"
+        wrap = "block = blocks[i] = checkpoint_wrapper(block)  # recompute activations in backward"
         lines += [f"    if (i + 1) % {every} == 0:  # every {every}th block: the others keep their activations",
                   f"        {wrap}"] if every > 1 else [f"    {wrap}"]
     elif recompute == "selective":
-        lines += ["    block = model.blocks[i] = checkpoint_wrapper(block, context_fn=selective)  # recompute the rest"]
+        lines += ["    block = blocks[i] = checkpoint_wrapper(block, context_fn=selective)  # recompute the rest"]
     lines += [
         f"    fully_shard(block, mesh=mesh, reshard_after_forward={reshard!r}, mp_policy=mp_policy)",
         "# the root (embeddings, head): its parameters are needed again as soon as backward starts, so resharding",
         "# them after forward would only cost a gather",
         "fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy)",
-        f"# each step, as zerotune's trials: torch.nn.utils.clip_grad_norm_(model.parameters(), {GRAD_CLIP}) "
-        "before optimizer.step()",
+        "# each step: loss.backward(); clip_gradients(model); optimizer.step(); optimizer.zero_grad()",
     ]
     return "\n".join(lines) + "\n"
