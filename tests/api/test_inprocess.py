@@ -237,3 +237,35 @@ def test_a_study_page_says_who_trains_with_its_answer(client: TestClient, app_an
     assert ('<dd id="runner">deepspeed: only what it runs exactly, one ring over the whole group, gradients reduced '
             'in backward</dd>') in pages["deepspeed"].text
     assert "<dd id=\"runner\">zerotune's engine: every partition, one ring per level</dd>" in pages["zerotune"].text
+
+
+def test_an_answer_stored_before_the_tool_formats_still_serves_them(client: TestClient, app_and_engine: tuple) -> None:
+    """``?format=torchtitan|accelerate|hf-trainer`` of an answer whose stored exports predate those formats: built
+    from the answer's own model, cluster, strategy and batch, as a new answer would carry them."""
+    from zerotune.api.prologue import default_recommendation
+    from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
+    from zerotune.tuner.exports import all_exports
+
+    rec = default_recommendation({"model": "gpt-125m", "cluster": "frontier:2"})
+    old = {k: rec["exports"][k] for k in ("zerotune", "deepspeed", "deepspeed_notes", "fsdp")}
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        req, _ = repo.get_or_create_request(session=s, key="k" * 64, spec={})
+        study = repo.create_study(session=s, request_id=req.id, optuna_study_name="old", sampler="tpe",
+                                  executor="model", n_trials=1)
+        row = repo.save_recommendation(session=s, study_id=study.id, request_key="k" * 64, strategy=rec["strategy"],
+                                       metrics={}, evidence="predicted", exports=old)
+        rid = row.id
+    zt = old["zerotune"]
+    new = all_exports(ModelSpec.from_dict(zt["model"]), ClusterSpec.from_dict(zt["cluster"]),
+                      Strategy.from_dict(zt["strategy"]), zt["global_batch"])
+    r = client.get(f"/v1/recommendations/{rid}", params={"format": "torchtitan"})
+    assert r.status_code == 200 and r.text == new["torchtitan"]["toml"]
+    assert r.headers["content-type"].startswith("application/toml")
+    r = client.get(f"/v1/recommendations/{rid}", params={"format": "accelerate", "plugin": "deepspeed"})
+    assert r.status_code == 200 and r.text == new["accelerate"]["deepspeed_yaml"]
+    r = client.get(f"/v1/recommendations/{rid}", params={"format": "hf-trainer"})
+    assert r.status_code == 200 and r.json() == new["hf-trainer"]["config"]
+    assert client.get(f"/v1/recommendations/{rid}", params={"format": "yaml"}).status_code == 422
+    content = client.get("/openapi.json").json()["paths"]["/v1/recommendations/{recommendation_id}"]["get"][
+        "responses"]["200"]["content"]
+    assert {"application/json", "application/toml", "application/yaml"} <= set(content)

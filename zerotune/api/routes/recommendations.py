@@ -54,7 +54,9 @@ async def create_recommendation(
 @router.get(
     "/{recommendation_id}", response_model=None,
     responses={200: {"model": RecommendationPublic | dict[str, Any],
-                     "description": "The recommendation, or with ?format= one export as a file."},
+                     "description": "The recommendation, or with ?format= one export as a file.",
+                     "content": {"application/toml": {"schema": {"type": "string"}},
+                                 "application/yaml": {"schema": {"type": "string"}}}},
                404: {"model": Message}})
 def read_recommendation(
     recommendation_id: Id, session: SessionDep,
