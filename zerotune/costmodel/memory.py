@@ -34,19 +34,26 @@ gradients (the one staged for reduction in fp32 with ``grad_bits`` 32). A run by
 (``Calibration.gathers = "module"``) holds instead what its coordinator gathers at its fullest under the run's
 stage-3 settings, and the gradients it stages in and beside its reduce bucket (``coordinator.held_bytes``).
 Peak = their sum (an upper bound).
+
+What fits is ``peak`` within the device's memory less the runtime's reserve (``runtime_reserve``), which the
+allocator's counters never see: the device context, the collective library's buffers per communicator, and what the
+caching allocator reserves beyond what it hands out. A request may set the reserve itself (``memory_reserve_gib``).
 """
 
 from __future__ import annotations
 
 import math
 
-from zerotune.core.records import MEMORY_CATEGORIES, MemoryBytes, MemoryCategory, Overflow
+from zerotune.core.records import MEMORY_CATEGORIES, MemoryBytes, MemoryCategory, MemoryReserve, Overflow
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.core.volume import wire_elem_bytes
+from zerotune.costmodel.hardware import device_key_of
 from zerotune.costmodel.schedule import Schedule, Setup, build_schedule
 from zerotune.costmodel.traffic import kept_matmuls
+from zerotune.errors import SpecError
 
 GIB = 2**30
+MIB = 2**20
 CATEGORIES = MEMORY_CATEGORIES
 
 
@@ -151,14 +158,126 @@ def clear() -> None:
     _MEMORY.clear()
 
 
-def overflow(memory: MemoryBytes, capacity_gib: float) -> Overflow:
-    """What to report when ``memory`` does not fit ``capacity_gib``: the largest category and by how much."""
+DEVICE_CONTEXT_BYTES = 400 * MIB
+"""The device context a training process holds outside the allocator: the CUDA driver's context with the kernels it
+has loaded. "The first CUDA operation will create the CUDA context which uses around 400MB if CUDA >= 11.7 is used
+and lazy module loading enabled (default in PyTorch)" (ptrblck, pytorch/pytorch#109888, 2023-09-23; "~300MB" in
+#107667, where without lazy loading, before CUDA 11.7, it "took >1000MB"). No published figure was found for the HIP
+runtime's context on an MI250X GCD: ROCm devices are booked the same until one is measured."""
+
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""cuBLAS's workspace as PyTorch sets it per handle and stream (its default ``CUBLAS_WORKSPACE_CONFIG`` of
+``:4096:2:16:8``, two 4 MiB and eight 16 KiB buffers): 8,519,680 bytes, the fixed allocation a matmul adds to
+``torch.cuda.memory_snapshot()`` ("It always occupies this fixed size: 8519680B", discuss.pytorch.org/t/178671).
+It is allocated through the caching allocator, yet it is no tensor the cost model books."""
+
+BLASLT_WORKSPACE_BYTES = {"H100": 32 * MIB, "H200": 32 * MIB, "A100": 4 * MIB}
+"""cuBLASLt's workspace PyTorch allocates per handle, by device: 32 MiB on Hopper, 4 MiB on an Ampere part of 24 GB
+or more, else (and on ROCm, hipBLASLt) 1 MiB (``_parseChosenWorkspaceSize`` in aten/src/ATen/cuda/CUDABlas.cpp,
+pytorch/pytorch#120925, after the cuBLAS API reference's recommended sizes)."""
+
+NCCL_SIMPLE_BUFFER = 1 << 22
+"""The Simple protocol's buffer per connection: ``DEFAULT_BUFFSIZE`` (1 << 22, 4 MiB) in NCCL's src/init.cc, the
+default of ``NCCL_BUFFSIZE`` (NCCL's env.html: 4194304); RCCL's init.cc keeps the same."""
+NCCL_LL_BUFFER = 8 * 512 * 8 * 16
+"""LL's buffer per connection: ``DEFAULT_LL_BUFFSIZE`` = NCCL_LL_LINES_PER_THREAD (8) · NCCL_LL_MAX_NTHREADS (512) ·
+NCCL_STEPS (8) · sizeof(ncclLLFifoLine) (16) = 524,288 bytes (src/init.cc, src/include/device.h)."""
+NCCL_LL128_BUFFER = 120 * 640 * 8 * 8
+"""LL128's buffer per connection: ``DEFAULT_LL128_BUFFSIZE`` = NCCL_LL128_ELEMS_PER_THREAD (120) ·
+NCCL_LL128_MAX_NTHREADS (640) · NCCL_STEPS (8) · sizeof(uint64_t) = 4,915,200 bytes (src/init.cc)."""
+NCCL_ALLOC_GRANULARITY = 2 * MIB
+"""NCCL allocates its buffers with cuMem, in multiples of 2 MiB: a connection's three protocol buffers, 9.19 MiB,
+come as one allocation of 10,485,760 bytes, as ``NCCL_DEBUG_SUBSYS=ALLOC`` shows on 8 H100s (NVIDIA/nccl#1685)."""
+CONNECTION_BYTES = -(-(NCCL_SIMPLE_BUFFER + NCCL_LL_BUFFER + NCCL_LL128_BUFFER) // NCCL_ALLOC_GRANULARITY) \
+    * NCCL_ALLOC_GRANULARITY
+"""The buffers of one ring connection on one channel: 10 MiB. A rank of a ring holds one connection's worth per
+channel (it receives from one peer; with P2P read the Simple buffer sits at the sender, which is the same rank's
+other connection)."""
+CHANNELS = 32
+"""Channels per communicator: NCCL's ``MAXCHANNELS`` (32), which 8 H100s on NVSwitch reach (channels 00-31 per pair
+of GPUs, NVIDIA/nccl#1685). An upper bound elsewhere: one RCCL log on MI250X nodes shows 4 tree channels at 8 ranks
+(ROCm/rccl#1026), and a group over fewer or slower links gets fewer. Per communicator this books 32 · 10 MiB = 320
+MiB, under what was measured per group on 4 A100s with NVLink (544 MB at 2 ranks, 688 MB at 3 and 4, with tree and
+peer-to-peer connections beside the rings: NVIDIA/nccl#964). Not booked: trees (an all-reduce across nodes adds up to
+three connections a channel), NVLink SHARP's buffers (NVLS, NVSwitch systems from NCCL 2.17; no published size
+found), and the send/receive buffers of peer-to-peer calls, which no strategy here issues."""
+
+FRAGMENTATION = 0.15
+"""The share of what the caching allocator reserves that it does not hand out, at the peak (1 - allocated /
+reserved): 15% on average over eight LLMs trained on A100-80GB with PyTorch's caching allocator under recomputation,
+ZeRO, offloading and LoRA, the fragmentation GMLake removes (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract:
+"15% (up to 33%) fragmentation"). A published measurement on other runs: it stands until the project's own GPU runs
+measure it (run.json's ``cuda_max_reserved`` over ``cuda_max_allocated``, which ``bench/one_gpu.sh`` prints), which
+will replace it."""
+
+
+def communicators(sched: Schedule, sizes: tuple[int, ...], rings: str) -> int:
+    """The communicators a run of ``sched`` creates on each rank: one per process group its collectives use, and the
+    default group (the loss's all-reduce, the runners' own bookkeeping) where there are two ranks or more.
+    ``rings``: ``hierarchical`` (zerotune's engine: a collective over levels lo..hi runs on each level's group, so one
+    communicator per level of two ranks or more), ``flat`` (DeepSpeed, FSDP2: one group over the whole range). torch
+    creates an NCCL communicator at a group's first collective, so a group no collective uses costs none."""
+    colls = [*sched.fwd.values(), *sched.bwd.values(), *(c for pair in sched.reduce.values() for c in pair),
+             *(c for four in sched.boundary.values() for c in four), *(c for cs in sched.outer.values() for c in cs)]
+    spans = {c[1] for c in colls if c[1][0] <= c[1][1]}
+    if rings == "hierarchical":
+        groups = {(lv, lv) for lo, hi in spans for lv in range(lo, hi + 1) if sizes[lv - 1] > 1}
+    else:
+        groups = {(lo, hi) for lo, hi in spans if math.prod(sizes[lo - 1:hi]) > 1}
+    return len(groups) + (1 if math.prod(sizes) > 1 else 0)
+
+
+def runtime_reserve(setup: Setup, sched: Schedule, peak: int, reserve_gib: float | None = None) -> MemoryReserve:
+    """What a rank of ``setup``'s run needs beside ``peak`` (the allocator's own): the device context and BLAS
+    workspaces (``DEVICE_CONTEXT_BYTES``, ``CUBLAS_WORKSPACE_BYTES``, ``BLASLT_WORKSPACE_BYTES``), the collective
+    library's ring buffers (``CHANNELS`` · ``CONNECTION_BYTES`` per communicator, ``communicators``) and the caching
+    allocator's fragmentation (``FRAGMENTATION`` of what it reserves: peak · f / (1 - f)). A CPU cluster keeps
+    none: gloo's buffers and the process live in host memory, which the CPU runs' figures already hold.
+    ``reserve_gib``: the request's reserve, which replaces the total (the parts are still reported); it must be
+    >= 0 and under the device's memory (``SpecError`` naming ``memory_reserve_gib``)."""
+    cluster = setup.cluster
+    if reserve_gib is not None:
+        check_reserve(reserve_gib, cluster.device_memory_gib)
+    if cluster.device == "cpu":
+        context = collective = fragmentation = comms = 0
+    else:
+        lt = BLASLT_WORKSPACE_BYTES.get(device_key_of(cluster.device) or "", 1 * MIB)
+        context = DEVICE_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + lt
+        comms = communicators(sched, cluster.sizes, setup.calib.rings)
+        collective = comms * CHANNELS * CONNECTION_BYTES
+        fragmentation = int(peak * FRAGMENTATION / (1 - FRAGMENTATION))
+    computed = context + collective + fragmentation
+    total = computed if reserve_gib is None else int(reserve_gib * GIB)
+    parts = (f"context {context / GIB:.2f} GiB, {comms} communicators' buffers {collective / GIB:.2f} GiB, "
+             f"fragmentation {fragmentation / GIB:.2f} GiB")
+    reason = (f"kept {total / GIB:.2f} GiB for the runtime: {parts}" if reserve_gib is None else
+              f"kept {total / GIB:.2f} GiB for the runtime, as the request set (computed: {computed / GIB:.2f} GiB: "
+              f"{parts})")
+    return {"context_bytes": context, "collective_bytes": collective, "communicators": comms,
+            "fragmentation_bytes": fragmentation, "total_bytes": total,
+            "source": "computed" if reserve_gib is None else "request", "reason": reason}
+
+
+def check_reserve(reserve_gib: float, capacity_gib: float) -> None:
+    """Refuse (``SpecError`` naming ``memory_reserve_gib``) a reserve that is no number, below 0, or not under the
+    device's memory."""
+    if isinstance(reserve_gib, bool) or not isinstance(reserve_gib, int | float) or not math.isfinite(reserve_gib):
+        raise SpecError("memory_reserve_gib", reserve_gib, "must be a finite number of GiB")
+    if not 0 <= reserve_gib < capacity_gib:
+        raise SpecError("memory_reserve_gib", reserve_gib,
+                        f"must be >= 0 and under the device's memory ({capacity_gib:g} GiB)")
+
+
+def overflow(memory: MemoryBytes, capacity_gib: float, reserve_bytes: int = 0) -> Overflow:
+    """What to report when ``memory`` does not fit ``capacity_gib`` less ``reserve_bytes``: the largest category and
+    by how much."""
     def size_of(category: MemoryCategory) -> int:
         return memory[category]
 
     category = max(CATEGORIES, key=size_of)
-    over = memory["peak"] - int(capacity_gib * GIB)
+    over = memory["peak"] + reserve_bytes - int(capacity_gib * GIB)
     size = size_of(category)
+    kept = f" less a {reserve_bytes / GIB:.1f} GiB reserve" if reserve_bytes else ""
     return {"category": category, "bytes": size, "over_by_bytes": over,
-            "reason": f"needs {memory['peak'] / GIB:.1f} GiB of {capacity_gib:g} GiB; "
+            "reason": f"needs {memory['peak'] / GIB:.1f} GiB of {capacity_gib:g} GiB{kept}; "
                       f"largest: {category} {size / GIB:.1f} GiB"}
