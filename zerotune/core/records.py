@@ -248,6 +248,27 @@ class MemoryReserve(TypedDict):
     """The reserve and its parts in GiB, in words."""
 
 
+class MemoryNote(TypedDict):
+    """How much of a rank's memory an answer uses and how much it kept free, in GiB (``costmodel.memory.memory_note``):
+    what a recommendation says of its memory."""
+
+    peak_gib: float
+    """The predicted peak the allocator hands out."""
+    capacity_gib: float
+    """The device's memory."""
+    reserve_gib: float
+    """Kept for the runtime beside the peak (``MemoryReserve.total_bytes``)."""
+    context_gib: float
+    collective_gib: float
+    communicators: int
+    fragmentation_gib: float
+    headroom_gib: float
+    """Left beyond the peak and the reserve."""
+    source: Literal["computed", "request"]
+    reason: str
+    """In words: the peak, the reserve and why, what is left."""
+
+
 class Prediction(StepMetrics):
     """``costmodel.predict``'s answer: the run.json the trainer would write, and what only a prediction knows."""
 
@@ -257,6 +278,7 @@ class Prediction(StepMetrics):
     headroom_bytes: int
     """The device's memory less ``memory_reserve`` less ``memory_bytes.peak`` (negative: over)."""
     memory_reserve: MemoryReserve
+    """What it kept free beside the peak for the runtime, and why (``costmodel.memory.runtime_reserve``)."""
     calibration: str
     error_band: ErrorBand | None
     breakdown: Breakdown

@@ -44,7 +44,15 @@ from __future__ import annotations
 
 import math
 
-from zerotune.core.records import MEMORY_CATEGORIES, MemoryBytes, MemoryCategory, MemoryReserve, Overflow
+from zerotune.core.records import (
+    MEMORY_CATEGORIES,
+    MemoryBytes,
+    MemoryCategory,
+    MemoryNote,
+    MemoryReserve,
+    Overflow,
+    Prediction,
+)
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.core.volume import wire_elem_bytes
 from zerotune.costmodel.hardware import device_key_of
@@ -256,6 +264,24 @@ def runtime_reserve(setup: Setup, sched: Schedule, peak: int, reserve_gib: float
     return {"context_bytes": context, "collective_bytes": collective, "communicators": comms,
             "fragmentation_bytes": fragmentation, "total_bytes": total,
             "source": "computed" if reserve_gib is None else "request", "reason": reason}
+
+
+def memory_note(p: Prediction, capacity_gib: float) -> MemoryNote:
+    """What a prediction uses of a device of ``capacity_gib`` and what it kept for the runtime, in GiB and in words:
+    what an answer says of its memory."""
+    r = p["memory_reserve"]
+    peak, headroom = p["memory_bytes"]["peak"] / GIB, p["headroom_bytes"] / GIB
+    why = ("as the request set" if r["source"] == "request" else
+           f"the device context {r['context_bytes'] / GIB:.2f} GiB, the buffers of {r['communicators']} "
+           f"communicators {r['collective_bytes'] / GIB:.2f} GiB and the allocator's fragmentation "
+           f"{r['fragmentation_bytes'] / GIB:.2f} GiB")
+    left = f"{headroom:.1f} GiB to spare" if headroom >= 0 else f"{-headroom:.1f} GiB over"
+    return {"peak_gib": peak, "capacity_gib": capacity_gib, "reserve_gib": r["total_bytes"] / GIB,
+            "context_gib": r["context_bytes"] / GIB, "collective_gib": r["collective_bytes"] / GIB,
+            "communicators": r["communicators"], "fragmentation_gib": r["fragmentation_bytes"] / GIB,
+            "headroom_gib": headroom, "source": r["source"],
+            "reason": f"peak {peak:.1f} GiB of {capacity_gib:g} GiB per rank, with {r['total_bytes'] / GIB:.1f} GiB "
+                      f"kept for the runtime ({why}): {left}"}
 
 
 def check_reserve(reserve_gib: float, capacity_gib: float) -> None:
