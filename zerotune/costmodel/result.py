@@ -1,9 +1,10 @@
 """The last stage of ``predict``'s pipeline: the run.json the trainer would write (``core.records.Prediction``).
 
 The step's seconds (``pipeline.StepTime``) become the trainer's figures (tokens per second, TFLOPS per rank), beside
-the bytes per level and the elements quantized (``tally.StepBytes``) and the memory whether it fits beside the runtime's reserve (and, where not,
-why: ``memory.overflow``); beside them what only a prediction says: where the seconds go (``breakdown``), which
-calibration it was made with and the error band that calibration carries (``error.error_band``).
+the bytes per level and the elements quantized (``tally.StepBytes``) and the memory whether it fits beside the
+runtime's reserve (``memory.runtime_reserve``; where not, why: ``memory.overflow``); beside them what only a prediction
+says: where the seconds go (``breakdown``), which calibration it was made with and the error band that calibration
+carries (``error.error_band``).
 """
 
 from __future__ import annotations
