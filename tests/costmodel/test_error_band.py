@@ -10,7 +10,7 @@ from tests.costmodel.common import GPT_18B
 from tests.support import ROOT
 from zerotune.costmodel import calibration_for, predict
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
-from zerotune.costmodel.error import at_scale, on_device
+from zerotune.costmodel.error import at_scale, band_items, held_out_near, on_device
 from zerotune.costmodel.rates import run_by
 
 
@@ -36,7 +36,8 @@ def test_a_band_is_no_narrower_than_the_models_error_on_its_device():
     assert on_device(items, None, None) is None and on_device(items, "H100", None) is None
     frontier = parse_cluster("frontier:48")
     band = predict(GPT_18B, frontier, build_strategy("zero3", frontier))["error_band"]
-    stored = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())["items"]["comparisons"]
+    err = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())
+    stored = band_items(err, "comparisons")
     near, span = at_scale(stored, 384)
     own = on_device(stored, frontier.device, span)
     assert own is not None and own["median"] > 2 * near["median"]  # the seed paper's runs, missed by 7-45%
@@ -48,7 +49,7 @@ def test_a_band_is_no_narrower_than_the_models_error_on_its_device():
     own = on_device(stored, h100.device, span)
     assert own is not None and band["device"]["comparisons"] == own
     assert band["comparison_median"] == max(own["median"], near["median"])  # the wider of the two
-    rows = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())["items"]["rows"]
+    rows = band_items(err, "rows")  # the tables a constant was set from held out (ibm_fsdp's H100 rows among them)
     own = on_device(rows, h100.device, at_scale(rows, h100.world_size)[1])  # the Playbook's 64-256 GPU figures
     assert own is not None and band["device"]["rows"] == own and band["row_median"] >= own["median"]
 
@@ -106,3 +107,27 @@ def test_a_band_states_the_models_lean_on_checkpointed_runs(monkeypatch):
         band = predict(parse_model("gpt-7b"), cluster, build_strategy("zero3", cluster).replace(
             activation_checkpointing=ckpt))["error_band"]["checkpointing"]
         assert band["lean"] == stored["lean"] and all(t["table"] in band["source"] for t in stored["tables"])
+
+
+def test_a_band_holds_out_the_tables_a_constant_was_set_from():
+    """Leave one table out: a band reads no item of a table a profile constant was set from (model_error.json's
+    ``held_out``: the calibration tables, each of whose rows is predicted with the constant it set), and says how
+    many it held out near its scale. Without ``held_out`` (an older file) every item is read."""
+    err = {"held_out": {"cal": "a constant was set from it"},
+           "items": {"rows": [[16, 0.5, "A100", "cal"], [16, 0.01, "A100", "t"], [512, 0.9, "A100", "cal"]]}}
+    assert band_items(err, "rows") == [[16, 0.01, "A100", "t"]]
+    assert held_out_near(err, "rows", (8, 32)) == 1 and held_out_near(err, "rows", None) == 2
+    assert held_out_near(err, "rows", (64, 256)) == 0
+    assert band_items({"items": err["items"]}, "rows") == err["items"]["rows"]
+    stored = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())
+    assert set(stored["held_out"]) == {"ibm_fsdp", "flash_attention2"}  # the role = "calibration" tables
+    held = [it for it in stored["items"]["rows"] if it[3] in stored["held_out"]]
+    assert held and not set(stored["held_out"]) & set(stored["tables"])
+    cluster = parse_cluster("dgx-a100:16")  # 128 A100s: ibm_fsdp's 7B source run is measured there
+    band = predict(GPT_18B, cluster, build_strategy("zero3", cluster))["error_band"]
+    rows, span = at_scale(band_items(stored, "rows"), cluster.world_size)
+    assert band["row_median"] >= rows["median"] and f"{rows['count']} published figures" in band["source"]
+    near = held_out_near(stored, "rows", span) + held_out_near(
+        stored, "comparisons", at_scale(band_items(stored, "comparisons"), cluster.world_size)[1])
+    assert near > 0 and f"; {near} held out (their tables set a constant they are scored with: " in band["source"]
+    assert "ibm_fsdp)" in band["source"] and "ibm_fsdp," not in band["source"].split(";")[0]

@@ -132,7 +132,9 @@ def test_the_h200_preset_is_the_h100s_node_with_its_own_memory_and_measured_rate
     assert a.memory_bytes_per_s == pytest.approx(H100_EAGER_MEMORY_FRACTION * 3350e9)
     assert b.memory_bytes_per_s == pytest.approx(H200_EAGER_MEMORY_FRACTION * 4800e9)
     assert b.optimizer_elems_per_s == pytest.approx(a.optimizer_elems_per_s * 4800 / 3350)
-    rates = ("compute_efficiency", "memory_bytes_per_s", "quant_elems_per_s", "optimizer_elems_per_s")
+    rates = ("compute_efficiency", "memory_bytes_per_s", "quant_elems_per_s", "optimizer_elems_per_s",
+             "gemm_curve")  # its own GEMM sweep
+    assert b.gemm_curve != a.gemm_curve and b.gemm_curve[-1] == a.gemm_curve[-1] == (16384, 1.0)
     assert dataclasses.replace(b, name=a.name, **{k: getattr(a, k) for k in rates}) == a
     kept = {part: json.loads((ROOT / "bench" / "data" / f"{part}-kernels" / "kernel_split-gpt-1.3b.json").read_text())
             for part in ("h100", "h200")}

@@ -17,7 +17,7 @@ from tests.support import ROOT
 from zerotune.costmodel import calibration_for, predict
 from zerotune.costmodel.attention import FIGURE_ATTENTION, attention_efficiency
 from zerotune.costmodel.catalog import build_strategy, parse_cluster
-from zerotune.costmodel.error import at_scale, on_device
+from zerotune.costmodel.error import at_scale, band_items, held_out_near, on_device
 from zerotune.costmodel.hardware import (
     DEVICES,
     FA2_A100_TFLOPS,
@@ -74,16 +74,22 @@ def test_published_bench_reproduces_its_tables(monkeypatch):
     for name in ("dgx-h100:2", "frontier:48", "dgx-h100:128"):  # each prediction reads the items near its scale
         cluster = parse_cluster(name)
         band = predict(GPT_18B, cluster, build_strategy("zero3", cluster))["error_band"]
-        items = result["error"]["items"]["comparisons"]
+        items = band_items(result["error"], "comparisons")  # the tables a constant was set from held out
         near, span = at_scale(items, cluster.world_size)
         mine = on_device(items, cluster.device, span)  # and on its device there, the wider band kept
         expect = [max(near[k], mine[k]) if mine else near[k] for k in ("median", "p90")]
         assert [band["comparison_median"], band["comparison_p90"]] == expect, name
         # and names the tables those items came from, not every table
-        _, row_span = at_scale(result["error"]["items"]["rows"], cluster.world_size)
+        rows = band_items(result["error"], "rows")
+        _, row_span = at_scale(rows, cluster.world_size)
         read = {it[3] for it in items if span[0] <= it[0] <= span[1]} | {
-            it[3] for it in result["error"]["items"]["rows"] if row_span[0] <= it[0] <= row_span[1]}
+            it[3] for it in rows if row_span[0] <= it[0] <= row_span[1]}
+        assert not read & set(result["error"]["held_out"]), name
         tables = f"({', '.join(sorted(read))})"
+        held = held_out_near(result["error"], "rows", row_span) + held_out_near(result["error"], "comparisons", span)
+        if held:  # the band says how many items near it were held out, and from which tables
+            tables += f"; {held} held out (their tables set a constant they are scored with: " \
+                f"{', '.join(sorted(result['error']['held_out']))})"
         if "device" in band:  # the device's own items widened it: the source says so after the tables
             assert f"{tables}; on {cluster.device}: " in band["source"], (name, band["source"])
         else:
@@ -95,13 +101,21 @@ def test_published_bench_reproduces_its_tables(monkeypatch):
     assert {r["table"] for r in result["rows"]} | {r["table"] for r in result["ratios"]} == tables
     assert all(math.isfinite(r["predicted"]) and r["predicted"] > 0 for r in result["rows"] + result["ratios"])
     assert result["summary"]["median_abs_error"] <= 0.15, result["summary"]
-    # the tally by table covers every scored item once and agrees with the total
+    # the tally by table covers every scored item once and agrees with the total: outliers left out, and a ratio of
+    # two scored rows counted through its rows
     summary = result["summary"]
     by_table = summary["by_table"]
-    scored = [r for r in result["rows"] + result["ratios"] if r["role"] == "agreement"]
-    assert sum(n for _, n in by_table.values()) == len(scored) == summary["rows"] + summary["ratios"]
+    scored = [r for r in result["rows"] + result["ratios"] if r["role"] == "agreement" and not r["outlier"]]
+    rows = {(r["table"], r["id"]) for r in scored if "id" in r}
+    repeats = [r for r in scored if "of" in r and {(r["table"], r["of"]), (r["table"], r["over"])} <= rows]
+    assert summary["repeats"] == len(repeats) > 0 and summary["outliers"] == sum(
+        bool(r["outlier"]) for r in result["rows"] if r["role"] == "agreement") > 0
+    assert sum(n for _, n in by_table.values()) == len(scored) - len(repeats) == summary["rows"] + summary["ratios"]
     assert sum(ok for ok, _ in by_table.values()) == summary["within_goal"]
     assert set(by_table) == {r["table"] for r in scored} == set(result["error"]["tables"])
+    # the error by band counts the same items, and the ranking every configuration of two strategies or more
+    assert sum(b["count"] for b in result["by_band"].values()) == len(scored) - len(repeats)
+    assert sum(b["configurations"] for b in result["ranking"].values()) == len(result["configurations"]) >= 36
     # weak scaling: every published comparison of one model and strategy on two cluster sizes, at micro-batches
     # within 2x of each other, is predicted within 10% (FSDP on 8-512 GPUs, MiCS, and the rest of stock engines):
     # measured at 0.94-1.01, so this holds the model from charging scale what the clusters did not. Frontier's
@@ -121,7 +135,7 @@ def test_published_bench_reproduces_its_tables(monkeypatch):
     assert all(abs(r["error"]) <= 0.10 for r in stock), [(r["of"], r["error"]) for r in stock if abs(r["error"]) > 0.1]
     assert all(abs(r["error"]) <= 0.15 for r in weak), [(r["of"], r["error"]) for r in weak if abs(r["error"]) > 0.15]
     # the band a decision is held to reads comparisons of two strategies only: one strategy's scaling is kept apart
-    scored_ratios = [r for r in result["ratios"] if r["role"] == "agreement"]
+    scored_ratios = [r for r in result["ratios"] if r["role"] == "agreement" and not r["outlier"]]
     two = [r for r in scored_ratios if not is_scaling(r)]
     items = result["error"]["items"]
     assert len(items["comparisons"]) == len(two) and len(items["scaling"]) == len(scored_ratios) - len(two) >= 14
@@ -441,7 +455,7 @@ def test_the_frontier_readings_bench_weighs_the_3_level_table_under_both_reading
     GCDs slows, so ZeRO-3 and ZeRO++ fall, and the 3-level method read as ZeRO++ with hpZ on the GCD pair
     (3level-b, whose forward gathers span every GCD) scales far below the paper's 0.94, while read as AMSP's plan
     (3level-a, whose only collectives beyond the node are its optimizer span's, one GCD a node) it keeps the scaling
-    it has without the cliff. A what-if: bench/published.py's scores do not move."""
+    it has without the cliff. A what-if: bench/published.py's scores (of the table as written) do not move."""
     out = subprocess.run([sys.executable, "bench/frontier_readings.py", "--json"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -449,7 +463,9 @@ def test_the_frontier_readings_bench_weighs_the_3_level_table_under_both_reading
     assert 72e-6 <= result["rccl_floor_s"] <= 90e-6 and result["rccl_floor_above_ranks"] == 128
     v = {(x["reading"], x["rccl_cliff"]): x for x in result["variants"]}
     assert set(v) == {(r, c) for r in ("3level-a", "3level-b") for c in (False, True)}
-    scored = json.loads(subprocess.run([sys.executable, "bench/published.py", "--table", "frontier_3level", "--json"],
+    # the table as written (its runner, DeepSpeed, has no quote yet: the main score runs it as zerotune's engine)
+    scored = json.loads(subprocess.run([sys.executable, "bench/published.py", "--table", "frontier_3level", "--json",
+                                        "--as-written"],
                                        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout)
     assert [r["predicted"] for r in scored["ratios"]] == pytest.approx(
         [r["predicted"] for r in v[("3level-b", False)]["ratios"]], rel=1e-3)
@@ -599,3 +615,187 @@ def test_selective_checkpointing_costs_and_saves_what_torchtitan_measured(monkey
     peaks = [h100.predict(f"{c}/llama3-8b/2/fsdp")["memory_bytes"]["peak"] / 2**30 for c in ("h100x8", "h100x128")]
     assert peaks[0] < 82.4 and peaks[1] < 67.0
     assert peaks[0] - peaks[1] == pytest.approx(82.4 - 67.0, rel=0.1)
+
+
+def _scoreboard(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import scoreboard
+
+    return scoreboard
+
+
+def test_the_ranking_counts_pairs_in_order_the_winner_and_the_regret(monkeypatch):
+    """Pairs closer than 5% published are no order; a strategy within 5% of the published best is a winner; the regret
+    is the published best's throughput lost by running the model's first."""
+    sb = _scoreboard(monkeypatch)
+    published = {"a": 100.0, "b": 90.0, "c": 98.0}
+    # (a, c) is 2% apart: not counted; (a, b) and (c, b) are, and this prediction reverses both
+    assert sb.pair_order(published, {"a": 1.0, "b": 2.0, "c": 0.5}) == (0, 2)
+    assert sb.pair_order(published, {"a": 1.0, "b": 0.5, "c": 2.0}) == (2, 2)
+    assert sb.picked(published, {"a": 1.0, "b": 0.5, "c": 2.0})  # c is 2% from the best: a winner too
+    assert sb.regret(published, {"a": 1.0, "b": 0.5, "c": 2.0}) == pytest.approx(0.02)
+    assert not sb.picked(published, {"a": 1.0, "b": 2.0, "c": 0.5})
+    assert sb.regret(published, {"a": 1.0, "b": 2.0, "c": 0.5}) == pytest.approx(0.10)
+    assert sb.regret(published, {"a": 3.0, "b": 2.0, "c": 0.5}) == 0
+    assert [sb.band_of_gpus(g) for g in (8, 256, 384, 512, 1000, 1024, 4096)] == [
+        "<= 256", "<= 256", "384-512", "384-512", "384-512", ">= 1,024", ">= 1,024"]
+    configs = [sb.Configuration("t", "k1", 128, published, {"a": 1.0, "b": 2.0, "c": 0.5}),  # wrong: regret 10%
+               sb.Configuration("t", "k2", 64, {"a": 10.0, "b": 5.0}, {"a": 2.0, "b": 1.0}),  # right
+               sb.Configuration("t", "k3", 32, {"a": 10.0, "b": 5.0}, {"a": 2.0, "b": 3.0}),  # wrong: regret 50%
+               sb.Configuration("t", "k4", 384, {"a": 10.0, "b": 10.2}, {"a": 2.0, "b": 1.0}),  # a tie: no pair
+               sb.Configuration("t", "k5", 1024, {"a": 1.0}, {"a": 1.0})]  # one strategy: no configuration
+    score = sb.ranking(configs)
+    small = score["<= 256"]
+    assert (small["pairs_in_order"], small["pairs"], small["picked"], small["configurations"]) == (1, 4, 1, 3)
+    assert small["regret_median"] == pytest.approx(0.10) and small["regret_p90"] == pytest.approx(0.5)
+    mid = score["384-512"]
+    assert (mid["pairs"], mid["picked"], mid["configurations"]) == (0, 1, 1)  # a tie: picked, at a small regret
+    assert mid["regret_median"] == pytest.approx(1 - 10 / 10.2)
+    assert score[">= 1,024"]["configurations"] == 0 and score[">= 1,024"]["regret_median"] is None
+
+
+def test_a_ratio_of_two_scored_rows_counts_once_and_the_error_splits_its_misses_by_side(monkeypatch):
+    """A ratio whose two rows are both scored is no item of its own; one reaching a strategy without a scored row,
+    or another table's row of the same id, is. Misses (outside 15%) split into too fast (above the published)
+    and too slow, by band."""
+    sb = _scoreboard(monkeypatch)
+    rows = {("t", "c/m/1/a"), ("t", "c/m/1/b"), ("u", "c/m/1/a")}
+    ratios = [{"table": "t", "of": "c/m/1/b", "over": "c/m/1/a"},  # both scored rows: counted through them
+              {"table": "t", "of": "c/m/1/x", "over": "c/m/1/a"},  # x has no row: its own item
+              {"table": "u", "of": "c/m/1/b", "over": "c/m/1/a"}]  # u's b is not scored
+    assert sb.dedup(ratios, rows) == ratios[1:]
+    items = [{"gpus": 16, "error": e} for e in (0.0, 0.05, -0.2, 0.3, 0.4)] + [{"gpus": 512, "error": -0.1},
+                                                                           {"gpus": 2048, "error": -0.5}]
+    by = sb.error_by_band(items)
+    assert by["<= 256"] == {"count": 5, "median": 0.2, "p90": 0.4, "misses": 3, "too_fast": 2, "too_slow": 1}
+    assert by["384-512"]["misses"] == 0 and by["384-512"]["median"] == 0.1
+    assert by[">= 1,024"]["too_slow"] == 1 and by[">= 1,024"]["too_fast"] == 0
+
+
+def test_the_outlier_rule_finds_the_row_its_own_series_contradicts(monkeypatch):
+    """A row faster per GPU by more than 10% than a row of its series that does as much work per GPU on as few GPUs
+    contradicts it; the row in every contradiction of its series is the outlier. A series no single row explains
+    has none, and more work per GPU (a larger micro-batch, more sequences a step) may run faster."""
+    sb = _scoreboard(monkeypatch)
+
+    def p(name, gpus, value, mbs=1, seqs=4, series="s"):
+        return sb.Point(name, series, gpus, mbs, seqs, value)
+
+    # the Playbook's 8-node DDP run at 2 x 2 ran half as fast as 1 x 4 on the same nodes and as 2 on twice as many
+    series = [p("8", 8, 40.0), p("64a", 64, 31.0), p("64b", 64, 16.0, mbs=2), p("128", 128, 26.0, mbs=2, seqs=2)]
+    found, unexplained = sb.outliers(series)
+    assert found == {"64b": ["128", "64a"]} and unexplained == []
+    assert sb.outliers([p("32", 32, 15.5), p("64", 64, 19.0), p("128", 128, 18.6)])[0] == {"32": ["128", "64"]}
+    # within the tolerance, or more work per GPU on the faster row: no contradiction
+    assert sb.outliers([p("8", 8, 10.0), p("16", 16, 10.9)]) == ({}, [])
+    assert sb.outliers([p("8", 8, 10.0), p("16", 16, 20.0, mbs=2)]) == ({}, [])
+    assert sb.outliers([p("8", 8, 10.0), p("16", 16, 20.0, seqs=8)]) == ({}, [])
+    assert sb.outliers([p("8", 8, 10.0), p("16", 16, 20.0, series="other")]) == ({}, [])
+    # two rows rising independently: no single row explains them
+    found, unexplained = sb.outliers([p("8", 8, 10.0), p("16", 16, 12.0), p("32", 32, 9.0), p("64", 64, 11.0)])
+    assert found == {} and unexplained == [["16", "32", "64", "8"]]
+    # the bench finds both rows in the tables, prints them, and leaves them and the ratios reading them unscored
+    import published
+
+    result = published.evaluate([published.Table(ROOT / "bench" / "published" / f"{n}.toml", "quoted")
+                                 for n in ("hf_playbook", "llm_foundry")])
+    assert sorted(result["outliers"]["rows"]) == ["hf_playbook:h100x64/llama-1b/2x2/ddp",
+                                                  "llm_foundry:a100-40g-x32/mpt-1b/10/fsdp"]
+    flagged = [r for r in result["rows"] if r["outlier"]]
+    assert len(flagged) == 2 and "h100x64/llama-1b/1x4/ddp" in flagged[0]["outlier"] + flagged[1]["outlier"]
+    assert all(r["outlier"] for r in result["ratios"] if "h100x64/llama-1b/2x2/ddp" in (r["of"], r["over"]))
+    assert result["summary"]["outliers"] == 2
+    assert not any(c["key"] == "h100x64/llama-1b/2x2/*" and "ddp" in c["published"] for c in result["configurations"])
+
+
+def test_a_reading_without_a_quote_takes_its_default(tmp_path, monkeypatch):
+    """A per-table reading stands only on a quote in the table's [quotes] (its path, or a table above it); without
+    one it takes its global default, a column's or a cluster's too (not the table's own).
+    A table without [quotes] loads; a quote that is not a string is refused; quotes that cover no reading are
+    reported."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    data = {"source": {"stack": "megatron", "flops": "hardware", "gathers": "module", "outer_reduce": "boundary"},
+            "clusters": {"c": {"early_stop": True, "levels": [{"name": "node", "busbw_gbps": 100.0}]}},
+            "strategies": {"z": {"preset": "zero3", "gathers": "bucket"},
+                           "y": {"preset": "zero3", "gathers": "module"}},
+            "groups": [{"set": {"grad_bits": 32}}],
+            "quotes": {"stack": "'Megatron-DeepSpeed GPT-2 code' — the tutorial", "strategies.z": "'per bucket' — x.py",
+                       "clusters": {"c": {"levels": {"node": "'busbw 100' — nccl-tests log"}}},
+                       "clusters.c.host": "'Intel' — doc"}}
+    settled, readings, stray = published.settle_readings(data, "quoted")
+    assert {r.path: r.quoted for r in readings} == {
+        "stack": True, "flops": False, "gathers": False, "clusters.c.early_stop": False,
+        "clusters.c.levels.node.busbw_gbps": True, "strategies.y.gathers": False, "groups.0.set.grad_bits": False}
+    # outer_reduce is its default: no reading; z's gathers is the global default (no reading), y's falls to it
+    assert settled["source"] == {"stack": "megatron", "outer_reduce": "boundary"}
+    assert settled["strategies"]["z"]["gathers"] == "bucket" and settled["strategies"]["y"]["gathers"] == "bucket"
+    assert settled["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0 and settled["clusters"]["c"]["early_stop"] is False
+    assert settled["groups"][0]["set"] == {} and stray == ["clusters.c.host"]
+    assert data["source"]["flops"] == "hardware"  # the table as read is left as it was
+    written, _, _ = published.settle_readings(data, "written")
+    assert written["source"]["flops"] == "hardware" and written["groups"][0]["set"] == {"grad_bits": 32}
+    defaults, _, _ = published.settle_readings(data, "defaults")
+    assert defaults["source"] == {"outer_reduce": "boundary"} and defaults["strategies"]["y"] == {"preset": "zero3", "gathers": "bucket"}
+    # a level named by its place (from 0) is the same level
+    by_place = {**data, "quotes": {"clusters.c.levels.0.busbw_gbps": "'busbw 100' — nccl-tests log"}}
+    assert published.settle_readings(by_place)[0]["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0
+    assert "busbw_gbps" not in published.settle_readings({**data, "quotes": {}})[0]["clusters"]["c"]["levels"][0]
+    with pytest.raises(ValueError, match=r"quotes.stack=3: must be a non-empty string"):
+        published.settle_readings({**data, "quotes": {"stack": 3}})
+    # on a table: zeropp_blog's quoted readings stand, and without its [quotes] they fall to their defaults
+    path = ROOT / "bench" / "published" / "zeropp_blog.toml"
+    text = path.read_text()
+    assert "\n[quotes]\n" in text
+    quoted = published.Table(path, "quoted")
+    assert (quoted.stack, quoted.flops, quoted.gathers) == ("megatron", "hardware", "module")
+    bare = tmp_path / "zeropp_blog.toml"
+    bare.write_text(text[:text.index("\n[quotes]\n")] + "\n")
+    unquoted = published.Table(bare, "quoted")
+    assert (unquoted.stack, unquoted.flops, unquoted.gathers) == ("pytorch", "model", "bucket")
+    assert {r.path for r in unquoted.readings if not r.quoted} >= {"stack", "flops", "gathers"}
+    row = "dgx2-ib4/gpt-18b/2/zero3"
+    assert unquoted.predict(row)["value"] != quoted.predict(row)["value"]
+    assert published.Table(bare, "written").predict(row)["value"] == quoted.predict(row)["value"]
+
+
+def test_the_defaults_score_runs_every_reading_at_its_default_beside_the_main_one(monkeypatch, capsys):
+    """``--defaults``: every table again with every reading at its default, quoted or not, printed beside the main
+    score, and in the JSON under ``defaults`` with the readings it dropped."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    assert published.main(["--table", "zeropp_blog", "--defaults", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    main_drop = result["readings"]["zeropp_blog"]["dropped"]
+    drop = dict(map(tuple, result["defaults"]["readings"]["zeropp_blog"]["dropped"]))
+    assert main_drop == [] and drop["stack"] == "megatron" and drop["flops"] == "hardware"
+    assert result["defaults"]["by_band"]["384-512"]["median"] != result["by_band"]["384-512"]["median"]
+    assert published.main(["--table", "zeropp_blog", "--defaults"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("RANKING (primary)") and out.count("every reading at its default:") == 7
+    assert published.main(["--table", "zeropp_blog", "--write-error"]) == 2
+
+
+def test_a_configuration_joins_the_ratios_of_two_strategies_on_its_setting(monkeypatch):
+    """AMSP's 1,024-GPU 7B setting: its row's five strategies and the MiCS plan on AMSP's engine, placed by the
+    published 1.3; the seed paper's 384 GCDs, which only ratios give, from 1; weak scaling ratios make none."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import published
+
+    amsp = published.Table(ROOT / "bench" / "published" / "amsp_paper.toml", "quoted")
+    configs = {c.key: c for c in published.configurations(amsp, set())}
+    seven = configs["a800-1024/llama-7b/1/*"]
+    assert set(seven.published) == {"mics", "zero1", "zero3", "zeropp", "amsp_7b", "mics_engine"}
+    assert seven.published["mics_engine"] == pytest.approx(159.12 / 1.3) and seven.gpus == 1024
+    assert seven.predicted["amsp_7b"] == amsp.predict("a800-1024/llama-7b/1/amsp_7b")["value"]
+    assert "a800-64/llama-7b/1x2/*" not in configs  # one strategy
+    frontier = published.Table(ROOT / "bench" / "published" / "frontier_3level.toml", "quoted")
+    (seed,) = published.configurations(frontier, set())
+    assert seed.published["zeropp"] == 1.0 and seed.published["3level-b"] == pytest.approx(1.71)
+    assert seed.published["zero3"] == pytest.approx(1 / 1.405)
+    assert published.configurations(published.Table(ROOT / "bench" / "published" / "llm_foundry.toml"), set()) == []
+    # an outlier leaves its configuration
+    without = {c.key: c for c in published.configurations(amsp, {"a800-1024/llama-7b/1/zero3"})}
+    assert "zero3" not in without["a800-1024/llama-7b/1/*"].published

@@ -29,6 +29,7 @@ from zerotune.costmodel.attention import (
     kernel_forward_share,
 )
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
+from zerotune.costmodel.gemm import curve_factor
 from zerotune.costmodel.hardware import BERT_LARGE_512, DEVICES, IBM_FSDP_7B, V100_BERT_SAMPLES_PER_S
 from zerotune.costmodel.memory import activation_memory
 from zerotune.costmodel.profiles import profile_calibration
@@ -346,7 +347,8 @@ def test_a_fused_kernels_rate_is_read_off_its_benchmark_at_the_models_sequence_a
     for seq in (512, 16384):
         model = dataclasses.replace(IBM_FSDP_7B, seq_len=seq)
         got = predict(model, cluster, s, calibration=calib)["breakdown"]
-        per_token = pass_seconds(model, 2, peak * calib.compute_efficiency, calib.memory_bytes_per_s, "none",
+        matmuls = peak * calib.compute_efficiency * curve_factor(calib.gemm_curve, seq)  # the GEMM law at its tokens
+        per_token = pass_seconds(model, 2, matmuls, calib.memory_bytes_per_s, "none",
                                  peak * a100[(seq, 128)], calib.attention_forward_share)
         assert got["compute_s"] == pytest.approx(seq * per_token.step(model.layers), rel=1e-9)
         # the breakdown names the attention's part of it and the rate it was charged
@@ -435,7 +437,8 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     assert calib.attention_forward_share == pytest.approx(2 / 7)  # FlashAttention-2's: both passes at one rate
     forward = model.layers * tokens * ((block_flops(model) - a) / (peak * calib.compute_efficiency)
                                        + calib.attention_forward_share * 3 * a / (peak * calib.attention_efficiency)
-                                       + traffic(model, 2).block_fwd / calib.memory_bytes_per_s)
+                                       + traffic(model, 2).block_fwd / calib.memory_bytes_per_s
+                                       + calib.memory_floor_s_per_block / 3 / tokens)  # its kernels' fixed cost
     # the engine's checkpoint stops before the block's last matmul (torch's early stop); a reentrant one does not
     last = model.layers * tokens * last_matmul_flops(model) / (peak * calib.compute_efficiency)
     assert calib.recompute_early_stop and extra == pytest.approx(forward - last, rel=1e-9)
@@ -447,17 +450,18 @@ def test_a_recomputed_forward_moves_the_forwards_bytes_again():
     t = traffic(model, 2)
     moved = tokens * (model.layers * (t.block_fwd + t.block_bwd) + t.root_fwd + t.root_bwd)
     assert predict(model, cluster, plain)["breakdown"]["memory_bound_s"] == pytest.approx(
-        moved / calib.memory_bytes_per_s, rel=1e-9)
+        moved / calib.memory_bytes_per_s + model.layers * calib.memory_floor_s_per_block, rel=1e-9)
     assert predict(model, cluster, plain, calibration=Calibration())["breakdown"]["memory_bound_s"] == 0.0
 
 
 @pytest.mark.parametrize("part", ["h200", "h100"])
-def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
+def test_the_hopper_rates_are_read_off_the_kept_kernel_profiles(part):
     """Each Hopper part's ``*_ENGINE_EFFICIENCY`` (matmuls), ``*_ENGINE_ATTENTION`` (SDPA's cuDNN attention, on
     the FLOPs the model counts) and ``*_EAGER_MEMORY_FRACTION`` are read off the kept profile of the engine's
     model on one GPU of that part (``bench/kernel_split.py``; gpt-1.3b, bf16, 1-8 sequences per micro-batch;
-    ``bench/data/h200-kernels``, ``bench/data/h100-kernels``), not chosen: each is the median of its
-    per-micro-batch rate, to two places, and the device's profile and preset hold it. The bytes
+    ``bench/data/h200-kernels``, ``bench/data/h100-kernels``), not chosen: the first two the median of their
+    per-micro-batch rate, the memory fraction the slope of the memory-bound kernels' time against their bytes (its
+    intercept their fixed cost per block), to two places, and the device's profile and preset hold it. The bytes
     that run charged are this module's formulas, its kernels' classes add up to every kernel's time,
     and a plain add on large tensors streams at ``STREAM_FRACTION`` (within 0.1) where the model's own
     kernels reach less."""
@@ -466,7 +470,7 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
     from pathlib import Path
 
     from zerotune.costmodel import attention as attention_kernels
-    from zerotune.costmodel import hardware
+    from zerotune.costmodel import gemm, hardware
     from zerotune.costmodel.hardware import DEVICES, STREAM_FRACTION
 
     path = Path(__file__).resolve().parents[2] / "bench" / "data" / f"{part}-kernels" / "kernel_split-gpt-1.3b.json"
@@ -501,7 +505,18 @@ def test_the_hopper_rates_are_the_kept_kernel_profiles_medians(part):
     eager = getattr(hardware, f"{part.upper()}_EAGER_MEMORY_FRACTION")
     assert engine == round(statistics.median(matmul), 2) == device.efficiency("zerotune")
     assert own_attention == round(statistics.median(attention), 2) == attention_efficiency("sdpa", part.upper())
-    assert eager == round(statistics.median(memory), 2) == device.memory_fraction("zerotune")
+    # the memory-bound kernels: a line through (bytes, ms), whose slope is the streaming fraction and whose intercept
+    # the fixed cost of the model's 24 blocks (gemm.memory_line, gemm.EAGER_BLOCK_FLOOR_S), from these very passes
+    xs, ys = [p["memory_bytes"] / 1e9 for p in passes], [p["memory_ms"] for p in passes]
+    slope, intercept = statistics.linear_regression(xs, ys)
+    kept_points = [v for point in gemm.EAGER_KERNELS[part.upper()] for v in point]
+    assert kept_points == pytest.approx([v for point in zip(xs, ys, strict=True) for v in point], rel=1e-3)
+    assert eager == round(1e9 / (slope * 1e-3) / hbm, 2) == device.memory_fraction("zerotune")
+    assert intercept * 1e-3 / spec.layers == pytest.approx(gemm.EAGER_BLOCK_FLOOR_S, rel=0.01)
+    assert device.memory_floor("zerotune") == gemm.EAGER_BLOCK_FLOOR_S and device.memory_floor("flash") == 0.0
+    for p in passes:  # the line gives each pass its memory-bound time back within 6%
+        line = p["memory_bytes"] / (eager * hbm) + spec.layers * gemm.EAGER_BLOCK_FLOOR_S
+        assert line / (p["memory_ms"] / 1e3) == pytest.approx(1, abs=0.06)
     # charged apart, the two rates give each profiled pass its matmuls' and attention's time back within 6%
     for p, measured in zip(passes, both, strict=True):
         charged = p["matmul_flops"] / engine + p["attention_flops"] / own_attention

@@ -27,6 +27,16 @@ reads the V100 ZeRO++ comparisons that dominate that scale (about 10% median) an
 three Frontier strategy comparisons (about 37% median, up to 45% off): a decision between strategies there is
 held to the second, because the model's error on one device is no smaller for being small on another.
 
+**Leave one table out.** A band is applied to a user's prediction, which has no table; what it must not read is a
+table's errors measured with a constant that table set. The items' errors are out of sample already — every
+prediction uses the device and link profiles as they are, fitted to none of the scored tables — except where a
+profile constant was set from a table: those are the ``role = "calibration"`` tables (``rebase.py`` re-bases the
+eager PyTorch efficiencies on ``hardware.SOURCE_RUNS``, the runs ``bench/published/ibm_fsdp.toml`` prints; the
+A100's FlashAttention-2 figure is ``flash_attention2.toml``'s), each of whose rows is predicted with the constant it
+set. ``model_error.json`` keeps every item with its table and names those tables under ``held_out``; every band is
+read from the items of the other tables only (``band_items``), and says how many items near its scale it held out
+(``held_out_near``).
+
 A preset's profile keeps its band whichever runner's collectives it is charged (``rates.run_by``):
 most published rows were run by DeepSpeed or FSDP, and each table names how its engine ran them.
 Where a preset's prediction runs flat rings (``--runner deepspeed`` or ``fsdp``) at a scale where its
@@ -97,6 +107,20 @@ def on_device(items: list[list], device: str | None, span: tuple[int, int] | Non
     return band_of(mine) if device and len(mine) >= DEVICE_MIN_ITEMS else None
 
 
+def band_items(err: dict[str, Any], kind: str) -> list[list]:
+    """The ``kind`` items (``rows``, ``comparisons``, ``scaling``) a band may read: those of tables that set no
+    constant they are scored with (not under ``held_out``)."""
+    held = err.get("held_out", {})
+    return [it for it in err["items"][kind] if len(it) < 4 or it[3] not in held]
+
+
+def held_out_near(err: dict[str, Any], kind: str, span: tuple[int, int] | None) -> int:
+    """How many ``kind`` items measured within ``span`` GPUs (all for None) the leave-one-table-out rule held out."""
+    held = err.get("held_out", {})
+    return sum(1 for it in err["items"][kind] if len(it) > 3 and it[3] in held
+               and (span is None or span[0] <= it[0] <= span[1]))
+
+
 @functools.lru_cache(maxsize=1)
 def published_error() -> dict[str, Any] | None:
     """The stored error of the profile-based model on published measurements (``model_error.json``; None
@@ -134,23 +158,27 @@ def _band(calibration: Calibration, world: int | None, device: str | None) -> Er
     err = published_error() if run_by(calibration, "zerotune") in PRESET_CALIBRATIONS.values() else None
     if err is None or "items" not in err:  # not written yet by this version of the bench
         return None
-    rows, row_range = at_scale(err["items"]["rows"], world)
-    pairs, pair_range = at_scale(err["items"]["comparisons"], world)
+    row_items, pair_items = band_items(err, "rows"), band_items(err, "comparisons")
+    rows, row_range = at_scale(row_items, world)
+    pairs, pair_range = at_scale(pair_items, world)
 
     def where(span: tuple[int, int] | None) -> str:
         return "" if span is None else f" on {span[0]}-{span[1]} GPUs"
 
     def tables(kind: str, span: tuple[int, int] | None) -> set[str]:
         """The tables the items a band read came from."""
-        return {it[3] for it in err["items"][kind] if span is None or span[0] <= it[0] <= span[1]}
+        return {it[3] for it in band_items(err, kind) if span is None or span[0] <= it[0] <= span[1]}
     read = sorted(tables("rows", row_range) | tables("comparisons", pair_range))
+    held = held_out_near(err, "rows", row_range) + held_out_near(err, "comparisons", pair_range)
     band: ErrorBand = {
         "row_median": rows["median"], "row_p90": rows["p90"],
         "comparison_median": pairs["median"], "comparison_p90": pairs["p90"],
         "source": f"bench/published.py: {rows['count']} published figures{where(row_range)} and "
-                  f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(read)})"}
-    own_rows = on_device(err["items"]["rows"], device, row_range)
-    own_pairs = on_device(err["items"]["comparisons"], device, pair_range)
+                  f"{pairs['count']} comparisons{where(pair_range)} ({', '.join(read)})"
+                  + (f"; {held} held out (their tables set a constant they are scored with: "
+                     f"{', '.join(sorted(err['held_out']))})" if held else "")}
+    own_rows = on_device(row_items, device, row_range)
+    own_pairs = on_device(pair_items, device, pair_range)
     said = [f"{mine['count']} {label} {mine['median']:.0%} median, {mine['p90']:.0%} p90"
             for mine, label in ((own_rows, "figures"), (own_pairs, "comparisons")) if mine is not None]
     if own_rows is not None:  # the wider of the scale's and the device's

@@ -69,26 +69,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotune.core.spec import ModelSpec
+from zerotune.costmodel.gemm import EAGER_BLOCK_FLOOR_S, memory_line
 from zerotune.costmodel.traffic import attention_flops, pass_seconds
 
 OVERLAP_SLOWDOWN = 0.19
 """Compute beside running collectives is 18.9% slower on average [overlap-2507.03114]."""
 STREAM_FRACTION = 0.85
 """A memory-bound kernel reaches ~85% of datasheet HBM bandwidth (STREAM: 79-89%) [stream-azure]."""
-H200_EAGER_MEMORY_FRACTION = 0.50
-"""The fraction of datasheet HBM bandwidth eager PyTorch's memory-bound kernels reach on an H200, for the
-bytes ``traffic`` counts: the median over micro-batches of 1, 2, 4 and 8 sequences of gpt-1.3b in bf16
-on one H200 (0.46-0.54 of its 4.8 TB/s; ``python bench/kernel_split.py``, kept in
-``bench/data/h200-kernels/kernel_split-gpt-1.3b.json``). The same run's add of two 2 GiB tensors
-reached 0.82 (STREAM's figure, ``STREAM_FRACTION``), its LayerNorm 0.49: the model's kernels work on
-tensors of tens of MB, and PyTorch's LayerNorm, GELU, softmax and reduction kernels do not stream at
-the add's rate. Devices never measured so keep ``STREAM_FRACTION``."""
-H100_EAGER_MEMORY_FRACTION = 0.62
+H200_EAGER_MEMORY_FRACTION = round(memory_line("H200")[0] / 4800e9, 2)
+"""The fraction of datasheet HBM bandwidth eager PyTorch's memory-bound kernels stream the bytes ``traffic`` counts
+at on an H200: the slope of their device time against those bytes over micro-batches of 1, 2, 4 and 8 sequences of
+gpt-1.3b in bf16 on one H200 (``python bench/kernel_split.py``, kept in
+``bench/data/h200-kernels/kernel_split-gpt-1.3b.json``; ``gemm.memory_line``), 0.55 of its 4.8 TB/s, their fixed
+cost per block charged apart (``gemm.EAGER_BLOCK_FLOOR_S``). Each micro-batch's time over its bytes, the fixed cost
+in it, gave 0.46-0.54 (median 0.50, this constant until the fixed cost was charged apart). The same run's add of two
+2 GiB tensors reached 0.82 (STREAM's figure, ``STREAM_FRACTION``), its LayerNorm 0.49: PyTorch's LayerNorm, GELU,
+softmax and reduction kernels do not stream at the add's rate. Devices never measured keep ``STREAM_FRACTION``."""
+H100_EAGER_MEMORY_FRACTION = round(memory_line("H100")[0] / 3350e9, 2)
 """The same figure on an H100 SXM (80 GB HBM3 at 3.35 TB/s), the same command on one H100
-(``bench/data/h100-kernels/kernel_split-gpt-1.3b.json``): 0.57-0.66 of its HBM bandwidth, median 0.62.
-The same kernels move 2.07 TB/s here and 2.40 on the H200 at the medians: on the H200's 43% faster
-HBM3e they gain 16% and reach a smaller fraction of it. The H100 once took the H200's 0.50 by
-inference, which charged its memory-bound kernels 24% too long."""
+(``bench/data/h100-kernels/kernel_split-gpt-1.3b.json``): the slope gives 0.67 of its HBM bandwidth (each
+micro-batch's time over its bytes, the fixed cost in it: 0.57-0.66, median 0.62, this constant until the fixed cost
+was charged apart). On the H200's 43% faster HBM3e the same kernels stream 16% faster and reach a smaller fraction
+of it; the fixed cost is the same on both (1.41 ms a forward and backward of the model)."""
 LIGER_LAYERNORM_MS: dict[int, tuple[float, float]] = {
     1024: (0.118848, 0.080256), 2048: (0.196640, 0.133152), 4096: (0.431424, 0.241760),
     8192: (0.829584, 0.483264), 16384: (1.621280, 0.950576),
@@ -102,8 +104,9 @@ reaches on an H100 SXM (the same bytes: the ratio of times x the ratio of bandwi
 ``LIGER_LAYERNORM_MS``' five shapes: 0.96 (0.92-1.11; the forward alone 0.89-1.14)."""
 A100_EAGER_MEMORY_FRACTION = round(H100_EAGER_MEMORY_FRACTION * A100_OVER_H100_EAGER, 2)
 """The fraction of datasheet HBM bandwidth eager PyTorch's memory-bound kernels reach on an A100, for the bytes
-``traffic`` counts: the H100's measured 0.62 (``H100_EAGER_MEMORY_FRACTION``, every kernel of the engine's step)
-re-based by ``A100_OVER_H100_EAGER``, as no GPU run of the engine on an A100 is kept here: 0.60. The published eager
+``traffic`` counts: the H100's measured 0.67 (``H100_EAGER_MEMORY_FRACTION``, every kernel of the engine's step)
+re-based by ``A100_OVER_H100_EAGER``, as no GPU run of the engine on an A100 is kept here: 0.64 (0.60 while the
+H100's figure held the kernels' fixed cost, now ``Device.eager_block_floor_s``). The published eager
 figures on A100 agree: torch's LayerNorm 936-993 GB/s forward and 480-750 backward (allenai/OLMo#258, 0.24-0.49 of
 the 80 GB part's 2,039 GB/s), and [liger-layernorm]'s A100 rows, counting 8 bytes an element forward (x read, y
 written) and 20 forward and backward (and x, dy read, dx written): 0.48-0.57 forward, 0.35-0.42 both;
@@ -181,6 +184,11 @@ class Device:
     eager_memory_fraction: float = STREAM_FRACTION
     """The fraction of ``hbm_gbps`` eager PyTorch's memory-bound kernels reach (the ``zerotune`` and
     ``pytorch`` stacks; the fused kernels of the ``megatron`` and ``flash`` stacks keep ``STREAM_FRACTION``)."""
+    eager_block_floor_s: float = 0.0
+    """The fixed seconds of a block's eager memory-bound kernels per micro-step, beyond their bytes at
+    ``eager_memory_fraction`` (``gemm.EAGER_BLOCK_FLOOR_S``, measured on the H100 and H200; the A100 takes it with the
+    H100's eager rate, the same kernels launched by the same software): the ``zerotune`` and ``pytorch`` stacks
+    only, where the fraction was read off the same profiles; 0 elsewhere (fused kernels, parts never profiled)."""
     measured_on: tuple[tuple[str, ModelSpec, str], ...] = ()
     """(stack, model, key in ``DEVICES`` of the device it ran on) for each efficiency whose source names its model:
     that figure is a whole step's, memory-bound kernels included, and ``compute_efficiency`` is re-based
@@ -206,6 +214,10 @@ class Device:
     def memory_fraction(self, stack: str) -> float:
         """The fraction of ``hbm_gbps`` the memory-bound kernels of ``stack`` reach."""
         return STREAM_FRACTION if stack in ("megatron", "flash") else self.eager_memory_fraction
+
+    def memory_floor(self, stack: str) -> float:
+        """The fixed seconds of a block's memory-bound kernels of ``stack`` per micro-step (``eager_block_floor_s``)."""
+        return 0.0 if stack in ("megatron", "flash") else self.eager_block_floor_s
 
     def source_model(self, stack: str) -> tuple[ModelSpec, str] | None:
         """The model behind ``efficiency(stack)`` and the ``DEVICES`` key it ran on, if its source names one."""
@@ -308,13 +320,14 @@ DEVICES: dict[str, Device] = {
                    "[megatron-sc21]: 163 TFLOPS = 52%; [ibm-fsdp]: PyTorch FSDP 7B 0.57 MFU; [fa2]: FlashAttention-2 "
                    "GPT3-2.7B 205 TFLOPS; eager kernels: the H100's, re-based by [liger-layernorm] "
                    "(A100_EAGER_MEMORY_FRACTION)", ll_max_busbw_gbps=87.7,
-                   eager_memory_fraction=A100_EAGER_MEMORY_FRACTION,
+                   eager_memory_fraction=A100_EAGER_MEMORY_FRACTION, eager_block_floor_s=EAGER_BLOCK_FLOOR_S,
                    ring_plateau=1.4, flash_efficiency=round(FA2_A100_TFLOPS / 312.0, 3), measured_on=A100_SOURCES),
     "H100": Device("NVIDIA H100 80GB", 989.0, 80.0, 3350.0, 0.47, 0.37,
                    "[megatron-core]: up to 47% MFU; [ibm-fsdp]: PyTorch FSDP 7B 0.37 MFU; zerotune's engine and "
                    "eager kernels measured on it (H100_ENGINE_EFFICIENCY, H100_EAGER_MEMORY_FRACTION)",
                    ll_max_busbw_gbps=141.0, ring_plateau=1.4, engine_efficiency=H100_ENGINE_EFFICIENCY,
-                   eager_memory_fraction=H100_EAGER_MEMORY_FRACTION, measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
+                   eager_memory_fraction=H100_EAGER_MEMORY_FRACTION, eager_block_floor_s=EAGER_BLOCK_FLOOR_S,
+                   measured_on=(("pytorch", IBM_FSDP_7B, "H100"),)),
     "MI250X": Device("AMD MI250X GCD", 191.5, 64.0, 1600.0, round(0.767 * MEGATRON_MFU_PER_GEMM, 3), None,
                      "[mamf] GEMM 76.7% of peak × MEGATRON_MFU_PER_GEMM (no published MFU of a training run on "
                      "MI250X outside the papers bench/published.py compares against)", protocols="rccl"),

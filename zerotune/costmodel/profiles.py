@@ -25,6 +25,7 @@ from zerotune.costmodel.attention import (
     attention_efficiency,
     with_attention,
 )
+from zerotune.costmodel.gemm import PLATEAU_TOKENS, gemm_curve
 from zerotune.costmodel.hardware import (
     DEVICES,
     ENGINE_STACK,
@@ -52,7 +53,14 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     on nodes of the ``host`` design (a key of ``HOSTS``). No host floor: ``run_by`` gives it the floor of
     the runner that runs it. A published efficiency whose run the model expresses (``SOURCE_RUNS``) is
     re-based so that the model predicts that run's published step (``source_run_efficiency``, stored);
-    ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``). ``attention`` names the
+    ``whole_run=False`` re-bases it on the run's compute alone (``gemm_efficiency``). A model's matmuls run at that
+    efficiency times the device's GEMM law at its micro-batch over the law at the micro-batch of the figure's run
+    (``gemm.gemm_curve``): a ``SOURCE_RUNS`` run's own (IBM's 7B: 2 sequences of 4,096 tokens); every other figure's
+    run is taken on the GEMM plateau (``gemm.PLATEAU_TOKENS``, 2,048 tokens or more a micro-batch: Megatron's 1T and
+    FlashAttention-2's GPT3-2.7B at 2,048-token sequences, DeepSpeed's BERT-Large at several sequences of 512 a GPU
+    (its micro-batch is not stated), the engine's own kernels at 2,048-16,384 tokens, and the unnamed models' figures,
+    10B parameters or more). The eager stacks' blocks pay their memory-bound kernels' fixed cost
+    (``Device.memory_floor``). ``attention`` names the
     run's attention kernel (``ATTENTION_KERNELS``; default: the stack's own, ``STACK_ATTENTION``): where it has a
     rate on this device its FLOPs are charged at it, and the re-base takes the source run's own kernel's time out
     (``FIGURE_ATTENTION``)."""
@@ -61,9 +69,12 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
     d, h = DEVICES[device], HOSTS[host]
     memory_bound = STREAM_FRACTION * d.hbm_gbps * 1e9  # bytes/s: quantization and the optimizer's passes
     efficiency, measured_on = d.efficiency(stack), d.source_model(stack)
+    source_tokens = PLATEAU_TOKENS
     if measured_on is not None:
         model, ran_on = measured_on
         source, figure = DEVICES[ran_on], d._figure(stack)
+        if (ran_on, figure) in SOURCE_RUNS:
+            source_tokens = SOURCE_RUNS[(ran_on, figure)].micro_batch * model.seq_len
         stored = source_run_efficiency(ran_on, figure) if (ran_on, figure) in SOURCE_RUNS else None
         if whole_run and stored is not None and source.peak_tflops == d.peak_tflops:
             efficiency = stored
@@ -74,6 +85,8 @@ def profile_calibration(name: str, device: str, links: tuple[str, ...], stack: s
                                          attention_efficiency(ran, ran_on, model), SCORE_PASSES.get(ran, (0, 0)))
     calib = Calibration(name=name, compute_efficiency=efficiency,
                         memory_bytes_per_s=d.memory_fraction(stack) * d.hbm_gbps * 1e9,
+                        gemm_curve=gemm_curve(device, source_tokens),
+                        memory_floor_s_per_block=d.memory_floor(stack),
                         bandwidth_efficiency=tuple(LINKS[k].efficiency for k in links),
                         quant_elems_per_s=memory_bound / QUANT_BYTES_PER_ELEM,
                         optimizer_elems_per_s=memory_bound / STEP_BYTES_PER_ELEM,

@@ -130,6 +130,15 @@ class Calibration:
     """Rate of the model's memory-bound kernels (LayerNorms, GELU, residual adds, bias gradients, the
     loss over the vocabulary: ``traffic.traffic``), bytes per second; 0 = not charged apart, their
     time inside ``compute_efficiency`` (fitted calibrations, which measured it so, and the nominal one)."""
+    gemm_curve: tuple[tuple[int, float], ...] = ()
+    """(tokens per micro-batch, factor) points by which a model's matmuls run at ``compute_efficiency`` times the
+    factor at its own micro-batch (``gemm.curve_factor``): the device's GEMM rate by tokens over its rate at the
+    micro-batch of the run ``compute_efficiency`` was read off (``gemm.gemm_curve``; 1 on the GEMM plateau, below it
+    for fewer tokens). Empty: every micro-batch at ``compute_efficiency`` (fitted and nominal calibrations)."""
+    memory_floor_s_per_block: float = 0.0
+    """Seconds a block's memory-bound kernels take per micro-step beyond their bytes at ``memory_bytes_per_s``: their
+    launches and ramps, whatever the tokens (``gemm.EAGER_BLOCK_FLOOR_S`` for the eager stacks on the devices whose
+    eager kernels were profiled; 0: fused kernels, fitted and nominal calibrations)."""
     overlap: float = 1.0
     """1 = the simulated schedule (communication hidden behind compute), 0 = everything serialized."""
     step_overhead_s: float = 0.0
@@ -282,6 +291,7 @@ class Calibration:
         data["score_passes"] = tuple(int(n) for n in data.get("score_passes", (0, 0)))
         data["attention_curve"] = tuple((int(seq), int(head), float(rate))
                                         for seq, head, rate in data.get("attention_curve", ()))
+        data["gemm_curve"] = tuple((int(tokens), float(factor)) for tokens, factor in data.get("gemm_curve", ()))
         if isinstance(data.get("measured_error"), dict):
             data["measured_error"] = MeasuredError(**data["measured_error"])
         return cls(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}})
