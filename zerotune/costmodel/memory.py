@@ -43,6 +43,8 @@ caching allocator reserves beyond what it hands out. A request may set the reser
 from __future__ import annotations
 
 import math
+import statistics
+from typing import NamedTuple
 
 from zerotune.core.records import (
     MEMORY_CATEGORIES,
@@ -210,13 +212,73 @@ peer-to-peer connections beside the rings: NVIDIA/nccl#964). Not booked: trees (
 three connections a channel), NVLink SHARP's buffers (NVLS, NVSwitch systems from NCCL 2.17; no published size
 found), and the send/receive buffers of peer-to-peer calls, which no strategy here issues."""
 
-FRAGMENTATION = 0.15
-"""The share of what the caching allocator reserves that it does not hand out, at the peak (1 - allocated /
-reserved): 15% on average over eight LLMs trained on A100-80GB with PyTorch's caching allocator under recomputation,
-ZeRO, offloading and LoRA, the fragmentation GMLake removes (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract:
-"15% (up to 33%) fragmentation"). A published measurement on other runs: it stands until the project's own GPU runs
-measure it (run.json's ``cuda_max_reserved`` over ``cuda_max_allocated``, which ``bench/one_gpu.sh`` prints), which
-will replace it."""
+class AllocatorPeaks(NamedTuple):
+    """One published training run's caching-allocator peaks, in the unit its log prints: ``allocated``, the most torch
+    handed out (``max_memory_allocated``; the peak of active memory where that is all the source gives, which is at
+    least as large), and ``reserved``, the most it reserved from the device (``max_memory_reserved``). ``counted``:
+    whether ``FRAGMENTATION`` takes the run's ratio; ``note`` says why not where it does not."""
+    run: str
+    engine: str
+    allocated: float
+    reserved: float
+    source: str
+    counted: bool = True
+    note: str = ""
+
+    @property
+    def excess(self) -> float:
+        """Reserved over allocated, less one: what the allocator held beyond its peak, per byte of that peak."""
+        return self.reserved / self.allocated - 1
+
+
+FRAGMENTATION_RUNS: tuple[AllocatorPeaks, ...] = (
+    AllocatorPeaks("Mixtral 8x7B, 16 H100s (MB, after iteration 1, rank 1)", "Megatron-LM (Megatron-core)",
+                   54250.98583984375, 61480.0, "https://github.com/NVIDIA/Megatron-LM/issues/756"),
+    AllocatorPeaks("Qwen3-30B-A3B pretraining (bytes, global step 11, rank 0)", "NeMo 2 (Megatron-core)",
+                   53930270720, 57675874304, "https://github.com/NVIDIA-NeMo/Speech/issues/14850"),
+    AllocatorPeaks("Nemotron 12B DPO, sequence 5,500, 8 H100s, baseline row (GB)", "NeMo-RL DTensor (FSDP2)",
+                   61.66, 67.69, "https://github.com/NVIDIA-NeMo/RL/pull/926"),
+    AllocatorPeaks("DeepSeek-V3 proxy (14 layers), TP1 PP4 EP16, H100s, no offloading (MB, after 10 iterations, "
+                   "rank 0, the stage with the highest peak; ranks 16/32/48: +12.5/+14.5/+16.9%)", "Megatron-LM",
+                   65203.93359375, 74306.0, "https://github.com/NVIDIA/Megatron-LM/blob/"
+                   "7d867ab9632a808c785a733d76af16176835be10/megatron/core/transformer/README.md"),
+    AllocatorPeaks("Llama 2 70B, pure bf16, 16 A100-80GB (GB)", "FSDP (FSDP1, llama-recipes)",
+                   42, 63, "https://github.com/meta-llama/llama-cookbook/issues/120",
+                   note="its peak active memory, 59 GB, is 17 GB over the allocated peak: blocks freed but held for "
+                        "another stream (FSDP1's record_stream), the larger part of this run's excess"),
+    AllocatorPeaks("Llama 2 7B, 8 GPUs, use_cache=True (GB, peak active)", "FSDP (per-parameter prototype)",
+                   14.93, 19.52, "https://github.com/meta-llama/llama-cookbook/pull/165"),
+    AllocatorPeaks("Ling-mini-2.0 continual pretraining (MB, after iteration 1, rank 0)", "Megatron-LM (Ling-V2)",
+                   63359.77001953125, 66802.0, "https://github.com/inclusionAI/Ling-V2/blob/"
+                   "af8837e677a1aa36895845da084f9c91acf4fed2/docs/gpu_based_training.md", counted=False,
+                   note="its script sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                        "(examples/pretrain/run_pretrain_8k.sh), which zerotune's runs do not"),
+    AllocatorPeaks("GPT-2 2.6B, fp16, MP 2 x DP 8 on V100s (MB, after 5 iterations)", "Megatron-LM (2020)",
+                   12606.06201171875, 17482.0, "https://github.com/NVIDIA/Megatron-LM/issues/60", counted=False,
+                   note="all five iterations were skipped by the loss scaler, so no optimizer step had run: not a "
+                        "steady-state peak"),
+)
+"""Published caching-allocator peaks of LLM training runs with sharded data parallelism, each as its log prints it
+(Megatron's "memory (MB) | allocated | max allocated | reserved | max reserved" report after the first logged
+iterations, NeMo's ``max_memory_reserved``/``max_memory_allocated`` per step, the peaks quoted beside an FSDP run):
+reserved over allocated less one, counted runs +6.9% (Qwen3-30B-A3B), +9.8% (Nemotron 12B), +13.3% (Mixtral),
++14.0% (DeepSeek-V3 proxy), +30.7% (Llama 2 7B), +50% (Llama 2 70B); left out, +5.4% (expandable segments) and
++38.7% (no optimizer step yet)."""
+
+FRAGMENTATION = statistics.median(r.excess for r in FRAGMENTATION_RUNS if r.counted)
+"""What the caching allocator reserves beyond its peak allocation, per byte of that peak (max reserved over max
+allocated, less one): the median over the counted runs of ``FRAGMENTATION_RUNS``, +13.6% (the mean of Mixtral's +13.3%
+and the DeepSeek-V3 proxy's +14.0%; spread +6.9% to +50%), 12.0% of what the allocator reserves. The median, not a
+high percentile, because the reserve decides what a user is told fits: the pretraining runs of Megatron-core, NeMo and
+FSDP2 sit at +7% to +14%, and the two runs above +30% are llama-recipes' FSDP fine-tunes of 2023, one of which shows
+its excess as memory freed but held for another stream (its peak active memory 17 GB over its allocated peak: the
+record_stream that FSDP1 and DeepSpeed's ZeRO use and FSDP2 does not, pytorch/pytorch#114299). A reserve at that tail
+would refuse configurations that typical runs fit; a run that fragments like the tail can keep more with the request's
+``memory_reserve_gib``. GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract: "15% (up to 33%) fragmentation",
+a share of what is reserved: +18% to +49% of the peak) measured eight LLMs under LoRA, recomputation, ZeRO and
+offloading, the workloads that fragment most: the heavy case, not the typical one. Published measurements of other
+runs: the project's own GPU runs replace it when measured (run.json's ``cuda_max_reserved`` over
+``cuda_max_allocated``, which ``bench/one_gpu.sh`` prints)."""
 
 
 def communicators(sched: Schedule, sizes: tuple[int, ...], rings: str) -> int:
@@ -239,7 +301,7 @@ def runtime_reserve(setup: Setup, sched: Schedule, peak: int, reserve_gib: float
     """What a rank of ``setup``'s run needs beside ``peak`` (the allocator's own): the device context and BLAS
     workspaces (``DEVICE_CONTEXT_BYTES``, ``CUBLAS_WORKSPACE_BYTES``, ``BLASLT_WORKSPACE_BYTES``), the collective
     library's ring buffers (``CHANNELS`` · ``CONNECTION_BYTES`` per communicator, ``communicators``) and the caching
-    allocator's fragmentation (``FRAGMENTATION`` of what it reserves: peak · f / (1 - f)). A CPU cluster keeps
+    allocator's fragmentation (``FRAGMENTATION`` of the peak it hands out). A CPU cluster keeps
     none: gloo's buffers and the process live in host memory, which the CPU runs' figures already hold.
     ``reserve_gib``: the request's reserve, which replaces the total (the parts are still reported); it must be
     >= 0 and under the device's memory (``SpecError`` naming ``memory_reserve_gib``)."""
@@ -253,7 +315,7 @@ def runtime_reserve(setup: Setup, sched: Schedule, peak: int, reserve_gib: float
         context = DEVICE_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + lt
         comms = communicators(sched, cluster.sizes, setup.calib.rings)
         collective = comms * CHANNELS * CONNECTION_BYTES
-        fragmentation = int(peak * FRAGMENTATION / (1 - FRAGMENTATION))
+        fragmentation = int(peak * FRAGMENTATION)
     computed = context + collective + fragmentation
     total = computed if reserve_gib is None else int(reserve_gib * GIB)
     parts = (f"context {context / GIB:.2f} GiB, {comms} communicators' buffers {collective / GIB:.2f} GiB, "
