@@ -212,11 +212,13 @@ peer-to-peer connections beside the rings: NVIDIA/nccl#964). Not booked: trees (
 three connections a channel), NVLink SHARP's buffers (NVLS, NVSwitch systems from NCCL 2.17; no published size
 found), and the send/receive buffers of peer-to-peer calls, which no strategy here issues."""
 
+
 class AllocatorPeaks(NamedTuple):
     """One published training run's caching-allocator peaks, in the unit its log prints: ``allocated``, the most torch
     handed out (``max_memory_allocated``; the peak of active memory where that is all the source gives, which is at
     least as large), and ``reserved``, the most it reserved from the device (``max_memory_reserved``). ``counted``:
-    whether ``FRAGMENTATION`` takes the run's ratio; ``note`` says why not where it does not."""
+    whether ``FRAGMENTATION`` takes the run's ratio; ``note``: why not, where it does not, or what else the source
+    shows."""
     run: str
     engine: str
     allocated: float
@@ -269,8 +271,8 @@ FRAGMENTATION = statistics.median(r.excess for r in FRAGMENTATION_RUNS if r.coun
 """What the caching allocator reserves beyond its peak allocation, per byte of that peak (max reserved over max
 allocated, less one): the median over the counted runs of ``FRAGMENTATION_RUNS``, +13.6% (the mean of Mixtral's +13.3%
 and the DeepSeek-V3 proxy's +14.0%; spread +6.9% to +50%), 12.0% of what the allocator reserves. The median, not a
-high percentile, because the reserve decides what a user is told fits: the pretraining runs of Megatron-core, NeMo and
-FSDP2 sit at +7% to +14%, and the two runs above +30% are llama-recipes' FSDP fine-tunes of 2023, one of which shows
+high percentile, because the reserve decides what a user is told fits: the Megatron-core, NeMo and FSDP2 runs sit at
++7% to +14%, and the two runs above +30% are llama-recipes' FSDP fine-tunes of 2023, one of which shows
 its excess as memory freed but held for another stream (its peak active memory 17 GB over its allocated peak: the
 record_stream that FSDP1 and DeepSpeed's ZeRO use and FSDP2 does not, pytorch/pytorch#114299). A reserve at that tail
 would refuse configurations that typical runs fit; a run that fragments like the tail can keep more with the request's
