@@ -18,6 +18,7 @@ from zerotune.api.settings import Settings
 from zerotune.core.fields import OPTIONS, Described, to_body
 from zerotune.db import repository as repo
 from zerotune.db.session import make_session_factory, session_scope
+from zerotune.tuner.request import TuneRequest
 
 NEOX = {"model": "gpt-neox-20b", "cluster": "frontier:48"}
 
@@ -61,6 +62,22 @@ def test_a_new_request_queues_one_job_and_equal_requests_share_it(client: TestCl
         assert repo.job_counts(session=s) == {"queued": 4}
 
 
+def test_a_request_may_set_the_memory_reserve(client: TestClient, app_and_engine: tuple) -> None:
+    """``memory_reserve_gib``: kept with the request the worker gets back, another question than the computed
+    reserve; the schema describes it."""
+    default = client.post("/v1/recommendations", json=NEOX).json()
+    kept = client.post("/v1/recommendations", json={**NEOX, "memory_reserve_gib": 4.5})
+    assert kept.status_code == 202, kept.text
+    assert kept.json()["id"] != default["id"]
+    assert client.post("/v1/recommendations", json={**NEOX, "memory_reserve_gib": None}).json()["id"] == default["id"]
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        spec = repo.get_request(session=s, request_id=kept.json()["request_id"]).spec
+    assert spec["memory_reserve_gib"] == 4.5 and TuneRequest.from_dict(spec).memory_reserve_gib == 4.5
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "fragmentation" in schemas["RecommendationCreate"]["properties"]["memory_reserve_gib"]["description"]
+    assert "memory" in schemas["RecommendationPublic"]["properties"]
+
+
 def test_a_cancelled_job_is_cancelled_once(client: TestClient) -> None:
     job = client.post("/v1/recommendations", json=NEOX).json()
     gone = client.delete(f"/v1/jobs/{job['id']}")
@@ -81,6 +98,9 @@ def test_a_cancelled_job_is_cancelled_once(client: TestClient) -> None:
     ({**NEOX, "runner": "megatron"}, "body.runner", "'zerotune', 'deepspeed' or 'fsdp'"),
     ({**NEOX, "runner": "deepspeed", "measure_shortlist": "slurm"}, "body.runner",
      "short runs train with zerotune's own engine"),
+    ({**NEOX, "memory_reserve_gib": -1}, "body.memory_reserve_gib", "greater than or equal to 0"),
+    ({**NEOX, "memory_reserve_gib": "2"}, "body.memory_reserve_gib", "valid number"),
+    ({**NEOX, "memory_reserve_gib": 64}, "body.memory_reserve_gib", "under the device's memory (64 GiB)"),
 ])
 def test_bad_input_is_a_422_naming_field_value_and_rule(client: TestClient, body: dict, field: str,
                                                         rule: str) -> None:

@@ -222,6 +222,11 @@ class Options:
         "the training reduces gradients in fp32 (torchtitan's default, FSDP2 reduce_dtype=float32, Megatron's "
         "grad_reduce_in_fp32): every strategy searched reduces them in fp32 (grad_bits 32, twice the bytes of bf16; "
         "no quantized gradients), and the exports keep it"))
+    memory_reserve_gib: float | None = field(default=None, metadata=about(
+        "GiB per rank kept free beside the predicted peak for the runtime: the device context, the collective "
+        "library's buffers and the allocator's fragmentation; a strategy fits where its peak is within the device's "
+        "memory less this (>= 0, under the device's memory); default: computed for each strategy "
+        "(costmodel.memory.runtime_reserve)", minimum=0, api_max=1e6))
     sampler: str = field(default="tpe", metadata=about(
         "Optuna's sampler: TPE, NSGA-II (the pareto objective uses it whatever is named) or random search",
         choices=SAMPLERS,

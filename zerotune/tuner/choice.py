@@ -43,9 +43,10 @@ from typing import Any, Literal, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from zerotune.core.records import ErrorBand, Lean, RunMetrics, TrialMetrics
+from zerotune.core.records import ErrorBand, Lean, Prediction, RunMetrics, TrialMetrics
 from zerotune.core.spec import Strategy
 from zerotune.costmodel.error import lean_sentence
+from zerotune.costmodel.memory import memory_note
 from zerotune.db import repository as repo
 from zerotune.db.models import Trial
 from zerotune.db.session import session_scope
@@ -291,6 +292,7 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
         # what the answer was built on: fewer completed trials than the budget is said, with why
         tally = failures.account(request.trials, [(t.status, t.reason, t.strategy) for t in tried],
                                  time_budget_s=request.time_budget_s)
+        predictions = {t.id: cast("Prediction | None", t.prediction) for t in rows}
         if not ranked:
             raise StudyFailed(f"no trial of study {study_id} completed ({len(tried)} tried): "
                               f"{failures.summary((t.status, t.reason) for t in tried)}")
@@ -354,6 +356,9 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
                     decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(),
                                                   "value": cand[2]})
     extra = {"decision": decision, "refit": chooser.refit, "runner": request.runner, "trials": tally, **chooser.note}
+    foreseen_memory = predictions.get(trial_id)
+    if foreseen_memory is not None and "memory_reserve" in foreseen_memory:  # how much it uses and what it kept
+        extra["memory"] = memory_note(foreseen_memory, request.cluster.device_memory_gib)
     if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
         extra["front"] = front
     measured = sorted(((r[0], r[2], cast(RunMetrics, r[4] or {})) for r in ranked

@@ -10,6 +10,7 @@ from typing import Any
 
 from zerotune.core.fields import ALWAYS, OPTIONS, WHEN_SET, Options, check_fields, from_dict
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.costmodel.memory import check_reserve
 from zerotune.errors import SpecError
 from zerotune.tuner.executors.local import runs_as_is
 from zerotune.tuner.space import resolve_global_batch
@@ -41,6 +42,8 @@ class TuneRequest(Options):
             raise SpecError("runner", self.runner, f"short runs train with zerotune's own engine, so {what} cannot "
                             f"measure how {self.runner} runs a strategy; use executor 'model' without "
                             "measure_shortlist, or runner 'zerotune'")
+        if self.memory_reserve_gib is not None:  # >= 0 by its rule; under this cluster's devices' memory here
+            check_reserve(self.memory_reserve_gib, self.cluster.device_memory_gib)
         if self.emulate and self.cluster.num_levels < 2:
             raise SpecError("emulate", self.emulate, f"{self.cluster.name} has one level: nothing to emulate")
         batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)

@@ -216,7 +216,7 @@ class Tuner:
         return TrialSpec(model=self.request.model, cluster=self.request.cluster, strategy=strategy,
                          workdir=self.workdir / workdir, steps=self.options.steps,
                          warmup=min(2, self.options.steps - 1), global_batch=self.request.global_batch,
-                         timeout_s=self.options.trial_timeout_s)
+                         timeout_s=self.options.trial_timeout_s, memory_reserve_gib=self.request.memory_reserve_gib)
 
     def _remeasure(self, study_id: int) -> list[int]:
         """Run the measured leaders whose intervals overlap again and pool their timed steps
@@ -285,7 +285,7 @@ class Tuner:
             strategy = strategy.replace(name=trial.user_attrs["preset"])
         key = strategy_key(strategy)
         prediction = predict(self.request.model, self.request.cluster, strategy, global_batch=self.request.global_batch,
-                             calibration=self.calibration)
+                             calibration=self.calibration, memory_reserve_gib=self.request.memory_reserve_gib)
         with session_scope(self.sessions) as s:
             row = repo.add_trial(session=s, study_id=study_id, strategy=strategy.to_dict(), strategy_key=key,
                                  executor=self.executor.name, number=trial.number, optuna_trial_id=trial._trial_id)

@@ -131,6 +131,8 @@ def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessio
     print(f"zerotune: recommended {_describe(s)} — {rec['value']:.4g} TFLOPS/rank ({rec['evidence']}), "
           f"margin {rec['margin'] or 0:.1%} over the runner-up{band}, every trial at {request.global_batch} "
           f"sequences ({request.tokens_per_step:,} tokens) per step; study {rec['study_id']} in {url}", file=sys.stderr)
+    if rec.get("memory"):  # how much of a rank's memory the pick uses, and what it kept for the runtime
+        print(f"zerotune: memory: {rec['memory']['reason']}", file=sys.stderr)
     again = set(rec.get("remeasured") or [])
     measured = [f"trial {lead['trial_id']} {lead['value']:.4g} [{lead['interval'][0]:.4g}, {lead['interval'][1]:.4g}]"
                 f"{' re-measured' if lead['trial_id'] in again else ''}"
@@ -158,7 +160,8 @@ def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessio
         print(f"zerotune: {len(d['shortlist'])} partitions lie within the model's error of the winner; worth "
               f"measuring (--executor local or slurm): " + "; ".join(
                   f"trial {c['trial_id']} {_describe(c['strategy'])}" for c in d["shortlist"]), file=sys.stderr)
-    print(json.dumps(rec if args.full else {k: rec[k] for k in ("strategy", "value", "evidence", "margin", "exports")},
+    print(json.dumps(rec if args.full else {k: rec[k] for k in ("strategy", "value", "evidence", "margin", "exports")
+                                            } | ({"memory": rec["memory"]} if rec.get("memory") else {}),
                      indent=2, default=str))
     return ExitStatus.SUCCESS
 

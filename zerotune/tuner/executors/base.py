@@ -39,6 +39,9 @@ class TrialSpec:
     """More ``trainer.train`` arguments (e.g. ``--lr``)."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment variables for the run."""
+    memory_reserve_gib: float | None = None
+    """The request's reserve beside the predicted peak (``core.fields.Options.memory_reserve_gib``): what the
+    ``model`` executor predicts fits with."""
 
     def train_args(self, out: Path) -> list[str]:
         """The ``python -m zerotune.trainer.train`` arguments for this trial (inputs from ``write_inputs``)."""
