@@ -179,6 +179,9 @@ FABRICS: dict[str, Fabric] = {
     "nccl-ib": Fabric("nccl", "NCCL on InfiniBand, SHARP off: no collective measured at scale here yet"),
     "nccl-ib-sharp": Fabric("nccl", "NCCL on InfiniBand with SHARP in-network reduction: none measured here yet"),
     "nccl-slingshot": Fabric("nccl", "NCCL on HPE Slingshot-11 (Perlmutter) [pccl]", NCCL_PERLMUTTER),
+    "nccl-slingshot-noplugin": Fabric("nccl", "NCCL on Slingshot-11 with no libfabric CXI provider (TCP over the "
+                                      "Slingshot NICs): no preset runs it; measured on 2 GH200 nodes only "
+                                      "(cscs_alps_nccl.toml)"),
     "rccl-slingshot": Fabric("rccl", "RCCL on Slingshot-11 without the aws-ofi-rccl plugin (RCCL's own sockets "
                              "transport): none measured here yet"),
     "rccl-slingshot-ofi": Fabric("rccl", "RCCL on Slingshot-11 through the aws-ofi-rccl libfabric plugin "
