@@ -1,17 +1,32 @@
-"""The cost model's collectives against vendor collectives measured at scale (8 to 2,048 GPUs).
+"""The cost model's collectives against vendor collectives measured at scale (8 to 8,192 GPUs).
 
     python bench/collectives_at_scale.py            # rows per source, a summary per library and fabric, the goal
     python bench/collectives_at_scale.py --json
 
 ``bench/published/collectives/*.toml`` holds measured times (``ms``, nccl-tests' ``us``) or bus bandwidths
-(``busbw_gbps``; ``bw_gbps`` where the source does not say which, read as bus bandwidth: for an all-gather or a
-reduce-scatter the two differ by (R − 1)/R) of one collective per library, fabric, cluster, message size and GPU
-count: ``[[series]]`` over GPU counts, ``[[sweep]]`` over sizes at one GPU count. A cluster is a preset name or a
-``[clusters.NAME]`` table (device, per_node, intra and inter ``LINKS`` keys or ``inter_gbps_per_gpu``, host). Each row
-is predicted as DeepSpeed and FSDP issue it — one ring over every GPU (``Calibration.rings = "flat"``) — on the
-cluster's calibration with the row's fabric (``Calibration.fabric``): where the fabric's collectives were measured
-at scale, the law of ``zerotune/costmodel/fabrics.py``, read off some of these very rows (its reference sources,
-named there); elsewhere the α-β ring with its sourced constants. The error is (predicted − measured) / measured.
+(``busbw_gbps``) of one collective per library, fabric, cluster, message size and GPU count: ``[[series]]`` over GPU
+counts at one size (``mb``), ``[[sweep]]`` over sizes (``bytes``) at one GPU count, ``[[point]]`` a single value.
+Sizes are nccl-tests' size column: the buffer each rank all-reduces or reduce-scatters, each rank's output of an
+all-gather. A bandwidth becomes a time as nccl-tests defines busbw: time = size × (R − 1)/R / busbw, twice that
+for an all-reduce; where a sweep prints both ``us`` and busbw, the time column is used (the busbw is derived from
+it). ``bw_gbps`` (the source does not say bus or algorithm bandwidth) is read as bus bandwidth: nccl-tests and
+rccl-tests print both and the sources that say which quote busbw; for an all-gather or a reduce-scatter the two
+differ by (R − 1)/R, and an all-reduce figure read as algorithm bandwidth would put a node past its NICs' line rate.
+A ``[[point]]`` that prints the large-message plateau without its size is compared at ``PLATEAU_BYTES``; one with
+no GPU count is shown, not scored. ``fabric_confirmed = false`` (the source does not confirm its network) and
+``algorithm`` (NCCL_ALGO forced, e.g. NVLSTree) are shown beside the row, which is scored like the others (it counts
+in the goal; no law is read off an unconfirmed fabric). The fabric label ``nvlink-only`` is one node, no network.
+
+A cluster is a preset name or a ``[clusters.NAME]`` table (device, per_node, intra and inter ``LINKS`` keys or
+``inter_gbps_per_gpu``, host). A table's device with no profile in ``hardware.DEVICES`` (B200, GH200) leaves its rows
+shown and unscored ("no device profile"): a profile holds more than a datasheet's peak, memory and HBM — NCCL's
+protocol ceilings on the device (``ll_max_busbw_gbps``, ``ring_plateau``) and the intra-node link (NVLink 5, GH200's
+NVLink 4 without NVSwitch: no ``LINKS`` key) — and those would be guesses. Each scored row is predicted as DeepSpeed
+and FSDP issue it — one ring over every GPU (``Calibration.rings = "flat"``), an NCCL all-reduce as the faster of
+that ring and NCCL's tree — on the cluster's calibration with the row's fabric (``Calibration.fabric``): where the
+fabric's collectives were measured at scale, the law of ``zerotune/costmodel/fabrics.py``, read off some of these
+very rows (its reference sources, named there); elsewhere the α-β ring with its sourced constants (NCCL on
+InfiniBand: ``fabrics``' paragraph on it). The error is (predicted − measured) / measured.
 Goal: every NCCL and RCCL row within ±25% at every scale from 32 to 2,048 GPUs.
 """
 
@@ -137,8 +152,8 @@ def measured(table: dict[str, Any]) -> list[dict[str, Any]]:
         if "ms" in series:
             times = series["ms"]
         else:
-            bw = series.get("busbw_gbps", series.get("bw_gbps"))
-            times = [_ms_from_busbw(series["collective"], nbytes, g, b) for g, b in zip(gpus, bw, strict=True)]
+            times = [_ms_from_busbw(series["collective"], nbytes, g, b)
+                     for g, b in zip(gpus, _bandwidths(series), strict=True)]
         for g, ms in zip(gpus, times, strict=True):
             out.append({**_keys(series), "bytes": nbytes, "gpus": g, "measured_ms": ms})
     for sweep in table.get("sweep", []):
@@ -160,10 +175,8 @@ def measured(table: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _bandwidths(row: dict[str, Any]) -> Any:
-    """A row's ``busbw_gbps``, or its ``bw_gbps`` (bus or algorithm bandwidth unstated) read as bus bandwidth:
-    nccl-tests and rccl-tests print both and the sources that say which quote busbw; for an all-gather or a
-    reduce-scatter the two differ by (R − 1)/R (at most 3% from 32 GPUs), for an all-reduce by 2(R − 1)/R, and a
-    source's all-reduce figure read as algorithm bandwidth would put a node past its NICs' line rate."""
+    """A row's ``busbw_gbps``, or its ``bw_gbps`` (bus or algorithm bandwidth unstated) read as bus bandwidth (module
+    docstring: why)."""
     return row.get("busbw_gbps", row.get("bw_gbps"))
 
 
