@@ -252,7 +252,7 @@ def goal(items: list[dict[str, Any]]) -> dict[str, Any]:
     mine = [r for r in scored(items)
             if r["library"] in ("NCCL", "RCCL") and GOAL_GPUS[0] <= r["gpus"] <= GOAL_GPUS[1]]
     misses = [r for r in mine if abs(r["error"]) > GOAL]
-    return {"rows": len(mine), "within": len(mine) - len(misses), "misses": misses}
+    return {"rows": len(mine), "within": len(mine) - len(misses), "misses": misses, "scored": mine}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     g = result["goal"]
     print(f"\ngoal (every NCCL and RCCL row within ±{GOAL:.0%} at {GOAL_GPUS[0]}-{GOAL_GPUS[1]:,} GPUs): "
           f"{g['within']} of {g['rows']} rows" + ("" if g["misses"] else " — met"))
+    by_table = {t: [sum(r["table"] == t for r in g["misses"]), sum(r["table"] == t for r in g["scored"])]
+                for t in sorted({r["table"] for r in g["scored"]})}
+    print("  misses by source: " + ", ".join(f"{t} {m}/{n}" for t, (m, n) in by_table.items()))
     for r in g["misses"]:
         print(f"  miss: {r['table']} {r['library']} {r['collective']} {r['mb']:.4g} MiB on {r['gpus']} GPUs "
               f"{r['error']:+.0%}")
