@@ -47,8 +47,6 @@ def unreachable(row: dict) -> str | None:
     if row["table"] == "kahn2019_p3dn_efa":
         return ("NCCL over EFA of 2019 (aws-ofi-nccl of mid-2019 on p3dn): 163-631 µs latency floors the source "
                 "itself keeps for the law's shape, not today's constants (65-75 µs on 2 p5 nodes, aws_efa_nccl)")
-    if row["table"] == "lumi_reframe_rccl" and row.get("measured_gbps", 85) < 85:
-        return "LUMI's 2023 ReFrame reference (70 GB/s), a pass threshold raised to 85 GB/s from 2024 on"
     return None
 
 
@@ -61,7 +59,7 @@ def test_every_reachable_row_within_tolerance(rows: list[dict]) -> None:
     held = [r for r in rows if r["error"] is not None and unreachable(r) is None]
     # the PCCL study's 56 rows, the playbook's 12 multi-node gathers, Kestrel's 14 rows of 64 MiB and more, the
     # InfiniBand all-reduces of 1 GiB and more (22 of Fernandez et al., 27 of NVIDIA's NVLSTree sweep, NVIDIA's
-    # 32-GPU plateau), LUMI's 2 nodes
+    # 32-GPU plateau), LUMI's current reference on 2 nodes
     assert len(held) == 82 + 22 + 27 + 1 + 1
     far = [(r["table"], r["collective"], r["mb"], r["gpus"], r["error"]) for r in held if abs(r["error"]) > TOLERANCE]
     assert not far, far
@@ -150,6 +148,8 @@ def test_rows_without_a_device_profile_or_a_gpu_count_are_shown_not_scored(rows:
         if r["table"] in ("bekman_p6b200_efa", "cscs_alps_nccl"):
             assert r["error"] is None and r["unscored"].startswith("no device profile"), r
             assert r["measured_ms"] > 0
+    (old,) = [r for r in rows if r["table"] == "lumi_reframe_rccl" and r["error"] is None]
+    assert old["measured_gbps"] == 70.0 and old["unscored"].startswith("superseded")
     points = [r for r in rows if r["table"] == "nvidia_gtc_busbw"]
     assert sum(r["unscored"] == "GPU count not printed" for r in points) == 3
     assert all(r["error"] is None for r in points if r["gpus"] is None)
