@@ -28,7 +28,7 @@ from zerotune.errors import InputError, NotFoundError, SpecError, StudyFailed
 from zerotune.tuner import calibrating
 from zerotune.tuner.choice import Chooser, choose
 from zerotune.tuner.request import TuneRequest, key_of, strategy_key
-from zerotune.tuner.shortlist import plan
+from zerotune.tuner.shortlist import measured_on_job, plan
 
 EXECUTOR = "external"
 
@@ -92,11 +92,6 @@ def _prediction(run: TrialCreate, model: ModelSpec, cluster: ClusterSpec, strate
 
 # -- a shortlist measured by the training job itself (``zerotune recommend --measure``) -------------------------
 
-ON_JOB = "job"
-"""What the measured request of a job's measurements is keyed by, beside its executor: one per predicted request
-(model, cluster at the allocation's node count, batch, ...), so a second job of the same shape finds it."""
-
-
 def _predicted(session: Session, recommendation_id: int) -> tuple[Recommendation, TuneRequest]:
     row = repo.get_recommendation(session=session, recommendation_id=recommendation_id)
     if row is None:
@@ -133,12 +128,6 @@ def job_shortlist(*, session: Session, recommendation_id: int) -> dict[str, Any]
     return out
 
 
-def _measured_request(request: TuneRequest, n: int) -> tuple[TuneRequest, str]:
-    measured = dataclasses.replace(request, executor="local", measure=None, trials=n, shortlist_of=request.key(),
-                                   time_budget_s=None)
-    return measured, key_of({**measured.normalized(), "executor": EXECUTOR, "measured_on": ON_JOB})
-
-
 def store_job_measurements(*, sessions: sessionmaker[Session], recommendation_id: int, body: JobMeasurementsCreate,
                            workdir: Path) -> tuple[int, bool]:
     """Store a job's measurements of a recommendation's shortlist as trials of that request, refit the cluster's
@@ -161,7 +150,7 @@ def store_job_measurements(*, sessions: sessionmaker[Session], recommendation_id
     """
     with session_scope(sessions) as s:
         row, request = _predicted(s, recommendation_id)
-        measured, key = _measured_request(request, len(body.runs))
+        measured, key = measured_on_job(request, len(body.runs))
         for i, run in enumerate(body.runs):
             model, cluster = model_spec(run.model), cluster_spec(run.cluster)
             if model != request.model:

@@ -73,8 +73,9 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                         "refits the cluster's calibration), and write the measured winner; an answer measured by a "
                         "job of the same request and shape is reused; any failure keeps the predicted answer, with "
                         "one warning")
-    p.add_argument("--measure-steps", type=int, default=6,
-                   help="timed steps per measured candidate, after 2 warm-up steps (default 6)")
+    p.add_argument("--measure-steps", type=int, default=10,
+                   help="optimizer steps per measured candidate, the first 2 of them warm-up (default 10, as a "
+                        "service's measured trial)")
     p.set_defaults(func=cmd_recommend)
 
 
@@ -190,7 +191,8 @@ def _measured(rec: dict[str, Any], args: argparse.Namespace, server: str, token:
         client = Client(server, token, timeout=max(args.read_timeout, 60.0), connect_timeout=args.connect_timeout,
                         retry=Retry())
         measured = measure_answer(client, rec, job=job, budget_s=args.measure, workdir=Path(workdir),
-                                  steps=args.measure_steps, log=say)
+                                  steps=args.measure_steps,
+                                  warmup=min(2, args.measure_steps - 1), log=say)
     except KeyboardInterrupt:
         raise
     except Unmeasured as exc:

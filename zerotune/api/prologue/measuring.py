@@ -71,7 +71,7 @@ def trial_executor(model: ModelSpec, cluster: ClusterSpec, max_ranks: int) -> Ex
 
 
 def measure_answer(client: Client, rec: dict[str, Any], *, job: str | None, budget_s: float, workdir: Path,
-                   steps: int = 6, warmup: int = 2, max_ranks: int = 8, stream: bool = False,
+                   steps: int = 10, warmup: int = 2, max_ranks: int = 8, stream: bool = False,
                    log: Any = None) -> dict[str, Any]:
     """The answer measured on this allocation: ``rec`` itself when it was measured by a job already (reused) or
     leaves nothing to tell apart, else the service's answer from this job's measurements of its shortlist.

@@ -107,7 +107,10 @@ async def create_measurements(recommendation_id: Id, body: JobMeasurementsCreate
             return queries.recommendation_public(row), queries.answer_bytes(row), created
 
     rec, answer, created = await run_in_threadpool(store)
-    service.cache.bodies.clear()  # a body resolved before may now resolve to the refitted calibration
+    # a body resolved before may now resolve to the refitted calibration, and every key of the request (whatever
+    # calibration it names) is answered from the measurements now: forget what was cached
+    service.cache.bodies.clear()
+    service.cache.answers.clear()
     service.cache.put(rec.request_key, answer)
     response.status_code = 201 if created else 200
     return rec
