@@ -116,6 +116,12 @@ def test_a_job_measures_its_shortlist_and_the_next_job_is_served_the_measurement
                         timeout=60)
     assert resent.status_code == 200 and resent.json()["id"] == rec_id, resent.text
 
+    # the dashboard says which job measured what
+    page = httpx.get(f"{service.url}/dashboard", timeout=30).text
+    section = page[page.index('id="measured-by-jobs"'):page.index("</section>", page.index('id="measured-by-jobs"'))]
+    assert 'data-measured-job="101"' in section and refit["name"] in section
+    assert all(f"/dashboard/trials/{t[0]}" in section for t in trials)
+
     # another request on the cluster predicts with the refit calibration
     other = httpx.post(f"{service.url}/v1/recommendations", json={**BODY, "global_batch": 16}, params={"wait": 120},
                        timeout=150)
