@@ -93,7 +93,8 @@ def test_a_job_measures_its_shortlist_and_the_next_job_is_served_the_measurement
     assert set(report["trial_ids"]) >= {t[0] for t in complete}
     assert report["after"]["rows"]["median"] < report["before"]["rows"]["median"]
     print(f"refit {refit['name']} from {len(report['trial_ids'])} runs: median error "
-          f"{report['before']['rows']['median']:.1%} before, {report['after']['rows']['median']:.1%} after")
+          f"{report['before']['rows']['median']:.1%} before, {report['after']['rows']['median']:.1%} after, "
+          f"cross-validated {report['cross_validated'] and report['cross_validated']['rows']['median']}")
 
     # the next request (it now resolves to the refit calibration: another key) is served the measurements
     again = httpx.post(f"{service.url}/v1/recommendations", json=BODY, timeout=30)

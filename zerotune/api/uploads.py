@@ -176,7 +176,7 @@ def store_job_measurements(*, sessions: sessionmaker[Session], recommendation_id
                 spec = run.strategy if isinstance(run.strategy, str) else run.strategy.model_dump()
                 strategy = build_strategy(spec, request.cluster)
             except SpecError as exc:
-                raise InputError.from_spec(f"runs[{i}].strategy", exc) from None
+                raise InputError.from_spec(f"runs[{i}]", exc) from None
             ok = run.status == "ok"
             metrics = finite({**run.model_dump(exclude={"logs"}), "model": request.model.to_dict(),
                               "cluster": request.cluster.to_dict(), "strategy": strategy.to_dict(),

@@ -12,7 +12,7 @@ from zerotune.api import queries
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
 from zerotune.api.inputs import JobMeasurementsCreate, RecommendationCreate
 from zerotune.api.prologue.outputs import ENV_FILES
-from zerotune.api.schemas import JobPublic, Message, RecommendationPublic
+from zerotune.api.schemas import JobPublic, Message, RecommendationPublic, ValidationErrorPublic
 from zerotune.api.settings import MAX_WAIT_S, Settings
 from zerotune.api.uploads import job_shortlist, store_job_measurements
 from zerotune.db import repository as repo
@@ -85,10 +85,13 @@ def read_shortlist(recommendation_id: Id, session: SessionDep) -> dict[str, Any]
 @router.post(
     "/{recommendation_id}/measurements", response_model=RecommendationPublic, status_code=201,
     dependencies=[WriteAccess],
-    responses={200: {"description": "This job's measurements were stored before: the answer they made."},
+    responses={200: {"model": RecommendationPublic,
+                     "description": "This job's measurements were stored before: the answer they made."},
                201: {"description": "Stored as trials of the request, the cluster's calibration refitted, and the "
                                     "request answered from them."},
-               401: {"model": Message}, 404: {"model": Message}})
+               401: {"model": Message}, 404: {"model": Message},
+               422: {"model": ValidationErrorPublic, "description": "A run of another model or shape than the "
+                     "request's, an unknown strategy, or no run that completed."}})
 async def create_measurements(recommendation_id: Id, body: JobMeasurementsCreate, service: ServiceDep,
                               response: Response) -> RecommendationPublic:
     """Store a training job's measurements of this answer's shortlist: its run.json files become trials of the
