@@ -135,6 +135,10 @@ def test_a_run_of_another_shape_is_refused(service):
     r = httpx.post(f"{service.url}/v1/recommendations/{service.predicted['id']}/measurements",
                    json={"job": "7", "budget_s": 60.0, "runs": [run]}, timeout=30)
     assert r.status_code == 422 and "runs on another shape measure nothing of this allocation" in r.text
+    r = httpx.post(f"{service.url}/v1/recommendations/{service.predicted['id']}/measurements",
+                   json={"job": "7", "budget_s": 60.0, "runs": [{**run, "cluster": "local:2x1", "strategy": "zero9"}]},
+                   timeout=30)
+    assert r.status_code == 422 and r.json()["detail"][0]["field"] == "body.runs[0].strategy", r.text
 
 
 def test_a_budget_too_small_keeps_the_predicted_answer(service, tmp_path):
@@ -158,3 +162,18 @@ def test_the_service_down_still_gives_the_job_a_config(tmp_path: Path):
     assert read(tmp_path / "out" / "strategy.json")["name"] == "zero3"
     (warning,) = r.stderr.strip().splitlines()  # one warning: the fallback's; nothing measured, nothing else said
     assert warning.startswith("zerotune: warning:") and "built-in default" in warning
+
+
+def test_a_gpu_allocation_without_a_step_runner_keeps_the_predicted_answer(service, tmp_path):
+    # frontier:2 has a shortlist (the service's own), but this node cannot run it as is, and no step runner exists
+    args = ["--model", "gpt-tiny", "--cluster", "frontier", "--trials", "8", "--server", service.url, "--wait", "120"]
+    r = recommend(*args, "--measure", "60", "-o", str(tmp_path / "out"), cache=tmp_path / "cache", timeout=200,
+                  **job_env(105, nodes=2))
+    assert r.returncode == 0, r.stderr
+    assert r.exports["ZEROTUNE_TRAIN_CLUSTER"] == "frontier:2" and r.exports["ZEROTUNE_EVIDENCE"] == "predicted"
+    shortlist = httpx.get(f"{service.url}/v1/recommendations/{r.exports['ZEROTUNE_RECOMMENDATION_ID']}/shortlist",
+                          timeout=30).json()
+    assert len(shortlist["candidates"]) >= 2, shortlist
+    (warning,) = [line for line in r.stderr.splitlines() if "--measure" in line]
+    assert "does not run on this node alone, and no Slurm step runner" in warning
+    assert not (tmp_path / "out" / "measure").exists()

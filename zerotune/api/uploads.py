@@ -117,7 +117,8 @@ def job_shortlist(*, session: Session, recommendation_id: int) -> dict[str, Any]
     predicted = {"decision": (row.metrics or {}).get("decision") or {"band": None, "shortlist": []},
                  "study_id": row.study_id, "id": row.id, "strategy": row.strategy}
     try:
-        todo = plan(session, dataclasses.replace(request, measure="local"), predicted)
+        # the job's runs are on the allocation itself, as the service's Slurm executor's would be
+        todo = plan(session, dataclasses.replace(request, measure="slurm"), predicted)
     except SpecError as exc:  # e.g. a DeepSpeed runner's request: the trainer does not run what it runs
         out["why"] = f"{exc.field}: {exc.rule}"
         return out

@@ -23,6 +23,7 @@ from zerotune.core.spec import Strategy
 from zerotune.costmodel import Calibration
 from zerotune.db import repository as repo
 from zerotune.db.models import Recommendation
+from zerotune.errors import SpecError
 from zerotune.tuner.choice import Chooser, leading_partitions
 from zerotune.tuner.executors.base import Executor, StepHook
 from zerotune.tuner.request import TuneRequest, key_of
@@ -109,7 +110,8 @@ def measured_on_job(request: TuneRequest, trials: int = 1) -> tuple[TuneRequest,
     request's model, cluster (the allocation's shape), batch and runner, ``shortlist_of`` it, whatever
     calibration it predicted with (a refit from those very runs changes the calibration a body resolves to,
     never what was measured). ``trials``: the runs the study holds (not part of the key)."""
-    plain = dataclasses.replace(request, calibration=None, executor="model", measure=None, time_budget_s=None)
+    plain = dataclasses.replace(request, calibration=None, executor="model", measure=None, emulate=False,
+                                time_budget_s=None)
     measured = dataclasses.replace(plain, executor="local", trials=trials, shortlist_of=plain.key())
     keyed = dataclasses.replace(measured, trials=1)
     return measured, key_of({**keyed.normalized(), "executor": "external", "measured_on": ON_JOB})
@@ -121,7 +123,10 @@ def job_measured_answer(session: Session, request: TuneRequest) -> Recommendatio
     than zerotune's trainer has none (a job measures what that trainer runs)."""
     if request.runner != "zerotune":
         return None
-    _, key = measured_on_job(request)
+    try:
+        _, key = measured_on_job(request)
+    except SpecError:  # a request no job can measure as asked
+        return None
     req = repo.get_request_by_key(session=session, key=key)
     if req is None:
         return None
