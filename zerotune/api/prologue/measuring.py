@@ -71,7 +71,7 @@ def trial_executor(model: ModelSpec, cluster: ClusterSpec, max_ranks: int) -> Ex
 
 
 def measure_answer(client: Client, rec: dict[str, Any], *, job: str | None, budget_s: float, workdir: Path,
-                   steps: int = 10, warmup: int = 2, max_ranks: int = 8, stream: bool = False,
+                   steps: int = 10, warmup: int = 2, max_ranks: int = 8,
                    log: Any = None) -> dict[str, Any]:
     """The answer measured on this allocation: ``rec`` itself when it was measured by a job already (reused) or
     leaves nothing to tell apart, else the service's answer from this job's measurements of its shortlist.
@@ -110,8 +110,6 @@ def measure_answer(client: Client, rec: dict[str, Any], *, job: str | None, budg
         return rec
     model, cluster = ModelSpec.from_dict(shortlist["model"]), ClusterSpec.from_dict(shortlist["cluster"])
     executor = trial_executor(model, cluster, max_ranks)
-    if stream and hasattr(executor, "stream"):
-        executor.stream = True
     runs: list[dict[str, Any]] = []
     cut: list[dict[str, Any]] = []
     for i, strategy in enumerate(candidates):
