@@ -179,3 +179,26 @@ class TrialCreate(BaseModel):
         for key, value in (self.model_extra or {}).items():
             check_plain_json(value, key)
         return self
+
+
+class CutOff(BaseModel):
+    """A shortlisted strategy the job's time budget left unmeasured (or cut off while it ran)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    strategy: Annotated[PresetName | StrategyCreate, Field(description="a preset name or the Strategy")]
+    reason: str = Field(max_length=2000)
+
+
+class JobMeasurementsCreate(BaseModel):
+    """The shortlist of a recommendation measured by a training job on its own allocation
+    (``zerotune recommend --measure``): each candidate's run.json (``status`` failed for a run that broke), and
+    the candidates its budget cut off."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    job: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$",
+                     description="the Slurm job id whose allocation measured them")
+    budget_s: float = Field(gt=0, le=1e7, description="the job's --measure budget, seconds")
+    runs: list[TrialCreate] = Field(min_length=1, max_length=16)
+    cut_off: list[CutOff] = Field(default_factory=list, max_length=16)
