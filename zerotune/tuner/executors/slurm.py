@@ -63,7 +63,10 @@ from zerotune.tuner.executors.slurm_steps import (
     Allocation,
     NodePool,
     StepRun,
+    hold_allocation,
+    hold_script,
     read_run,
+    release_allocation,
     step_layout,
 )
 
@@ -80,7 +83,7 @@ class SlurmExecutor(Executor):
                  physical_nodes: int | None = None, gpus_per_node: int | None = None,
                  queue_timeout_s: float | None = 3600.0, cancel_wait_s: float = 60.0,
                  repo_root: str | Path | None = None, log_tail_lines: int = 200, mode: str = "steps",
-                 allocation: Allocation | None = None) -> None:
+                 allocation: Allocation | None = None, hold_time_s: float | None = None) -> None:
         """
         Args:
             partition: ``--partition`` (default: the cluster's default partition).
@@ -101,7 +104,9 @@ class SlurmExecutor(Executor):
             log_tail_lines: lines of the job's stdout and stderr kept in ``TrialResult.logs``.
             mode: ``steps``: inside an allocation each trial is a job step of it; ``jobs``: each trial is a batch
                 job of its own, wherever zerotune runs (clusters that forbid steps).
-            allocation: the allocation to run steps in (default: the one Slurm's variables describe, if any).
+            allocation: the allocation to run steps in (default: the one Slurm's variables describe, if any;
+                outside one, mode ``steps`` holds one for the study: see ``close``).
+            hold_time_s: the ``--time`` of an allocation held for a study (None: the partition's limit).
         """
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}: must be one of {', '.join(MODES)}")
@@ -133,13 +138,17 @@ class SlurmExecutor(Executor):
         self._allocation_error = ""
         self._pool: NodePool | None = None
         self._steps = 0
+        self._held = ""
+        """The job id of the allocation this executor holds for its study ("" when none)."""
+        self.hold_time_s = hold_time_s
         if allocation is not None:
             self.use_allocation(allocation)
 
     # -- the allocation ----------------------------------------------------------------------------------------
 
     def allocation(self) -> Allocation | None:
-        """The allocation trials run in as steps: None in mode ``jobs`` or outside an allocation."""
+        """The allocation trials run in as steps (the one zerotune runs in, or the one held for the study): None in
+        mode ``jobs``, or outside an allocation before the first trial."""
         if self.mode != "steps":
             return None
         with self._lock:
@@ -153,6 +162,47 @@ class SlurmExecutor(Executor):
             if self._allocation_error:
                 raise ValueError(self._allocation_error)
             return self._allocation
+
+    def _hold(self, spec: TrialSpec, stop: threading.Event) -> tuple[Allocation | None, str]:
+        """The allocation held for this study, submitted (and waited for: its one queue wait) at its first trial,
+        with the trial's nodes and ranks per node."""
+        with self._lock:
+            if self._allocation is not None:
+                return self._allocation, ""
+            nodes, per_node = self.layout(spec)
+            if self.physical_nodes is not None and nodes > self.physical_nodes:
+                nodes = self.physical_nodes
+                per_node = -(-spec.cluster.world_size // nodes)
+            spec.workdir.mkdir(parents=True, exist_ok=True)
+            script = spec.workdir.resolve().parent / "hold.sbatch"
+            try:
+                script.write_text(hold_script(
+                    name=self.job_name(spec).replace("zerotune-", "zerotune-hold-"), workdir=script.parent,
+                    nodes=nodes, per_node=per_node, partition=self.partition, account=self.account,
+                    gpus_per_node=self.gpus_per_node, sbatch_options=self.sbatch_options,
+                    time_min=None if self.hold_time_s is None else max(1, math.ceil(self.hold_time_s / 60))))
+            except OSError as exc:
+                return None, f"could not write {script}: {exc}"
+            alloc, why = hold_allocation(self.commands, script, gpus_per_node=self.gpus_per_node or 0,
+                                         queue_timeout_s=self.queue_timeout_s, poll_interval_s=self.poll_interval_s,
+                                         stop=stop)
+            if alloc is not None:
+                self._held, self._allocation, self._pool = alloc.job_id, alloc, NodePool(alloc.nodes)
+            return alloc, why
+
+    def close(self) -> None:
+        """Cancel the allocation held for the study, if this executor holds one (the next trial holds another)."""
+        with self._lock:
+            held, self._held = self._held, ""
+            if held:
+                self._allocation, self._pool = None, None
+        if held:
+            release_allocation(self.commands, held, self.cancel_wait_s)
+
+    @property
+    def held(self) -> str:
+        """The job id of the allocation held for the study ("" when none)."""
+        return self._held
 
     def use_allocation(self, allocation: Allocation) -> None:
         """Run steps in ``allocation`` (instead of the one the environment describes)."""
@@ -232,6 +282,10 @@ class SlurmExecutor(Executor):
             allocation = self.allocation()
         except ValueError as exc:
             return self._failed(str(exc))
+        if allocation is None and self.mode == "steps":
+            allocation, why = self._hold(spec, stop)
+            if allocation is None:
+                return self.interrupted(why) if stop.is_set() else self._failed(why)
         if allocation is not None:
             return self._run_step(spec, allocation, stop)
         why = self._prepare(spec)

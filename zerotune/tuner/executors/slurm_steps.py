@@ -16,26 +16,26 @@ JOBID.STEPID`` on timeout or stop, then srun's process group killed if it outliv
 left behind. A failed step's reason is Slurm's state (``sacct`` when accounting is kept, else srun's exit
 status) and the first rank error the trainer wrote: ``Slurm step 12.3 FAILED (exit 1): rank 1 failed: ...``.
 
-**Outside an allocation**, ``study_job_script`` and ``run_study_job`` put a whole study into one batch job
-(``zerotune tune`` submits itself, ``--slurm-mode steps``): one queue wait for the study, each trial then a step.
-(``slurm.run_in_allocation`` runs a list of trials, such as a shortlist, as steps of the allocation.)
+**Outside an allocation** the executor holds one for the study: at its first trial it submits one batch job of
+the trial's nodes that only sleeps (``hold_script``, ``hold_allocation``: the study's one queue wait), runs every
+trial as a step of it (``srun --jobid`` from where the study runs), and cancels it when the study ends
+(``Executor.close``, ``release_allocation``). ``slurm.run_in_allocation`` runs a list of trials, such as a
+shortlist, as steps of an allocation.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import re
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -333,17 +333,19 @@ class StepRun:
         return lines[-1] if lines else ""
 
 
-# -- a whole study in one batch job ------------------------------------------------------------------------------
+# -- an allocation held for a study -----------------------------------------------------------------------------
 
 
-def study_job_script(argv: Sequence[str], *, workdir: Path, nodes: int, time_min: int, python: str,
-                     repo_root: Path, partition: str | None = None, account: str | None = None,
-                     gpus_per_node: int | None = None, sbatch_options: Sequence[str] = ()) -> str:
-    """The batch script that runs ``python -m zerotune <argv>`` (a study) inside one allocation of ``nodes``."""
+def hold_script(*, name: str, workdir: Path, nodes: int, per_node: int, time_min: int | None,
+                partition: str | None = None, account: str | None = None, gpus_per_node: int | None = None,
+                sbatch_options: Sequence[str] = ()) -> str:
+    """The batch script of an allocation held for a study: ``nodes`` nodes with room for ``per_node`` ranks each,
+    doing nothing itself (``sleep``) while the study runs its trials as steps of it, until it is cancelled."""
     wd = workdir.resolve()
-    name = "zerotune-study-" + hashlib.sha1(str(wd).encode()).hexdigest()[:8]
-    opts = [f"--job-name={name}", f"--nodes={nodes}", f"--time={time_min}",
-            f"--output={wd / 'study-%j.out'}", f"--error={wd / 'study-%j.err'}", f"--chdir={Path.cwd().resolve()}"]
+    opts = [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
+            f"--output={wd / 'hold-%j.out'}", f"--error={wd / 'hold-%j.out'}", f"--chdir={wd}"]
+    if time_min is not None:
+        opts.append(f"--time={time_min}")
     if partition:
         opts.append(f"--partition={partition}")
     if account:
@@ -351,82 +353,61 @@ def study_job_script(argv: Sequence[str], *, workdir: Path, nodes: int, time_min
     if gpus_per_node:
         opts.append(f"--gpus-per-node={gpus_per_node}")
     opts += list(sbatch_options)
-    q = shlex.quote
-    return "\n".join([
-        "#!/bin/bash", *(f"#SBATCH {o}" for o in opts),
-        "# zerotune study: every trial runs as a step of this job",
-        "set -eu",
-        f"export PYTHONPATH={q(str(repo_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
-        "export PYTHONUNBUFFERED=1",
-        'echo "zerotune: study in Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST" >&2',
-        " ".join(q(a) for a in [python, "-m", "zerotune", *argv]),
-    ]) + "\n"
+    return "\n".join(["#!/bin/bash", *(f"#SBATCH {o}" for o in opts),
+                      "# zerotune: an allocation held for a study; each trial runs as a step of it",
+                      'echo "zerotune: holding $SLURM_JOB_NODELIST for a study (job $SLURM_JOB_ID)"',
+                      "exec sleep infinity"]) + "\n"
 
 
-@dataclasses.dataclass
-class StudyJob:
-    """How a study submitted as one batch job went."""
+def hold_allocation(commands: SlurmCommands, script: Path, *, gpus_per_node: int = 0,
+                    queue_timeout_s: float | None = None, poll_interval_s: float = 1.0,
+                    stop: threading.Event | None = None) -> tuple[Allocation | None, str]:
+    """Submit ``script`` (``hold_script``) and wait until it runs: (its allocation, "") or (None, why not).
 
-    job_id: str
-    state: str
-    exit_code: int
-    stdout: str
-    stderr: str
-    queued_s: float
-    """Seconds from submission to the job's start (the one queue wait of the study)."""
-    ran_s: float
-
-
-def run_study_job(argv: Sequence[str], *, workdir: Path, nodes: int, time_min: int,
-                  commands: SlurmCommands | None = None, env: Mapping[str, str] | None = None,
-                  python: str | None = None, repo_root: Path | None = None, partition: str | None = None,
-                  poll_interval_s: float = 2.0, stop: threading.Event | None = None,
-                  on_state: Callable[[str, str], None] | None = None, **script: object) -> StudyJob:
-    """Submit ``zerotune <argv>`` as one batch job and wait for it to end.
-
-    ``env`` is added to the job's environment (sbatch exports the submitter's): secrets such as the database URL
-    travel there, never in the script. ``stop`` cancels the job. ``on_state(job_id, state)`` sees each new state.
-    Raises ``RuntimeError`` when sbatch refuses the job."""
-    cmds = commands or SlurmCommands()
-    if env:
-        cmds = dataclasses.replace(cmds, env={**(cmds.env or {}), **env})
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "study.sbatch"
-    path.write_text(study_job_script(argv, workdir=workdir, nodes=nodes, time_min=time_min,
-                                     python=python or sys.executable, repo_root=repo_root or REPO_ROOT,
-                                     partition=partition, **script))  # type: ignore[arg-type]
-    t0 = time.monotonic()
-    sub = cmds("sbatch", "--parsable", str(path))
+    The wait is the study's one queue wait; ``queue_timeout_s`` or ``stop`` cancel the job still pending."""
+    sub = commands("sbatch", "--parsable", str(script))
     job_id = sub.stdout.strip().split(";")[0].strip() if sub.returncode == 0 else ""
     if not re.fullmatch(r"\d+", job_id):
-        raise RuntimeError(f"sbatch failed (exit {sub.returncode}): {(sub.stderr or sub.stdout).strip()}")
+        msg = " ".join((sub.stderr.strip() or sub.stdout.strip() or "no output").split())
+        return None, f"sbatch of the study's allocation failed (exit {sub.returncode}): {msg}"
+    t0 = time.monotonic()
     stop = stop or threading.Event()
-    started: float | None = None
-    last = ""
     try:
         while True:
+            state = commands.queue_state(job_id)
+            if state == "RUNNING":
+                r = commands("squeue", "-h", "-j", job_id, "-o", "%N")
+                nodelist = r.stdout.strip() if r.returncode == 0 else ""
+                if nodelist:
+                    env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_NODELIST": nodelist,
+                           "SLURM_GPUS_ON_NODE": str(gpus_per_node)}
+                    return Allocation.from_env(env, commands), ""
+            elif state is None or state in TERMINAL_STATES:
+                info = commands.final_state(job_id)
+                return None, f"the study's allocation (Slurm job {job_id}) ended before it ran: {info.state} " \
+                             f"({info.reason or 'no reason'})"
             if stop.is_set():
-                cmds("scancel", job_id)
-            state = cmds.queue_state(job_id)
-            if state != last and state is not None and on_state is not None:
-                on_state(job_id, state)
-            last = state or last
-            if state is not None and state not in TERMINAL_STATES:
-                if started is None and state not in ("PENDING", "CONFIGURING", "?"):
-                    started = time.monotonic()
-                time.sleep(poll_interval_s)
-                continue
-            info = cmds.final_state(job_id)
-            break
+                release_allocation(commands, job_id)
+                return None, f"stopped while Slurm job {job_id} (the study's allocation) was {state}"
+            if queue_timeout_s is not None and time.monotonic() - t0 > queue_timeout_s:
+                release_allocation(commands, job_id)
+                return None, f"the study's allocation (Slurm job {job_id}) still {state} after {queue_timeout_s:g} " \
+                             f"s in the queue; cancelled"
+            stop.wait(poll_interval_s)
     except BaseException:
-        cmds("scancel", job_id)
+        release_allocation(commands, job_id)
         raise
-    end = time.monotonic()
-    started = started if started is not None else end
-    out = workdir.resolve() / f"study-{job_id}.out"
-    err = workdir.resolve() / f"study-{job_id}.err"
-    code = _int(info.exit_code.split(":")[0]) if info.exit_code else (0 if info.state == "COMPLETED" else 1)
-    return StudyJob(job_id, info.state, code, _read(out), _read(err), started - t0, end - started)
+
+
+def release_allocation(commands: SlurmCommands, job_id: str, wait_s: float = 30.0) -> None:
+    """Cancel a held allocation and wait (up to ``wait_s``) for it to leave the queue."""
+    commands("scancel", job_id)
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        state = commands.queue_state(job_id)
+        if state is None or state in TERMINAL_STATES:
+            return
+        time.sleep(0.3)
 
 
 def failed(reason: str, *, logs: str = "", extra: dict[str, Any] | None = None) -> TrialResult:
@@ -448,10 +429,3 @@ def read_run(out: Path, head: str, logs: str, extra: dict[str, Any]) -> TrialRes
         return TrialResult(status="failed", metrics=metrics, reason=f"unhealthy run ({verdict}): {evidence}",
                            logs=logs, executor="slurm", extra=extra)
     return TrialResult(status="complete", metrics=metrics, logs=logs, executor="slurm", extra=extra)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
