@@ -190,6 +190,17 @@ class SlurmExecutor(Executor):
                 self._held, self._allocation, self._pool = alloc.job_id, alloc, NodePool(alloc.nodes)
             return alloc, why
 
+    def _drop_ended_hold(self) -> None:
+        """Forget the allocation held for the study once it has ended (its time limit, an admin's scancel): the
+        next trial holds another instead of failing on a job that is gone."""
+        held = self._held
+        if held:
+            state = self.commands.queue_state(held)
+            if state is None or state in TERMINAL_STATES:
+                with self._lock:
+                    if self._held == held:
+                        self._held, self._allocation, self._pool = "", None, None
+
     def close(self) -> None:
         """Cancel the allocation held for the study, if this executor holds one (the next trial holds another)."""
         with self._lock:
@@ -278,6 +289,7 @@ class SlurmExecutor(Executor):
         """One job step inside an allocation, else one batch job, followed until it ends (``on_step`` is not
         called: steps are not seen until the run ends)."""
         spec = self.trial_spec(spec)
+        self._drop_ended_hold()
         try:
             allocation = self.allocation()
         except ValueError as exc:
