@@ -1,6 +1,6 @@
 """Wall time of a 4-candidate shortlist measured on Slurm: as steps of one allocation, against one job per trial.
 
-The shortlist is four partitions of gpt-tiny on ``local:2`` (zero1, zero2, zero3, zeropp; 3 steps after 1 warm-up
+The shortlist is four partitions of gpt-tiny on ``local:2`` (ddp, zero1, zero2, zero3; 3 steps after 1 warm-up
 step each), run by the ``slurm`` executor one trial after another, as a study runs them:
 
 - ``steps``: mode ``steps`` outside an allocation: one batch job is held for the four (one queue wait), each trial an
@@ -37,7 +37,7 @@ from zerotune.tuner.executors.base import TrialResult, TrialSpec  # noqa: E402
 from zerotune.tuner.executors.slurm import SlurmExecutor  # noqa: E402
 from zerotune.tuner.executors.slurm_commands import SlurmCommands  # noqa: E402
 
-SHORTLIST = ("zero1", "zero2", "zero3", "zeropp")
+SHORTLIST = ("ddp", "zero1", "zero2", "zero3")
 
 
 def specs(root: Path, cluster: str) -> list[TrialSpec]:
