@@ -221,6 +221,9 @@ class StepRun:
                 return failed(f"srun could not start: {exc}")
         try:
             return self._follow(proc, stop)
+        except BaseException:
+            self._cancel(proc)  # Ctrl-C, a bug: the step goes too, not only srun
+            raise
         finally:
             self._reap(proc)
 
