@@ -200,6 +200,8 @@ class Tuner:
             with session_scope(self.sessions) as s:
                 repo.set_study_state(session=s, study_id=study_id, state="failed", error=str(exc)[:2000])
             raise
+        finally:
+            self.executor.close()  # e.g. the Slurm allocation held for the study's trials
         with session_scope(self.sessions) as s:
             repo.set_study_state(session=s, study_id=study_id, state="cancelled" if self.stop.is_set() else "done")
         return recommendation

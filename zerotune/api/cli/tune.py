@@ -24,6 +24,11 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--calibration", help="a stored calibration to predict with (default: the newest stored for the "
                                          "cluster in --db, else the cluster's profile), or a zerotune calibrate file")
     p.add_argument("--partition", help="Slurm partition (slurm executor)")
+    p.add_argument("--slurm-mode", choices=("steps", "jobs"), default=env.get("ZEROTUNE_SLURM_MODE") or "steps",
+                   help="slurm executor: 'steps' runs each trial as a job step of the allocation zerotune runs in, "
+                        "or of one allocation held for the whole study (one queue wait); 'jobs' submits each trial "
+                        "as a batch job of its own (clusters that forbid steps) (default: $ZEROTUNE_SLURM_MODE, "
+                        "else steps)")
     p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
     p.add_argument("--full", action="store_true", help="print the whole recommendation record")
@@ -100,7 +105,8 @@ def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessio
         of = what.request if isinstance(what, shortlist.Plan) else what
         bar = _progress_bar(trials, args.quiet)
         workdir = Path(args.workdir or Path(".zerotune")) / of.key()[:12]
-        executor = make_executor(of.executor, calibration=calibration, partition=args.partition, emulate=of.emulate)
+        executor = make_executor(of.executor, calibration=calibration, partition=args.partition, emulate=of.emulate,
+                                 slurm_mode=args.slurm_mode, slurm_hold_s=(trials + 3) * (args.trial_timeout + 60))
         tuner: Tuner
         if isinstance(what, shortlist.Plan):
             tuner = shortlist.ShortlistTuner(what, sessions=sessions, executor=executor, workdir=workdir,

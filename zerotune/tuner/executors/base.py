@@ -106,6 +106,10 @@ class Executor(abc.ABC):
                 executor that does not (the cost model, a batch job) never calls it.
         """
 
+    def close(self) -> None:  # noqa: B027 (nothing to release by default)
+        """Release what the executor holds between trials (the ``slurm`` executor: the allocation it held for the
+        study); the study calls it when it ends. The next ``run`` may hold again."""
+
     def interrupted(self, why: str, **extra: Any) -> TrialResult:
         """The result of a run ended by ``stop``: the caller keeps the trial to be run again."""
         return TrialResult(status="failed", reason=f"interrupted: {why}", executor=self.name,
