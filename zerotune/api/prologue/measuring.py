@@ -22,6 +22,7 @@ imported here, lazily, only when a job measures.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -45,10 +46,26 @@ class Unmeasured(Exception):
 
 
 def step_runner() -> Executor | None:
-    """The executor that runs a trial as a Slurm step (``srun``) on the nodes of the current allocation, or None
-    where there is none. This is the one place a step runner plugs in: until ``zerotune/tuner/executors/slurm.py``
-    has one, trials run through :func:`trial_executor`'s local executor."""
-    return None
+    """The executor that runs a trial as a Slurm step (``srun --jobid``) on the nodes of the current allocation
+    (``tuner.executors.slurm.SlurmExecutor`` in mode ``steps``), or None where there is none: no ``SLURM_JOB_ID``,
+    no ``srun`` on the PATH, or a job id Slurm does not list as running (a job's variables copied into another
+    shell)."""
+    import shutil
+    import subprocess
+
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
+    if not job or shutil.which("srun") is None or shutil.which("squeue") is None:
+        return None
+    try:
+        listed = subprocess.run(["squeue", "-h", "-j", job, "-t", "RUNNING", "-o", "%i"], capture_output=True,
+                                text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if listed.returncode != 0 or job not in listed.stdout.split():
+        return None
+    from zerotune.tuner.executors.slurm import SlurmExecutor
+
+    return SlurmExecutor(mode="steps")
 
 
 def trial_executor(model: ModelSpec, cluster: ClusterSpec, max_ranks: int) -> Executor:
