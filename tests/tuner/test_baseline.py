@@ -1,0 +1,103 @@
+"""The user's config as the baseline: every preset's export reads back as the strategy the tool runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from zerotune.costmodel.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
+from zerotune.errors import SpecError
+from zerotune.tuner.baseline import parse_baseline, read_baseline_file, same_strategy
+from zerotune.tuner.exports import deepspeed_config, deepspeed_notes, fsdp_config
+
+MODEL = parse_model("llama3-8b")
+CLUSTERS = ("dgx-h100:4", "frontier:8")
+
+
+def _without_notes(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k != "notes"}
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("preset", sorted(STRATEGY_PRESETS))
+@pytest.mark.parametrize("version", [None, "0.19.6"])
+def test_deepspeed_export_reads_back_as_the_strategy_it_runs(preset: str, cluster_name: str, version: str | None
+                                                            ) -> None:
+    cluster = parse_cluster(cluster_name)
+    try:
+        s = build_strategy(preset, cluster)
+    except SpecError:
+        pytest.skip(f"{preset} needs more levels than {cluster_name}")
+    config = deepspeed_config(MODEL, cluster, s, global_batch=512, deepspeed_version=version)
+    base = parse_baseline(config, MODEL, cluster)
+    assert base.runner == "deepspeed" and base.global_batch == 512
+    if not deepspeed_notes(MODEL, cluster, s, global_batch=512, deepspeed_version=version):
+        assert same_strategy(base.strategy, s)  # an exact export reads back as the strategy itself
+    # what DeepSpeed runs exports to the same config again
+    assert deepspeed_config(MODEL, cluster, base.strategy, global_batch=512, deepspeed_version=version) == config
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("preset", sorted(STRATEGY_PRESETS))
+def test_fsdp_export_reads_back_as_the_strategy_it_runs(preset: str, cluster_name: str) -> None:
+    cluster = parse_cluster(cluster_name)
+    try:
+        s = build_strategy(preset, cluster)
+    except SpecError:
+        pytest.skip(f"{preset} needs more levels than {cluster_name}")
+    config = fsdp_config(MODEL, cluster, s, global_batch=512)
+    base = parse_baseline(config, MODEL, cluster)
+    assert base.runner == "fsdp" and base.global_batch == 512
+    if not config["notes"] or all("reduce_dtype=" in n for n in config["notes"]):
+        assert same_strategy(base.strategy, s)
+    assert _without_notes(fsdp_config(MODEL, cluster, base.strategy, global_batch=512)) == _without_notes(config)
+
+
+def test_hf_trainer_auto_values_and_refusals_by_key() -> None:
+    cluster = parse_cluster("dgx-h100:4")
+    auto = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "bf16": {"enabled": "auto"}, "zero_optimization": {
+                "stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                "stage3_param_persistence_threshold": "auto", "overlap_comm": True}}
+    base = parse_baseline(auto, MODEL, cluster, global_batch=256)
+    h2 = MODEL.hidden ** 2
+    assert base.global_batch == 256 and base.strategy.param_span == cluster.num_levels
+    assert base.strategy.reduce_bucket_mb == pytest.approx(h2 * 2 / 1e6)
+    assert base.strategy.allgather_bucket_mb == pytest.approx(0.9 * h2 * 2 / 1e6)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({**auto, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
+         "baseline.zero_optimization.offload_optimizer"),
+        ({**auto, "pipeline": {"stages": 2}}, "baseline.pipeline"),
+        ({**auto, "zero_optimization": {"stage": 3, "mics_shard_size": 12}},
+         "baseline.zero_optimization.mics_shard_size"),
+        ({"fsdp_auto_wrap_policy": "SIZE_BASED_WRAP", "fsdp_min_num_params": 1_000_000},
+         "baseline.fsdp_min_num_params"),
+        ({"parallelism": {"tensor_parallel_degree": 2}}, "baseline.parallelism.tensor_parallel_degree"),
+        ({"parallelism": {"data_parallel_shard_degree": 3, "data_parallel_replicate_degree": -1}},
+         "baseline.parallelism.data_parallel_shard_degree"),
+    ]
+    for data, field in cases:
+        with pytest.raises(SpecError) as err:
+            parse_baseline(data, MODEL, cluster)
+        assert err.value.field == field, (field, str(err.value))
+
+
+def test_accelerate_and_torchtitan_settings(tmp_path) -> None:
+    cluster = parse_cluster("dgx-h100:4")  # 8 ranks a node, 32 in all
+    accelerate = tmp_path / "accelerate.yaml"
+    accelerate.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n"
+                          "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_activation_checkpointing: true\n")
+    data = read_baseline_file(str(accelerate))
+    base = parse_baseline(data["fsdp_config"], MODEL, cluster)
+    assert (base.strategy.param_span, base.strategy.optim_span) == (cluster.node_span, cluster.node_span)
+    assert base.strategy.activation_checkpointing
+    titan = tmp_path / "train.toml"
+    titan.write_text("[parallelism]\ndata_parallel_shard_degree = 8\ndata_parallel_replicate_degree = 4\n"
+                     "fsdp_reshard_after_forward = \"never\"\n[activation_checkpoint]\nmode = \"selective\"\n"
+                     "selective_ac_option = \"op\"\n[training]\nlocal_batch_size = 2\nglobal_batch_size = 256\n")
+    base = parse_baseline(read_baseline_file(str(titan)), MODEL, cluster)
+    s = base.strategy
+    assert (s.param_span, s.secondary_span, s.checkpoint_policy, s.micro_batch_size, s.grad_bits) == (
+        cluster.node_span, 0, "selective", 2, 32)
+    assert (base.runner, base.source, base.global_batch) == ("fsdp", "torchtitan", 256)
