@@ -101,3 +101,35 @@ def test_accelerate_and_torchtitan_settings(tmp_path) -> None:
     assert (s.param_span, s.secondary_span, s.checkpoint_policy, s.micro_batch_size, s.grad_bits) == (
         cluster.node_span, 0, "selective", 2, 32)
     assert (base.runner, base.source, base.global_batch) == ("fsdp", "torchtitan", 256)
+
+
+def test_the_gain_over_a_baseline_is_predicted_with_the_comparison_error() -> None:
+    from zerotune.tuner.baseline import compare
+    cluster = parse_cluster("dgx-h100:4")
+    zero3 = build_strategy("zero3", cluster)
+    same = parse_baseline(deepspeed_config(MODEL, cluster, zero3, global_batch=256), MODEL, cluster)
+    c = compare(MODEL, cluster, same, zero3, "deepspeed", global_batch=256)
+    assert c["predicted"]["gain"] == pytest.approx(0.0, abs=1e-9)  # the baseline itself: no gain
+    assert c["predicted"]["comparison_p90"] is not None and "deepspeed baseline: predicted +0.0%" in c["sentence"]
+    ddp = parse_baseline({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}}, MODEL, cluster)
+    c = compare(MODEL, cluster, ddp, zero3, "deepspeed", global_batch=256)
+    assert not c["feasible"] and "not to fit" in c["sentence"]  # 8B replicated: 16 bytes a parameter > 80 GiB
+    c = compare(MODEL, cluster, same, zero3, "deepspeed", global_batch=256, measured=(300.0, 250.0))
+    assert c["measured"]["gain"] == pytest.approx(0.2) and "measured +20.0%" in c["sentence"]
+
+
+def test_predict_takes_a_baseline_and_refuses_an_inexpressible_key_with_exit_2(tmp_path, capsys) -> None:
+    import json
+
+    from zerotune.api.cli import ExitStatus, main
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}))
+    args = ["predict", "--model", "llama3-8b", "--cluster", "dgx-h100:4", "--strategy", "zero3", "--global-batch",
+            "256", "--baseline", str(ds)]
+    assert main([*args, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["baseline"]["strategy"]["grad_span"] == 2 and row["baseline"]["strategy"]["param_span"] == 0
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}))
+    assert main(args) == ExitStatus.USAGE_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "baseline.zero_optimization.offload_optimizer" in err[0]
