@@ -258,3 +258,24 @@ def test_a_hugging_face_config_is_a_model_and_an_unsupported_one_a_422_naming_it
     assert problem["field"] == "body.model.num_local_experts" and problem["value"] == 8, problem
     unknown = client.post("/v1/recommendations", json={"model": {"model_type": "falcon"}, "cluster": "dgx-h100:4"})
     assert unknown.status_code == 422 and unknown.json()["detail"][0]["field"] == "body.model.model_type"
+
+
+def test_a_baseline_is_part_of_the_request_and_an_inexpressible_key_a_422_naming_it(
+        client: TestClient, app_and_engine: tuple) -> None:
+    ds = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+    body = {"model": "llama3-8b", "cluster": "dgx-h100:4", "global_batch": 256}
+    plain = client.post("/v1/recommendations", json=body)
+    ok = client.post("/v1/recommendations", json={**body, "baseline": ds})
+    assert ok.status_code == 202, ok.text
+    assert ok.json()["id"] != plain.json()["id"]  # another question: its answer states a gain over this baseline
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        row = repo.get_request(session=s, request_id=ok.json()["request_id"])
+        assert row is not None and row.spec["baseline"] == ds
+    bad = client.post("/v1/recommendations", json={**body, "baseline": {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}})
+    assert bad.status_code == 422
+    problem = bad.json()["detail"][0]
+    assert problem["field"].endswith("baseline.zero_optimization.offload_optimizer"), problem
+    assert "offloading" in problem["rule"]
+    odd = client.post("/v1/recommendations", json={**body, "baseline": "ds_config.json"})
+    assert odd.status_code == 422 and odd.json()["detail"][0]["field"] == "body.baseline"
