@@ -193,6 +193,17 @@ def test_tune_a_hugging_face_config_against_the_users_deepspeed_config(tmp_path)
     assert rec["baseline"]["strategy"]["param_span"] == 2 and rec["baseline"]["runner"] == "deepspeed"
     assert gain["pick_tflops_per_rank"] == pytest.approx(rec["value"], rel=1e-6)
     assert gain["gain"] == pytest.approx(gain["pick_tflops_per_rank"] / gain["baseline_tflops_per_rank"] - 1)
+    # the dashboard's page of the answer states it too
+    from fastapi.testclient import TestClient
+
+    from zerotune.api.app import create_app
+    from zerotune.api.settings import Settings
+    with TestClient(create_app(Settings(workers=0, db=db)), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/dashboard/recommendations/{rec['id']}")
+    assert page.status_code == 200, page.text
+    shown = page.text.split('id="baseline"', 1)[1].split("</div>", 1)[0]
+    assert "gain over your deepspeed config" in shown and f"{100 * gain['gain']:+.1f}%" in shown
+    assert gain["vs_band"] in shown and "p90" in shown
     bad = tmp_path / "train.toml"
     bad.write_text("[parallelism]\npipeline_parallel_degree = 4\n")
     r = zerotune("tune", "--model", "llama3-8b", "--cluster", "dgx-h100:4", "--baseline", str(bad), "--db", db)
