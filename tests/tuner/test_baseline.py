@@ -133,3 +133,38 @@ def test_predict_takes_a_baseline_and_refuses_an_inexpressible_key_with_exit_2(t
     assert main(args) == ExitStatus.USAGE_ERROR
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "baseline.zero_optimization.offload_optimizer" in err[0]
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("preset", sorted(STRATEGY_PRESETS))
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_torchtitan_export_reads_back_as_the_strategy_it_runs(preset: str, cluster_name: str,
+                                                              checkpointing: bool) -> None:
+    import tomllib
+
+    from zerotune.tuner import exports
+    export = getattr(exports, "torchtitan_config", None)
+    if export is None:
+        pytest.skip("no torchtitan export in this tree")
+    cluster = parse_cluster(cluster_name)
+    try:
+        s = build_strategy(preset, cluster, activation_checkpointing=checkpointing)
+    except SpecError:
+        pytest.skip(f"{preset} needs more levels than {cluster_name}")
+    config = export(MODEL, cluster, s, global_batch=512)
+    base = parse_baseline(tomllib.loads(config["toml"]), MODEL, cluster)
+    assert (base.runner, base.source, base.global_batch) == ("fsdp", "torchtitan", 512)
+    assert export(MODEL, cluster, base.strategy, global_batch=512)["sections"] == config["sections"]
+
+
+def test_torchtitan_selective_checkpointing_is_torchtitan_s_default_unless_op() -> None:
+    """torchtitan's ``selective_ac_option`` defaults to "2" (every second block fully checkpointed: its
+    ``ActivationCheckpoint`` config); "op" is the per-op policy."""
+    cluster = parse_cluster("dgx-h100:4")
+    layer = parse_baseline({"activation_checkpoint": {"mode": "selective"}}, MODEL, cluster).strategy
+    assert (layer.checkpoint_policy, layer.checkpoint_every) == ("full", 2)
+    op = parse_baseline({"activation_checkpoint": {"mode": "selective", "selective_ac_option": "op"}}, MODEL,
+                        cluster).strategy
+    assert (op.checkpoint_policy, op.checkpoint_every) == ("selective", 1)
+    none = parse_baseline({"activation_checkpoint": {"mode": "none"}}, MODEL, cluster).strategy
+    assert not none.activation_checkpointing and none.grad_bits == 32  # torchtitan reduces in float32 by default
