@@ -117,3 +117,16 @@ def test_sliding_window_longer_than_the_sequence_is_fine() -> None:
     assert load_model(str(DATA / "Mistral-7B-v0.1")).seq_len == 4096  # window 4096: every token sees them all
     with pytest.raises(SpecError, match="sliding_window"):
         load_model(f"{DATA / 'Mistral-7B-v0.1'}:8192")
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_the_cost_model_books_every_parameter_of_each_family(name: str) -> None:
+    """DeepSpeed's whole-kept vectors (``persistent_params``: norms, biases, q/k norms) and the block's matmuls, the
+    embeddings, an untied head and a position table add up to the ModelSpec's count: what the cost model gathers
+    and keeps is the model's."""
+    from zerotune.costmodel.runners import persistent_params
+    from zerotune.costmodel.traffic import block_matmuls
+    m = load_model(str(DATA / name))
+    matrices = m.layers * sum(n_in * n_out for n_in, n_out in block_matmuls(m))
+    root = m.vocab * m.hidden + m.untied_head_numel + m.position_numel
+    assert sum(persistent_params(m)) + matrices + root == m.num_params()
