@@ -130,3 +130,9 @@ def test_the_cost_model_books_every_parameter_of_each_family(name: str) -> None:
     matrices = m.layers * sum(n_in * n_out for n_in, n_out in block_matmuls(m))
     root = m.vocab * m.hidden + m.untied_head_numel + m.position_numel
     assert sum(persistent_params(m)) + matrices + root == m.num_params()
+
+
+def test_a_config_beyond_the_services_bounds_is_refused_by_field() -> None:
+    with pytest.raises(SpecError) as err:
+        model_from_hf({**config("Llama-2-7b"), "num_hidden_layers": 10**9})
+    assert err.value.field == "model.layers"

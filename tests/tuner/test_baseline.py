@@ -168,3 +168,13 @@ def test_torchtitan_selective_checkpointing_is_torchtitan_s_default_unless_op() 
     assert (op.checkpoint_policy, op.checkpoint_every) == ("selective", 1)
     none = parse_baseline({"activation_checkpoint": {"mode": "none"}}, MODEL, cluster).strategy
     assert not none.activation_checkpointing and none.grad_bits == 32  # torchtitan reduces in float32 by default
+
+
+def test_a_baseline_the_model_cannot_predict_at_the_batch_is_said_not_fatal_and_bounds_hold() -> None:
+    from zerotune.tuner.baseline import compare
+    cluster = parse_cluster("dgx-h100:4")
+    odd = parse_baseline({"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 3}}, MODEL, cluster)
+    c = compare(MODEL, cluster, odd, build_strategy("zero3", cluster), "deepspeed", global_batch=256)
+    assert c["predicted"] is None and "no prediction at 256 sequences" in c["sentence"]
+    with pytest.raises(SpecError, match="reduce_bucket_mb"):
+        parse_baseline({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e300}}, MODEL, cluster)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zerotune.core.fields import described
 from zerotune.core.spec import ModelSpec
 from zerotune.errors import SpecError
 
@@ -102,10 +103,10 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, seq_len: int | N
     if kind in GPT_TYPES:
         if gpt2:
             ffn = 4 * hidden if cfg.get("n_inner") is None else _int(cfg, "n_inner")
-            return ModelSpec(**common, ffn_hidden=ffn, positions=longest)
+            return _bounded(ModelSpec(**common, ffn_hidden=ffn, positions=longest))
         _refuse(cfg, "attention_bias", "GPT-NeoX without attention biases is not modelled", (True,))
         ffn = _int(cfg, "intermediate_size")
-        return ModelSpec(**common, ffn_hidden=ffn, positions=0)
+        return _bounded(ModelSpec(**common, ffn_hidden=ffn, positions=0))
     _refuse(cfg, "hidden_act", "Llama-shaped blocks are modelled with SwiGLU (silu) only", ("silu",))
     _refuse(cfg, "mlp_bias", "MLP biases are not modelled for Llama-shaped blocks", (False, None))
     if kind != "qwen2":  # Qwen2's q, k and v always have biases (and o none); elsewhere the key adds o's too
@@ -118,6 +119,15 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, seq_len: int | N
     kv = _int(cfg, "num_key_value_heads", heads) if cfg.get("num_key_value_heads") is not None else heads
     if heads % kv:
         raise SpecError("model.num_key_value_heads", kv, f"must divide num_attention_heads={heads}")
-    return ModelSpec(**common, ffn_hidden=_int(cfg, "intermediate_size"), kv_heads=None if kv == heads else kv,
-                     arch="llama", qkv_bias=kind == "qwen2",
-                     qk_norm={"qwen3": "head", "olmo2": "full"}.get(str(kind), "none"))
+    return _bounded(ModelSpec(**common, ffn_hidden=_int(cfg, "intermediate_size"), kv_heads=None if kv == heads else kv,
+                              arch="llama", qkv_bias=kind == "qwen2",
+                              qk_norm={"qwen3": "head", "olmo2": "full"}.get(str(kind), "none")))
+
+
+def _bounded(model: ModelSpec) -> ModelSpec:
+    """``model``, within the bounds the service takes for a ModelSpec's fields (``About.api_max``)."""
+    for d in described(ModelSpec):
+        value = getattr(model, d.name)
+        if d.about.api_max is not None and isinstance(value, int) and value > d.about.api_max:
+            raise SpecError(f"model.{d.name}", value, f"must be <= {d.about.api_max:g}")
+    return model

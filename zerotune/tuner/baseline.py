@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zerotune.core.fields import described
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.catalog import build_strategy
 from zerotune.errors import SpecError
@@ -162,9 +163,14 @@ def _mb(value: Any, key: str, auto: float) -> float:
 
 def _build(fields: dict[str, Any], cluster: ClusterSpec, where: str) -> Strategy:
     try:
-        return build_strategy({**fields, "name": "baseline"}, cluster)
+        strategy = build_strategy({**fields, "name": "baseline"}, cluster)
     except SpecError as exc:
         raise SpecError(f"baseline ({where})", exc.value, f"runs {exc.field} {exc.rule}") from None
+    for d in described(Strategy):  # the service's bounds: every number it stores and predicts with stays finite
+        value = getattr(strategy, d.name)
+        if d.about.api_max is not None and isinstance(value, int | float) and value > d.about.api_max:
+            raise SpecError(f"baseline ({where})", value, f"runs strategy.{d.name} above {d.about.api_max:g}")
+    return strategy
 
 
 def _deepspeed(cfg: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, request_batch: int | None) -> Baseline:
@@ -385,8 +391,14 @@ def compare(model: ModelSpec, cluster: ClusterSpec, baseline: Baseline, pick: St
                                                                           baseline.strategy.micro_batch_size)
     ours = predict(model, cluster, pick, elem_bytes=elem_bytes, global_batch=batch,
                    calibration=run_by(calib, pick_runner))
-    theirs = predict(model, cluster, baseline.strategy, elem_bytes=elem_bytes, global_batch=batch,
-                     calibration=run_by(calib, baseline.runner))
+    try:
+        theirs = predict(model, cluster, baseline.strategy, elem_bytes=elem_bytes, global_batch=batch,
+                         calibration=run_by(calib, baseline.runner))
+    except SpecError as exc:  # e.g. a micro-batch that does not divide the request's batch: said, not fatal
+        return {"source": baseline.source, "runner": baseline.runner, "strategy": baseline.strategy.to_dict(),
+                "global_batch": batch, "feasible": False, "predicted": None, "measured": None,
+                "sentence": f"vs your {baseline.source} baseline: no prediction at {batch} sequences a step "
+                            f"({exc})"}
     gain = ours["tflops_per_rank"] / theirs["tflops_per_rank"] - 1
     band: dict[str, Any] = dict(ours.get("error_band") or {})
     median, p90 = band.get("comparison_median"), band.get("comparison_p90")
@@ -410,6 +422,8 @@ def gain_sentence(c: dict[str, Any]) -> str:
     """One line for people: the gain over the baseline, predicted (with the model's comparison error), measured
     where the study ran the baseline too."""
     p = c["predicted"]
+    if p is None:
+        return str(c.get("sentence", ""))
     text = (f"vs your {c['source']} baseline: predicted {p['gain']:+.1%} "
             f"({p['pick_tflops_per_rank']:.1f} vs {p['baseline_tflops_per_rank']:.1f} TFLOPS/rank")
     if p["comparison_p90"] is not None:
