@@ -178,3 +178,18 @@ def test_a_baseline_the_model_cannot_predict_at_the_batch_is_said_not_fatal_and_
     assert c["predicted"] is None and "no prediction at 256 sequences" in c["sentence"]
     with pytest.raises(SpecError, match="reduce_bucket_mb"):
         parse_baseline({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e300}}, MODEL, cluster)
+
+
+def test_the_prologue_client_sends_a_hugging_face_folder_and_a_baseline_inline(tmp_path, capsys) -> None:
+    import json
+    from pathlib import Path
+
+    from zerotune.api.cli import main
+    titan = tmp_path / "train.toml"
+    titan.write_text("[parallelism]\ndata_parallel_shard_degree = 8\ndata_parallel_replicate_degree = 4\n")
+    folder = Path(__file__).parent.parent / "data" / "hf" / "Qwen3-8B"
+    assert main(["recommend", "--model", str(folder), "--cluster", "dgx-h100:4", "--baseline", str(titan),
+                 "--dry-run", "--no-slurm"]) == 0
+    body = json.loads(capsys.readouterr().out)["body"]
+    assert body["model"]["model_type"] == "qwen3" and body["baseline"] == {
+        "parallelism": {"data_parallel_shard_degree": 8, "data_parallel_replicate_degree": 4}}
