@@ -209,3 +209,22 @@ def test_tune_a_hugging_face_config_against_the_users_deepspeed_config(tmp_path)
     r = zerotune("tune", "--model", "llama3-8b", "--cluster", "dgx-h100:4", "--baseline", str(bad), "--db", db)
     assert r.returncode == 2 and "baseline.parallelism.pipeline_parallel_degree" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_measuring_study_measures_the_baseline_first_and_states_the_measured_gain(tmp_path):
+    """With the local executor the baseline is the study's first trial (its buckets on the search grid), so the
+    answer states the measured gain beside the predicted one."""
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 2, "reduce_bucket_size": 12_500_000, "allgather_bucket_size": 12_500_000}}))
+    db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    r = zerotune("tune", "--model", "gpt-tiny", "--cluster", "local:2", "--executor", "local", "--trials", "3",
+                 "--steps", "3", "--baseline", str(ds), "--db", db, "--workdir", str(tmp_path), "--seed", "0",
+                 "--full", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads(r.stdout)
+    measured = rec["baseline"]["measured"]
+    assert measured is not None and measured["pick_tflops_per_rank"] == pytest.approx(rec["value"])
+    assert measured["gain"] == pytest.approx(measured["pick_tflops_per_rank"] / measured["baseline_tflops_per_rank"]
+                                             - 1)
+    assert "measured" in next(x for x in r.stderr.splitlines() if "baseline: predicted" in x)

@@ -425,7 +425,7 @@ def gain_sentence(c: dict[str, Any]) -> str:
     if p is None:
         return str(c.get("sentence", ""))
     text = (f"vs your {c['source']} baseline: predicted {p['gain']:+.1%} "
-            f"({p['pick_tflops_per_rank']:.1f} vs {p['baseline_tflops_per_rank']:.1f} TFLOPS/rank")
+            f"({p['pick_tflops_per_rank']:.4g} vs {p['baseline_tflops_per_rank']:.4g} TFLOPS/rank")
     if p["comparison_p90"] is not None:
         text += (f"; the model's error on comparing two strategies is {p['comparison_median']:.0%} median, "
                  f"{p['comparison_p90']:.0%} p90: the gain is {p['vs_band']} it")
@@ -434,8 +434,8 @@ def gain_sentence(c: dict[str, Any]) -> str:
         text += "; the baseline is predicted not to fit in memory at this batch"
     if c["measured"]:
         m = c["measured"]
-        text += (f"; measured {m['gain']:+.1%} ({m['pick_tflops_per_rank']:.1f} vs "
-                 f"{m['baseline_tflops_per_rank']:.1f} TFLOPS/rank)")
+        text += (f"; measured {m['gain']:+.1%} ({m['pick_tflops_per_rank']:.4g} vs "
+                 f"{m['baseline_tflops_per_rank']:.4g} TFLOPS/rank)")
     return text
 
 
