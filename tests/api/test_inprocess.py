@@ -257,3 +257,45 @@ def test_a_study_page_says_who_trains_with_its_answer(client: TestClient, app_an
     assert ('<dd id="runner">deepspeed: only what it runs exactly, one ring over the whole group, gradients reduced '
             'in backward</dd>') in pages["deepspeed"].text
     assert "<dd id=\"runner\">zerotune's engine: every partition, one ring per level</dd>" in pages["zerotune"].text
+
+
+def test_a_hugging_face_config_is_a_model_and_an_unsupported_one_a_422_naming_its_key(
+        client: TestClient, app_and_engine: tuple) -> None:
+    import json
+    from pathlib import Path
+    cfg = json.loads((Path(__file__).parent.parent / "data" / "hf" / "Llama-3.1-8B" / "config.json").read_text())
+    ok = client.post("/v1/recommendations", json={"model": {**cfg, "seq_len": 8192}, "cluster": "dgx-h100:4"})
+    assert ok.status_code == 202, ok.text
+    preset = client.post("/v1/recommendations", json={"model": "llama3-8b", "cluster": "dgx-h100:4"})
+    assert preset.status_code == 202
+    with session_scope(make_session_factory(app_and_engine[1])) as s:  # the same blocks as the preset, its name aside
+        rows = [repo.get_request(session=s, request_id=r.json()["request_id"]) for r in (ok, preset)]
+        stored, known = (row.spec["model"] for row in rows if row is not None)
+    assert {**stored, "name": "x"} == {**known, "name": "x"}
+    moe = client.post("/v1/recommendations", json={"model": {**cfg, "num_local_experts": 8}, "cluster": "dgx-h100:4"})
+    assert moe.status_code == 422
+    problem = moe.json()["detail"][0]
+    assert problem["field"] == "body.model.num_local_experts" and problem["value"] == 8, problem
+    unknown = client.post("/v1/recommendations", json={"model": {"model_type": "falcon"}, "cluster": "dgx-h100:4"})
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["field"] == "body.model.model_type"
+
+
+def test_a_baseline_is_part_of_the_request_and_an_inexpressible_key_a_422_naming_it(
+        client: TestClient, app_and_engine: tuple) -> None:
+    ds = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+    body = {"model": "llama3-8b", "cluster": "dgx-h100:4", "global_batch": 256}
+    plain = client.post("/v1/recommendations", json=body)
+    ok = client.post("/v1/recommendations", json={**body, "baseline": ds})
+    assert ok.status_code == 202, ok.text
+    assert ok.json()["id"] != plain.json()["id"]  # another question: its answer states a gain over this baseline
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        row = repo.get_request(session=s, request_id=ok.json()["request_id"])
+        assert row is not None and row.spec["baseline"] == ds
+    bad = client.post("/v1/recommendations", json={**body, "baseline": {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}})
+    assert bad.status_code == 422
+    problem = bad.json()["detail"][0]
+    assert problem["field"].endswith("baseline.zero_optimization.offload_optimizer"), problem
+    assert "offloading" in problem["rule"]
+    odd = client.post("/v1/recommendations", json={**body, "baseline": "ds_config.json"})
+    assert odd.status_code == 422 and odd.json()["detail"][0]["field"] == "body.baseline"

@@ -120,11 +120,30 @@ class StrategyCreate(body_of(Strategy)):  # type: ignore[misc]  # the fields of 
     """An explicit Strategy (spans count the cluster's levels, innermost first)."""
 
 
+class HfConfigCreate(BaseModel):
+    """A Hugging Face ``config.json``'s object (``core.hf_config``: Llama, Mistral, Qwen2/3, OLMo 2, GPT-NeoX, GPT-2),
+    with an optional ``seq_len`` beside its keys (the training sequence length)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, json_schema_extra={"examples": [{
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+        "seq_len": 8192}]})
+
+    model_type: str = Field(min_length=1, max_length=64, description="the model family (transformers' model_type)")
+
+    @model_validator(mode="after")
+    def _plain_extra(self) -> HfConfigCreate:
+        for key, value in (self.model_extra or {}).items():
+            check_plain_json(value, key)
+        return self
+
+
 PresetName = Annotated[str, Field(min_length=1)]
 """A preset's name: never empty (``GET /v1/catalog`` lists them)."""
 
-ModelField = Annotated[PresetName | ModelCreate, Field(
-    description="a preset name (GET /v1/catalog) or an explicit ModelSpec", examples=["gpt-neox-20b"])]
+ModelField = Annotated[PresetName | ModelCreate | HfConfigCreate, Field(
+    description="a preset name (GET /v1/catalog), an explicit ModelSpec or a Hugging Face config.json's object",
+    examples=["gpt-neox-20b"])]
 ClusterField = Annotated[PresetName | ClusterCreate, Field(
     description="a preset (frontier:48, dgx-h100:4, local:2x2) or an explicit ClusterSpec", examples=["frontier:48"])]
 

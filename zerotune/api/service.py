@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from zerotune.api import queries, schemas
 from zerotune.api.cache import AnswerCache
-from zerotune.api.inputs import ClusterCreate, ModelCreate, RecommendationCreate
+from zerotune.api.inputs import ClusterCreate, HfConfigCreate, ModelCreate, RecommendationCreate
 from zerotune.api.metrics import Metrics
 from zerotune.api.settings import Settings
 from zerotune.core.fields import OPTIONS, from_body
@@ -39,8 +39,8 @@ MAX_WORLD_SIZE = 2**24
 ACTIVE = ("queued", "running")
 
 
-def model_spec(value: str | ModelCreate) -> ModelSpec:
-    """A preset name or an explicit ModelSpec (the catalog never reads a file)."""
+def model_spec(value: str | ModelCreate | HfConfigCreate) -> ModelSpec:
+    """A preset name, an explicit ModelSpec or a Hugging Face config's object (the catalog never reads a file)."""
     try:
         return parse_model(value if isinstance(value, str) else value.model_dump())
     except SpecError as exc:

@@ -151,6 +151,10 @@ def check(d: Described, value: Any, label: str) -> None:
             raise SpecError(label, value, "must be a finite number")
     elif d.kind is str and not isinstance(value, str):
         raise SpecError(label, value, "must be a string")
+    elif d.kind is dict:
+        if not isinstance(value, dict):
+            raise SpecError(label, value, "must be a JSON object")
+        return
     if rule.minimum is not None and value < rule.minimum:
         raise SpecError(label, value, f"must be >= {rule.minimum}")
     if rule.above is not None and value <= rule.above:
@@ -232,6 +236,10 @@ class Options:
         choices=SAMPLERS,
         body=None, key=ALWAYS))
     seed: int | None = field(default=None, metadata=about("the sampler's seed", body=None, key=NEVER))
+    baseline: dict | None = field(default=None, metadata=about(
+        "the config trained today, as one JSON object: a DeepSpeed ds_config, FSDP settings (zerotune's FSDP2 export "
+        "or Accelerate's fsdp_config keys) or a torchtitan TOML's tables; the answer states the recommendation's gain "
+        "over the strategy it runs, and a key no strategy expresses is refused by name", flag=None))
     shortlist_of: str | None = field(default=None, metadata=about(
         "set on the measured study of another request's shortlist: that request's key", body=None, flag=None))
 

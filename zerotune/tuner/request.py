@@ -12,6 +12,7 @@ from zerotune.core.fields import ALWAYS, OPTIONS, WHEN_SET, Options, check_field
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.memory import check_reserve
 from zerotune.errors import SpecError
+from zerotune.tuner.baseline import parse_baseline
 from zerotune.tuner.executors.local import runs_as_is
 from zerotune.tuner.space import resolve_global_batch
 
@@ -49,6 +50,8 @@ class TuneRequest(Options):
         batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
         object.__setattr__(self, "global_batch", batch)  # frozen: the resolved batch is what the request means
         object.__setattr__(self, "tokens_per_step", batch * self.model.seq_len)
+        if self.baseline is not None:  # refused now, by key, if no strategy expresses it
+            parse_baseline(self.baseline, self.model, self.cluster, batch)
 
     def normalized(self) -> dict[str, Any]:
         """What makes two requests equivalent: the model, the cluster and each field that is part of the key

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from zerotune.api.cli import ExitStatus
 from zerotune.core.batch import SEQUENCES_PER_RANK
@@ -54,6 +54,8 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                    help="also print where each step's seconds go: compute, communication left exposed, the "
                         "slow-down of compute beside collectives, the step boundary, the optimizer update")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON (run.json field names)")
+    p.add_argument("--baseline", metavar="FILE", help="your config today (a DeepSpeed ds_config.json, FSDP settings "
+                   "JSON/YAML or a torchtitan TOML): each row's predicted gain over it")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("calibrate", help="fit the cost model to measured run.json files and store it by name")
@@ -173,6 +175,11 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                          "scaling_efficiency": p["tflops_per_rank"] / base["tflops_per_rank"],
                          "cross_node_bytes": cross_node_bytes(p, cluster), "checkpointed": s.activation_checkpointing,
                          "checkpointing": s.checkpointing, "capacity_gib": cluster.device_memory_gib})
+            if args.baseline:  # the user's config today, on this cluster, at this batch
+                from zerotune.tuner.baseline import compare, load_baseline
+                baseline = load_baseline(args.baseline, model, cluster, args.global_batch)
+                rows[-1]["baseline"] = compare(model, cluster, baseline, s, args.runner or "zerotune",
+                                               global_batch=batch, elem_bytes=elem)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return ExitStatus.SUCCESS
@@ -199,6 +206,9 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"error on {', '.join(dict.fromkeys(clusters))}: {note}")
     for p in rows:  # what each kept free beside its peak, and why
         print(f"memory on {p['cluster']}, {p['strategy']}: {memory_note(p, p['capacity_gib'])['reason']}")
+    for p in rows:
+        if p.get("baseline"):
+            print(f"{p['strategy']} on {p['cluster']} {p['baseline']['sentence']}")
     lean = next((p["error_band"]["checkpointing"] for p in rows
                  if p["checkpointing"] == "full" and p["error_band"]
                  and p["error_band"].get("checkpointing")), None)
@@ -248,6 +258,8 @@ class PredictedRow(Prediction):
     checkpointing: str
     capacity_gib: float
     """The cluster's memory per rank."""
+    baseline: NotRequired[dict[str, Any]]
+    """With ``--baseline``: the gain over the user's config (``tuner.baseline.compare``)."""
 
 
 def _print_breakdown(rows: list[PredictedRow]) -> None:

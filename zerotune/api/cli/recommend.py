@@ -40,6 +40,8 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--base", help="your DeepSpeed config: the recommended zero_optimization is merged into it, "
                    "every other key stays yours (deepspeed and env formats); a batch key that differs from the "
                    "recommended one is refused")
+    p.add_argument("--baseline", metavar="FILE", help="your config today (a DeepSpeed ds_config.json, FSDP settings "
+                   "JSON/YAML or a torchtitan TOML): the answer states the recommendation's gain over it")
     p.add_argument("--keep-base-batch", action="store_true",
                    help="with --base: keep its batch keys (DeepSpeed's batch rule still checked) instead of refusing "
                         "a batch other than the one every trial measured")
@@ -115,9 +117,10 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         base = pl.read_json_file("--base", args.base)
         if not isinstance(base, dict):
             raise UsageError("--base", args.base, "a DeepSpeed config is a JSON object")
+    baseline = _read_baseline(args.baseline) if args.baseline else None
     body = pl.build_request(model, cluster, objective=args.objective, executor=args.executor, trials=args.trials,
                             time_budget_s=args.time_budget, global_batch=args.global_batch,
-                            runner=args.runner or env.get("ZEROTUNE_RUNNER"),
+                            runner=args.runner or env.get("ZEROTUNE_RUNNER"), baseline=baseline,
                             grad_reduce_in_fp32=args.grad_reduce_in_fp32 or pl.env_flag(
                                 "ZEROTUNE_GRAD_REDUCE_IN_FP32", env.get("ZEROTUNE_GRAD_REDUCE_IN_FP32")))
     server = (args.server or env.get("ZEROTUNE_URL") or "http://127.0.0.1:8000").rstrip("/")
@@ -202,3 +205,31 @@ def _measured(rec: dict[str, Any], args: argparse.Namespace, server: str, token:
         pl.warn(f"--measure failed ({type(exc).__name__}: {exc}); using the predicted answer")
         return rec
     return {**measured, "job": job}
+
+
+def _read_baseline(path: str) -> dict[str, Any]:
+    """``--baseline FILE``: its object, sent as the request's ``baseline`` (the service reads no files). JSON, a
+    torchtitan TOML (the standard library's tomllib) or YAML (where pyyaml is installed)."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text()
+        if path.endswith(".toml"):
+            data: Any = tomllib.loads(text)
+        elif path.endswith((".yaml", ".yml")):
+            import yaml
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except ImportError:
+        raise UsageError("--baseline", path, "a YAML file needs pyyaml (pip install pyyaml), or write it as JSON") \
+            from None
+    except (OSError, ValueError) as exc:
+        raise UsageError("--baseline", path, f"cannot be read ({exc})") from None
+    except Exception as exc:  # yaml.YAMLError
+        raise UsageError("--baseline", path, f"is not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError("--baseline", path, "must hold an object (a DeepSpeed config, FSDP settings or a TOML)")
+    return data

@@ -31,6 +31,8 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                         "else steps)")
     p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
+    p.add_argument("--baseline", metavar="FILE", help="your config today (a DeepSpeed ds_config.json, FSDP settings "
+                   "JSON/YAML or a torchtitan TOML): the answer states the recommendation's gain over it")
     p.add_argument("--full", action="store_true", help="print the whole recommendation record")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_tune)
@@ -68,10 +70,13 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.db.migrate import upgrade
     from zerotune.db.session import default_url, make_engine, make_session_factory, session_scope
     from zerotune.tuner import calibrating
+    from zerotune.tuner.baseline import read_baseline_file
     from zerotune.tuner.request import TuneRequest
     from zerotune.tuner.study import TunerOptions
 
-    request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), **request_options(args))
+    baseline = read_baseline_file(args.baseline) if args.baseline else None
+    request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), baseline=baseline,
+                          **request_options(args))
     options = TunerOptions(steps=args.steps, trial_timeout_s=args.trial_timeout)
     if request.emulate:
         from zerotune.tuner.executors import netns
@@ -139,6 +144,8 @@ def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessio
           f"sequences ({request.tokens_per_step:,} tokens) per step; study {rec['study_id']} in {url}", file=sys.stderr)
     if rec.get("memory"):  # how much of a rank's memory the pick uses, and what it kept for the runtime
         print(f"zerotune: memory: {rec['memory']['reason']}", file=sys.stderr)
+    if rec.get("baseline"):
+        print(f"zerotune: {rec['baseline']['sentence']}", file=sys.stderr)
     again = set(rec.get("remeasured") or [])
     measured = [f"trial {lead['trial_id']} {lead['value']:.4g} [{lead['interval'][0]:.4g}, {lead['interval'][1]:.4g}]"
                 f"{' re-measured' if lead['trial_id'] in again else ''}"

@@ -277,6 +277,7 @@ def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]
     notes = notes_of({"metrics": metrics, "exports": rec.exports or {}}, "env")
     return {"rec": rec, "request": request_summary(request), "evidence": evidence, "exports": exports,
             "notes": notes, "verification": metrics.get("verification"), "decision": metrics.get("decision"),
+            "baseline": metrics.get("baseline"),
             "collectives": collectives_caveat(slower) if (slower := (metrics.get("decision") or {}).get(
                 "collectives")) else None,
             "band": metrics.get("error_band") or {}, "refit": refit_of(session, row.study_id),
