@@ -11,7 +11,8 @@
 # 3. our engine's collectives on a thread and inline, side by side at one sequence (where the host
 #    sets the pace), twice each;
 # 4. zerotune train's micro-batch sweep (1, 2, 4, 8 sequences per micro-step, 8 per step), whose
-#    run.json files the cost model's tests compare with;
+#    run.json files the cost model's tests compare with, each run's max_allocated and max_reserved printed
+#    ($OUT/fragmentation.txt: the allocator's fragmentation, reserved over allocated);
 # 5. the model's forward and backward split by kernel class (bench/kernel_split.py): the rates the cost
 #    model's Hopper figures were read from (bench/data/h200-kernels), for this device;
 # 6. causal attention alone (bench/attention_rate.py): SDPA's forward and backward at 1-8k tokens, head sizes 64
@@ -43,6 +44,10 @@ for mbs in 1 2 4 8; do
       --model "$MODEL" --cluster "$OUT/one-gpu.json" --strategy zero3 --set micro_batch_size=$mbs \
       --steps 6 --warmup 2 --global-batch 8 --out "$OUT/train-$MODEL-zero3-mbs$mbs.json" 2>&1 \
       | tail -4 | tee -a "$OUT/log.txt"
+  # the caching allocator's fragmentation, reserved over allocated: the measurement that replaces the cost
+  # model's published figure (costmodel.memory.FRAGMENTATION)
+  $PY -c 'import json, sys; m = json.load(open(sys.argv[1]))["memory_bytes"]; a, r = m["cuda_max_allocated"], m["cuda_max_reserved"]; print(f"max_allocated {a / 2**30:.2f} GiB  max_reserved {r / 2**30:.2f} GiB  reserved/allocated {r / a:.3f}")' \
+      "$OUT/train-$MODEL-zero3-mbs$mbs.json" 2>&1 | tee -a "$OUT/fragmentation.txt" "$OUT/log.txt"
 done
 log "kernel classes, $MODEL, micro-batches 1, 2, 4, 8"
 timeout 150 $PY bench/kernel_split.py --model "$MODEL" ${PEAK_TFLOPS:+--peak-tflops $PEAK_TFLOPS} \

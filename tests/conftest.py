@@ -1,15 +1,17 @@
-"""Shared fixtures: run real torchrun jobs from tests, under a hard timeout. Under ``CI=true`` a session in
-which any test was skipped fails, naming each skip and its reason: CI provides every real dependency, so a
-skip there is a test that did not run."""
+"""Shared fixtures: run real torchrun jobs from tests, under a hard timeout; a one-node Slurm cluster for the
+session. Under ``CI=true`` a session in which any test was skipped fails, naming each skip and its reason: CI
+provides every real dependency, so a skip there is a test that did not run."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.slurm.cluster import LocalSlurm, unavailable_reason
+from tests.support import unavailable
 from tests.support.ranks import run_ranks
 
 _SKIPS: list[pytest.TestReport | pytest.CollectReport] = []
@@ -20,6 +22,20 @@ def ranks_runner(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list
     def run(nproc: int, script: Path, args: list[str], timeout_s: float = 240.0) -> list[dict]:
         return run_ranks(nproc, script, args, tmp_path_factory.mktemp(script.stem), timeout_s)
     return run
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
+    """A one-node Slurm cluster on this machine for the session (``unavailable`` when it cannot be started)."""
+    reason = unavailable_reason()
+    if reason:
+        unavailable(f"no local Slurm: {reason}")
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def _in_ci() -> bool:

@@ -18,6 +18,7 @@ from zerotune.api.settings import Settings
 from zerotune.core.fields import OPTIONS, Described, to_body
 from zerotune.db import repository as repo
 from zerotune.db.session import make_session_factory, session_scope
+from zerotune.tuner.request import TuneRequest
 
 NEOX = {"model": "gpt-neox-20b", "cluster": "frontier:48"}
 
@@ -61,6 +62,22 @@ def test_a_new_request_queues_one_job_and_equal_requests_share_it(client: TestCl
         assert repo.job_counts(session=s) == {"queued": 4}
 
 
+def test_a_request_may_set_the_memory_reserve(client: TestClient, app_and_engine: tuple) -> None:
+    """``memory_reserve_gib``: kept with the request the worker gets back, another question than the computed
+    reserve; the schema describes it."""
+    default = client.post("/v1/recommendations", json=NEOX).json()
+    kept = client.post("/v1/recommendations", json={**NEOX, "memory_reserve_gib": 4.5})
+    assert kept.status_code == 202, kept.text
+    assert kept.json()["id"] != default["id"]
+    assert client.post("/v1/recommendations", json={**NEOX, "memory_reserve_gib": None}).json()["id"] == default["id"]
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        spec = repo.get_request(session=s, request_id=kept.json()["request_id"]).spec
+    assert spec["memory_reserve_gib"] == 4.5 and TuneRequest.from_dict(spec).memory_reserve_gib == 4.5
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "fragmentation" in schemas["RecommendationCreate"]["properties"]["memory_reserve_gib"]["description"]
+    assert "memory" in schemas["RecommendationPublic"]["properties"]
+
+
 def test_a_cancelled_job_is_cancelled_once(client: TestClient) -> None:
     job = client.post("/v1/recommendations", json=NEOX).json()
     gone = client.delete(f"/v1/jobs/{job['id']}")
@@ -81,6 +98,9 @@ def test_a_cancelled_job_is_cancelled_once(client: TestClient) -> None:
     ({**NEOX, "runner": "megatron"}, "body.runner", "'zerotune', 'deepspeed' or 'fsdp'"),
     ({**NEOX, "runner": "deepspeed", "measure_shortlist": "slurm"}, "body.runner",
      "short runs train with zerotune's own engine"),
+    ({**NEOX, "memory_reserve_gib": -1}, "body.memory_reserve_gib", "greater than or equal to 0"),
+    ({**NEOX, "memory_reserve_gib": "2"}, "body.memory_reserve_gib", "valid number"),
+    ({**NEOX, "memory_reserve_gib": 64}, "body.memory_reserve_gib", "under the device's memory (64 GiB)"),
 ])
 def test_bad_input_is_a_422_naming_field_value_and_rule(client: TestClient, body: dict, field: str,
                                                         rule: str) -> None:
@@ -269,3 +289,45 @@ def test_an_answer_stored_before_the_tool_formats_still_serves_them(client: Test
     content = client.get("/openapi.json").json()["paths"]["/v1/recommendations/{recommendation_id}"]["get"][
         "responses"]["200"]["content"]
     assert {"application/json", "application/toml", "application/yaml"} <= set(content)
+
+
+def test_a_hugging_face_config_is_a_model_and_an_unsupported_one_a_422_naming_its_key(
+        client: TestClient, app_and_engine: tuple) -> None:
+    import json
+    from pathlib import Path
+    cfg = json.loads((Path(__file__).parent.parent / "data" / "hf" / "Llama-3.1-8B" / "config.json").read_text())
+    ok = client.post("/v1/recommendations", json={"model": {**cfg, "seq_len": 8192}, "cluster": "dgx-h100:4"})
+    assert ok.status_code == 202, ok.text
+    preset = client.post("/v1/recommendations", json={"model": "llama3-8b", "cluster": "dgx-h100:4"})
+    assert preset.status_code == 202
+    with session_scope(make_session_factory(app_and_engine[1])) as s:  # the same blocks as the preset, its name aside
+        rows = [repo.get_request(session=s, request_id=r.json()["request_id"]) for r in (ok, preset)]
+        stored, known = (row.spec["model"] for row in rows if row is not None)
+    assert {**stored, "name": "x"} == {**known, "name": "x"}
+    moe = client.post("/v1/recommendations", json={"model": {**cfg, "num_local_experts": 8}, "cluster": "dgx-h100:4"})
+    assert moe.status_code == 422
+    problem = moe.json()["detail"][0]
+    assert problem["field"] == "body.model.num_local_experts" and problem["value"] == 8, problem
+    unknown = client.post("/v1/recommendations", json={"model": {"model_type": "falcon"}, "cluster": "dgx-h100:4"})
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["field"] == "body.model.model_type"
+
+
+def test_a_baseline_is_part_of_the_request_and_an_inexpressible_key_a_422_naming_it(
+        client: TestClient, app_and_engine: tuple) -> None:
+    ds = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+    body = {"model": "llama3-8b", "cluster": "dgx-h100:4", "global_batch": 256}
+    plain = client.post("/v1/recommendations", json=body)
+    ok = client.post("/v1/recommendations", json={**body, "baseline": ds})
+    assert ok.status_code == 202, ok.text
+    assert ok.json()["id"] != plain.json()["id"]  # another question: its answer states a gain over this baseline
+    with session_scope(make_session_factory(app_and_engine[1])) as s:
+        row = repo.get_request(session=s, request_id=ok.json()["request_id"])
+        assert row is not None and row.spec["baseline"] == ds
+    bad = client.post("/v1/recommendations", json={**body, "baseline": {
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}})
+    assert bad.status_code == 422
+    problem = bad.json()["detail"][0]
+    assert problem["field"].endswith("baseline.zero_optimization.offload_optimizer"), problem
+    assert "offloading" in problem["rule"]
+    odd = client.post("/v1/recommendations", json={**body, "baseline": "ds_config.json"})
+    assert odd.status_code == 422 and odd.json()["detail"][0]["field"] == "body.baseline"

@@ -31,9 +31,10 @@ from zerotune.costmodel.rates import run_by
 
 def test_the_bench_states_which_published_runs_the_memory_model_puts_over_capacity(monkeypatch):
     """Every published run fit its GPUs, so a row predicted over capacity is the memory model's error, and the bench
-    says how many there are. llm-foundry's MPT computes its loss with flash-attn's fused cross-entropy (the table's
-    ``loss = "fused"``): charged so, every one of its runs fits, where torch's loss on fp32 logits put 14 of them
-    up to 13% over (the 350m at micro-batch 18 at 1.12-1.13 of 40 GB)."""
+    says how many there are, beside the runtime's reserve and against the capacity itself. llm-foundry's MPT computes
+    its loss with flash-attn's fused cross-entropy (the table's ``loss = "fused"``): charged so, every one of its
+    runs' peaks fits the capacity, where torch's loss on fp32 logits put 14 of them up to 13% over (the 350m at
+    micro-batch 18 at 1.12-1.13 of 40 GB)."""
     out = subprocess.run([sys.executable, "bench/published.py", "--table", "llm_foundry"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -41,15 +42,20 @@ def test_the_bench_states_which_published_runs_the_memory_model_puts_over_capaci
                           capture_output=True, text=True, timeout=120)
     rows = json.loads(data.stdout)["rows"]
     assert all(r["feasible"] == (r["peak_over_memory"] <= 1) for r in rows)
-    assert all(r["feasible"] for r in rows), [r for r in rows if not r["feasible"]]
-    assert f"the model puts each of the {len(rows)} scored rows within its memory" in out.stdout
-    assert max(r["peak_over_memory"] for r in rows) > 0.85  # the largest micro-batches come near the capacity
+    assert all(r["peak_over_capacity"] <= 1 for r in rows), [r for r in rows if r["peak_over_capacity"] > 1]
+    assert max(r["peak_over_capacity"] for r in rows) > 0.85  # the largest micro-batches come near the capacity
+    over = [r for r in rows if not r["feasible"]]  # beside the runtime's reserve: the bench says how many
+    assert (f"the model puts {len(over)} of the {len(rows)} scored rows over their memory beside the runtime's "
+            f"reserve" if over else f"the model puts each of the {len(rows)} scored rows within its memory") \
+        in out.stdout
+    assert not over or "0 over the capacity itself" in out.stdout  # every peak fits, as asserted above
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import published
 
     table = published.Table(ROOT / "bench" / "published" / "llm_foundry.toml")
     row = "a100-40g-x16/mpt-350m/18/fsdp"
-    assert table.loss == "fused" and table.predict(row)["feasible"]
+    fused = table.predict(row)
+    assert table.loss == "fused" and fused["memory_bytes"]["peak"] <= 40 * 2**30
     for name, (cluster, calib) in list(table.clusters.items()):  # torch's loss: the 350m's rows over 40 GB
         table.clusters[name] = (cluster, dataclasses.replace(calib, loss_kernel="torch"))
     table._predicted.clear()
@@ -423,7 +429,8 @@ def test_vendor_collectives_at_scale_follow_their_fabric_laws():
     """bench/collectives_at_scale.py: every source of bench/published/collectives, each row predicted as one flat ring
     (by its fabric's law where its node is the design the law was measured on, costmodel/fabrics.py; the α-β ring
     elsewhere). The PCCL transcription reproduces the speedups the paper prints; its 56 rows, which the laws of RCCL
-    and NCCL over Slingshot are read from, sit within 20% of them; the goal line counts every NCCL and RCCL row."""
+    and NCCL over Slingshot are read from, sit within 20% of them; the goal line counts every NCCL and RCCL row
+    compared."""
     out = subprocess.run([sys.executable, "bench/collectives_at_scale.py", "--json"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -441,7 +448,9 @@ def test_vendor_collectives_at_scale_follow_their_fabric_laws():
     sources = {p.stem for p in (ROOT / "bench" / "published" / "collectives").glob("*.toml")}
     assert {r["table"] for r in result["rows"]} == sources
     goal = result["goal"]
-    counted = [r for r in result["rows"] if r["library"] in ("NCCL", "RCCL") and 32 <= r["gpus"] <= 2048]
+    counted = [r for r in result["rows"] if r["error"] is not None and r["library"] in ("NCCL", "RCCL")
+               and 32 <= r["gpus"] <= 2048]  # the rows compared (not those shown unscored: no device profile ...)
+    assert all(r["unscored"] for r in result["rows"] if r["error"] is None)
     assert goal["rows"] == len(counted) and goal["within"] == sum(abs(r["error"]) <= 0.25 for r in counted)
     by = {(s["fabric"], s["law"], s["gpus"]): s["measured_over_predicted"] for s in result["summary"]}
     assert by[("rccl-slingshot-ofi", True, 2048)] == pytest.approx(1, abs=0.05)

@@ -172,6 +172,7 @@ class Settings:
     steps: int = 4
     verify_quantized: bool = False
     slurm_partition: str | None = None
+    slurm_mode: str = "steps"
 
     def work_root(self) -> Path:
         return self.root

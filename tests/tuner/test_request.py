@@ -37,7 +37,8 @@ REQUESTS = [TuneRequest(model=NEOX, cluster=FRONTIER),
             TuneRequest(model=NEOX, cluster=FRONTIER, objective="pareto", sampler="nsga2", seed=1, trials=9,
                         time_budget_s=30.0, calibration="c", measure="slurm", shortlist_of="k" * 64,
                         tokens_per_step=768 * 2048),
-            TuneRequest(model=TINY, cluster=LOCAL, executor="local", emulate=True, grad_reduce_in_fp32=True)]
+            TuneRequest(model=TINY, cluster=LOCAL, executor="local", emulate=True, grad_reduce_in_fp32=True),
+            TuneRequest(model=NEOX, cluster=FRONTIER, memory_reserve_gib=4.0)]
 
 
 @pytest.mark.parametrize("request_", REQUESTS)
@@ -64,11 +65,20 @@ def test_a_request_stored_before_a_field_existed_takes_its_default():
     (dict(objective="speed"), "objective", "must be one of ['throughput', 'pareto']"),
     (dict(emulate=1), "emulate", "must be true or false"),
     (dict(sampler="grid"), "sampler", "must be one of ['tpe', 'nsga2', 'random']"),
+    (dict(memory_reserve_gib=-0.5), "memory_reserve_gib", "must be >= 0"),
+    (dict(memory_reserve_gib=64.0), "memory_reserve_gib", "must be >= 0 and under the device's memory (64 GiB)"),
 ])
 def test_a_field_that_breaks_its_rule_is_named_as_the_body_names_it(changes, field, rule):
     with pytest.raises(SpecError) as bad:
         dataclasses.replace(REQUESTS[0], **changes)
     assert (bad.value.field, bad.value.rule) == (field, rule)
+
+
+def test_a_reserve_set_by_the_request_is_another_question():
+    """A request's own reserve changes which strategies fit: another key; left at its default, the key is the one
+    the request had before the field existed (the keys above)."""
+    assert TuneRequest(model=NEOX, cluster=FRONTIER, memory_reserve_gib=0.0).key() != REQUESTS[0].key()
+    assert TuneRequest(model=NEOX, cluster=FRONTIER, memory_reserve_gib=None).key() == REQUESTS[0].key()
 
 
 def test_every_executor_and_runner_a_request_may_name_exists():

@@ -1,7 +1,7 @@
 """The ``slurm`` executor: command lines and batch script against a fake Slurm, then real jobs on a local Slurm.
 
-The real-Slurm tests start a one-node cluster on this machine (tests/slurm/cluster.py: munged,
-slurmctld, slurmd, all test-owned) and skip with the reason when Slurm is not installed
+The real-Slurm tests use the session's one-node cluster on this machine (the ``slurm`` fixture of tests/conftest.py,
+tests/slurm/cluster.py: munged, slurmctld, slurmd, all test-owned) and skip with the reason when Slurm is not installed
 (``.ci/install-slurm.sh``) or we are not root; under CI=true they fail instead (``tests.support.unavailable``).
 """
 
@@ -12,14 +12,13 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.slurm.cluster import PARTITION, LocalSlurm, unavailable_reason
-from tests.support import unavailable
+from tests.slurm.cluster import PARTITION, LocalSlurm
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.trainer.faults import first_rank_error
 from zerotune.tuner.executors import make_executor
@@ -64,7 +63,8 @@ class FakeSlurm:
 
 
 def fake_executor(fake: FakeSlurm, **kw) -> SlurmExecutor:
-    return SlurmExecutor(commands=SlurmCommands(runner=fake), poll_interval_s=0.001, **kw)
+    """The batch-job path (mode ``jobs``: one sbatch per trial) against a fake Slurm."""
+    return SlurmExecutor(commands=SlurmCommands(runner=fake), poll_interval_s=0.001, **{"mode": "jobs", **kw})
 
 
 def job_writes(files: dict[str, str | dict], rc_out: tuple[int, str, str] = (0, "12\n", "")) -> Callable:
@@ -264,7 +264,7 @@ def test_sbatch_error_is_the_reason(tmp_path):
 
 
 def test_missing_sbatch_command_is_a_failed_trial(tmp_path):
-    ex = SlurmExecutor(commands=SlurmCommands(sbatch="/nonexistent/sbatch"))
+    ex = SlurmExecutor(commands=SlurmCommands(sbatch="/nonexistent/sbatch"), mode="jobs")
     r = ex.run(make_spec(tmp_path), stop=threading.Event())
     assert r.status == "failed" and r.reason == "sbatch failed (exit 127): /nonexistent/sbatch: command not found"
 
@@ -287,7 +287,7 @@ def test_timeout_cancels_the_job(tmp_path):
 def test_timeout_counts_from_the_start_not_from_the_queue(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY})],
                      squeue=[*[(0, "PENDING\n", "")] * 30, (0, "RUNNING\n", ""), (0, "", "")])
-    ex = SlurmExecutor(commands=SlurmCommands(runner=fake), poll_interval_s=0.01)
+    ex = SlurmExecutor(commands=SlurmCommands(runner=fake), poll_interval_s=0.01, mode="jobs")
     r = ex.run(make_spec(tmp_path, timeout_s=0.1), stop=threading.Event())
     assert r.status == "complete", r.reason
 
@@ -335,7 +335,7 @@ def test_an_error_while_following_cancels_the_job(tmp_path):
 def test_commands_can_be_argv_prefixes_and_workdir_root(tmp_path):
     fake = FakeSlurm(sbatch=[job_writes({"run.json": HEALTHY}, (0, "12;cluster2\n", ""))])
     cmds = SlurmCommands(sbatch=("ssh", "login1", "sbatch"), squeue=("ssh", "login1", "squeue"), runner=fake)
-    ex = SlurmExecutor(commands=cmds, poll_interval_s=0.001, workdir_root=tmp_path / "shared")
+    ex = SlurmExecutor(commands=cmds, poll_interval_s=0.001, workdir_root=tmp_path / "shared", mode="jobs")
     r = ex.run(make_spec(tmp_path / "local" / "trial-7"), stop=threading.Event())
     assert r.status == "complete"
     script = (tmp_path / "shared" / "trial-7" / "job.sbatch").resolve()
@@ -367,23 +367,9 @@ def test_default_runner_passes_env_and_reports_timeouts(tmp_path):
 # -- real jobs on a local Slurm ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    """A one-node Slurm cluster on this machine for the session (``unavailable`` when it cannot be started)."""
-    reason = unavailable_reason()
-    if reason:
-        unavailable(f"no local Slurm: {reason}")
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 def real_executor(slurm: LocalSlurm, **kw) -> SlurmExecutor:
     return SlurmExecutor(partition=PARTITION, physical_nodes=1, poll_interval_s=0.5,
-                         commands=SlurmCommands(env=slurm.env), **kw)
+                         commands=SlurmCommands(env=slurm.env), **{"mode": "jobs", **kw})
 
 
 def assert_nothing_left(slurm: LocalSlurm, spec: TrialSpec) -> None:

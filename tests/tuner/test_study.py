@@ -434,7 +434,8 @@ def test_a_calibration_given_to_the_study_ranks_its_trials(tmp_path):
     and every trial's value is the prediction stored beside it."""
     cluster, model = parse_cluster("frontier:8"), parse_model("gpt-13b")
     profile = calibration_for(cluster)
-    slow = dataclasses.replace(profile, name="slow-network", bandwidth_efficiency=(0.82, 0.82, 0.01))
+    # a calibration with its own network rate, as a fit gives one: no fabric law at scale stands in for it
+    slow = dataclasses.replace(profile, name="slow-network", bandwidth_efficiency=(0.82, 0.82, 0.01), fabric="")
     values = {}
     for calib in (profile, slow):
         request = TuneRequest(model=model, cluster=cluster, trials=8, seed=0, sampler="random")
@@ -588,3 +589,34 @@ def test_a_study_refines_around_its_best_trial_before_tpe_samples(sqlite_url, tm
     random = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=12, seed=0,
                          sampler="random")
     assert not Tuner(random, sessions=session_factory(sqlite_url), executor=ModelExecutor(), workdir=tmp_path).refines
+
+
+def test_the_requests_reserve_decides_what_the_study_finds_feasible(sqlite_url, tmp_path):
+    """ZeRO-3 of gpt-neox-20b on one Frontier node fits a GCD's 64 GiB but not beside the computed reserve
+    (``costmodel.memory.runtime_reserve``): a request that keeps no reserve seeds and runs the preset as it is, one
+    that keeps the computed reserve screens it out and tries it checkpointed. Every trial's verdict is its peak
+    beside the reserve the request asked for, the model executor's as the screen's, and the answer says what it
+    kept."""
+    from zerotune.costmodel.catalog import build_strategy
+    from zerotune.tuner.executors.base import TrialSpec
+
+    cluster, neox = parse_cluster("frontier:1"), parse_model("gpt-neox-20b")
+    zero3 = build_strategy("zero3", cluster)
+    capacity = 64 * 2**30
+    for reserve in (None, 0.0):
+        request = TuneRequest(model=neox, cluster=cluster, trials=6, seed=3, memory_reserve_gib=reserve)
+        rec = Tuner(request, sessions=session_factory(sqlite_url), executor=ModelExecutor(),
+                    workdir=tmp_path / str(reserve)).run()
+        trials = [t for t in trials_of(sqlite_url, rec["study_id"]) if t.prediction is not None]
+        for t in trials:
+            kept = t.prediction["memory_reserve"]
+            assert kept["source"] == ("computed" if reserve is None else "request")
+            assert kept["total_bytes"] > 2**30 if reserve is None else kept["total_bytes"] == 0
+            assert (t.status == "infeasible") == (t.prediction["memory_bytes"]["peak"] + kept["total_bytes"] > capacity)
+        as_preset = [t for t in trials if Strategy.from_dict(t.strategy) == zero3]
+        assert bool(as_preset) == (reserve == 0.0)  # seeded as it is only where it fits
+        assert rec["memory"]["headroom_gib"] >= 0 and rec["memory"]["source"] == kept["source"]
+        assert rec["memory"]["capacity_gib"] == 64.0 and "GiB kept for the runtime" in rec["memory"]["reason"]
+        spec = TrialSpec(model=neox, cluster=cluster, strategy=zero3, workdir=tmp_path, memory_reserve_gib=reserve)
+        ran = ModelExecutor().run(spec, stop=threading.Event())
+        assert ran.status == ("infeasible" if reserve is None else "complete")

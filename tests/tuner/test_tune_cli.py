@@ -172,3 +172,59 @@ def test_measured_tuning_learns_and_answers(tmp_path):
     lead = next(lead for lead in rec["leaders"] if lead["trial_id"] == rec["trial_id"])
     assert lead["interval"][0] <= rec["value"] <= lead["interval"][1]
     assert rec["leaders"][0]["value"] == max(lead["value"] for lead in rec["leaders"])
+
+
+def test_tune_a_hugging_face_config_against_the_users_deepspeed_config(tmp_path):
+    """The closing example: a Hugging Face config.json's folder as the model, a ds_config.json as the baseline; the
+    answer states the gain over it with the model's comparison error."""
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                              "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8,
+                                                    "stage3_prefetch_bucket_size": 5e7}}))
+    db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    r = zerotune("tune", "--model", str(ROOT / "tests" / "data" / "hf" / "Qwen2.5-7B"), "--cluster", "dgx-h100:4",
+                 "--trials", "8", "--global-batch", "256", "--runner", "deepspeed", "--baseline", str(ds), "--db", db,
+                 "--workdir", str(tmp_path), "--seed", "0", "--full")
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next(x for x in r.stderr.splitlines() if "vs your deepspeed baseline: predicted" in x)
+    assert "p90" in line and ("beyond" in line or "within" in line)
+    rec = json.loads(r.stdout)
+    gain = rec["baseline"]["predicted"]
+    assert rec["baseline"]["strategy"]["param_span"] == 2 and rec["baseline"]["runner"] == "deepspeed"
+    assert gain["pick_tflops_per_rank"] == pytest.approx(rec["value"], rel=1e-6)
+    assert gain["gain"] == pytest.approx(gain["pick_tflops_per_rank"] / gain["baseline_tflops_per_rank"] - 1)
+    # the dashboard's page of the answer states it too
+    from fastapi.testclient import TestClient
+
+    from zerotune.api.app import create_app
+    from zerotune.api.settings import Settings
+    with TestClient(create_app(Settings(workers=0, db=db)), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/dashboard/recommendations/{rec['id']}")
+    assert page.status_code == 200, page.text
+    shown = page.text.split('id="baseline"', 1)[1].split("</div>", 1)[0]
+    assert "gain over your deepspeed config" in shown and f"{100 * gain['gain']:+.1f}%" in shown
+    assert gain["vs_band"] in shown and "p90" in shown
+    bad = tmp_path / "train.toml"
+    bad.write_text("[parallelism]\npipeline_parallel_degree = 4\n")
+    r = zerotune("tune", "--model", "llama3-8b", "--cluster", "dgx-h100:4", "--baseline", str(bad), "--db", db)
+    assert r.returncode == 2 and "baseline.parallelism.pipeline_parallel_degree" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_measuring_study_measures_the_baseline_first_and_states_the_measured_gain(tmp_path):
+    """With the local executor the baseline is the study's first trial (its buckets on the search grid), so the
+    answer states the measured gain beside the predicted one."""
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 2, "reduce_bucket_size": 12_500_000, "allgather_bucket_size": 12_500_000}}))
+    db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
+    r = zerotune("tune", "--model", "gpt-tiny", "--cluster", "local:2", "--executor", "local", "--trials", "3",
+                 "--steps", "3", "--baseline", str(ds), "--db", db, "--workdir", str(tmp_path), "--seed", "0",
+                 "--full", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads(r.stdout)
+    measured = rec["baseline"]["measured"]
+    assert measured is not None and measured["pick_tflops_per_rank"] == pytest.approx(rec["value"])
+    assert measured["gain"] == pytest.approx(measured["pick_tflops_per_rank"] / measured["baseline_tflops_per_rank"]
+                                             - 1)
+    assert "measured" in next(x for x in r.stderr.splitlines() if "baseline: predicted" in x)

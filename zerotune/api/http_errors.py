@@ -75,7 +75,7 @@ def install(app: FastAPI) -> None:
         problems = []
         for error in exc.errors():
             loc = tuple(p for p in error.get("loc", ()) if not (isinstance(p, str) and p in (
-                "str", "constrained-str", "ModelCreate", "ClusterCreate", "StrategyCreate",
+                "str", "constrained-str", "ModelCreate", "HfConfigCreate", "ClusterCreate", "StrategyCreate",
                 "function-after[_check()]")))
             problems.append({"field": _field(loc), "value": _value(error.get("input")), "rule": error.get("msg", "")})
         return JSONResponse({"detail": problems}, status_code=422)

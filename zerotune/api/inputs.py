@@ -120,11 +120,30 @@ class StrategyCreate(body_of(Strategy)):  # type: ignore[misc]  # the fields of 
     """An explicit Strategy (spans count the cluster's levels, innermost first)."""
 
 
+class HfConfigCreate(BaseModel):
+    """A Hugging Face ``config.json``'s object (``core.hf_config``: Llama, Mistral, Qwen2/3, OLMo 2, GPT-NeoX, GPT-2),
+    with an optional ``seq_len`` beside its keys (the training sequence length)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, json_schema_extra={"examples": [{
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+        "seq_len": 8192}]})
+
+    model_type: str = Field(min_length=1, max_length=64, description="the model family (transformers' model_type)")
+
+    @model_validator(mode="after")
+    def _plain_extra(self) -> HfConfigCreate:
+        for key, value in (self.model_extra or {}).items():
+            check_plain_json(value, key)
+        return self
+
+
 PresetName = Annotated[str, Field(min_length=1)]
 """A preset's name: never empty (``GET /v1/catalog`` lists them)."""
 
-ModelField = Annotated[PresetName | ModelCreate, Field(
-    description="a preset name (GET /v1/catalog) or an explicit ModelSpec", examples=["gpt-neox-20b"])]
+ModelField = Annotated[PresetName | ModelCreate | HfConfigCreate, Field(
+    description="a preset name (GET /v1/catalog), an explicit ModelSpec or a Hugging Face config.json's object",
+    examples=["gpt-neox-20b"])]
 ClusterField = Annotated[PresetName | ClusterCreate, Field(
     description="a preset (frontier:48, dgx-h100:4, local:2x2) or an explicit ClusterSpec", examples=["frontier:48"])]
 
@@ -179,3 +198,26 @@ class TrialCreate(BaseModel):
         for key, value in (self.model_extra or {}).items():
             check_plain_json(value, key)
         return self
+
+
+class CutOff(BaseModel):
+    """A shortlisted strategy the job's time budget left unmeasured (or cut off while it ran)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    strategy: Annotated[PresetName | StrategyCreate, Field(description="a preset name or the Strategy")]
+    reason: str = Field(max_length=2000)
+
+
+class JobMeasurementsCreate(BaseModel):
+    """The shortlist of a recommendation measured by a training job on its own allocation
+    (``zerotune recommend --measure``): each candidate's run.json (``status`` failed for a run that broke), and
+    the candidates its budget cut off."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    job: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$",
+                     description="the Slurm job id whose allocation measured them")
+    budget_s: float = Field(gt=0, le=1e7, description="the job's --measure budget, seconds")
+    runs: list[TrialCreate] = Field(min_length=1, max_length=16)
+    cut_off: list[CutOff] = Field(default_factory=list, max_length=16)

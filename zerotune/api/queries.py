@@ -23,7 +23,7 @@ def recommendation_public(row: Recommendation) -> schemas.RecommendationPublic:
         id=row.id, request_key=row.request_key, study_id=row.study_id, trial_id=row.trial_id,
         runner_up_trial_id=row.runner_up_trial_id, strategy=row.strategy, value=value if isinstance(value, float | int)
         else None, evidence=row.evidence,  # type: ignore[arg-type]  # the table's CHECK constraint holds it to these
-        margin=row.margin, metrics=metrics, exports=row.exports,
+        margin=row.margin, memory=metrics.get("memory"), metrics=metrics, exports=row.exports,
         created_at=row.created_at)
 
 

@@ -23,6 +23,10 @@ class RecommendationPublic(BaseModel):
     value: float | None = Field(description="the objective: TFLOPS per rank")
     evidence: Literal["predicted", "proxy-verified", "measured"]
     margin: float | None = Field(description="relative margin over the runner-up")
+    memory: dict[str, Any] | None = Field(
+        default=None, description="the pick's predicted peak per rank, the device's memory, the reserve kept beside it "
+        "for the runtime (device context, the collective library's buffers, the allocator's fragmentation; or the "
+        "request's memory_reserve_gib) and what is left, in GiB, with the reason in words")
     metrics: dict[str, Any]
     exports: dict[str, Any]
     created_at: datetime

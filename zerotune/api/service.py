@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from zerotune.api import queries, schemas
 from zerotune.api.cache import AnswerCache
-from zerotune.api.inputs import ClusterCreate, ModelCreate, RecommendationCreate
+from zerotune.api.inputs import ClusterCreate, HfConfigCreate, ModelCreate, RecommendationCreate
 from zerotune.api.metrics import Metrics
 from zerotune.api.settings import Settings
 from zerotune.core.fields import OPTIONS, from_body
@@ -30,7 +30,7 @@ from zerotune.costmodel.catalog import parse_cluster, parse_model
 from zerotune.db import repository as repo
 from zerotune.db.session import make_engine, make_session_factory, session_scope
 from zerotune.errors import InputError, SpecError
-from zerotune.tuner import calibrating
+from zerotune.tuner import calibrating, shortlist
 from zerotune.tuner.request import TuneRequest
 
 log = logging.getLogger("zerotune.api")
@@ -39,8 +39,8 @@ MAX_WORLD_SIZE = 2**24
 ACTIVE = ("queued", "running")
 
 
-def model_spec(value: str | ModelCreate) -> ModelSpec:
-    """A preset name or an explicit ModelSpec (the catalog never reads a file)."""
+def model_spec(value: str | ModelCreate | HfConfigCreate) -> ModelSpec:
+    """A preset name, an explicit ModelSpec or a Hugging Face config's object (the catalog never reads a file)."""
     try:
         return parse_model(value if isinstance(value, str) else value.model_dump())
     except SpecError as exc:
@@ -222,6 +222,10 @@ class Service:
         key = request.key()
         with session_scope(self.sessions) as s:
             row = repo.served_recommendation(session=s, request_key=key)
+            # the request's shortlist measured by a training job on this cluster and shape answers it from then on
+            measured = shortlist.job_measured_answer(s, request)
+            if measured is not None and (row is None or measured.id > row.id):
+                row = measured
             if row is not None:
                 return Outcome(answer=queries.answer_bytes(row)), False
             req, _ = repo.get_or_create_request(session=s, key=key, spec=request.to_dict())

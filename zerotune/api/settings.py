@@ -8,6 +8,7 @@ a service's configuration should be visible in its process environment.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -65,6 +66,10 @@ class Settings(BaseSettings):
     verify_quantized: bool = True
     """Check a predicted quantized winner with a short local proxy run before recommending it."""
     slurm_partition: str | None = None
+    slurm_mode: Literal["steps", "jobs"] = "steps"
+    """``slurm`` executor: ``steps`` runs each trial as a job step of the allocation the worker runs in, or of one
+    allocation held for the whole study (one queue wait per study); ``jobs`` submits each trial as a batch job of
+    its own (clusters that forbid steps)."""
     allowed_hosts: tuple[str, ...] | None = None
     """Host headers the service answers (JSON list; ``["*"]`` for any). Unset: any when a token is set or
     the service listens beyond loopback, else only loopback names, so that a web page on this machine

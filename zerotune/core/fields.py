@@ -151,6 +151,10 @@ def check(d: Described, value: Any, label: str) -> None:
             raise SpecError(label, value, "must be a finite number")
     elif d.kind is str and not isinstance(value, str):
         raise SpecError(label, value, "must be a string")
+    elif d.kind is dict:
+        if not isinstance(value, dict):
+            raise SpecError(label, value, "must be a JSON object")
+        return
     if rule.minimum is not None and value < rule.minimum:
         raise SpecError(label, value, f"must be >= {rule.minimum}")
     if rule.above is not None and value <= rule.above:
@@ -222,11 +226,20 @@ class Options:
         "the training reduces gradients in fp32 (torchtitan's default, FSDP2 reduce_dtype=float32, Megatron's "
         "grad_reduce_in_fp32): every strategy searched reduces them in fp32 (grad_bits 32, twice the bytes of bf16; "
         "no quantized gradients), and the exports keep it"))
+    memory_reserve_gib: float | None = field(default=None, metadata=about(
+        "GiB per rank kept free beside the predicted peak for the runtime: the device context, the collective "
+        "library's buffers and the allocator's fragmentation; a strategy fits where its peak is within the device's "
+        "memory less this (>= 0, under the device's memory); default: computed for each strategy "
+        "(costmodel.memory.runtime_reserve)", minimum=0, api_max=1e6))
     sampler: str = field(default="tpe", metadata=about(
         "Optuna's sampler: TPE, NSGA-II (the pareto objective uses it whatever is named) or random search",
         choices=SAMPLERS,
         body=None, key=ALWAYS))
     seed: int | None = field(default=None, metadata=about("the sampler's seed", body=None, key=NEVER))
+    baseline: dict | None = field(default=None, metadata=about(
+        "the config trained today, as one JSON object: a DeepSpeed ds_config, FSDP settings (zerotune's FSDP2 export "
+        "or Accelerate's fsdp_config keys) or a torchtitan TOML's tables; the answer states the recommendation's gain "
+        "over the strategy it runs, and a key no strategy expresses is refused by name", flag=None))
     shortlist_of: str | None = field(default=None, metadata=about(
         "set on the measured study of another request's shortlist: that request's key", body=None, flag=None))
 

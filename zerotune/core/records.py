@@ -31,6 +31,10 @@ class MemoryBytes(TypedDict):
     peak: int
     cuda_max_allocated: NotRequired[int]
     """What torch's allocator held at most (``torch.cuda.max_memory_allocated``): measured on a GPU only."""
+    cuda_max_reserved: NotRequired[int]
+    """What torch's caching allocator reserved from the device at most (``torch.cuda.max_memory_reserved``): measured
+    on a GPU only. Over ``cuda_max_allocated`` it is the allocator's fragmentation, which the cost model's reserve
+    books (``costmodel.memory.FRAGMENTATION``)."""
 
 
 class Quantization(TypedDict):
@@ -224,13 +228,57 @@ class Overflow(TypedDict):
     reason: str
 
 
+class MemoryReserve(TypedDict):
+    """What a prediction keeps free beside ``memory_bytes.peak`` (``costmodel.memory.runtime_reserve``): the device
+    context, the collective library's buffers and the caching allocator's fragmentation, or what the request set."""
+
+    context_bytes: int
+    """The device context and the BLAS library's workspaces."""
+    collective_bytes: int
+    """The collective library's buffers, over every communicator the run creates."""
+    communicators: int
+    """The communicators booked (one per process group the run's collectives use, and the default group)."""
+    fragmentation_bytes: int
+    """What the caching allocator reserves beyond what it hands out, at the peak."""
+    total_bytes: int
+    """The reserve: the three parts, or what the request set."""
+    source: Literal["computed", "request"]
+    """``computed``: the three parts; ``request``: the request's ``memory_reserve_gib`` (the parts still shown)."""
+    reason: str
+    """The reserve and its parts in GiB, in words."""
+
+
+class MemoryNote(TypedDict):
+    """How much of a rank's memory an answer uses and how much it kept free, in GiB (``costmodel.memory.memory_note``):
+    what a recommendation says of its memory."""
+
+    peak_gib: float
+    """The predicted peak the allocator hands out."""
+    capacity_gib: float
+    """The device's memory."""
+    reserve_gib: float
+    """Kept for the runtime beside the peak (``MemoryReserve.total_bytes``)."""
+    context_gib: float
+    collective_gib: float
+    communicators: int
+    fragmentation_gib: float
+    headroom_gib: float
+    """Left beyond the peak and the reserve."""
+    source: Literal["computed", "request"]
+    reason: str
+    """In words: the peak, the reserve and why, what is left."""
+
+
 class Prediction(StepMetrics):
     """``costmodel.predict``'s answer: the run.json the trainer would write, and what only a prediction knows."""
 
     status: Literal["predicted"]
     feasible: bool
-    """Whether ``memory_bytes.peak`` fits the device's memory."""
+    """Whether ``memory_bytes.peak`` fits the device's memory less ``memory_reserve``."""
     headroom_bytes: int
+    """The device's memory less ``memory_reserve`` less ``memory_bytes.peak`` (negative: over)."""
+    memory_reserve: MemoryReserve
+    """What it kept free beside the peak for the runtime, and why (``costmodel.memory.runtime_reserve``)."""
     calibration: str
     error_band: ErrorBand | None
     breakdown: Breakdown

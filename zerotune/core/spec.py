@@ -22,6 +22,9 @@ from zerotune.errors import SpecError
 
 ARCHS = ("gpt", "llama")
 """The block families a ModelSpec names (``ModelSpec.arch``)."""
+QK_NORMS = ("none", "head", "full")
+"""Normalization of the queries and keys of a Llama block (``ModelSpec.qk_norm``): none (Llama), an RMSNorm over each
+head's width shared by the heads (Qwen3's ``q_norm`` / ``k_norm``), or one over all the heads' width (OLMo 2's)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,15 @@ class ModelSpec:
     arch: str = field(default="gpt", metadata=about(
         "The block family: gpt (GPT-2: LayerNorm, learned positions, GELU) or llama (RMSNorm, rotary positions, "
         "SwiGLU).", choices=ARCHS))
+    qkv_bias: bool = field(default=False, metadata=about(
+        "A Llama block's query, key and value projections have biases (Qwen2 and 2.5); a GPT block has them "
+        "always."))
+    qk_norm: str = field(default="none", metadata=about(
+        "A Llama block's RMSNorm of queries and keys: none, head (one over a head's width, Qwen3) or full (one over "
+        "all the heads', OLMo 2).", choices=QK_NORMS))
+    positions: int | None = field(default=None, metadata=about(
+        "Rows of a GPT block family's learned position table (GPT-2's n_positions); 0: rotary positions, no table "
+        "(GPT-NeoX); null: seq_len (gpt) or 0 (llama).", minimum=0, api_max=1_048_576))
 
     def __post_init__(self) -> None:
         check_fields(self, "model")
@@ -61,6 +73,15 @@ class ModelSpec:
             raise SpecError("model.heads", self.heads, f"must divide hidden={self.hidden}")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise SpecError("model.kv_heads", self.kv_heads, f"must divide heads={self.heads}")
+        if not self.llama and (self.qkv_bias or self.qk_norm != "none"):
+            raise SpecError("model.qkv_bias" if self.qkv_bias else "model.qk_norm",
+                            self.qkv_bias if self.qkv_bias else self.qk_norm,
+                            "is a Llama block's option (arch llama); a GPT block has its biases and no q/k norm")
+        if self.llama and self.positions:
+            raise SpecError("model.positions", self.positions, "a Llama block has rotary positions, no table")
+        if self.positions is not None and self.seq_len > self.positions > 0:
+            raise SpecError("model.seq_len", self.seq_len, f"must be at most positions={self.positions} (the rows "
+                            "of the learned position table)")
 
     @property
     def llama(self) -> bool:
@@ -75,8 +96,21 @@ class ModelSpec:
 
     @property
     def position_numel(self) -> int:
-        """The learned position table's T·h (GPT-2); none with rotary positions (Llama)."""
-        return 0 if self.llama else self.seq_len * self.hidden
+        """The learned position table's rows x h (``positions``, T by default: GPT-2); none with rotary positions
+        (Llama, GPT-NeoX)."""
+        if self.llama:
+            return 0
+        return (self.seq_len if self.positions is None else self.positions) * self.hidden
+
+    @property
+    def extra_attention_numel(self) -> int:
+        """A Llama block's parameters beyond its weight matrices and two norms: the q, k and v biases (h + 2k,
+        ``qkv_bias``) and the query and key norms' weights (``qk_norm``: 2 x head width, or h + k)."""
+        if not self.llama:
+            return 0
+        bias = self.hidden + 2 * self.kv if self.qkv_bias else 0
+        norm = {"none": 0, "head": 2 * self.head_dim, "full": self.hidden + self.kv}[self.qk_norm]
+        return bias + norm
 
     @property
     def untied_head_numel(self) -> int:
@@ -99,13 +133,14 @@ class ModelSpec:
         Per GPT block (k = ``kv``, h without GQA): LN 2h, QKV h(h+2k) + h+2k, attention projection h²+h, LN 2h,
         MLP h·f+f and f·h+h, i.e. 2h² + 2hk + 2hf + 7h + 2k + f (12h² + 13h for k = h and f = 4h, as Narayanan
         et al. 2021, eq. 2). Per Llama block: RMSNorm h, q and o h² each, k and v h·k each, RMSNorm h, SwiGLU
-        3h·f, i.e. 2h² + 2hk + 3hf + 2h (218,112,000 for Llama 3 8B). Plus token embeddings V·h, the LM head's V·h
+        3h·f, i.e. 2h² + 2hk + 3hf + 2h (218,112,000 for Llama 3 8B), and q/k/v biases and q/k norms where the
+        model has them (``extra_attention_numel``). Plus token embeddings V·h, the LM head's V·h
         when it is not tied to them, positions T·h (GPT only) and the final norm (2h for a LayerNorm, h for an
         RMSNorm): Llama 3 8B has 8,030,261,248.
         """
         h, f, k = self.hidden, self.ffn, self.kv
         if self.llama:
-            block, final = 2 * h * h + 2 * h * k + 3 * h * f + 2 * h, h
+            block, final = 2 * h * h + 2 * h * k + 3 * h * f + 2 * h + self.extra_attention_numel, h
         else:
             block, final = 2 * h * h + 2 * h * k + 2 * h * f + 7 * h + 2 * k + f, 2 * h
         return self.layers * block + self.vocab * h + self.untied_head_numel + self.position_numel + final
@@ -123,9 +158,13 @@ class ModelSpec:
         return 6 * (self.num_params() - lookup) + 12 * self.layers * self.hidden * self.seq_len
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON; a GPT-2-shaped model leaves ``kv_heads``, ``tied_head`` and ``arch`` out (so a model
-        written before the fields existed keeps its form, and a request its key)."""
+        """The fields as JSON; a GPT-2-shaped model leaves ``kv_heads``, ``tied_head`` and ``arch`` out, and every
+        model ``qkv_bias``, ``qk_norm`` and ``positions`` at their defaults (so a model written before the fields
+        existed keeps its form, and a request its key)."""
         out = dataclasses.asdict(self)
+        for key, default in (("qkv_bias", False), ("qk_norm", "none"), ("positions", None)):
+            if out[key] == default:
+                del out[key]
         if out["arch"] == "gpt":
             del out["arch"]
         if out["kv_heads"] is None:
@@ -147,5 +186,5 @@ def count_label(n: float) -> str:
     return f"{n:g}"
 
 
-__all__ = ["ARCHS", "BITS", "BUSBW_FIELDS", "CHECKPOINT_POLICIES", "GRAD_BITS", "MAX_LEVELS", "MAX_LEVEL_SIZE",
-           "check_spans", "count_label", "ClusterSpec", "Level", "ModelSpec", "Strategy"]
+__all__ = ["ARCHS", "QK_NORMS", "BITS", "BUSBW_FIELDS", "CHECKPOINT_POLICIES", "GRAD_BITS", "MAX_LEVELS",
+           "MAX_LEVEL_SIZE", "check_spans", "count_label", "ClusterSpec", "Level", "ModelSpec", "Strategy"]

@@ -169,7 +169,8 @@ def _fit(measurements: Sequence[Measurement], *, name: str, start: Calibration |
     # tied: the first busy level's; others share
     fitted_bw = (busy[:1] if tied else busy) if bandwidths is True else []
     if bandwidths == "measured" or fitted_bw:  # the runs' own rates replace any one collective's measured apart
-        base = dataclasses.replace(base, collective_efficiency=())
+        # and the fabric's law at scale too, as a cluster's own measured bus bandwidth does (``profiles``)
+        base = dataclasses.replace(base, collective_efficiency=(), fabric="")
     n_unknowns = len(scalars) + len(fitted_bw)
     if len(measurements) < n_unknowns:
         raise SpecError("measurements", len(measurements), f"need at least {n_unknowns} runs for {n_unknowns} unknowns")

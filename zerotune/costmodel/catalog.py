@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from zerotune.core.hf_config import is_hf_config, model_from_hf
 from zerotune.core.spec import MAX_LEVEL_SIZE, MAX_LEVELS, ClusterSpec, Level, ModelSpec, Strategy, check_spans
 from zerotune.costmodel.hardware import IBM_FSDP_7B
 from zerotune.costmodel.profiles import PROFILES, profile_cluster
@@ -89,9 +90,12 @@ def parse_cluster(text: str | dict[str, Any] | ClusterSpec) -> ClusterSpec:
 
 
 def parse_model(text: str | dict[str, Any] | ModelSpec) -> ModelSpec:
-    """A ModelSpec from a preset name, a dict or a ModelSpec; never a file."""
+    """A ModelSpec from a preset name, a dict (a ModelSpec's fields, or a Hugging Face config: ``core.hf_config``) or
+    a ModelSpec; never a file."""
     if isinstance(text, ModelSpec):
         return text
+    if is_hf_config(text):
+        return model_from_hf(text)  # type: ignore[arg-type]  # a dict with a model_type
     if isinstance(text, dict):
         return ModelSpec.from_dict(text)
     if text not in MODELS:

@@ -131,8 +131,10 @@ def settings_for(model: ModelSpec, cluster: ClusterSpec, s: Strategy, which: str
 def _modules(model: ModelSpec) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[tuple[str, int], ...], ...]]:
     """(the root's own parameters, each block's sub-modules in forward order) as (name, elements) per parameter:
     the engine's model (``zerotune/trainer/gpt.py``), a sub-module per matmul of ``traffic.block_matmuls`` (its weight,
-    and GPT's bias)."""
-    block = tuple(((f"mm{i}", n_in * n_out),) + (() if model.llama else ((f"mm{i}.bias", n_out),))
+    and GPT's bias, or a Llama's q, k and v biases where it has them; its q and k norms stay whole, below the
+    persistence threshold)."""
+    biased = not model.llama, model.llama and model.qkv_bias  # GPT's every matmul; a Llama's wq, wk and wv (Qwen2)
+    block = tuple(((f"mm{i}", n_in * n_out),) + (((f"mm{i}.bias", n_out),) if biased[0] or biased[1] and i < 3 else ())
                   for i, (n_in, n_out) in enumerate(block_matmuls(model)))
     embedding = model.vocab * model.hidden
     root = (("lm_head", model.untied_head_numel),) if model.untied_head_numel else (("wte", embedding),)

@@ -63,6 +63,29 @@ An all-reduce under the law is charged as the ring's reduce-scatter plus all-gat
 these libraries' tree across Slingshot at scale. A fabric with no measurement (``FABRICS``' entries with no rows)
 keeps the α-β ring of ``links`` and ``protocols`` with its sourced constants, unchanged.
 
+**NCCL on InfiniBand, with and without SHARP: no law; what the sources at scale say.** Two sweeps measured NCCL on
+8-GPU H100 nodes with 8 NDR NICs (400 GB/s a node) at scale, both all-reduces only: NVIDIA's NVLSTree sweep on 32 to
+8,192 GPUs [gtc24-nvlstree] and Fernandez et al.'s on 32 to 4,096 [fernandez] (fabric unconfirmed by the stored
+copies, NCCL's own choice of algorithm). NCCL ran them as a tree: NVLSTree by name, and a flat ring at 2,048 GPUs
+would pay 2 × 255 network steps (7 ms at NCCL's tuned 14 µs Simple step), which the 0.42 ms measured at 1 MiB leaves
+no room for. Two things can be read off a tree about a ring. (1) The bandwidth a node keeps at N nodes, for large
+messages: a ring all-reduce sends 2(R − 1)/R of the buffer out of each node (one NIC per channel, the channels over
+every NIC), a double binary tree ~2× it (up one tree and down the other, each over half the buffer), NVLSTree the
+same through each GPU's own NIC — the same bytes per node link, which nccl-tests' busbw reports as (bytes out of a
+node)/time. At each GPU count's largest size read (4-16 GiB) busbw was 357-380 GB/s from 128 to 8,192 GPUs
+[gtc24-nvlstree] and 331-355 at 8-16 GiB from 64 to 2,048 [fernandez]: it does not fall with the nodes (unlike
+Slingshot's and EFA's above), within the two sources' own 8% disagreement. The α-β ring's constant (``links``
+ib-ndr-400: 0.94 of the NIC, [nccl-tests#290] on 2-3 nodes; with NCCL's tree where faster, ``protocols``) charges
+338-363 GB/s there, and meets every row of 1 GiB and more (the bytes at least 85% of the time) within −12%..+10%
+(``tests/costmodel/test_collectives_at_scale.py``); a law η(N) read off them would be that same constant, so none is
+added. (2) The per-step latency of a ring: not at all — a tree's latency grows with log N, a ring's with N − 1
+steps, and below 1 GiB these rows measure the tree's latency and pipeline fill (0.13 ms at 1 MiB on 32 GPUs, 0.42 on
+2,048, 0.70 on 8,192, where the model charges 0.08, 0.18, 0.21): a ring of ZeRO's all-gathers and reduce-scatters
+keeps the per-step latency of NCCL's tuning model, and NCCL's own all-reduce at these scales and sizes runs up to
+3.6× slower than the model charges (a gap the test of ``bench/collectives_at_scale.py`` names, not closed here).
+SHARP: one printed plateau, 480 GB/s on 32 H100 [gtc-busbw] against 370 without; the model has no in-network
+reduction, and no preset turns SHARP on (``profiles.PRESET_FABRICS``), so ``nccl-ib-sharp`` keeps the α-β ring too.
+
 Sources:
 - [pccl] Singh, Pradeep, Singh, Wei, Bhatele, "The Big Send-off: Scalable and Performant Collectives for Deep
   Learning", IPDPS 2026, arXiv 2504.18658v2, Fig. 1, 8 and 10 (times read from the figures' vector paths; their
@@ -76,9 +99,21 @@ Sources:
   "Communication Bandwidth by Number of Nodes (size=256MB)", its Plotly data (``fragments/pp_comm_bandwidth.html``
   of the mirror github.com/vinjn/nanotron-ultrascale-playbook at 924e4d0b): NCCL over EFA, 1-64 nodes of 8 H100;
   transcribed in ``bench/published/collectives/ultrascale_playbook.toml``.
+- [gtc24-nvlstree] NVIDIA GTC 2024 session S62129 (the NCCL team's talk), slide 35 'NCCL Allreduce BusBW,
+  ALGO=NVLSTree, 32 to 8K GPUs' (https://www.nvidia.com/en-us/on-demand/session/gtc24-s62129/), read by pixel in
+  ``bench/published/collectives/nvidia_gtc24_nvlstree.toml``.
+- [fernandez] Fernandez et al., "Hardware Scaling Trends and Diminishing Returns in Large-Scale Distributed
+  Training", arXiv 2411.13055, figure 'NCCL Tests Scaling Performance' (4-512 nodes of 8 H100), read by pixel in
+  ``fernandez2024_nccl_scan.toml``.
+- [gtc-busbw] NVIDIA GTC 2024 S62129 and GTC 2025 S72583, slide 12 'Collective Communication Bandwidth': DGX H100
+  with 8 × 400 Gb/s, 370-380 GB/s all-reduce busbw without SHARP, 480 with (``nvidia_gtc_busbw.toml``).
+- [nccl-tests#290] github.com/NVIDIA/nccl-tests issue 290: 46-48 GB/s per NDR NIC (``links`` ib-ndr-400).
 - Rows of other clusters on the same fabrics, compared in ``bench/collectives_at_scale.py`` and not read into the
-  laws: NCCL over Slingshot-11 on NREL Kestrel (``kestrel_nccl.toml``: another node design, so the α-β ring), NCCL
-  all-reduces over EFA on 2 nodes of p4de (the α-β ring) and p5 (the law's design) (``aws_efa_nccl.toml``).
+  laws: NCCL over Slingshot-11 on NREL Kestrel (``kestrel_nccl.toml``: another node design, so the α-β ring) and on
+  CSCS Alps with and without the CXI provider (``cscs_alps_nccl.toml``: GH200, no device profile), NCCL
+  all-reduces over EFA on 2 nodes of p4de (the α-β ring) and p5 (the law's design) (``aws_efa_nccl.toml``), on 2-8
+  p3dn nodes in 2019 (``kahn2019_p3dn_efa.toml``) and on 4 P6-B200 nodes (``bekman_p6b200_efa.toml``: no device
+  profile), RCCL with aws-ofi-rccl on 2 LUMI-G nodes (``lumi_reframe_rccl.toml``).
 """
 
 from __future__ import annotations
@@ -176,9 +211,14 @@ at most 6% from 16 GPUs on. Its all-reduce is left out: above one node NCCL ran 
 2-node figure, 362 GB/s, is more than a ring can push through the NICs)."""
 
 FABRICS: dict[str, Fabric] = {
-    "nccl-ib": Fabric("nccl", "NCCL on InfiniBand, SHARP off: no collective measured at scale here yet"),
-    "nccl-ib-sharp": Fabric("nccl", "NCCL on InfiniBand with SHARP in-network reduction: none measured here yet"),
+    "nccl-ib": Fabric("nccl", "NCCL on InfiniBand, SHARP off: all-reduce trees measured at scale, no ring; the α-β "
+                      "ring's bandwidth holds there (module docstring) [gtc24-nvlstree] [fernandez]"),
+    "nccl-ib-sharp": Fabric("nccl", "NCCL on InfiniBand with SHARP in-network reduction: one plateau on 32 GPUs "
+                            "[gtc-busbw], not modelled"),
     "nccl-slingshot": Fabric("nccl", "NCCL on HPE Slingshot-11 (Perlmutter) [pccl]", NCCL_PERLMUTTER),
+    "nccl-slingshot-noplugin": Fabric("nccl", "NCCL on Slingshot-11 with no libfabric CXI provider (TCP over the "
+                                      "Slingshot NICs): no preset runs it; measured on 2 GH200 nodes only "
+                                      "(cscs_alps_nccl.toml)"),
     "rccl-slingshot": Fabric("rccl", "RCCL on Slingshot-11 without the aws-ofi-rccl plugin (RCCL's own sockets "
                              "transport): none measured here yet"),
     "rccl-slingshot-ofi": Fabric("rccl", "RCCL on Slingshot-11 through the aws-ofi-rccl libfabric plugin "

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zerotune.core.hf_config import is_hf_config, model_from_hf
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
 from zerotune.errors import SpecError
@@ -43,8 +44,27 @@ def load_cluster(text: str) -> ClusterSpec:
 
 
 def load_model(text: str) -> ModelSpec:
-    """``--model``: a preset (``gpt-neox-20b``) or a ModelSpec JSON file."""
-    return ModelSpec.from_dict(read_json("model", text)) if is_json_file(text) else parse_model(text)
+    """``--model``: a preset (``gpt-neox-20b``), a ModelSpec JSON file, or a Hugging Face ``config.json`` (or the
+    folder that holds one; ``PATH:SEQ`` trains sequences of SEQ tokens, ``core.hf_config.DEFAULT_SEQ_LEN`` without).
+    A Hugging Face model is named after its folder."""
+    path, seq = text, None
+    head, sep, tail = text.rpartition(":")
+    if sep and tail.isdigit() and head and (Path(head).is_dir() or is_json_file(head)):
+        path, seq = head, int(tail)
+    try:
+        folder = Path(path).is_dir()
+    except (OSError, ValueError):
+        folder = False
+    if folder:
+        path = str(Path(path) / "config.json")
+    if not (folder or is_json_file(path)):
+        return parse_model(text)
+    data = read_json("model", path)
+    if is_hf_config(data):
+        return model_from_hf(data, name=Path(path).resolve().parent.name, seq_len=seq)
+    if seq is not None:
+        raise SpecError("model", text, "':SEQ' follows a Hugging Face config only (a ModelSpec has its seq_len)")
+    return ModelSpec.from_dict(data)
 
 
 def load_strategy(text: str, cluster: ClusterSpec, **overrides: Any) -> Strategy:

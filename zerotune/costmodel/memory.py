@@ -34,19 +34,36 @@ gradients (the one staged for reduction in fp32 with ``grad_bits`` 32). A run by
 (``Calibration.gathers = "module"``) holds instead what its coordinator gathers at its fullest under the run's
 stage-3 settings, and the gradients it stages in and beside its reduce bucket (``coordinator.held_bytes``).
 Peak = their sum (an upper bound).
+
+What fits is ``peak`` within the device's memory less the runtime's reserve (``runtime_reserve``), which the
+allocator's counters never see: the device context, the collective library's buffers per communicator, and what the
+caching allocator reserves beyond what it hands out. A request may set the reserve itself (``memory_reserve_gib``).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from typing import NamedTuple
 
-from zerotune.core.records import MEMORY_CATEGORIES, MemoryBytes, MemoryCategory, Overflow
+from zerotune.core.records import (
+    MEMORY_CATEGORIES,
+    MemoryBytes,
+    MemoryCategory,
+    MemoryNote,
+    MemoryReserve,
+    Overflow,
+    Prediction,
+)
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.core.volume import wire_elem_bytes
+from zerotune.costmodel.hardware import device_key_of
 from zerotune.costmodel.schedule import Schedule, Setup, build_schedule
 from zerotune.costmodel.traffic import kept_matmuls
+from zerotune.errors import SpecError
 
 GIB = 2**30
+MIB = 2**20
 CATEGORIES = MEMORY_CATEGORIES
 
 
@@ -151,14 +168,206 @@ def clear() -> None:
     _MEMORY.clear()
 
 
-def overflow(memory: MemoryBytes, capacity_gib: float) -> Overflow:
-    """What to report when ``memory`` does not fit ``capacity_gib``: the largest category and by how much."""
+DEVICE_CONTEXT_BYTES = 400 * MIB
+"""The device context a training process holds outside the allocator: the CUDA driver's context with the kernels it
+has loaded. "The first CUDA operation will create the CUDA context which uses around 400MB if CUDA >= 11.7 is used
+and lazy module loading enabled (default in PyTorch)" (ptrblck, pytorch/pytorch#109888, 2023-09-23; "~300MB" in
+#107667, where without lazy loading, before CUDA 11.7, it "took >1000MB"). No published figure was found for the HIP
+runtime's context on an MI250X GCD: ROCm devices are booked the same until one is measured."""
+
+CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""cuBLAS's workspace as PyTorch sets it per handle and stream (its default ``CUBLAS_WORKSPACE_CONFIG`` of
+``:4096:2:16:8``, two 4 MiB and eight 16 KiB buffers): 8,519,680 bytes, the fixed allocation a matmul adds to
+``torch.cuda.memory_snapshot()`` ("It always occupies this fixed size: 8519680B", discuss.pytorch.org/t/178671).
+It is allocated through the caching allocator, yet it is no tensor the cost model books."""
+
+BLASLT_WORKSPACE_BYTES = {"H100": 32 * MIB, "H200": 32 * MIB, "A100": 4 * MIB}
+"""cuBLASLt's workspace PyTorch allocates per handle, by device: 32 MiB on Hopper, 4 MiB on an Ampere part of 24 GB
+or more, else (and on ROCm, hipBLASLt) 1 MiB (``_parseChosenWorkspaceSize`` in aten/src/ATen/cuda/CUDABlas.cpp,
+pytorch/pytorch#120925, after the cuBLAS API reference's recommended sizes)."""
+
+NCCL_SIMPLE_BUFFER = 1 << 22
+"""The Simple protocol's buffer per connection: ``DEFAULT_BUFFSIZE`` (1 << 22, 4 MiB) in NCCL's src/init.cc, the
+default of ``NCCL_BUFFSIZE`` (NCCL's env.html: 4194304); RCCL's init.cc keeps the same."""
+NCCL_LL_BUFFER = 8 * 512 * 8 * 16
+"""LL's buffer per connection: ``DEFAULT_LL_BUFFSIZE`` = NCCL_LL_LINES_PER_THREAD (8) · NCCL_LL_MAX_NTHREADS (512) ·
+NCCL_STEPS (8) · sizeof(ncclLLFifoLine) (16) = 524,288 bytes (src/init.cc, src/include/device.h)."""
+NCCL_LL128_BUFFER = 120 * 640 * 8 * 8
+"""LL128's buffer per connection: ``DEFAULT_LL128_BUFFSIZE`` = NCCL_LL128_ELEMS_PER_THREAD (120) ·
+NCCL_LL128_MAX_NTHREADS (640) · NCCL_STEPS (8) · sizeof(uint64_t) = 4,915,200 bytes (src/init.cc)."""
+NCCL_ALLOC_GRANULARITY = 2 * MIB
+"""NCCL allocates its buffers with cuMem, in multiples of 2 MiB: a connection's three protocol buffers, 9.19 MiB,
+come as one allocation of 10,485,760 bytes, as ``NCCL_DEBUG_SUBSYS=ALLOC`` shows on 8 H100s (NVIDIA/nccl#1685)."""
+CONNECTION_BYTES = -(-(NCCL_SIMPLE_BUFFER + NCCL_LL_BUFFER + NCCL_LL128_BUFFER) // NCCL_ALLOC_GRANULARITY) \
+    * NCCL_ALLOC_GRANULARITY
+"""The buffers of one ring connection on one channel: 10 MiB. A rank of a ring holds one connection's worth per
+channel (it receives from one peer; with P2P read the Simple buffer sits at the sender, which is the same rank's
+other connection)."""
+CHANNELS = 32
+"""Channels per communicator: NCCL's ``MAXCHANNELS`` (32), which 8 H100s on NVSwitch reach (channels 00-31 per pair
+of GPUs, NVIDIA/nccl#1685). An upper bound elsewhere: one RCCL log on MI250X nodes shows 4 tree channels at 8 ranks
+(ROCm/rccl#1026), and a group over fewer or slower links gets fewer. Per communicator this books 32 · 10 MiB = 320
+MiB, under what was measured per group on 4 A100s with NVLink (544 MB at 2 ranks, 688 MB at 3 and 4, with tree and
+peer-to-peer connections beside the rings: NVIDIA/nccl#964). Not booked: trees (an all-reduce across nodes adds up to
+three connections a channel), NVLink SHARP's buffers (NVLS, NVSwitch systems from NCCL 2.17; no published size
+found), and the send/receive buffers of peer-to-peer calls, which no strategy here issues."""
+
+
+class AllocatorPeaks(NamedTuple):
+    """One published training run's caching-allocator peaks, in the unit its log prints: ``allocated``, the most torch
+    handed out (``max_memory_allocated``; the peak of active memory where that is all the source gives, which is at
+    least as large), and ``reserved``, the most it reserved from the device (``max_memory_reserved``). ``counted``:
+    whether ``FRAGMENTATION`` takes the run's ratio; ``note``: why not, where it does not, or what else the source
+    shows."""
+    run: str
+    engine: str
+    allocated: float
+    reserved: float
+    source: str
+    counted: bool = True
+    note: str = ""
+
+    @property
+    def excess(self) -> float:
+        """Reserved over allocated, less one: what the allocator held beyond its peak, per byte of that peak."""
+        return self.reserved / self.allocated - 1
+
+
+FRAGMENTATION_RUNS: tuple[AllocatorPeaks, ...] = (
+    AllocatorPeaks("Mixtral 8x7B, 16 H100s (MB, after iteration 1, rank 1)", "Megatron-LM (Megatron-core)",
+                   54250.98583984375, 61480.0, "https://github.com/NVIDIA/Megatron-LM/issues/756"),
+    AllocatorPeaks("Qwen3-30B-A3B pretraining (bytes, global step 11, rank 0)", "NeMo 2 (Megatron-core)",
+                   53930270720, 57675874304, "https://github.com/NVIDIA-NeMo/Speech/issues/14850"),
+    AllocatorPeaks("Nemotron 12B DPO, sequence 5,500, 8 H100s, baseline row (GB)", "NeMo-RL DTensor (FSDP2)",
+                   61.66, 67.69, "https://github.com/NVIDIA-NeMo/RL/pull/926"),
+    AllocatorPeaks("DeepSeek-V3 proxy (14 layers), TP1 PP4 EP16, H100s, no offloading (MB, after 10 iterations, "
+                   "rank 0, the stage with the highest peak; ranks 16/32/48: +12.5/+14.5/+16.9%)", "Megatron-LM",
+                   65203.93359375, 74306.0, "https://github.com/NVIDIA/Megatron-LM/blob/"
+                   "7d867ab9632a808c785a733d76af16176835be10/megatron/core/transformer/README.md"),
+    AllocatorPeaks("Llama 2 70B, pure bf16, 16 A100-80GB (GB)", "FSDP (FSDP1, llama-recipes)",
+                   42, 63, "https://github.com/meta-llama/llama-cookbook/issues/120",
+                   note="its peak active memory, 59 GB, is 17 GB over the allocated peak: blocks freed but held for "
+                        "another stream (FSDP1's record_stream), the larger part of this run's excess"),
+    AllocatorPeaks("Llama 2 7B, 8 GPUs, use_cache=True (GB, peak active)", "FSDP (per-parameter prototype)",
+                   14.93, 19.52, "https://github.com/meta-llama/llama-cookbook/pull/165"),
+    AllocatorPeaks("Ling-mini-2.0 continual pretraining (MB, after iteration 1, rank 0)", "Megatron-LM (Ling-V2)",
+                   63359.77001953125, 66802.0, "https://github.com/inclusionAI/Ling-V2/blob/"
+                   "af8837e677a1aa36895845da084f9c91acf4fed2/docs/gpu_based_training.md", counted=False,
+                   note="its script sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                        "(examples/pretrain/run_pretrain_8k.sh), which zerotune's runs do not"),
+    AllocatorPeaks("GPT-2 2.6B, fp16, MP 2 x DP 8 on V100s (MB, after 5 iterations)", "Megatron-LM (2020)",
+                   12606.06201171875, 17482.0, "https://github.com/NVIDIA/Megatron-LM/issues/60", counted=False,
+                   note="all five iterations were skipped by the loss scaler, so no optimizer step had run: not a "
+                        "steady-state peak"),
+)
+"""Published caching-allocator peaks of LLM training runs with sharded data parallelism, each as its log prints it
+(Megatron's "memory (MB) | allocated | max allocated | reserved | max reserved" report after the first logged
+iterations, NeMo's ``max_memory_reserved``/``max_memory_allocated`` per step, the peaks quoted beside an FSDP run):
+reserved over allocated less one, counted runs +6.9% (Qwen3-30B-A3B), +9.8% (Nemotron 12B), +13.3% (Mixtral),
++14.0% (DeepSeek-V3 proxy), +30.7% (Llama 2 7B), +50% (Llama 2 70B); left out, +5.4% (expandable segments) and
++38.7% (no optimizer step yet)."""
+
+FRAGMENTATION = statistics.median(r.excess for r in FRAGMENTATION_RUNS if r.counted)
+"""What the caching allocator reserves beyond its peak allocation, per byte of that peak (max reserved over max
+allocated, less one): the median over the counted runs of ``FRAGMENTATION_RUNS``, +13.6% (the mean of Mixtral's +13.3%
+and the DeepSeek-V3 proxy's +14.0%; spread +6.9% to +50%), 12.0% of what the allocator reserves. The median, not a
+high percentile, because the reserve decides what a user is told fits: the Megatron-core, NeMo and FSDP2 runs sit at
++7% to +14%, and the two runs above +30% are llama-recipes' FSDP fine-tunes of 2023, one of which shows
+its excess as memory freed but held for another stream (its peak active memory 17 GB over its allocated peak: the
+record_stream that FSDP1 and DeepSpeed's ZeRO use and FSDP2 does not, pytorch/pytorch#114299). A reserve at that tail
+would refuse configurations that typical runs fit; a run that fragments like the tail can keep more with the request's
+``memory_reserve_gib``. GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract: "15% (up to 33%) fragmentation",
+a share of what is reserved: +18% to +49% of the peak) measured eight LLMs under LoRA, recomputation, ZeRO and
+offloading, the workloads that fragment most: the heavy case, not the typical one. Published measurements of other
+runs: the project's own GPU runs replace it when measured (run.json's ``cuda_max_reserved`` over
+``cuda_max_allocated``, which ``bench/one_gpu.sh`` prints)."""
+
+
+def communicators(sched: Schedule, sizes: tuple[int, ...], rings: str) -> int:
+    """The communicators a run of ``sched`` creates on each rank: one per process group its collectives use, and the
+    default group (the loss's all-reduce, the runners' own bookkeeping) where there are two ranks or more.
+    ``rings``: ``hierarchical`` (zerotune's engine: a collective over levels lo..hi runs on each level's group, so one
+    communicator per level of two ranks or more), ``flat`` (DeepSpeed, FSDP2: one group over the whole range). torch
+    creates an NCCL communicator at a group's first collective, so a group no collective uses costs none."""
+    colls = [*sched.fwd.values(), *sched.bwd.values(), *(c for pair in sched.reduce.values() for c in pair),
+             *(c for four in sched.boundary.values() for c in four), *(c for cs in sched.outer.values() for c in cs)]
+    spans = {c[1] for c in colls if c[1][0] <= c[1][1]}
+    if rings == "hierarchical":
+        groups = {(lv, lv) for lo, hi in spans for lv in range(lo, hi + 1) if sizes[lv - 1] > 1}
+    else:
+        groups = {(lo, hi) for lo, hi in spans if math.prod(sizes[lo - 1:hi]) > 1}
+    return len(groups) + (1 if math.prod(sizes) > 1 else 0)
+
+
+def runtime_reserve(setup: Setup, sched: Schedule, peak: int, reserve_gib: float | None = None) -> MemoryReserve:
+    """What a rank of ``setup``'s run needs beside ``peak`` (the allocator's own): the device context and BLAS
+    workspaces (``DEVICE_CONTEXT_BYTES``, ``CUBLAS_WORKSPACE_BYTES``, ``BLASLT_WORKSPACE_BYTES``), the collective
+    library's ring buffers (``CHANNELS`` · ``CONNECTION_BYTES`` per communicator, ``communicators``) and the caching
+    allocator's fragmentation (``FRAGMENTATION`` of the peak it hands out). A CPU cluster keeps
+    none: gloo's buffers and the process live in host memory, which the CPU runs' figures already hold.
+    ``reserve_gib``: the request's reserve, which replaces the total (the parts are still reported); it must be
+    >= 0 and under the device's memory (``SpecError`` naming ``memory_reserve_gib``)."""
+    cluster = setup.cluster
+    if reserve_gib is not None:
+        check_reserve(reserve_gib, cluster.device_memory_gib)
+    if cluster.device == "cpu":
+        context = collective = fragmentation = comms = 0
+    else:
+        lt = BLASLT_WORKSPACE_BYTES.get(device_key_of(cluster.device) or "", 1 * MIB)
+        context = DEVICE_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES + lt
+        comms = communicators(sched, cluster.sizes, setup.calib.rings)
+        collective = comms * CHANNELS * CONNECTION_BYTES
+        fragmentation = int(peak * FRAGMENTATION)
+    computed = context + collective + fragmentation
+    total = computed if reserve_gib is None else int(reserve_gib * GIB)
+    parts = (f"context {context / GIB:.2f} GiB, {comms} communicators' buffers {collective / GIB:.2f} GiB, "
+             f"fragmentation {fragmentation / GIB:.2f} GiB")
+    reason = (f"kept {total / GIB:.2f} GiB for the runtime: {parts}" if reserve_gib is None else
+              f"kept {total / GIB:.2f} GiB for the runtime, as the request set (computed: {computed / GIB:.2f} GiB: "
+              f"{parts})")
+    return {"context_bytes": context, "collective_bytes": collective, "communicators": comms,
+            "fragmentation_bytes": fragmentation, "total_bytes": total,
+            "source": "computed" if reserve_gib is None else "request", "reason": reason}
+
+
+def memory_note(p: Prediction, capacity_gib: float) -> MemoryNote:
+    """What a prediction uses of a device of ``capacity_gib`` and what it kept for the runtime, in GiB and in words:
+    what an answer says of its memory."""
+    r = p["memory_reserve"]
+    peak, headroom = p["memory_bytes"]["peak"] / GIB, p["headroom_bytes"] / GIB
+    why = ("as the request set" if r["source"] == "request" else
+           f"the device context {r['context_bytes'] / GIB:.2f} GiB, the buffers of {r['communicators']} "
+           f"communicators {r['collective_bytes'] / GIB:.2f} GiB and the allocator's fragmentation "
+           f"{r['fragmentation_bytes'] / GIB:.2f} GiB")
+    left = f"{headroom:.1f} GiB to spare" if headroom >= 0 else f"{-headroom:.1f} GiB over"
+    return {"peak_gib": peak, "capacity_gib": capacity_gib, "reserve_gib": r["total_bytes"] / GIB,
+            "context_gib": r["context_bytes"] / GIB, "collective_gib": r["collective_bytes"] / GIB,
+            "communicators": r["communicators"], "fragmentation_gib": r["fragmentation_bytes"] / GIB,
+            "headroom_gib": headroom, "source": r["source"],
+            "reason": f"peak {peak:.1f} GiB of {capacity_gib:g} GiB per rank, with {r['total_bytes'] / GIB:.1f} GiB "
+                      f"kept for the runtime ({why}): {left}"}
+
+
+def check_reserve(reserve_gib: float, capacity_gib: float) -> None:
+    """Refuse (``SpecError`` naming ``memory_reserve_gib``) a reserve that is no number, below 0, or not under the
+    device's memory."""
+    if isinstance(reserve_gib, bool) or not isinstance(reserve_gib, int | float) or not math.isfinite(reserve_gib):
+        raise SpecError("memory_reserve_gib", reserve_gib, "must be a finite number of GiB")
+    if not 0 <= reserve_gib < capacity_gib:
+        raise SpecError("memory_reserve_gib", reserve_gib,
+                        f"must be >= 0 and under the device's memory ({capacity_gib:g} GiB)")
+
+
+def overflow(memory: MemoryBytes, capacity_gib: float, reserve_bytes: int = 0) -> Overflow:
+    """What to report when ``memory`` does not fit ``capacity_gib`` less ``reserve_bytes``: the largest category and
+    by how much."""
     def size_of(category: MemoryCategory) -> int:
         return memory[category]
 
     category = max(CATEGORIES, key=size_of)
-    over = memory["peak"] - int(capacity_gib * GIB)
+    over = memory["peak"] + reserve_bytes - int(capacity_gib * GIB)
     size = size_of(category)
+    kept = f" less a {reserve_bytes / GIB:.1f} GiB reserve" if reserve_bytes else ""
     return {"category": category, "bytes": size, "over_by_bytes": over,
-            "reason": f"needs {memory['peak'] / GIB:.1f} GiB of {capacity_gib:g} GiB; "
+            "reason": f"needs {memory['peak'] / GIB:.1f} GiB of {capacity_gib:g} GiB{kept}; "
                       f"largest: {category} {size / GIB:.1f} GiB"}

@@ -12,7 +12,8 @@
 6. the gathers of the strategy's micro-step (``coordinator.gathers_of`` → ``Gathers``): the schedule's, or
    DeepSpeed's sub-module by sub-module, and what DeepSpeed holds;
 7. the step (``pipeline.time_step`` → ``StepTime``): the bucket pipeline, the micro-steps and the boundary;
-8. the memory (``memory.memory_of`` → ``MemoryBytes``);
+8. the memory (``memory.memory_of`` → ``MemoryBytes``) and the runtime's reserve beside it
+   (``memory.runtime_reserve`` → ``MemoryReserve``);
 9. the result (``result.assemble`` → ``Prediction``, ``core.records``).
 
 ``bench/predict_walk.py`` follows one strategy through it call by call.
@@ -55,7 +56,7 @@ from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.core.volume import QUANT_BLOCK
 from zerotune.costmodel.compute import compute_seconds
 from zerotune.costmodel.coordinator import gathers_of
-from zerotune.costmodel.memory import memory_of
+from zerotune.costmodel.memory import memory_of, runtime_reserve
 from zerotune.costmodel.pipeline import time_step
 from zerotune.costmodel.profiles import calibration_for
 from zerotune.costmodel.rates import Calibration
@@ -68,7 +69,7 @@ from zerotune.costmodel.timing import costs_for
 
 def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: int | None = None,
             global_batch: int | None = None, calibration: Calibration | None = None,
-            block: int = QUANT_BLOCK) -> Prediction:
+            block: int = QUANT_BLOCK, memory_reserve_gib: float | None = None) -> Prediction:
     """Predicted run.json of (model, cluster, strategy): the same field names as the trainer writes.
 
     Args:
@@ -77,6 +78,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
             ``SpecError``). None = one micro-step.
         calibration: efficiencies to use; None = the cluster's own (``profiles.calibration_for``).
         block: elements per quantization block (``volume.QUANT_BLOCK``).
+        memory_reserve_gib: GiB per rank kept for the runtime beside the peak (>= 0, under the device's memory);
+            None = the computed reserve (``memory.runtime_reserve``).
     """
     calib = calibration or calibration_for(cluster)
     e = elem_bytes or (4 if cluster.device == "cpu" else 2)
@@ -94,4 +97,5 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: Strategy, *, elem_bytes: 
     gathers = gathers_of(setup, sched, costs, seconds)
     step = time_step(setup, sched, costs, seconds, gathers, compute)
     memory = memory_of(setup, sched, gathers.held)
-    return assemble(setup, moved, step, compute, memory, gathers.deepspeed)
+    reserve = runtime_reserve(setup, sched, memory["peak"], memory_reserve_gib)
+    return assemble(setup, moved, step, compute, memory, gathers.deepspeed, reserve)

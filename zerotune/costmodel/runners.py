@@ -102,10 +102,14 @@ def persistent_params(model: ModelSpec) -> tuple[int, ...]:
     ``stage3_param_persistence_threshold``, 1e5 by default and 10 x hidden in zerotune's export): a block's two
     LayerNorms' weights and biases and its four biases (qkv h + 2k, k = ``ModelSpec.kv``, proj h, fc ffn, out h),
     and the final LayerNorm's weight and bias. The block's weight matrices, the embeddings and an untied head are
-    over either threshold. A Llama has no biases: its two RMSNorms' weights per block and the final one's."""
+    over either threshold. A Llama has no biases: its two RMSNorms' weights per block and the final one's, and its
+    q, k and v biases and q and k norms where it has them (Qwen2, Qwen3, OLMo 2: ``ModelSpec.qkv_bias``,
+    ``qk_norm``)."""
     h = model.hidden
     if model.llama:
-        return (h, h) * model.layers + (h,)
+        k, d = model.kv, model.head_dim
+        extra = ((h, k, k) if model.qkv_bias else ()) + {"none": (), "head": (d, d), "full": (h, k)}[model.qk_norm]
+        return (h, h, *extra) * model.layers + (h,)
     return (h, h, h + 2 * model.kv, h, h, h, model.ffn, h) * model.layers + (h, h)
 
 

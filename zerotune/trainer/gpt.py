@@ -48,6 +48,7 @@ class Block(nn.Module):
         super().__init__()
         h, f = spec.hidden, spec.ffn
         self.heads, self.kv_heads, self.kv = spec.heads, spec.kv_heads or spec.heads, spec.kv
+        self.rotary, self.seq_len = spec.position_numel == 0, spec.seq_len  # no position table: GPT-NeoX's rotary
         self.ln1 = nn.LayerNorm(h)
         self.qkv = nn.Linear(h, h + 2 * self.kv)
         self.proj = nn.Linear(h, h)
@@ -61,6 +62,9 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split((h, self.kv, self.kv), dim=2)
         q = q.view(b, t, self.heads, hs).transpose(1, 2)  # (B, nh, T, hs)
         k, v = (z.view(b, t, self.kv_heads, hs).transpose(1, 2) for z in (k, v))  # (B, nkv, T, hs)
+        if self.rotary:
+            cos, sin = (z[:t] for z in rope_tables(self.seq_len, hs, x.device, x.dtype))
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         x = x + self.proj(causal_attention(q, k, v).transpose(1, 2).reshape(b, t, h))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
@@ -103,16 +107,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 class LlamaBlock(nn.Module):
     """Pre-RMSNorm Llama block: x + wo(attn(rope(wq n), rope(wk n), wv n)), n = norm(x); then
-    x + w2(silu(w1 n) · w3 n), n = norm(x). No biases."""
+    x + w2(silu(w1 n) · w3 n), n = norm(x). No biases but q, k and v's where the model has them (Qwen2); queries
+    and keys normalized where it says (``ModelSpec.qk_norm``: per head, Qwen3; over all heads, OLMo 2)."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         h, f = spec.hidden, spec.ffn
         self.heads, self.kv_heads, self.seq_len = spec.heads, spec.kv_heads or spec.heads, spec.seq_len
         self.attention_norm = RMSNorm(h)
-        self.wq = nn.Linear(h, h, bias=False)
-        self.wk = nn.Linear(h, spec.kv, bias=False)
-        self.wv = nn.Linear(h, spec.kv, bias=False)
+        self.wq = nn.Linear(h, h, bias=spec.qkv_bias)
+        self.wk = nn.Linear(h, spec.kv, bias=spec.qkv_bias)
+        self.wv = nn.Linear(h, spec.kv, bias=spec.qkv_bias)
+        self.qk_norm = spec.qk_norm
+        widths = {"head": (spec.head_dim, spec.head_dim), "full": (h, spec.kv)}.get(spec.qk_norm)
+        self.q_norm: RMSNorm | None = RMSNorm(widths[0]) if widths else None
+        self.k_norm: RMSNorm | None = RMSNorm(widths[1]) if widths else None
         self.wo = nn.Linear(h, h, bias=False)
         self.ffn_norm = RMSNorm(h)
         self.w1 = nn.Linear(h, f, bias=False)
@@ -123,8 +132,13 @@ class LlamaBlock(nn.Module):
         b, t, h = x.shape  # (B, T, h)
         hs = h // self.heads
         n = self.attention_norm(x)
-        q = self.wq(n).view(b, t, self.heads, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k, v = (w(n).view(b, t, self.kv_heads, hs).transpose(1, 2) for w in (self.wk, self.wv))  # (B, nkv, T, hs)
+        q, k, v = self.wq(n), self.wk(n), self.wv(n)
+        if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, t, self.heads, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k, v = (z.view(b, t, self.kv_heads, hs).transpose(1, 2) for z in (k, v))  # (B, nkv, T, hs)
+        if self.q_norm is not None and self.k_norm is not None and self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = (z[:t] for z in rope_tables(self.seq_len, hs, x.device, x.dtype))
         y = causal_attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v)  # (B, nh, T, hs)
         x = x + self.wo(y.transpose(1, 2).reshape(b, t, h))
@@ -139,7 +153,8 @@ class GPT(nn.Module):
         super().__init__()
         self.spec = spec
         self.wte = nn.Embedding(spec.vocab, spec.hidden)
-        self.wpe = None if spec.llama else nn.Embedding(spec.seq_len, spec.hidden)
+        rows = spec.position_numel // spec.hidden
+        self.wpe = nn.Embedding(rows, spec.hidden) if rows else None
         block = LlamaBlock if spec.llama else Block
         self.blocks = nn.ModuleList(block(spec) for _ in range(spec.layers))
         self.ln_f: nn.Module = RMSNorm(spec.hidden) if spec.llama else nn.LayerNorm(spec.hidden)

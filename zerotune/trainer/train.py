@@ -293,6 +293,8 @@ def run(args: argparse.Namespace) -> RunMetrics | None:
     memory = engine.mem.report()
     if cuda:
         memory["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(device))
+        # over max_allocated: the caching allocator's fragmentation (costmodel.memory.FRAGMENTATION)
+        memory["cuda_max_reserved"] = int(torch.cuda.max_memory_reserved(device))
     memories: list[Any] = [None] * world
     dist.all_gather_object(memories, memory)
     engine.close()

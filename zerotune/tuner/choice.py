@@ -43,9 +43,10 @@ from typing import Any, Literal, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from zerotune.core.records import ErrorBand, Lean, RunMetrics, TrialMetrics
+from zerotune.core.records import ErrorBand, Lean, Prediction, RunMetrics, TrialMetrics
 from zerotune.core.spec import Strategy
 from zerotune.costmodel.error import lean_sentence
+from zerotune.costmodel.memory import memory_note
 from zerotune.db import repository as repo
 from zerotune.db.models import Trial
 from zerotune.db.session import session_scope
@@ -76,6 +77,8 @@ class Chooser:
     """Trials run twice to tell overlapping leaders apart."""
     note: dict[str, Any] = field(default_factory=dict)
     """More facts the answer carries (e.g. ``measured_shortlist``)."""
+    baseline: Strategy | None = None
+    """The request's baseline as the study searched it (its first trial), when the space holds it."""
 
 
 def exports(request: TuneRequest, strategy: Strategy) -> dict[str, Any]:
@@ -133,6 +136,25 @@ def _verify(chooser: Chooser, strategy: Strategy, trial_id: int) -> dict[str, An
     else:
         outcome, healthy, detail = "could not run", None, result.reason or "no verdict"
     return {"trial_id": trial_id, "outcome": outcome, "healthy": healthy, "detail": detail, **shown}
+
+
+def _baseline_gain(request: TuneRequest, ranked: list[Ranked], pick: Ranked,
+                   searched: Strategy | None = None) -> dict[str, Any]:
+    """``tuner.baseline.compare`` for the pick: predicted under each one's runner; measured where the study measured
+    the baseline's strategy (or ``searched``, the study's trial of it) as well as the pick."""
+    from zerotune.tuner.baseline import compare, parse_baseline, same_strategy
+
+    base = parse_baseline(cast(dict[str, Any], request.baseline), request.model, request.cluster,
+                          request.global_batch)
+    measured = None
+    if pick[3] != "predicted" and pick[2]:
+        ours = [request.fit(base.strategy)] + ([searched] if searched is not None else [])
+        twin = next((r for r in ranked if r[3] != "predicted" and r[2] and any(same_strategy(r[1], b) for b in ours)),
+                    None)
+        if twin is not None:
+            measured = (float(pick[2]), float(cast(float, twin[2])))
+    return compare(request.model, request.cluster, base, pick[1], request.runner,
+                   global_batch=request.global_batch, measured=measured)
 
 
 def peak_memory_bytes(trial: Trial) -> float | None:
@@ -286,6 +308,7 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
         # what the answer was built on: fewer completed trials than the budget is said, with why
         tally = failures.account(request.trials, [(t.status, t.reason, t.strategy) for t in tried],
                                  time_budget_s=request.time_budget_s)
+        predictions = {t.id: cast("Prediction | None", t.prediction) for t in rows}
         if not ranked:
             raise StudyFailed(f"no trial of study {study_id} completed ({len(tried)} tried): "
                               f"{failures.summary((t.status, t.reason) for t in tried)}")
@@ -349,6 +372,11 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
                     decision["shortlist"].append({"trial_id": cand[0], "strategy": cand[1].to_dict(),
                                                   "value": cand[2]})
     extra = {"decision": decision, "refit": chooser.refit, "runner": request.runner, "trials": tally, **chooser.note}
+    foreseen_memory = predictions.get(trial_id)
+    if foreseen_memory is not None and "memory_reserve" in foreseen_memory:  # how much it uses and what it kept
+        extra["memory"] = memory_note(foreseen_memory, request.cluster.device_memory_gib)
+    if request.baseline is not None:  # the gain over what the user runs today: predicted, and measured if both ran
+        extra["baseline"] = _baseline_gain(request, ranked, ranked[chosen], chooser.baseline)
     if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
         extra["front"] = front
     measured = sorted(((r[0], r[2], cast(RunMetrics, r[4] or {})) for r in ranked

@@ -10,7 +10,9 @@ from typing import Any
 
 from zerotune.core.fields import ALWAYS, OPTIONS, WHEN_SET, Options, check_fields, from_dict
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
+from zerotune.costmodel.memory import check_reserve
 from zerotune.errors import SpecError
+from zerotune.tuner.baseline import parse_baseline
 from zerotune.tuner.executors.local import runs_as_is
 from zerotune.tuner.space import resolve_global_batch
 
@@ -41,11 +43,15 @@ class TuneRequest(Options):
             raise SpecError("runner", self.runner, f"short runs train with zerotune's own engine, so {what} cannot "
                             f"measure how {self.runner} runs a strategy; use executor 'model' without "
                             "measure_shortlist, or runner 'zerotune'")
+        if self.memory_reserve_gib is not None:  # >= 0 by its rule; under this cluster's devices' memory here
+            check_reserve(self.memory_reserve_gib, self.cluster.device_memory_gib)
         if self.emulate and self.cluster.num_levels < 2:
             raise SpecError("emulate", self.emulate, f"{self.cluster.name} has one level: nothing to emulate")
         batch = resolve_global_batch(self.cluster, self.model, self.global_batch, self.tokens_per_step)
         object.__setattr__(self, "global_batch", batch)  # frozen: the resolved batch is what the request means
         object.__setattr__(self, "tokens_per_step", batch * self.model.seq_len)
+        if self.baseline is not None:  # refused now, by key, if no strategy expresses it
+            parse_baseline(self.baseline, self.model, self.cluster, batch)
 
     def normalized(self) -> dict[str, Any]:
         """What makes two requests equivalent: the model, the cluster and each field that is part of the key

@@ -55,7 +55,8 @@ def _as_fits(r: TuneRequest, s: Strategy, calibration: Calibration | None) -> St
         if runner_rule(r.runner, r.cluster, variant) is not None:
             continue
         try:
-            if predict(r.model, r.cluster, variant, global_batch=r.global_batch, calibration=calibration)["feasible"]:
+            if predict(r.model, r.cluster, variant, global_batch=r.global_batch, calibration=calibration,
+                       memory_reserve_gib=r.memory_reserve_gib)["feasible"]:
                 return variant
         except SpecError:  # a batch this micro-batch does not divide: the study's own trials say so
             continue

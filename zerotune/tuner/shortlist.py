@@ -21,9 +21,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from zerotune.core.spec import Strategy
 from zerotune.costmodel import Calibration
+from zerotune.db import repository as repo
+from zerotune.db.models import Recommendation
+from zerotune.errors import SpecError
 from zerotune.tuner.choice import Chooser, leading_partitions
 from zerotune.tuner.executors.base import Executor, StepHook
-from zerotune.tuner.request import TuneRequest
+from zerotune.tuner.request import TuneRequest, key_of
 from zerotune.tuner.study import Progress, Tuner, TunerOptions
 
 LEADERS = 3
@@ -94,3 +97,37 @@ class ShortlistTuner(Tuner):
 
     def _chooser(self) -> Chooser:
         return dataclasses.replace(super()._chooser(), answer_key=self.plan.answer_key, note=self.plan.note)
+
+
+# -- a shortlist measured by a training job on its own allocation (``zerotune recommend --measure``) --------------
+
+ON_JOB = "job"
+"""What keys the measured request of a job's measurements, beside its executor (``external``: uploaded runs)."""
+
+
+def measured_on_job(request: TuneRequest, trials: int = 1) -> tuple[TuneRequest, str]:
+    """The request a job's measurements of ``request``'s shortlist are stored under, and its key: the predicted
+    request's model, cluster (the allocation's shape), batch and runner, ``shortlist_of`` it, whatever
+    calibration it predicted with (a refit from those very runs changes the calibration a body resolves to,
+    never what was measured). ``trials``: the runs the study holds (not part of the key)."""
+    plain = dataclasses.replace(request, calibration=None, executor="model", measure=None, emulate=False,
+                                time_budget_s=None)
+    measured = dataclasses.replace(plain, executor="local", trials=trials, shortlist_of=plain.key())
+    keyed = dataclasses.replace(measured, trials=1)
+    return measured, key_of({**keyed.normalized(), "executor": "external", "measured_on": ON_JOB})
+
+
+def job_measured_answer(session: Session, request: TuneRequest) -> Recommendation | None:
+    """The newest answer made from a job's measurements of ``request``'s shortlist (on the same cluster and
+    allocation shape, whatever calibration ``request`` resolves to), or None. A request for another runner
+    than zerotune's trainer has none (a job measures what that trainer runs)."""
+    if request.runner != "zerotune":
+        return None
+    try:
+        _, key = measured_on_job(request)
+    except SpecError:  # a request no job can measure as asked
+        return None
+    req = repo.get_request_by_key(session=session, key=key)
+    if req is None:
+        return None
+    return repo.latest_recommendation(session=session, request_id=req.id)

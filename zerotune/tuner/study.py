@@ -47,9 +47,9 @@ from zerotune.core.spec import Strategy
 from zerotune.costmodel import Calibration, predict
 from zerotune.db import repository as repo
 from zerotune.db.session import session_scope, url_of
-from zerotune.errors import InputError, StudyFailed
+from zerotune.errors import InputError, SpecError, StudyFailed
 from zerotune.tuner import calibrating, failures, infrastructure, leases, optuna_study, remeasure, seeding
-from zerotune.tuner.choice import Chooser, choose
+from zerotune.tuner.choice import Chooser, choose, partition
 from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
 from zerotune.tuner.leases import UNSPENT
 from zerotune.tuner.request import TuneRequest, strategy_key
@@ -202,6 +202,8 @@ class Tuner:
             with session_scope(self.sessions) as s:
                 repo.set_study_state(session=s, study_id=study_id, state="failed", error=str(exc)[:2000])
             raise
+        finally:
+            self.executor.close()  # e.g. the Slurm allocation held for the study's trials
         with session_scope(self.sessions) as s:
             repo.set_study_state(session=s, study_id=study_id, state="cancelled" if self.stop.is_set() else "done")
         return recommendation
@@ -218,7 +220,7 @@ class Tuner:
         return TrialSpec(model=self.request.model, cluster=self.request.cluster, strategy=strategy,
                          workdir=self.workdir / workdir, steps=self.options.steps,
                          warmup=min(2, self.options.steps - 1), global_batch=self.request.global_batch,
-                         timeout_s=self.options.trial_timeout_s)
+                         timeout_s=self.options.trial_timeout_s, memory_reserve_gib=self.request.memory_reserve_gib)
 
     def _remeasure(self, study_id: int) -> list[int]:
         """Run the measured leaders whose intervals overlap again and pool their timed steps
@@ -287,7 +289,7 @@ class Tuner:
             strategy = strategy.replace(name=trial.user_attrs["preset"])
         key = strategy_key(strategy)
         prediction = predict(self.request.model, self.request.cluster, strategy, global_batch=self.request.global_batch,
-                             calibration=self.calibration)
+                             calibration=self.calibration, memory_reserve_gib=self.request.memory_reserve_gib)
         with session_scope(self.sessions) as s:
             row = repo.add_trial(session=s, study_id=study_id, strategy=strategy.to_dict(), strategy_key=key,
                                  executor=self.executor.name, number=trial.number, optuna_trial_id=trial._trial_id)
@@ -378,7 +380,29 @@ class Tuner:
         that fit, then the best of the most similar earlier request."""
         with session_scope(self.sessions) as session:
             similar = seeding.warm_start(session, self.request)
-        return seeding.known_good(self.request, self.calibration) + [(s, {"warm_start": "true"}) for s in similar]
+        return (self._baseline_pick() + seeding.known_good(self.request, self.calibration)
+                + [(s, {"warm_start": "true"}) for s in similar])
+
+    def _baseline_pick(self) -> list[tuple[Strategy, dict[str, Any]]]:
+        """The user's baseline as the study's first trial, where the search space holds it (its buckets snapped to
+        the space's choices): a measuring study then measures it, and the answer states the measured gain."""
+        searched = self.baseline_as_searched()
+        return [] if searched is None else [(searched, {"baseline": "true"})]
+
+    def baseline_as_searched(self) -> Strategy | None:
+        """The baseline's strategy as this study's space runs it (None without a baseline, or where the space does
+        not hold it: another runner's rule, a span or hpZ group it does not search)."""
+        if self.request.baseline is None:
+            return None
+        from zerotune.tuner.baseline import parse_baseline
+
+        base = self.request.fit(parse_baseline(self.request.baseline, self.request.model, self.request.cluster,
+                                               self.request.global_batch).strategy)
+        try:
+            searched = self.space.strategy_of(self.space.strategy_params(base))
+        except (ValueError, KeyError, SpecError):
+            return None
+        return searched if partition(searched) == partition(base) else None
 
     def _enqueue_first_picks(self, study: Any) -> None:
         seen: set[str] = set()
@@ -400,5 +424,5 @@ class Tuner:
         """What choosing this study's answer needs of it (the answer is stored under the request's key)."""
         return Chooser(request=self.request, sessions=self.sessions, workdir=self.workdir,
                        trial_timeout_s=self.options.trial_timeout_s, stop=self.stop, phase=self.phase,
-                       refit=self.refit, remeasured=self.remeasured)
+                       refit=self.refit, remeasured=self.remeasured, baseline=self.baseline_as_searched())
 

@@ -58,6 +58,7 @@ class WorkerSettings(Protocol):
     steps: int
     verify_quantized: bool
     slurm_partition: str | None
+    slurm_mode: str
 
     def work_root(self) -> Path: ...
 TRIALS_SHARE = 0.95
@@ -232,7 +233,10 @@ class Worker:
         request = what.request if isinstance(what, shortlist.Plan) else what
         with session_scope(self.sessions) as s:
             calibration = calibrating.for_request(s, request)
+        trials = len(what.candidates) if isinstance(what, shortlist.Plan) else request.trials
         executor = make_executor(request.executor, calibration=calibration, partition=self.settings.slurm_partition,
+                                 slurm_mode=self.settings.slurm_mode,
+                                 slurm_hold_s=(trials + 3) * (self.settings.trial_timeout_s + 60),
                                  emulate=request.emulate)
         # exclusive: holding the job means holding its study, so trials left unfinished by a
         # dead runner are recorded as interrupted and run again at resume, without waiting for their leases

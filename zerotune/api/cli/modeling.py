@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from zerotune.api.cli import ExitStatus
 from zerotune.core.batch import SEQUENCES_PER_RANK
@@ -46,10 +46,16 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                         "group; DeepSpeed gathers per sub-module in stage 3 and all-reduces each gradient bucket in "
                         "stages 1-2); all three reduce gradients beyond the grad span "
                         "in the last micro-step's backward; default: the calibration's (zerotune for the presets)")
+    p.add_argument("--memory-reserve-gib", type=float, default=None, metavar="GIB",
+                   help="GiB per rank kept free beside the predicted peak for the runtime (>= 0, under the device's "
+                        "memory); default: computed (the device context, the collective library's buffers per "
+                        "communicator, the allocator's fragmentation)")
     p.add_argument("--breakdown", action="store_true",
                    help="also print where each step's seconds go: compute, communication left exposed, the "
                         "slow-down of compute beside collectives, the step boundary, the optimizer update")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON (run.json field names)")
+    p.add_argument("--baseline", metavar="FILE", help="your config today (a DeepSpeed ds_config.json, FSDP settings "
+                   "JSON/YAML or a torchtitan TOML): each row's predicted gain over it")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("calibrate", help="fit the cost model to measured run.json files and store it by name")
@@ -145,6 +151,7 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.costmodel.calibration import load_calibration
     from zerotune.costmodel.error import lean_sentence
     from zerotune.costmodel.files import load_cluster, load_model, load_strategy, parse_overrides
+    from zerotune.costmodel.memory import memory_note
     from zerotune.costmodel.profiles import DEVICE_CALIBRATION_SUFFIX
     from zerotune.costmodel.rates import run_by
 
@@ -161,12 +168,18 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             if args.runner:
                 used = run_by(used, args.runner)
             batch = args.global_batch or default_global_batch(cluster.world_size, s.micro_batch_size)
-            p = predict(model, cluster, s, elem_bytes=elem, global_batch=batch, calibration=used)
+            p = predict(model, cluster, s, elem_bytes=elem, global_batch=batch, calibration=used,
+                        memory_reserve_gib=args.memory_reserve_gib)
             base = base or p
             rows.append({**p, "cluster": cluster.name, "strategy": s.name or strategy_name,
                          "scaling_efficiency": p["tflops_per_rank"] / base["tflops_per_rank"],
                          "cross_node_bytes": cross_node_bytes(p, cluster), "checkpointed": s.activation_checkpointing,
-                         "checkpointing": s.checkpointing})
+                         "checkpointing": s.checkpointing, "capacity_gib": cluster.device_memory_gib})
+            if args.baseline:  # the user's config today, on this cluster, at this batch
+                from zerotune.tuner.baseline import compare, load_baseline
+                baseline = load_baseline(args.baseline, model, cluster, args.global_batch)
+                rows[-1]["baseline"] = compare(model, cluster, baseline, s, args.runner or "zerotune",
+                                               global_batch=batch, elem_bytes=elem)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
         return ExitStatus.SUCCESS
@@ -191,6 +204,11 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
               f"{p['memory_bytes']['peak'] / GIB:>9.1f}  {fits:<5}{p['cross_node_bytes'] / 1e9:>10.2f}  {error:>9}")
     for note, clusters in bands.items():
         print(f"error on {', '.join(dict.fromkeys(clusters))}: {note}")
+    for p in rows:  # what each kept free beside its peak, and why
+        print(f"memory on {p['cluster']}, {p['strategy']}: {memory_note(p, p['capacity_gib'])['reason']}")
+    for p in rows:
+        if p.get("baseline"):
+            print(f"{p['strategy']} on {p['cluster']} {p['baseline']['sentence']}")
     lean = next((p["error_band"]["checkpointing"] for p in rows
                  if p["checkpointing"] == "full" and p["error_band"]
                  and p["error_band"].get("checkpointing")), None)
@@ -238,6 +256,10 @@ class PredictedRow(Prediction):
     cross_node_bytes: int
     checkpointed: bool
     checkpointing: str
+    capacity_gib: float
+    """The cluster's memory per rank."""
+    baseline: NotRequired[dict[str, Any]]
+    """With ``--baseline``: the gain over the user's config (``tuner.baseline.compare``)."""
 
 
 def _print_breakdown(rows: list[PredictedRow]) -> None:

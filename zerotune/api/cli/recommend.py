@@ -42,6 +42,8 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--base", help="your DeepSpeed config: the recommended zero_optimization is merged into it, "
                    "every other key stays yours (deepspeed and env formats); a batch key that differs from the "
                    "recommended one is refused")
+    p.add_argument("--baseline", metavar="FILE", help="your config today (a DeepSpeed ds_config.json, FSDP settings "
+                   "JSON/YAML or a torchtitan TOML): the answer states the recommendation's gain over it")
     p.add_argument("--keep-base-batch", action="store_true",
                    help="with --base: keep its batch keys (DeepSpeed's batch rule still checked) instead of refusing "
                         "a batch other than the one every trial measured")
@@ -69,6 +71,15 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                    help="write nothing without the service's answer: exit 5 (server error) or 6 (timeout)")
     p.add_argument("--no-slurm", action="store_true", help="ignore the SLURM_* variables")
     p.add_argument("--dry-run", action="store_true", help="print the request it would send, send nothing")
+    p.add_argument("--measure", type=float, metavar="SECONDS",
+                   help="inside a Slurm job: measure the answer's shortlist on this job's nodes with this job's model "
+                        "within SECONDS (the runs, and sending them to the service, which stores them as trials and "
+                        "refits the cluster's calibration), and write the measured winner; an answer measured by a "
+                        "job of the same request and shape is reused; any failure keeps the predicted answer, with "
+                        "one warning")
+    p.add_argument("--measure-steps", type=int, default=10,
+                   help="optimizer steps per measured candidate, the first 2 of them warm-up (default 10, as a "
+                        "service's measured trial)")
     p.set_defaults(func=cmd_recommend)
 
 
@@ -90,8 +101,10 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     for name, value, rule in (("--timeout", args.timeout, args.timeout > 0),
                               ("--connect-timeout", args.connect_timeout, args.connect_timeout > 0),
                               ("--read-timeout", args.read_timeout, args.read_timeout > 0),
-                              ("--wait", args.wait, args.wait >= 0), ("--trials", args.trials, args.trials >= 1)):
-        if not rule or value != value or value == float("inf"):
+                              ("--wait", args.wait, args.wait >= 0), ("--trials", args.trials, args.trials >= 1),
+                              ("--measure", args.measure, args.measure is None or args.measure > 0),
+                              ("--measure-steps", args.measure_steps, args.measure_steps >= 1)):
+        if not rule or (value is not None and (value != value or value == float("inf"))):
             raise UsageError(name, value, "must be a finite number > 0" if name != "--wait" else
                                 "must be a finite number >= 0")
     if args.base and args.format not in ("deepspeed", "env", "accelerate"):
@@ -106,9 +119,10 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         base = pl.read_json_file("--base", args.base)
         if not isinstance(base, dict):
             raise UsageError("--base", args.base, "a DeepSpeed config is a JSON object")
+    baseline = _read_baseline(args.baseline) if args.baseline else None
     body = pl.build_request(model, cluster, objective=args.objective, executor=args.executor, trials=args.trials,
                             time_budget_s=args.time_budget, global_batch=args.global_batch,
-                            runner=args.runner or env.get("ZEROTUNE_RUNNER"),
+                            runner=args.runner or env.get("ZEROTUNE_RUNNER"), baseline=baseline,
                             grad_reduce_in_fp32=args.grad_reduce_in_fp32 or pl.env_flag(
                                 "ZEROTUNE_GRAD_REDUCE_IN_FP32", env.get("ZEROTUNE_GRAD_REDUCE_IN_FP32")))
     server = (args.server or env.get("ZEROTUNE_URL") or "http://127.0.0.1:8000").rstrip("/")
@@ -146,6 +160,10 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             rec, source = pl.default_recommendation(body), "default"
             what = "the built-in default (ZeRO-3, DeepSpeed's default buckets)"
         pl.warn(f"{exc} ({server}, after {spent:.1f} s); using {what}")
+    if args.measure is not None and source == "service":
+        rec = _measured(rec, args, server, token, job, os.path.join(args.output or default_dir, "measure")
+                        if args.format == "env" else os.path.join(default_dir, "measure"))
+        pl.save_answer(body, rec, env, server)  # the measured answer is the one a later fallback reuses
     try:
         text, notes = pl.write_outputs(rec, args.format, args.output, base, source, default_dir,
                                        keep_base_batch=args.keep_base_batch)
@@ -158,3 +176,62 @@ def cmd_recommend(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     sys.stdout.write(text)
     sys.stdout.flush()
     return ExitStatus.FALLBACK_USED if fallback and args.strict else ExitStatus.SUCCESS
+
+
+def _measured(rec: dict[str, Any], args: argparse.Namespace, server: str, token: str | None, job: str | None,
+              workdir: str) -> dict[str, Any]:
+    """``--measure``: the answer measured on this allocation (``api/prologue/measuring.py``), or ``rec`` with one
+    warning when anything goes wrong: measuring never fails the job."""
+    from pathlib import Path
+
+    from zerotune.api import prologue as pl
+    from zerotune.api.prologue.client import Client, Retry
+    from zerotune.api.prologue.measuring import Unmeasured, measure_answer
+
+    def say(line: str) -> None:
+        if not args.quiet:
+            print(f"zerotune: measure: {line}", file=sys.stderr)
+
+    try:
+        client = Client(server, token, timeout=max(args.read_timeout, 60.0), connect_timeout=args.connect_timeout,
+                        retry=Retry())
+        measured = measure_answer(client, rec, job=job, budget_s=args.measure, workdir=Path(workdir),
+                                  steps=args.measure_steps,
+                                  warmup=min(2, args.measure_steps - 1), log=say)
+    except KeyboardInterrupt:
+        raise
+    except Unmeasured as exc:
+        pl.warn(f"--measure: {exc}; using the predicted answer")
+        return rec
+    except Exception as exc:  # whatever broke, the job keeps its predicted config
+        pl.warn(f"--measure failed ({type(exc).__name__}: {exc}); using the predicted answer")
+        return rec
+    return {**measured, "job": job}
+
+
+def _read_baseline(path: str) -> dict[str, Any]:
+    """``--baseline FILE``: its object, sent as the request's ``baseline`` (the service reads no files). JSON, a
+    torchtitan TOML (the standard library's tomllib) or YAML (where pyyaml is installed)."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text()
+        if path.endswith(".toml"):
+            data: Any = tomllib.loads(text)
+        elif path.endswith((".yaml", ".yml")):
+            import yaml
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except ImportError:
+        raise UsageError("--baseline", path, "a YAML file needs pyyaml (pip install pyyaml), or write it as JSON") \
+            from None
+    except (OSError, ValueError) as exc:
+        raise UsageError("--baseline", path, f"cannot be read ({exc})") from None
+    except Exception as exc:  # yaml.YAMLError
+        raise UsageError("--baseline", path, f"is not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError("--baseline", path, "must hold an object (a DeepSpeed config, FSDP settings or a TOML)")
+    return data

@@ -24,8 +24,15 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
     p.add_argument("--calibration", help="a stored calibration to predict with (default: the newest stored for the "
                                          "cluster in --db, else the cluster's profile), or a zerotune calibrate file")
     p.add_argument("--partition", help="Slurm partition (slurm executor)")
+    p.add_argument("--slurm-mode", choices=("steps", "jobs"), default=env.get("ZEROTUNE_SLURM_MODE") or "steps",
+                   help="slurm executor: 'steps' runs each trial as a job step of the allocation zerotune runs in, "
+                        "or of one allocation held for the whole study (one queue wait); 'jobs' submits each trial "
+                        "as a batch job of its own (clusters that forbid steps) (default: $ZEROTUNE_SLURM_MODE, "
+                        "else steps)")
     p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
+    p.add_argument("--baseline", metavar="FILE", help="your config today (a DeepSpeed ds_config.json, FSDP settings "
+                   "JSON/YAML or a torchtitan TOML): the answer states the recommendation's gain over it")
     p.add_argument("--full", action="store_true", help="print the whole recommendation record")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_tune)
@@ -63,10 +70,13 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.db.migrate import upgrade
     from zerotune.db.session import default_url, make_engine, make_session_factory, session_scope
     from zerotune.tuner import calibrating
+    from zerotune.tuner.baseline import read_baseline_file
     from zerotune.tuner.request import TuneRequest
     from zerotune.tuner.study import TunerOptions
 
-    request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), **request_options(args))
+    baseline = read_baseline_file(args.baseline) if args.baseline else None
+    request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), baseline=baseline,
+                          **request_options(args))
     options = TunerOptions(steps=args.steps, trial_timeout_s=args.trial_timeout)
     if request.emulate:
         from zerotune.tuner.executors import netns
@@ -100,7 +110,8 @@ def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessio
         of = what.request if isinstance(what, shortlist.Plan) else what
         bar = _progress_bar(trials, args.quiet)
         workdir = Path(args.workdir or Path(".zerotune")) / of.key()[:12]
-        executor = make_executor(of.executor, calibration=calibration, partition=args.partition, emulate=of.emulate)
+        executor = make_executor(of.executor, calibration=calibration, partition=args.partition, emulate=of.emulate,
+                                 slurm_mode=args.slurm_mode, slurm_hold_s=(trials + 3) * (args.trial_timeout + 60))
         tuner: Tuner
         if isinstance(what, shortlist.Plan):
             tuner = shortlist.ShortlistTuner(what, sessions=sessions, executor=executor, workdir=workdir,
@@ -131,6 +142,10 @@ def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessio
     print(f"zerotune: recommended {_describe(s)} — {rec['value']:.4g} TFLOPS/rank ({rec['evidence']}), "
           f"margin {rec['margin'] or 0:.1%} over the runner-up{band}, every trial at {request.global_batch} "
           f"sequences ({request.tokens_per_step:,} tokens) per step; study {rec['study_id']} in {url}", file=sys.stderr)
+    if rec.get("memory"):  # how much of a rank's memory the pick uses, and what it kept for the runtime
+        print(f"zerotune: memory: {rec['memory']['reason']}", file=sys.stderr)
+    if rec.get("baseline"):
+        print(f"zerotune: {rec['baseline']['sentence']}", file=sys.stderr)
     again = set(rec.get("remeasured") or [])
     measured = [f"trial {lead['trial_id']} {lead['value']:.4g} [{lead['interval'][0]:.4g}, {lead['interval'][1]:.4g}]"
                 f"{' re-measured' if lead['trial_id'] in again else ''}"
@@ -158,7 +173,8 @@ def _tune(args: argparse.Namespace, request: Any, options: Any, url: str, sessio
         print(f"zerotune: {len(d['shortlist'])} partitions lie within the model's error of the winner; worth "
               f"measuring (--executor local or slurm): " + "; ".join(
                   f"trial {c['trial_id']} {_describe(c['strategy'])}" for c in d["shortlist"]), file=sys.stderr)
-    print(json.dumps(rec if args.full else {k: rec[k] for k in ("strategy", "value", "evidence", "margin", "exports")},
+    print(json.dumps(rec if args.full else {k: rec[k] for k in ("strategy", "value", "evidence", "margin", "exports")
+                                            } | ({"memory": rec["memory"]} if rec.get("memory") else {}),
                      indent=2, default=str))
     return ExitStatus.SUCCESS
 

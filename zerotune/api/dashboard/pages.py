@@ -99,6 +99,23 @@ def refit_of(session: Session, study_id: int) -> dict[str, Any] | None:
     return {**row.report, "name": row.name, "cluster": row.cluster} if row is not None else None
 
 
+def measured_by_jobs(session: Session) -> list[dict[str, Any]]:
+    """Which training jobs measured what (``zerotune recommend --measure``): per job, its request's model and
+    cluster, each shortlisted strategy's outcome (TFLOPS per rank, failed, cut off by the budget), the winner,
+    and the calibration its runs refitted."""
+    out = []
+    for rec in repo.job_measured_recommendations(session=session):
+        on = (rec.metrics or {})["measured_on_job"]
+        study = repo.get_study(session=session, study_id=rec.study_id)
+        request = repo.get_request(session=session, request_id=study.request_id) if study is not None else None
+        out.append({"job": on.get("job"), "recommendation_id": rec.id, "study_id": rec.study_id,
+                    "request": request_summary(request) if request is not None else None,
+                    "runs": on.get("runs") or [], "cut_off": on.get("cut_off") or [],
+                    "winner": rec.strategy.get("name") or "custom", "refit": on.get("refit"),
+                    "created_at": rec.created_at})
+    return out
+
+
 def studies_page(session: Session, page: int) -> dict[str, Any]:
     rows, count = repo.list_studies(session=session, offset=(page - 1) * PER_PAGE, limit=PER_PAGE)
     studies: list[dict[str, Any]] = []
@@ -120,6 +137,7 @@ def studies_page(session: Session, page: int) -> dict[str, Any]:
         waiting.append({"job": queries.job_public(session, waiting_job), "request": request_summary(request)})
     pages = max(1, math.ceil(count / PER_PAGE))
     return {"studies": studies, "count": count, "page": page, "pages": pages, "waiting": waiting,
+            "measured_by_jobs": measured_by_jobs(session) if page == 1 else [],
             "data": page_data({"live": live, "waiting": [w["job"].id for w in waiting]})}
 
 
@@ -259,6 +277,7 @@ def recommendation_page(session: Session, row: Recommendation) -> dict[str, Any]
     notes = notes_of({"metrics": metrics, "exports": rec.exports or {}}, "env")
     return {"rec": rec, "request": request_summary(request), "evidence": evidence, "exports": exports,
             "notes": notes, "verification": metrics.get("verification"), "decision": metrics.get("decision"),
+            "baseline": metrics.get("baseline"),
             "collectives": collectives_caveat(slower) if (slower := (metrics.get("decision") or {}).get(
                 "collectives")) else None,
             "band": metrics.get("error_band") or {}, "refit": refit_of(session, row.study_id),

@@ -146,11 +146,14 @@ def _check_gpus(gpus: int, per_node: int, what: str) -> None:
 
 
 def resolve_model(model: str | None) -> str | dict[str, Any]:
-    """A preset name as is, or the ModelSpec of a JSON file (the service reads no files)."""
+    """A preset name as is, or the object of a JSON file: a ModelSpec, or a Hugging Face config.json (also named by
+    its folder), which the service reads as ``core.hf_config`` does (the service reads no files)."""
     if not model or not model.strip():
-        raise UsageError("model", model, "not given: pass --model (a preset such as gpt-neox-20b, or a JSON "
-                                         "ModelSpec) or set ZEROTUNE_MODEL")
+        raise UsageError("model", model, "not given: pass --model (a preset such as gpt-neox-20b, a JSON "
+                                         "ModelSpec or a Hugging Face config.json) or set ZEROTUNE_MODEL")
     model = model.strip()
+    if os.path.isdir(model) and os.path.isfile(os.path.join(model, "config.json")):
+        model = os.path.join(model, "config.json")
     if _is_file_arg(model):
         spec = read_json_file("model", model)
         if not isinstance(spec, dict):

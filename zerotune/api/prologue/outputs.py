@@ -208,8 +208,27 @@ def notes_of(rec: Mapping[str, Any], fmt: str) -> list[str]:
     slower = decision.get("collectives")
     lean = decision.get("checkpointing") or {}  # only a pick the model's lean on checkpointing could overturn
     short = ((rec.get("metrics") or {}).get("trials") or {}).get("short")  # fewer trials than the budget, and why
-    return picked + dtype + ([f"model: {collectives_caveat(slower)}"] if slower else []) + (
+    on_job = measured_note(rec)
+    return ([on_job] if on_job else []) + picked + dtype + (
+        [f"model: {collectives_caveat(slower)}"] if slower else []) + (
         [f"model: {lean['why']}"] if lean.get("verdict") == "within" else []) + ([f"study: {short}"] if short else [])
+
+
+def measured_note(rec: Mapping[str, Any]) -> str | None:
+    """The notes' line for an answer measured by a job (``zerotune recommend --measure``): on this allocation
+    (``rec["job"]``, the job writing it, set by the client), or on an earlier one of its shape."""
+    job = rec.get("job")
+    on = (rec.get("metrics") or {}).get("measured_on_job")
+    if not on:
+        return None
+    runs = on.get("runs") or []
+    done = sum(r.get("status") == "complete" for r in runs)
+    where = (f"measured on this allocation, job {on['job']}" if job is not None and str(on["job"]) == str(job) else
+             f"measured on an allocation of the same shape ({on.get('cluster')}), job {on['job']}")
+    cut = on.get("cut_off") or []
+    return (f"{where}: {done} of {len(runs) + len(cut)} shortlisted strategies ran"
+            + (f", {len(cut)} cut off by its --measure budget" if cut else "")
+            + (f"; the cluster's calibration was refitted as {on['refit']}" if on.get("refit") else ""))
 
 
 def collectives_caveat(slower: Mapping[str, Any], advice: bool = True) -> str:

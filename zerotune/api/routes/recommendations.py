@@ -6,15 +6,18 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
 
 from zerotune.api import queries
 from zerotune.api.deps import Id, ServiceDep, SessionDep, WriteAccess
-from zerotune.api.inputs import RecommendationCreate
+from zerotune.api.inputs import JobMeasurementsCreate, RecommendationCreate
 from zerotune.api.prologue.outputs import ENV_FILES, TOOL_FILES
-from zerotune.api.schemas import JobPublic, Message, RecommendationPublic
+from zerotune.api.schemas import JobPublic, Message, RecommendationPublic, ValidationErrorPublic
 from zerotune.api.settings import MAX_WAIT_S, Settings
+from zerotune.api.uploads import job_shortlist, store_job_measurements
 from zerotune.db import repository as repo
-from zerotune.errors import NotFoundError
+from zerotune.db.session import session_scope
+from zerotune.errors import InputError, NotFoundError, StudyFailed
 
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
 
@@ -102,3 +105,48 @@ def _rebuilt(exports: dict[str, Any], format: str) -> dict[str, Any]:
     built = all_exports(ModelSpec.from_dict(zt["model"]), ClusterSpec.from_dict(zt["cluster"]),
                         Strategy.from_dict(zt["strategy"]), zt.get("global_batch"))
     return dict(built[format])
+
+
+@router.get("/{recommendation_id}/shortlist", responses={404: {"model": Message}})
+def read_shortlist(recommendation_id: Id, session: SessionDep) -> dict[str, Any]:
+    """What a training job measures of this answer (``zerotune recommend --measure``): the partitions the model
+    cannot tell apart (the service's own shortlist), as strategies, with why; none, and why, for an answer that
+    is measured already or whose winner leads beyond the model's error."""
+    return job_shortlist(session=session, recommendation_id=recommendation_id)
+
+
+@router.post(
+    "/{recommendation_id}/measurements", response_model=RecommendationPublic, status_code=201,
+    dependencies=[WriteAccess],
+    responses={200: {"model": RecommendationPublic,
+                     "description": "This job's measurements were stored before: the answer they made."},
+               201: {"description": "Stored as trials of the request, the cluster's calibration refitted, and the "
+                                    "request answered from them."},
+               401: {"model": Message}, 404: {"model": Message},
+               422: {"model": ValidationErrorPublic, "description": "A run of another model or shape than the "
+                     "request's, an unknown strategy, or no run that completed."}})
+async def create_measurements(recommendation_id: Id, body: JobMeasurementsCreate, service: ServiceDep,
+                              response: Response) -> RecommendationPublic:
+    """Store a training job's measurements of this answer's shortlist: its run.json files become trials of the
+    request, the cluster's calibration is refitted from them, and the measured winner answers the request from
+    now on (the next job of the same request and allocation shape is served it)."""
+    def store() -> tuple[RecommendationPublic, bytes, bool]:
+        try:
+            rec_id, created = store_job_measurements(
+                sessions=service.sessions, recommendation_id=recommendation_id, body=body,
+                workdir=service.settings.work_root() / f"job-measurements-{recommendation_id}")
+        except StudyFailed as exc:
+            raise InputError("body.runs", len(body.runs), f"no run completed: {exc}") from None
+        with session_scope(service.sessions) as s:
+            row = repo.get_recommendation(session=s, recommendation_id=rec_id)
+            assert row is not None
+            return queries.recommendation_public(row), queries.answer_bytes(row), created
+
+    rec, answer, created = await run_in_threadpool(store)
+    # a body resolved before may now resolve to the refitted calibration, and every key of the request (whatever
+    # calibration it names) is answered from the measurements now: forget what was cached
+    service.cache.bodies.clear()
+    service.cache.answers.clear()
+    service.cache.put(rec.request_key, answer)
+    response.status_code = 201 if created else 200
+    return rec

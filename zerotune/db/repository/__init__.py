@@ -41,6 +41,7 @@ from zerotune.db.repository.jobs import (
 )
 from zerotune.db.repository.recommendations import (
     get_recommendation,
+    job_measured_recommendations,
     latest_recommendation,
     save_recommendation,
     served_recommendation,
@@ -69,6 +70,7 @@ from zerotune.db.repository.trials import (
 from zerotune.db.repository.workers import forget_workers, live_workers, stamp_worker
 
 __all__ = [
+    "job_measured_recommendations",
     "ACTIVE_JOB_STATES",
     "TERMINAL_JOB_STATES",
     "TERMINAL_STUDY_STATES",

@@ -68,3 +68,12 @@ def latest_recommendation(*, session: Session, study_id: int | None = None, requ
     else:
         query = query.join(Study, Study.id == Recommendation.study_id).where(Study.request_id == request_id)
     return session.scalars(query.order_by(Recommendation.id.desc()).limit(1)).first()
+
+
+def job_measured_recommendations(*, session: Session, limit: int = 20, scan: int = 200) -> list[Recommendation]:
+    """The newest answers made from a training job's measurements of its shortlist (``zerotune recommend
+    --measure``: metrics ``measured_on_job``), newest first, at most ``limit`` of the newest ``scan`` answers of
+    uploaded-run studies."""
+    query = (select(Recommendation).join(Study, Study.id == Recommendation.study_id)
+             .where(Study.executor == "external").order_by(Recommendation.id.desc()).limit(scan))
+    return [r for r in session.scalars(query) if (r.metrics or {}).get("measured_on_job")][:limit]

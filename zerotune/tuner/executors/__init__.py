@@ -7,7 +7,8 @@ from typing import Any
 from zerotune.core.fields import EXECUTORS as NAMES  # the executors a request may name, one branch each below
 
 
-def make_executor(name: str, *, calibration: Any = None, partition: str | None = None, emulate: bool = False) -> Any:
+def make_executor(name: str, *, calibration: Any = None, partition: str | None = None, emulate: bool = False,
+                  slurm_mode: str = "steps", slurm_hold_s: float | None = None) -> Any:
     """The one constructor of executors (the CLI, the worker and the tests use it).
 
     Args:
@@ -17,6 +18,9 @@ def make_executor(name: str, *, calibration: Any = None, partition: str | None =
             predictions with, so a trial is ranked by the model it is shown with.
         partition: the Slurm partition (``slurm``).
         emulate: run the short runs on an emulated cluster (``local``).
+        slurm_mode: ``steps`` (inside an allocation each trial is a job step of it) or ``jobs`` (each trial a batch
+            job of its own) (``slurm``); outside an allocation, ``steps`` holds one for the study's trials.
+        slurm_hold_s: the time limit of the allocation held for a study (``slurm``, mode ``steps``).
     """
     if name == "model":
         from zerotune.tuner.executors.predicted import ModelExecutor
@@ -29,5 +33,5 @@ def make_executor(name: str, *, calibration: Any = None, partition: str | None =
     if name == "slurm":
         from zerotune.tuner.executors.slurm import SlurmExecutor
 
-        return SlurmExecutor(partition=partition)
+        return SlurmExecutor(partition=partition, mode=slurm_mode, hold_time_s=slurm_hold_s)
     raise ValueError(f"executor={name!r}: must be one of {', '.join(NAMES)}")

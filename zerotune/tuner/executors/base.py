@@ -39,6 +39,9 @@ class TrialSpec:
     """More ``trainer.train`` arguments (e.g. ``--lr``)."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment variables for the run."""
+    memory_reserve_gib: float | None = None
+    """The request's reserve beside the predicted peak (``core.fields.Options.memory_reserve_gib``): what the
+    ``model`` executor predicts fits with."""
 
     def train_args(self, out: Path) -> list[str]:
         """The ``python -m zerotune.trainer.train`` arguments for this trial (inputs from ``write_inputs``)."""
@@ -102,6 +105,10 @@ class Executor(abc.ABC):
             on_step: called for every timed step when the executor sees steps as they happen; an
                 executor that does not (the cost model, a batch job) never calls it.
         """
+
+    def close(self) -> None:  # noqa: B027 (nothing to release by default)
+        """Release what the executor holds between trials (the ``slurm`` executor: the allocation it held for the
+        study); the study calls it when it ends. The next ``run`` may hold again."""
 
     def interrupted(self, why: str, **extra: Any) -> TrialResult:
         """The result of a run ended by ``stop``: the caller keeps the trial to be run again."""

@@ -20,7 +20,7 @@ class ModelExecutor(Executor):
     def run(self, spec: TrialSpec, *, stop: threading.Event, on_step: StepHook | None = None) -> TrialResult:
         """One prediction: instant, so ``stop`` and ``on_step`` never come into play."""
         p = predict(spec.model, spec.cluster, spec.strategy, global_batch=spec.global_batch,
-                    calibration=self.calibration)
+                    calibration=self.calibration, memory_reserve_gib=spec.memory_reserve_gib)
         if not p["feasible"]:
             return TrialResult(status="infeasible", metrics=p, reason=p["overflow"]["reason"], executor=self.name)
         return TrialResult(status="complete", metrics=p, executor=self.name)

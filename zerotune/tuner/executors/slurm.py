@@ -1,5 +1,10 @@
 """The ``slurm`` executor: the same short run as ``local``, on a real cluster through ``sbatch`` + ``srun``.
 
+Inside an allocation (``SLURM_JOB_ID`` set) and in mode ``steps`` (the default), a trial is a job step of that
+allocation, ``srun`` on its nodes with no queue (``slurm_steps``: the step's layout, timeout, cancel and reason);
+``run_in_allocation`` runs several trials that way, side by side on disjoint nodes where they fit. Otherwise (mode
+``jobs``, or outside an allocation) one trial is one batch job, as follows.
+
 One trial is one batch job. ``run`` writes the trial's inputs and a ``job.sbatch`` into the trial's
 workdir (which compute nodes must see: a shared filesystem, or ``workdir_root`` pointing at one),
 submits it with ``sbatch --parsable``, and polls ``squeue`` until the job leaves the queue; the caller's
@@ -30,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import os
 import re
@@ -38,11 +42,11 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from zerotune.core.records import RunMetrics
 from zerotune.trainer.faults import first_rank_error
 from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
 from zerotune.tuner.executors.slurm_commands import (
@@ -51,9 +55,21 @@ from zerotune.tuner.executors.slurm_commands import (
     UNINFORMATIVE_REASONS,
     JobInfo,
     SlurmCommands,
+    tail,
+)
+from zerotune.tuner.executors.slurm_steps import (
+    MODES,
+    REPO_ROOT,
+    Allocation,
+    NodePool,
+    StepRun,
+    hold_allocation,
+    hold_script,
+    read_run,
+    release_allocation,
+    step_layout,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 class SlurmExecutor(Executor):
     """Runs a trial as one Slurm batch job (``sbatch`` + ``srun python -m zerotune.trainer.train``)."""
@@ -66,7 +82,8 @@ class SlurmExecutor(Executor):
                  poll_interval_s: float = 5.0, commands: SlurmCommands | None = None,
                  physical_nodes: int | None = None, gpus_per_node: int | None = None,
                  queue_timeout_s: float | None = 3600.0, cancel_wait_s: float = 60.0,
-                 repo_root: str | Path | None = None, log_tail_lines: int = 200) -> None:
+                 repo_root: str | Path | None = None, log_tail_lines: int = 200, mode: str = "steps",
+                 allocation: Allocation | None = None, hold_time_s: float | None = None) -> None:
         """
         Args:
             partition: ``--partition`` (default: the cluster's default partition).
@@ -85,7 +102,14 @@ class SlurmExecutor(Executor):
             cancel_wait_s: how long to wait for a cancelled job to leave the queue.
             repo_root: the zerotune checkout the compute nodes import (``PYTHONPATH``); default this one.
             log_tail_lines: lines of the job's stdout and stderr kept in ``TrialResult.logs``.
+            mode: ``steps``: inside an allocation each trial is a job step of it; ``jobs``: each trial is a batch
+                job of its own, wherever zerotune runs (clusters that forbid steps).
+            allocation: the allocation to run steps in (default: the one Slurm's variables describe, if any;
+                outside one, mode ``steps`` holds one for the study: see ``close``).
+            hold_time_s: the ``--time`` of an allocation held for a study (None: the partition's limit).
         """
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r}: must be one of {', '.join(MODES)}")
         for opt in [*sbatch_options, *srun_options]:
             if not opt.startswith("-") or "\n" in opt:
                 raise ValueError(f"Slurm option {opt!r} must be one option starting with '-' (no newlines)")
@@ -107,6 +131,94 @@ class SlurmExecutor(Executor):
         self.cancel_wait_s = cancel_wait_s
         self.repo_root = Path(repo_root) if repo_root is not None else REPO_ROOT
         self.log_tail_lines = log_tail_lines
+        self.mode = mode
+        self._lock = threading.Lock()
+        self._allocation: Allocation | None = None
+        self._looked = False
+        self._allocation_error = ""
+        self._pool: NodePool | None = None
+        self._steps = 0
+        self._held = ""
+        """The job id of the allocation this executor holds for its study ("" when none)."""
+        self.hold_time_s = hold_time_s
+        if allocation is not None:
+            self.use_allocation(allocation)
+
+    # -- the allocation ----------------------------------------------------------------------------------------
+
+    def allocation(self) -> Allocation | None:
+        """The allocation trials run in as steps (the one zerotune runs in, or the one held for the study): None in
+        mode ``jobs``, or outside an allocation before the first trial."""
+        if self.mode != "steps":
+            return None
+        with self._lock:
+            if not self._looked:
+                self._looked = True
+                try:
+                    self._allocation = Allocation.from_env({**os.environ, **(self.commands.env or {})}, self.commands)
+                except ValueError as exc:
+                    self._allocation_error = str(exc)
+                self._pool = NodePool(self._allocation.nodes) if self._allocation else None
+            if self._allocation_error:
+                raise ValueError(self._allocation_error)
+            return self._allocation
+
+    def _hold(self, spec: TrialSpec, stop: threading.Event) -> tuple[Allocation | None, str]:
+        """The allocation held for this study, submitted (and waited for: its one queue wait) at its first trial,
+        with the trial's nodes and ranks per node."""
+        with self._lock:
+            if self._allocation is not None:
+                return self._allocation, ""
+            nodes, per_node = self.layout(spec)
+            if self.physical_nodes is not None and nodes > self.physical_nodes:
+                nodes = self.physical_nodes
+                per_node = -(-spec.cluster.world_size // nodes)
+            spec.workdir.mkdir(parents=True, exist_ok=True)
+            script = spec.workdir.resolve().parent / "hold.sbatch"
+            try:
+                script.write_text(hold_script(
+                    name=self.job_name(spec).replace("zerotune-", "zerotune-hold-"), workdir=script.parent,
+                    nodes=nodes, per_node=per_node, partition=self.partition, account=self.account,
+                    gpus_per_node=self.gpus_per_node, sbatch_options=self.sbatch_options,
+                    time_min=None if self.hold_time_s is None else max(1, math.ceil(self.hold_time_s / 60))))
+            except OSError as exc:
+                return None, f"could not write {script}: {exc}"
+            alloc, why = hold_allocation(self.commands, script, gpus_per_node=self.gpus_per_node or 0,
+                                         queue_timeout_s=self.queue_timeout_s, poll_interval_s=self.poll_interval_s,
+                                         stop=stop)
+            if alloc is not None:
+                self._held, self._allocation, self._pool = alloc.job_id, alloc, NodePool(alloc.nodes)
+            return alloc, why
+
+    def _drop_ended_hold(self) -> None:
+        """Forget the allocation held for the study once it has ended (its time limit, an admin's scancel): the
+        next trial holds another instead of failing on a job that is gone."""
+        held = self._held
+        if held:
+            state = self.commands.queue_state(held)
+            if state is None or state in TERMINAL_STATES:
+                with self._lock:
+                    if self._held == held:
+                        self._held, self._allocation, self._pool = "", None, None
+
+    def close(self) -> None:
+        """Cancel the allocation held for the study, if this executor holds one (the next trial holds another)."""
+        with self._lock:
+            held, self._held = self._held, ""
+            if held:
+                self._allocation, self._pool = None, None
+        if held:
+            release_allocation(self.commands, held, self.cancel_wait_s)
+
+    @property
+    def held(self) -> str:
+        """The job id of the allocation held for the study ("" when none)."""
+        return self._held
+
+    def use_allocation(self, allocation: Allocation) -> None:
+        """Run steps in ``allocation`` (instead of the one the environment describes)."""
+        with self._lock:
+            self._allocation, self._looked, self._pool = allocation, True, NodePool(allocation.nodes)
 
     # -- the job ---------------------------------------------------------------------------------------------
 
@@ -174,19 +286,25 @@ class SlurmExecutor(Executor):
     # -- run -------------------------------------------------------------------------------------------------
 
     def run(self, spec: TrialSpec, *, stop: threading.Event, on_step: StepHook | None = None) -> TrialResult:
-        """One batch job, followed until it leaves the queue (``on_step`` is not called: steps are not seen
-        until the job ends)."""
+        """One job step inside an allocation, else one batch job, followed until it ends (``on_step`` is not
+        called: steps are not seen until the run ends)."""
         spec = self.trial_spec(spec)
+        self._drop_ended_hold()
         try:
-            for key, _ in spec.env:
-                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                    return self._failed(f"environment variable name {key!r} is not valid in a shell")
-            spec.write_inputs()
-            wd = spec.workdir.resolve()
-            out = wd / "run.json"
-            for stale in [out, *wd.glob("run.json.rank*.err")]:
-                stale.unlink(missing_ok=True)
-            script = wd / "job.sbatch"
+            allocation = self.allocation()
+        except ValueError as exc:
+            return self._failed(str(exc))
+        if allocation is None and self.mode == "steps":
+            allocation, why = self._hold(spec, stop)
+            if allocation is None:
+                return self.interrupted(why) if stop.is_set() else self._failed(why)
+        if allocation is not None:
+            return self._run_step(spec, allocation, stop)
+        why = self._prepare(spec)
+        if why:
+            return self._failed(why)
+        script = spec.workdir.resolve() / "job.sbatch"
+        try:
             script.write_text(self.sbatch_script(spec))
         except OSError as exc:
             return self._failed(f"could not write the job files into {spec.workdir}: {exc}")
@@ -203,6 +321,39 @@ class SlurmExecutor(Executor):
             # Ctrl-C, a bug: leave nothing running behind.
             self.commands("scancel", job_id)
             raise
+
+    def _prepare(self, spec: TrialSpec) -> str:
+        """Write the trial's inputs and remove stale results; "" or why it cannot run."""
+        for key, _ in spec.env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                return f"environment variable name {key!r} is not valid in a shell"
+        try:
+            spec.write_inputs()
+            out = spec.workdir.resolve() / "run.json"
+            for stale in [out, *out.parent.glob("run.json.rank*.err")]:
+                stale.unlink(missing_ok=True)
+        except OSError as exc:
+            return f"could not write the job files into {spec.workdir}: {exc}"
+        return ""
+
+    def _run_step(self, spec: TrialSpec, allocation: Allocation, stop: threading.Event) -> TrialResult:
+        """The trial as one step of ``allocation`` on nodes no other running step holds."""
+        nodes, per_node, why = step_layout(spec, allocation, self.physical_nodes)
+        if why or (why := self._prepare(spec)):
+            return self._failed(why)
+        pool = self._pool
+        assert pool is not None
+        taken = pool.acquire(nodes, stop)
+        if taken is None:
+            return self.interrupted(f"the runner is stopping; no step of Slurm job {allocation.job_id} started")
+        try:
+            with self._lock:
+                self._steps += 1
+                seq = self._steps
+            port = 20000 + (int(re.sub(r"\D", "", allocation.job_id) or 0) * 61 + seq) % 20000
+            return StepRun(self, allocation, spec, taken, per_node, port).run(stop)
+        finally:
+            pool.release(taken)
 
     def _follow(self, spec: TrialSpec, job_id: str, stop: threading.Event) -> TrialResult:
         submitted = time.monotonic()
@@ -256,18 +407,7 @@ class SlurmExecutor(Executor):
         logs = self._logs(spec, job_id)
         extra = self._extra(spec, job_id, info)
         if info.state == "COMPLETED" or (info.state == "UNKNOWN" and out.is_file()):
-            try:
-                metrics: RunMetrics = json.loads(out.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                why = (f"Slurm job {job_id} {info.state} but rank 0 wrote no readable run.json "
-                       f"({type(exc).__name__}: {exc})")
-                return self._failed(why, logs=logs, extra=extra)
-            verdict = (metrics.get("health") or {}).get("verdict", "ok")
-            if metrics.get("status", "ok") != "ok" or verdict != "ok":
-                evidence = (metrics.get("health") or {}).get("evidence") or metrics.get("error") or "no evidence"
-                return TrialResult(status="failed", metrics=metrics, reason=f"unhealthy run ({verdict}): {evidence}",
-                                   logs=logs, executor=self.name, extra=extra)
-            return TrialResult(status="complete", metrics=metrics, logs=logs, executor=self.name, extra=extra)
+            return read_run(out, f"Slurm job {job_id} {info.state}", logs, extra)
         if info.state == "UNKNOWN":
             head = f"Slurm job {job_id} left the queue and its final state is unknown (no sacct, purged)"
         else:
@@ -300,23 +440,53 @@ class SlurmExecutor(Executor):
         """The tails of the job's stdout and stderr (the trainer logs its steps on stderr)."""
         parts = []
         for path in self._job_files(spec, job_id):
-            text = _tail(path, self.log_tail_lines)
+            text = tail(path, self.log_tail_lines)
             if text.strip():
                 parts.append(f"==> {path.name} <==\n{text}")
         return "\n".join(parts)
 
     def _last_words(self, spec: TrialSpec, job_id: str) -> str:
         """The last line the job wrote on stderr (e.g. ``srun: error: …`` or slurmstepd's CANCELLED line)."""
-        lines = [ln.strip() for ln in _tail(self._job_files(spec, job_id)[1], 20).splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in tail(self._job_files(spec, job_id)[1], 20).splitlines() if ln.strip()]
         return lines[-1] if lines else ""
 
 
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 200 * lines))
-            data = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
+def run_in_allocation(specs: Sequence[TrialSpec], *, executor: SlurmExecutor | None = None,
+                      stop: threading.Event | None = None, allocation: Allocation | None = None,
+                      on_result: Callable[[int, TrialResult], None] | None = None) -> list[TrialResult]:
+    """Run trials as steps of the allocation zerotune runs in: each on nodes of its own, side by side while the
+    allocation has free nodes for the next one (one at a time when each takes all of them).
+
+    Args:
+        specs: the trials (e.g. a shortlist), each with a workdir of its own.
+        executor: the ``slurm`` executor to run them with (its srun options, python, timeouts); default
+            ``SlurmExecutor()``. Its mode must be ``steps``.
+        stop: set to end the running steps now (each comes back interrupted) and start no more.
+        allocation: the allocation (default: the one Slurm's variables describe).
+        on_result: called with (index, result) as each trial ends (from the thread that ran it).
+
+    Returns:
+        One ``TrialResult`` per spec, in the order of ``specs``.
+
+    Raises:
+        ValueError: not inside an allocation (``SLURM_JOB_ID`` unset), or the executor's mode is ``jobs``.
+    """
+    ex = executor or SlurmExecutor()
+    if allocation is not None:
+        ex.use_allocation(allocation)
+    alloc = ex.allocation()
+    if alloc is None:
+        raise ValueError("run_in_allocation: not inside a Slurm allocation (SLURM_JOB_ID is not set)"
+                         if ex.mode == "steps" else "run_in_allocation: the executor's mode is 'jobs'")
+    halt = stop or threading.Event()
+    results: list[TrialResult] = [TrialResult(status="failed", reason="not run", executor=ex.name)] * len(specs)
+
+    def one(i: int) -> None:
+        results[i] = ex.run(specs[i], stop=halt)
+        if on_result is not None:
+            on_result(i, results[i])
+
+    with ThreadPoolExecutor(max(1, min(len(specs), len(alloc.nodes)))) as pool:
+        for future in [pool.submit(one, i) for i in range(len(specs))]:
+            future.result()
+    return results

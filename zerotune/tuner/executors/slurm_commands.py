@@ -1,5 +1,5 @@
-"""Slurm's clients as the executor calls them: ``sbatch``, ``squeue``, ``sacct``, ``scancel`` and ``scontrol``
-(each a program or an argv prefix such as ``ssh login1 sbatch``), a job's state in the queue, and its final
+"""Slurm's clients as the executor calls them: ``sbatch``, ``squeue``, ``sacct``, ``scancel``, ``scontrol`` and
+``srun`` (each a program or an argv prefix such as ``ssh login1 sbatch``), a job's state in the queue, and its final
 state from accounting (or from slurmctld's memory when there is no accounting)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 ACTIVE_STATES = frozenset({
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
@@ -40,6 +41,7 @@ class SlurmCommands:
     sacct: str | Sequence[str] = "sacct"
     scancel: str | Sequence[str] = "scancel"
     scontrol: str | Sequence[str] = "scontrol"
+    srun: str | Sequence[str] = "srun"
     runner: Runner | None = None
     env: Mapping[str, str] | None = None
     timeout_s: float = 60.0
@@ -106,3 +108,15 @@ class JobInfo:
 def _norm_state(text: str) -> str:
     """``CANCELLED by 0`` → ``CANCELLED``; ``RUNNING+`` → ``RUNNING``."""
     return text.strip().split(" ")[0].rstrip("+").upper() if text.strip() else ""
+
+
+def tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a job's (or step's) output file; "" when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 200 * lines))
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])

@@ -13,7 +13,9 @@ Key names and values from torchtitan 0.3.0 (``torchtitan/config/configs.py``: ``
   accumulation steps from it: ``trainer.py``), ``training.max_norm`` (the clipping zerotune's trials used),
   ``training.mixed_precision_param`` (``bfloat16`` or ``float32``: no float16) and
   ``training.mixed_precision_reduce`` (``float32`` only).
-- activation checkpointing: ``mode`` ``full`` / ``selective`` / ``none``. torchtitan 0.3.0 selects it as a tyro
+- activation checkpointing: ``mode`` ``full`` / ``selective`` / ``none`` (selective with ``selective_ac_option = "op"``,
+  the per-op policy: torchtitan up to 0.2 read a number there as "every n-th block", and defaulted to "2"; 0.3.0's
+  selective is per-op only). torchtitan 0.3.0 selects it as a tyro
   subcommand (``activation_checkpoint:full``); the TOML keeps the ``[activation_checkpoint] mode`` key of the
   TOML files that torchtitan up to 0.2 loaded with ``--job.config_file`` (0.3.0 dropped TOML files: its
   ``ConfigManager`` reads a ``--module``/``--config`` Python config and these overrides).
@@ -105,7 +107,7 @@ def torchtitan_config(model: ModelSpec, cluster: ClusterSpec, strategy: Strategy
             "mixed_precision_param": _PARAM_DTYPES.get(dtype, "float32"),
             "mixed_precision_reduce": "float32",
         },
-        "activation_checkpoint": {"mode": mode},
+        "activation_checkpoint": {"mode": mode, **({"selective_ac_option": "op"} if mode == "selective" else {})},
     }
     args: list[str] = []
     for section in ("parallelism", "training"):
