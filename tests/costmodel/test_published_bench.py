@@ -738,13 +738,15 @@ def test_a_reading_without_a_quote_takes_its_default(tmp_path, monkeypatch):
     # outer_reduce is its default: no reading; z's gathers is the global default (no reading), y's falls to it
     assert settled["source"] == {"stack": "megatron", "outer_reduce": "boundary"}
     assert settled["strategies"]["z"]["gathers"] == "bucket" and settled["strategies"]["y"]["gathers"] == "bucket"
-    assert settled["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0 and settled["clusters"]["c"]["early_stop"] is False
+    assert settled["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0
+    assert settled["clusters"]["c"]["early_stop"] is False
     assert settled["groups"][0]["set"] == {} and stray == ["clusters.c.host"]
     assert data["source"]["flops"] == "hardware"  # the table as read is left as it was
     written, _, _ = published.settle_readings(data, "written")
     assert written["source"]["flops"] == "hardware" and written["groups"][0]["set"] == {"grad_bits": 32}
     defaults, _, _ = published.settle_readings(data, "defaults")
-    assert defaults["source"] == {"outer_reduce": "boundary"} and defaults["strategies"]["y"] == {"preset": "zero3", "gathers": "bucket"}
+    assert defaults["source"] == {"outer_reduce": "boundary"}
+    assert defaults["strategies"]["y"] == {"preset": "zero3", "gathers": "bucket"}
     # a level named by its place (from 0) is the same level
     by_place = {**data, "quotes": {"clusters.c.levels.0.busbw_gbps": "'busbw 100' — nccl-tests log"}}
     assert published.settle_readings(by_place)[0]["clusters"]["c"]["levels"][0]["busbw_gbps"] == 100.0
