@@ -107,8 +107,12 @@ def test_every_deepspeed_strategy_exports_exactly(name):
     assert {(s.param_span, s.grad_span, s.optim_span) for s in shapes} == {
         (0, 0, 0), (0, 0, cluster.num_levels), (0, cluster.num_levels, cluster.num_levels),
         (cluster.num_levels,) * 3}
-    assert any(s.secondary_span is not None for s in shapes) and {s.weight_bits for s in shapes} == {16, 8}
-    assert {s.grad_bits for s in shapes} == {16, 4}  # qgZ: every one of these clusters spans nodes
+    assert any(s.secondary_span is not None for s in shapes)
+    if cluster.device == "cpu":  # DeepSpeed's quantizer has no CPU build: no qwZ or qgZ is searched there
+        assert {s.weight_bits for s in shapes} == {s.grad_bits for s in shapes} == {16}
+    else:
+        assert {s.weight_bits for s in shapes} == {16, 8}
+        assert {s.grad_bits for s in shapes} == {16, 4}  # qgZ: every one of these clusters spans nodes
     for s in shapes:
         assert deepspeed_notes(model, cluster, s) == [], s
         zero = deepspeed_config(model, cluster, s)["zero_optimization"]
