@@ -59,7 +59,10 @@ def test_killed_database_connections_cost_the_study_nothing(pg_url, launcher):
     rec = httpx.post(f"{server.url}/v1/recommendations", json=body).json()
     tally = rec["metrics"]["trials"]
     assert tally["measured"] + tally["infeasible"] + tally["pruned"] + len(tally["failed"]) == budget, tally
-    assert "a fault of the infrastructure" in server.log.read_text()  # named where it was met
+    # a kill the worker met (not one the pool's pre-ping absorbed: that depends on timing) is named where it was met
+    log = server.log.read_text()
+    met = [line for line in log.splitlines() if "AdminShutdown" in line or "closed the connection" in line]
+    assert not met or "a fault of the infrastructure" in log, met
 
 
 @pytest.mark.timeout(600)

@@ -352,7 +352,7 @@ def test_trial_command_lines_hold_no_database_url(monkeypatch, tmp_path):
     spec = make_spec(tmp_path / "trial")
     torchrun = torchrun_command(spec.cluster.world_size, ["zerotune.trainer.train", *spec.train_args(tmp_path)])
     fake = FakeSlurm(sbatch=[(1, "", "sbatch: error: no controller")])
-    SlurmExecutor(commands=SlurmCommands(runner=fake)).run(spec, stop=threading.Event())
+    SlurmExecutor(commands=SlurmCommands(runner=fake), mode="jobs").run(spec, stop=threading.Event())
     script = (tmp_path / "trial" / "job.sbatch").read_text()
     assert fake.calls and all("pw-67-trial" not in " ".join(argv) for argv in [torchrun, *fake.calls])
     assert "pw-67-trial" not in script and "ZEROTUNE_DB" not in script

@@ -28,7 +28,7 @@ def _keys(typed: Any) -> tuple[set[str], set[str]]:
 def test_the_walk_through_predict_goes_forward():
     """``bench/predict_walk.py`` follows zero3 and zeropp under each runner through ``predict`` call by call, cold:
     each walk enters the stage modules in the pipeline's order and returns to a module already visited at most
-    10 times (40 before the pipeline)."""
+    11 times (40 before the pipeline; the fabrics law at scale, asked by timing, adds one)."""
     out = subprocess.run([sys.executable, "bench/predict_walk.py", "--json"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
@@ -36,7 +36,7 @@ def test_the_walk_through_predict_goes_forward():
     assert {(w["preset"], w["runner"]) for w in walks} == {(p, r) for p in ("zero3", "zeropp")
                                                            for r in ("zerotune", "deepspeed", "fsdp")}
     for w in walks:
-        assert w["returns"] <= 10, (w["preset"], w["runner"], w["sequence"])
+        assert w["returns"] <= 11, (w["preset"], w["runner"], w["sequence"])
         first = [w["sequence"].index(stage) for stage in STAGES]
         assert first == sorted(first), (w["preset"], w["runner"], w["sequence"])
         assert w["sequence"][0] == "predict" and w["visits"]["predict"] == 1
