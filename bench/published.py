@@ -691,18 +691,21 @@ def error_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _print_beside(lines_of: Any, result: dict[str, Any], defaults: dict[str, Any] | None) -> None:
+    """Each line of ``lines_of(result)``, with the same line of ``defaults`` (every reading at its default) under it."""
+    beside = lines_of(defaults) if defaults is not None else []
+    for i, line in enumerate(lines_of(result)):
+        print(f"   {line}" + (f"\n      every reading at its default: {beside[i].split(': ', 1)[1]}" if beside else ""))
+
+
 def print_scores(result: dict[str, Any], defaults: dict[str, Any] | None = None) -> None:
     """The primary score (the ranking), the plan ratios and the goals, then the secondary (the error), with the score
     of every reading at its default beside each where ``defaults`` is given; then the outliers and the readings
     dropped for want of a quote."""
-    beside = defaults is not None
     print(f"RANKING (primary): within each configuration a source measured several strategies on, pairs whose "
           f"published gap is >= {scoreboard.GAP:.0%}; the winner (a strategy within {scoreboard.GAP:.0%} of the "
           f"published best counts); regret = published throughput lost by running the model's first")
-    main_lines, default_lines = ranking_lines(result), ranking_lines(defaults) if beside else []
-    for i, line in enumerate(main_lines):
-        print(f"   {line}" + (f"\n      every reading at its default: {default_lines[i].split(': ', 1)[1]}"
-                              if beside else ""))
+    _print_beside(ranking_lines, result, defaults)
     configs = sum(b["configurations"] for b in result["ranking"].values())
     print(f"   goals: >= {RANKING_GOALS['pairs']:.0%} of pairs in order in every band; the winner in >= "
           f"{RANKING_GOALS['picked'][0]} of {RANKING_GOALS['picked'][1]} configurations (the tables give {configs}: "
@@ -726,10 +729,7 @@ def print_scores(result: dict[str, Any], defaults: dict[str, Any] | None = None)
     print(f"ERROR (secondary): |predicted / published - 1| of every scored row and of each ratio that is not two "
           f"scored rows' ({result['summary']['repeats']} ratios repeat scored rows and count once, through them); "
           f"too fast = predicted above published")
-    main_lines, default_lines = error_lines(result), error_lines(defaults) if beside else []
-    for i, line in enumerate(main_lines):
-        print(f"   {line}" + (f"\n      every reading at its default: {default_lines[i].split(': ', 1)[1]}"
-                              if beside else ""))
+    _print_beside(error_lines, result, defaults)
     print(f"   goals at >= 384 GPUs: median |error| <= {ERROR_GOALS['median']:.0%}, <= {ERROR_GOALS['misses']:.0%} "
           f"outside ±{GOAL:.0%}, <= {ERROR_GOALS['one_side']:.0%} of misses on one side")
     found = result["outliers"]
