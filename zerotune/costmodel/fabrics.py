@@ -118,6 +118,7 @@ Sources:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -256,28 +257,23 @@ def solve(rows: tuple[Measured, ...], launch_s: float, cap: float, lam_min: floa
     return lam, 1 / inv
 
 
-_CACHE: dict[tuple[str, float], tuple[Point, ...]] = {}
-
-
+@functools.cache
 def points(fabric: str, launch_s: float) -> tuple[Point, ...]:
     """The law's points of ``FABRICS[fabric]``, one per measured node count, fewest nodes first (empty where
     nothing was measured)."""
-    key = (fabric, launch_s)
-    if key not in _CACHE:
-        measured = FABRICS[fabric].measured if fabric in FABRICS else ()
-        by_nodes: dict[int, list[Measured]] = {}
-        for r in measured:
-            by_nodes.setdefault(r.gpus // r.per_node, []).append(r)
-        out: list[Point] = []
-        for nodes in sorted(by_nodes):
-            rows = tuple(by_nodes[nodes])
-            line = rows[0].node_gbps * 1e9
-            eta_max = out[-1].efficiency if out else 1.0  # never more bandwidth on more nodes
-            lam_min = out[-1].step_s * out[-1].nodes / nodes if out else 0.0  # λ·N never less on more nodes
-            lam, bw = solve(rows, launch_s, eta_max * line, lam_min)
-            out.append(Point(nodes, rows[0].per_node, lam, bw / line))
-        _CACHE[key] = tuple(out)
-    return _CACHE[key]
+    measured = FABRICS[fabric].measured if fabric in FABRICS else ()
+    by_nodes: dict[int, list[Measured]] = {}
+    for r in measured:
+        by_nodes.setdefault(r.gpus // r.per_node, []).append(r)
+    out: list[Point] = []
+    for nodes in sorted(by_nodes):
+        rows = tuple(by_nodes[nodes])
+        line = rows[0].node_gbps * 1e9
+        eta_max = out[-1].efficiency if out else 1.0  # never more bandwidth on more nodes
+        lam_min = out[-1].step_s * out[-1].nodes / nodes if out else 0.0  # λ·N never less on more nodes
+        lam, bw = solve(rows, launch_s, eta_max * line, lam_min)
+        out.append(Point(nodes, rows[0].per_node, lam, bw / line))
+    return tuple(out)
 
 
 def at_nodes(pts: tuple[Point, ...], nodes: float) -> tuple[float, float]:
@@ -299,16 +295,12 @@ def measured(fabric: str) -> bool:
     return fabric in FABRICS and bool(FABRICS[fabric].measured)
 
 
-_smallest: dict[str, float] = {}
-
-
+@functools.cache
 def smallest_chunk(fabric: str) -> float:
     """The fewest bytes a rank sent in one ring step among ``fabric``'s measured rows: below it the law was not
     measured (``ring_seconds`` then charges the more of the law and the α-β ring of the library's protocols)."""
-    if fabric not in _smallest:
-        _smallest[fabric] = min(sent_bytes(r.collective, r.mb, r.gpus) / (STEPS[r.collective] * (r.gpus - 1))
-                                for r in FABRICS[fabric].measured)
-    return _smallest[fabric]
+    return min(sent_bytes(r.collective, r.mb, r.gpus) / (STEPS[r.collective] * (r.gpus - 1))
+               for r in FABRICS[fabric].measured)
 
 
 def step_seconds(fabric: str, nodes: int, per_node: int, node_line: float, launch_s: float) -> float | None:
