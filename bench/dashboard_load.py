@@ -49,7 +49,8 @@ def seed(url: str, trials: int) -> int:
     from zerotune.db.session import make_engine, make_session_factory, session_scope
     from zerotune.tuner.executors.predicted import ModelExecutor
     from zerotune.tuner.request import TuneRequest
-    from zerotune.tuner.study import Tuner, TunerOptions
+    from zerotune.tuner.study import Tuner
+    from zerotune.tuner.study_options import TunerOptions
 
     upgrade(url)
     request = TuneRequest(model=parse_model("gpt-neox-20b"), cluster=parse_cluster("frontier:48"), executor="model",

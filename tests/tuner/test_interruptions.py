@@ -21,7 +21,8 @@ from zerotune.db.session import session_scope
 from zerotune.tuner import failures, infrastructure, leases
 from zerotune.tuner.executors.predicted import ModelExecutor
 from zerotune.tuner.request import TuneRequest
-from zerotune.tuner.study import Tuner, TunerOptions
+from zerotune.tuner.study import Tuner
+from zerotune.tuner.study_options import TunerOptions
 from zerotune.tuner.worker import Worker
 
 REQUEST = TuneRequest(model=parse_model("gpt-13b"), cluster=parse_cluster("frontier:8"), trials=4, seed=0)

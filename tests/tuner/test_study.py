@@ -32,7 +32,8 @@ from zerotune.tuner.executors.local import LocalExecutor
 from zerotune.tuner.executors.predicted import ModelExecutor
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.seeding import PRESETS
-from zerotune.tuner.study import Tuner, TunerOptions, prunes
+from zerotune.tuner.study import Tuner
+from zerotune.tuner.study_options import TunerOptions, prunes
 
 
 @pytest.fixture
@@ -323,8 +324,8 @@ def test_warm_start_enqueues_the_best_strategies_of_a_similar_request(sqlite_url
 
 
 def test_local_executor_prunes_a_slow_run(tmp_path):
-    """The study's pruning rule (``study.prunes``) on real runs: with no best it never stops one; against the best
-    trial's measured step time it stops a run at the first step after step 2 that takes over 3x as long."""
+    """The study's pruning rule (``study_options.prunes``) on real runs: with no best it never stops one; against the
+    best trial's measured step time it stops a run at the first step after step 2 that takes over 3x as long."""
     from zerotune.costmodel.catalog import build_strategy
     from zerotune.tuner.executors.base import TrialSpec
 

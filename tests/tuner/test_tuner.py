@@ -17,7 +17,8 @@ from zerotune.tuner.executors.base import Executor, TrialResult
 from zerotune.tuner.executors.predicted import ModelExecutor
 from zerotune.tuner.request import TuneRequest
 from zerotune.tuner.shortlist import Plan, ShortlistTuner
-from zerotune.tuner.study import Tuner, TunerOptions
+from zerotune.tuner.study import Tuner
+from zerotune.tuner.study_options import TunerOptions
 
 
 @pytest.mark.parametrize("field, value", [

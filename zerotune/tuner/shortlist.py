@@ -27,7 +27,8 @@ from zerotune.errors import SpecError
 from zerotune.tuner.choice import Chooser, leading_partitions
 from zerotune.tuner.executors.base import Executor, StepHook
 from zerotune.tuner.request import TuneRequest, key_of
-from zerotune.tuner.study import Progress, Tuner, TunerOptions
+from zerotune.tuner.study import Tuner
+from zerotune.tuner.study_options import Progress, TunerOptions
 
 LEADERS = 3
 """Partitions measured when the model's error on a cluster is unknown (its fastest predicted ones)."""

@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -47,63 +46,16 @@ from zerotune.core.spec import Strategy
 from zerotune.costmodel import Calibration, predict
 from zerotune.db import repository as repo
 from zerotune.db.session import session_scope, url_of
-from zerotune.errors import InputError, SpecError, StudyFailed
+from zerotune.errors import SpecError, StudyFailed
 from zerotune.tuner import calibrating, failures, infrastructure, leases, optuna_study, remeasure, seeding
 from zerotune.tuner.choice import Chooser, choose, partition
 from zerotune.tuner.executors.base import Executor, StepHook, TrialResult, TrialSpec
 from zerotune.tuner.leases import UNSPENT
 from zerotune.tuner.request import TuneRequest, strategy_key
 from zerotune.tuner.space import Space, params_key
+from zerotune.tuner.study_options import Progress, TunerOptions, prunes
 
 log = logging.getLogger("zerotune.tuner")
-
-
-def prunes(step: int, seconds: float, best_s: float | None) -> bool:
-    """The study's pruning rule: stop a run whose step ``step`` took ``seconds``, over 3x ``best_s``, the best
-    completed trial's step time. Steps 1 and 2 never stop a run (the warm-up: compilation, allocator growth,
-    first collectives), and without a completed trial there is nothing to compare with."""
-    return best_s is not None and step > 2 and seconds > 3 * best_s
-
-
-@dataclass
-class Progress:
-    done: int = 0
-    total: int = 0
-    phase: str = ""
-    """screening (model executor), measuring, re-measuring k/n, verifying."""
-    best_value: float | None = None
-    last: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TunerOptions:
-    """How a Tuner runs its trials: the same for every study of one runner (a worker's settings, the flags of
-    ``zerotune tune``), where the request says what a study answers."""
-
-    steps: int = 10
-    """Optimizer steps of a measured trial; the first ``min(2, steps - 1)`` are warm-up, left out of its timing."""
-    trial_timeout_s: float = 600.0
-    """Seconds before a measured trial (or the verification run of a predicted pick) is killed."""
-    lease_s: float = 60.0
-    """How long a dispatched trial stays leased without a heartbeat (one every third of it): a runner that dies
-    leaves its trial to be recorded as interrupted and run again this long after its last heartbeat."""
-    verify_quantized: bool = True
-    """Proxy-verify a predicted quantized pick before recommending it (:func:`tuner.choice.choose`)."""
-    exclusive: bool = False
-    """The caller guarantees that no other runner runs this study (a worker holding its job): unfinished trials
-    found at resume are dead whatever their lease says."""
-    worker_id: str | None = None
-    """Who holds the leases of the trials it runs; None: this host and a random suffix, new for each Tuner."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise InputError("steps", self.steps, "must be a whole number of optimizer steps >= 1")
-        for name in ("trial_timeout_s", "lease_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise InputError(name, value, "must be a number of seconds > 0")
-        if self.worker_id is not None and (not isinstance(self.worker_id, str) or not self.worker_id.strip()):
-            raise InputError("worker_id", self.worker_id, "must be a non-empty name, or None")
 
 
 class Tuner:

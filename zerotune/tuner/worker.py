@@ -42,7 +42,8 @@ from zerotune.errors import StudyFailed
 from zerotune.tuner import calibrating, infrastructure, shortlist
 from zerotune.tuner.leases import UNSPENT
 from zerotune.tuner.request import TuneRequest
-from zerotune.tuner.study import Progress, Tuner, TunerOptions
+from zerotune.tuner.study import Tuner
+from zerotune.tuner.study_options import Progress, TunerOptions
 
 log = logging.getLogger("zerotune.worker")
 

@@ -72,7 +72,7 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.tuner import calibrating
     from zerotune.tuner.baseline import read_baseline_file
     from zerotune.tuner.request import TuneRequest
-    from zerotune.tuner.study import TunerOptions
+    from zerotune.tuner.study_options import TunerOptions
 
     baseline = read_baseline_file(args.baseline) if args.baseline else None
     request = TuneRequest(model=load_model(args.model), cluster=load_cluster(args.cluster), baseline=baseline,

@@ -12,7 +12,7 @@ client call these without either installed.
   top-level keys and silently ignores unknown ones (it rejects only a list of removed ones), so a
   note key would be indistinguishable from a typo, and every key under ``zero_optimization`` is
   checked by a pydantic model with ``extra="forbid"``.
-- :func:`validate_deepspeed_config` — the rules DeepSpeed checks only at run time (or never).
+- :func:`validate_deepspeed_config` — the rules DeepSpeed checks only at run time (or never) (``deepspeed_rules.py``).
 - :func:`fsdp_config` — PyTorch FSDP2 ``fully_shard`` settings: mesh shape, ``reshard_after_forward``,
   mixed precision, notes and a code snippet.
 
@@ -28,7 +28,8 @@ from typing import Any
 from zerotune.core.spec import ClusterSpec, ModelSpec, Strategy
 from zerotune.tuner.exports.accelerate_yaml import accelerate_config
 from zerotune.tuner.exports.common import BYTES_PER_16BIT, DTYPES, MICS_REMOVED_IN, MIN_DEEPSPEED
-from zerotune.tuner.exports.deepspeed import deepspeed_config, deepspeed_notes, validate_deepspeed_config
+from zerotune.tuner.exports.deepspeed import deepspeed_config, deepspeed_notes
+from zerotune.tuner.exports.deepspeed_rules import validate_deepspeed_config
 from zerotune.tuner.exports.fsdp import fsdp_config
 from zerotune.tuner.exports.hf_trainer import hf_trainer_config
 from zerotune.tuner.exports.native import zerotune_config
