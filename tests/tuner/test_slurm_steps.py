@@ -27,8 +27,9 @@ from tests.support import ROOT
 from tests.tuner.test_slurm import make_spec
 from zerotune.tuner.executors.base import TrialSpec
 from zerotune.tuner.executors.slurm import SlurmExecutor, run_in_allocation
+from zerotune.tuner.executors.slurm_allocation import Allocation, NodePool, gpus_on_node
 from zerotune.tuner.executors.slurm_commands import SlurmCommands
-from zerotune.tuner.executors.slurm_steps import Allocation, NodePool, StepRun, gpus_on_node, step_layout
+from zerotune.tuner.executors.slurm_steps import StepRun, step_layout
 
 # -- the allocation, as functions ----------------------------------------------------------------------------------
 
