@@ -165,7 +165,7 @@ def seed_pareto(s: Any, seeded: Seeded) -> None:
     from zerotune.costmodel import predict
     from zerotune.costmodel.catalog import build_strategy, parse_cluster, parse_model
     from zerotune.db import repository as repo
-    from zerotune.tuner.choice import pareto_front
+    from zerotune.tuner.answer_notes import pareto_front
     from zerotune.tuner.request import strategy_key
 
     model, cluster = parse_model("gpt-mini"), parse_cluster("local:2x2")

@@ -8,7 +8,8 @@ import pytest
 
 from zerotune.costmodel.catalog import STRATEGY_PRESETS, build_strategy, parse_cluster, parse_model
 from zerotune.errors import SpecError
-from zerotune.tuner.baseline import parse_baseline, read_baseline_file, same_strategy
+from zerotune.tuner.baseline import parse_baseline, read_baseline_file
+from zerotune.tuner.baseline_gain import same_strategy
 from zerotune.tuner.exports import deepspeed_config, deepspeed_notes, fsdp_config
 
 MODEL = parse_model("llama3-8b")
@@ -108,7 +109,7 @@ def test_accelerate_and_torchtitan_settings(tmp_path) -> None:
 
 
 def test_the_gain_over_a_baseline_is_predicted_with_the_comparison_error() -> None:
-    from zerotune.tuner.baseline import compare
+    from zerotune.tuner.baseline_gain import compare
     cluster = parse_cluster("dgx-h100:4")
     zero3 = build_strategy("zero3", cluster)
     same = parse_baseline(deepspeed_config(MODEL, cluster, zero3, global_batch=256), MODEL, cluster)
@@ -169,7 +170,7 @@ def test_torchtitan_selective_checkpointing_is_torchtitan_s_default_unless_op() 
 
 
 def test_a_baseline_the_model_cannot_predict_at_the_batch_is_said_not_fatal_and_bounds_hold() -> None:
-    from zerotune.tuner.baseline import compare
+    from zerotune.tuner.baseline_gain import compare
     cluster = parse_cluster("dgx-h100:4")
     odd = parse_baseline({"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 3}}, MODEL, cluster)
     c = compare(MODEL, cluster, odd, build_strategy("zero3", cluster), "deepspeed", global_batch=256)

@@ -36,7 +36,7 @@ error of its predicted strategy comparisons against published ones, the *band*):
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -52,6 +52,7 @@ from zerotune.db.models import Trial
 from zerotune.db.session import session_scope
 from zerotune.errors import StudyFailed
 from zerotune.tuner import failures, remeasure
+from zerotune.tuner.answer_notes import baseline_note, pareto_front
 from zerotune.tuner.executors.base import TrialSpec
 from zerotune.tuner.request import TuneRequest
 
@@ -136,48 +137,6 @@ def _verify(chooser: Chooser, strategy: Strategy, trial_id: int) -> dict[str, An
     else:
         outcome, healthy, detail = "could not run", None, result.reason or "no verdict"
     return {"trial_id": trial_id, "outcome": outcome, "healthy": healthy, "detail": detail, **shown}
-
-
-def _baseline_gain(request: TuneRequest, ranked: list[Ranked], pick: Ranked,
-                   searched: Strategy | None = None) -> dict[str, Any]:
-    """``tuner.baseline.compare`` for the pick: predicted under each one's runner; measured where the study measured
-    the baseline's strategy (or ``searched``, the study's trial of it) as well as the pick."""
-    from zerotune.tuner.baseline import compare, parse_baseline, same_strategy
-
-    base = parse_baseline(cast(dict[str, Any], request.baseline), request.model, request.cluster,
-                          request.global_batch)
-    measured = None
-    if pick[3] != "predicted" and pick[2]:
-        ours = [request.fit(base.strategy)] + ([searched] if searched is not None else [])
-        twin = next((r for r in ranked if r[3] != "predicted" and r[2] and any(same_strategy(r[1], b) for b in ours)),
-                    None)
-        if twin is not None:
-            measured = (float(pick[2]), float(cast(float, twin[2])))
-    return compare(request.model, request.cluster, base, pick[1], request.runner,
-                   global_batch=request.global_batch, measured=measured)
-
-
-def peak_memory_bytes(trial: Trial) -> float | None:
-    """A trial's peak memory per rank: measured where it ran, else the cost model's."""
-    for source in (trial.metrics, trial.prediction):
-        peak = ((source or {}).get("memory_bytes") or {}).get("peak")
-        if isinstance(peak, int | float):
-            return float(peak)
-    return None
-
-
-def pareto_front(trials: Sequence[Trial]) -> list[dict[str, Any]]:
-    """The complete trials no other beats on both TFLOPS per rank (higher) and peak memory per rank
-    (lower), by memory ascending: what ``objective: pareto`` asks for. Ties keep the first trial."""
-    points = [(t, float(t.value), peak_memory_bytes(t)) for t in trials if t.value is not None]
-    points = [(t, v, m) for t, v, m in points if m is not None]
-    front: list[dict[str, Any]] = []
-    best = -float("inf")
-    for t, value, memory in sorted(points, key=lambda p: (p[2], -p[1], p[0].id)):
-        if value > best:  # faster than every point that needs no more memory
-            best = value
-            front.append({"trial_id": t.id, "strategy": t.strategy, "value": value, "peak_memory_bytes": memory})
-    return front
 
 
 def partition(s: Strategy) -> tuple:
@@ -376,7 +335,7 @@ def choose(chooser: Chooser, study_id: int, verify_quantized: bool = True, candi
     if foreseen_memory is not None and "memory_reserve" in foreseen_memory:  # how much it uses and what it kept
         extra["memory"] = memory_note(foreseen_memory, request.cluster.device_memory_gib)
     if request.baseline is not None:  # the gain over what the user runs today: predicted, and measured if both ran
-        extra["baseline"] = _baseline_gain(request, ranked, ranked[chosen], chooser.baseline)
+        extra["baseline"] = baseline_note(request, ranked, ranked[chosen], chooser.baseline)
     if front is not None:  # the answer is the front's fastest point; the front is what a pareto request asks for
         extra["front"] = front
     measured = sorted(((r[0], r[2], cast(RunMetrics, r[4] or {})) for r in ranked

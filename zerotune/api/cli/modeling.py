@@ -176,7 +176,8 @@ def cmd_predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                          "cross_node_bytes": cross_node_bytes(p, cluster), "checkpointed": s.activation_checkpointing,
                          "checkpointing": s.checkpointing, "capacity_gib": cluster.device_memory_gib})
             if args.baseline:  # the user's config today, on this cluster, at this batch
-                from zerotune.tuner.baseline import compare, load_baseline
+                from zerotune.tuner.baseline import load_baseline
+                from zerotune.tuner.baseline_gain import compare
                 baseline = load_baseline(args.baseline, model, cluster, args.global_batch)
                 rows[-1]["baseline"] = compare(model, cluster, baseline, s, args.runner or "zerotune",
                                                global_batch=batch, elem_bytes=elem)
@@ -259,7 +260,7 @@ class PredictedRow(Prediction):
     capacity_gib: float
     """The cluster's memory per rank."""
     baseline: NotRequired[dict[str, Any]]
-    """With ``--baseline``: the gain over the user's config (``tuner.baseline.compare``)."""
+    """With ``--baseline``: the gain over the user's config (``tuner.baseline_gain.compare``)."""
 
 
 def _print_breakdown(rows: list[PredictedRow]) -> None:
