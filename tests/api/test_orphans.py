@@ -61,12 +61,19 @@ def wait_for_ranks(under: Path, timeout: float = 90.0) -> dict[int, str]:
     pytest.fail(f"no trial ranks under {under} after {timeout} s")
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` is alive and not a zombie; a process that exits while we read it counts as gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_gone(pids: set[int], timeout: float) -> set[int]:
     deadline = time.monotonic() + timeout
     alive = pids
     while time.monotonic() < deadline:
-        alive = {p for p in pids if Path(f"/proc/{p}").exists() and
-                 (Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z")}
+        alive = {p for p in pids if running(p)}
         if not alive:
             return set()
         time.sleep(0.2)
