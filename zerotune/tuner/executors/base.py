@@ -44,9 +44,11 @@ class TrialSpec:
     ``model`` executor predicts fits with."""
 
     def train_args(self, out: Path) -> list[str]:
-        """The ``python -m zerotune.trainer.train`` arguments for this trial (inputs from ``write_inputs``)."""
-        args = ["--model", str(self.workdir / "model.json"), "--cluster", str(self.workdir / "cluster.json"),
-                "--strategy", str(self.workdir / "strategy.json"),
+        """The ``python -m zerotune.trainer.train`` arguments for this trial (inputs from ``write_inputs``), with
+        absolute paths: a runner may start the ranks in another directory (``srun --chdir``)."""
+        wd = self.workdir.resolve()
+        args = ["--model", str(wd / "model.json"), "--cluster", str(wd / "cluster.json"),
+                "--strategy", str(wd / "strategy.json"),
                 "--steps", str(self.steps), "--warmup", str(self.warmup), "--dtype", self.dtype, "--out", str(out)]
         if self.global_batch:
             args += ["--global-batch", str(self.global_batch)]
