@@ -77,8 +77,9 @@ def service(tmp_path: Path, slurm: LocalSlurm) -> Iterator[tuple[str, str, Launc
     launcher.base_env = {k: v for k, v in launcher.base_env.items() if not k.startswith("SLURM_")}
     db = f"sqlite:///{tmp_path / 'service' / 'zerotune.sqlite'}"
     try:
-        server = launcher.serve(db, workers=1, **slurm.env, ZEROTUNE_SLURM_PARTITION=PARTITION,
-                                ZEROTUNE_STEPS="3", ZEROTUNE_TRIAL_TIMEOUT_S="240")
+        env = {**slurm.env, "ZEROTUNE_SLURM_PARTITION": PARTITION, "ZEROTUNE_STEPS": "3",
+               "ZEROTUNE_TRIAL_TIMEOUT_S": "240"}
+        server = launcher.serve(db, 1, None, True, None, **env)
         yield server.url, db, launcher
     finally:
         launcher.close()
