@@ -6,8 +6,14 @@ files, and ``slurmctld`` + ``slurmd`` started in the foreground as our own child
 the cluster through ``SLURM_CONF`` (``LocalSlurm.env``). The node advertises more CPUs than the
 machine has (``SlurmdParameters=config_overrides``) so a 4-rank job starts on a 2-core runner.
 
+Where ``slurmdbd`` is installed and a MariaDB/MySQL server answers on 127.0.0.1:3306, the cluster
+keeps accounting (``sacct`` shows its jobs and steps): a test-owned ``slurmdbd``, also our child, on
+a database of its own that ``stop`` drops (tests/slurm/accounting.py). Where it cannot, the cluster
+starts without it, ``LocalSlurm.accounting`` is False and ``accounting_off`` says why.
+
 Needs root (slurmd starts jobs as the submitting user, and munged/slurmd run as root here) and the
-Debian/Ubuntu packages ``slurm-wlm`` and ``munge`` (``.ci/install-slurm.sh``).
+Debian/Ubuntu packages ``slurm-wlm`` and ``munge``, and ``slurmdbd`` for accounting
+(``.ci/install-slurm.sh``).
 
 By hand::
 
@@ -18,6 +24,7 @@ By hand::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -29,8 +36,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tests.slurm import accounting
+
 NEEDED = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
 PARTITION = "debug"
+ACCOUNTING_START_S = 60.0
+"""How long slurmdbd may take to make its tables and register the cluster before the cluster starts without it."""
+
+log = logging.getLogger(__name__)
 
 
 def unavailable_reason() -> str | None:
@@ -70,8 +83,15 @@ def _mem_mb() -> int:
 
 
 def slurm_conf(root: Path, *, node: str, ctld_port: int, slurmd_port: int, munge_socket: Path, cpus: int,
-               mem_mb: int) -> str:
-    """The slurm.conf of the test cluster (no cgroups, no accounting daemon, root everywhere)."""
+               mem_mb: int, dbd_port: int | None = None) -> str:
+    """The slurm.conf of the test cluster (no cgroups, root everywhere; accounting through the slurmdbd on
+    ``dbd_port``, none when it is None)."""
+    if dbd_port is None:
+        storage = "AccountingStorageType=accounting_storage/none"
+    else:
+        # Clients authenticate to slurmdbd through the munged AccountingStoragePass names, not AuthInfo's.
+        storage = ("AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\n"
+                   f"AccountingStoragePort={dbd_port}\nAccountingStoragePass={munge_socket}")
     return f"""\
 # zerotune test cluster (tests/slurm/cluster.py): one node, this machine, test-owned files only
 ClusterName=zerotune-test
@@ -97,7 +117,7 @@ MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+{storage}
 JobCompType=jobcomp/none
 SwitchType=switch/none
 SelectType=select/cons_tres
@@ -131,6 +151,12 @@ class LocalSlurm:
         self.munge_dir = sock_dir
         self.munge_socket = sock_dir / "munge.socket"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.accounting = False
+        """Whether slurmdbd keeps the cluster's accounting (``sacct`` shows its jobs and steps)."""
+        self.accounting_off = "the cluster is not started"
+        """Why the cluster keeps no accounting ("" when it does)."""
+        self.database: str | None = None
+        """The test-owned database of the cluster's slurmdbd, while it exists."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -159,8 +185,21 @@ class LocalSlurm:
         os.chmod(self.munge_dir, 0o755)  # munged: not writable by others, searchable by all
         self._start_munged()
         (self.root / "plugstack.conf").write_text("")
-        self.conf.write_text(slurm_conf(self.root, node=self.node, ctld_port=free_port(), slurmd_port=free_port(),
-                                        munge_socket=self.munge_socket, cpus=self.cpus, mem_mb=_mem_mb()))
+        ports = {"ctld_port": free_port(), "slurmd_port": free_port()}
+
+        def write_conf(dbd_port: int | None) -> None:
+            self.conf.write_text(slurm_conf(self.root, node=self.node, munge_socket=self.munge_socket, cpus=self.cpus,
+                                            mem_mb=_mem_mb(), dbd_port=dbd_port, **ports))
+
+        why = accounting.unavailable_reason()
+        if why is None:
+            dbd_port = free_port()
+            write_conf(dbd_port)  # sacctmgr finds slurmdbd through it
+            why = self._start_accounting(dbd_port)
+        if why:
+            log.warning("the test Slurm cluster keeps no accounting (sacct shows nothing): %s", why)
+            write_conf(None)
+        self.accounting, self.accounting_off = not why, why or ""
         deadline = time.monotonic() + timeout_s
         self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-i", "-f", str(self.conf)])
         self._wait(lambda: "UP" in self.command("scontrol", "ping").stdout, deadline, "slurmctld to answer ping")
@@ -180,6 +219,42 @@ class LocalSlurm:
                                f"--pid-file={self.munge_dir / 'munged.pid'}",
                                f"--seed-file={self.munge_dir / 'munged.seed'}"])
         self._wait(self.munge_socket.exists, time.monotonic() + 20, "munged's socket")
+
+    def _start_accounting(self, dbd_port: int) -> str:
+        """Start slurmdbd on a new database and register the cluster with it: "" when done, else why not (and
+        nothing of it left)."""
+        t0 = time.monotonic()
+        try:
+            self.database = accounting.new_database()
+            accounting.create_database(self.database)
+            accounting.write_private(self.root / "slurmdbd.conf", accounting.slurmdbd_conf(
+                self.root, host=self.node, port=dbd_port, munge_socket=self.munge_socket, database=self.database))
+            self._spawn("slurmdbd", ["slurmdbd", "-D"])  # reads slurmdbd.conf beside SLURM_CONF
+            deadline = t0 + ACCOUNTING_START_S
+            self._wait(lambda: accounting.listening(dbd_port), deadline, "slurmdbd to listen")
+            self._wait(self._register, deadline, "sacctmgr to register the cluster")
+        except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            self._stop_accounting()
+            return str(exc)
+        log.info("slurmdbd up on port %d, database %s, in %.1f s", dbd_port, self.database, time.monotonic() - t0)
+        return ""
+
+    def _register(self) -> bool:
+        r = self.command("sacctmgr", "-i", "add", "cluster", "zerotune-test")
+        return r.returncode == 0 or "already exists" in r.stdout + r.stderr
+
+    def _stop_accounting(self) -> None:
+        """Stop slurmdbd and drop its database (after slurmctld has stopped: it sends its last records)."""
+        proc = self.procs.pop("slurmdbd", None)
+        if proc is not None:
+            _terminate(proc)
+        if self.database:
+            why = accounting.drop_database(self.database)
+            if why:
+                log.warning("%s", why)
+            self.database = None
+        self.accounting = False
+        self.accounting_off = self.accounting_off or "the cluster is stopped"
 
     def _spawn(self, name: str, argv: Sequence[str]) -> None:
         log = open(self.root / "log" / f"{name}.stdout", "ab")
@@ -219,7 +294,8 @@ class LocalSlurm:
     # -- stop --------------------------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Cancel every job, then stop slurmd, slurmctld and munged (ours only, by pid)."""
+        """Cancel every job, then stop slurmd, slurmctld, slurmdbd and munged (ours only, by pid) and drop the
+        accounting database."""
         if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                 ids = self.command("squeue", "-h", "-o", "%i").stdout.split()
@@ -228,10 +304,14 @@ class LocalSlurm:
                     end = time.monotonic() + 30
                     while time.monotonic() < end and self.command("squeue", "-h", "-o", "%i").stdout.strip():
                         time.sleep(0.5)
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in ("slurmd", "slurmctld"):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 _terminate(proc)
+        self._stop_accounting()
+        proc = self.procs.pop("munged", None)
+        if proc is not None:
+            _terminate(proc)
         if self.munge_dir != self.root / "munge":
             shutil.rmtree(self.munge_dir, ignore_errors=True)
 
@@ -259,7 +339,7 @@ def _terminate(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
 def _pids(root: Path) -> dict[str, int]:
     pids = {}
     for name, path in (("slurmd", root / "run" / "slurmd.pid"), ("slurmctld", root / "run" / "slurmctld.pid"),
-                       ("munged", root / "munge" / "munged.pid")):
+                       ("slurmdbd", root / "run" / "slurmdbd.pid"), ("munged", root / "munge" / "munged.pid")):
         with contextlib.suppress(OSError, ValueError):
             pids[name] = int(path.read_text().split()[0])
     return pids
@@ -277,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             print(f"cannot start a local Slurm: {reason}", file=sys.stderr)
             return 1
-        LocalSlurm(root).start()
+        cluster = LocalSlurm(root)
+        cluster.start()
+        on = f"on, database {cluster.database}" if cluster.accounting else f"off: {cluster.accounting_off}"
+        print(f"# accounting {on}")
         print(f"export SLURM_CONF={root / 'slurm.conf'}")
         return 0
     cluster_env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
@@ -287,10 +370,17 @@ def main(argv: list[str] | None = None) -> int:
         if ids:
             subprocess.run(["scancel", *ids], env=cluster_env, timeout=30)
             time.sleep(6)
-    for name, pid in _pids(root).items():
+    pids = _pids(root)
+    for name, pid in pids.items():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
             print(f"stopped {name} ({pid})")
+    database = accounting.database_of(root / "slurmdbd.conf")
+    if database:
+        end = time.monotonic() + 15
+        while "slurmdbd" in pids and Path(f"/proc/{pids['slurmdbd']}").exists() and time.monotonic() < end:
+            time.sleep(0.2)
+        print(accounting.drop_database(database) or f"dropped database {database}")
     return 0
 
 
