@@ -234,9 +234,9 @@ def test_a_crashing_rank_is_the_reason_and_run_in_allocation_goes_on(slurm, allo
     r, r2 = results
     assert r.status == "failed", r.logs
     step = r.extra["slurm_step_id"]
-    # srun's --kill-on-bad-exit ends the other rank: accounting records the step CANCELLED with that rank's signal
-    # (exit 0:15), srun's own exit status says FAILED; the state is sacct's where the cluster keeps accounting.
-    assert re.match(rf"Slurm step {re.escape(step)} (FAILED|CANCELLED) \(exit ", r.reason), r.reason
+    # srun's --kill-on-bad-exit ends the other rank and accounting records the step CANCELLED (exit 0:15): nobody
+    # cancelled it, and srun's own exit status says FAILED
+    assert r.reason.startswith(f"Slurm step {step} FAILED (exit "), r.reason
     assert ": rank 1 failed: RuntimeError: injected crash on rank 1 at step 1" in r.reason, r.reason
     assert r2.status == "complete", f"{r2.reason}\n{r2.logs}"
     assert r2.extra["slurm_step_id"] != step and sorted(seen) == [0, 1]

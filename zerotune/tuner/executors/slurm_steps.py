@@ -201,7 +201,7 @@ class StepRun:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     def _state(self, rc: int) -> tuple[str, str]:
-        """(state, exit code): accounting's when it is kept, else srun's exit status."""
+        """(state, exit code) of a step that ended on its own: accounting's when it is kept, else srun's exit status."""
         if self.step_id and self.ex.commands.sacct_works:
             info = self.ex.commands.final_state(self.step_id)
             if info.state in TERMINAL_STATES:
@@ -214,12 +214,17 @@ class StepRun:
         if not self.step_id:
             self.step_id = f"{self.alloc.job_id}.?"
         state, code = self._state(rc)
+        rank_error = first_rank_error(self.spec.workdir.resolve() / "run.json") if state != "COMPLETED" else ""
+        if state == "CANCELLED" and rank_error and rc > 0:
+            # a rank failed and srun --kill-on-bad-exit ended the others: accounting records the step CANCELLED
+            # with their signal (exit 0:15) though nobody cancelled it; srun's own exit says what happened
+            state, code = "FAILED", str(rc)
         extra = self._extra(state) | ({"slurm_exit_code": code} if code and code != "0" else {})
         logs = self._logs()
         if state == "COMPLETED":
             return read_run(self.spec.workdir.resolve() / "run.json", f"Slurm step {self.step_id} {state}", logs, extra)
         head = f"Slurm step {self.step_id} {state} (exit {code})"
-        why = first_rank_error(self.spec.workdir.resolve() / "run.json") or self._last_words()
+        why = rank_error or self._last_words()
         return failed(f"{head}: {why}" if why else head, logs=logs, extra=extra)
 
     def _extra(self, state: str) -> dict[str, object]:
