@@ -26,13 +26,19 @@ tokens between the measured counts and held at the ends (nothing under 512 token
 no argument: no sweep shows a slower rate at a smaller width at any token count (``tests/costmodel/test_gemm.py``
 holds this on both sweeps).
 
-A device with no sweep of its own takes the nearest documented one (``SWEEP_OF``): the H100's for the A100, V100
-and MI250X. No published GEMM sweep at transformer shapes for those parts is transcribed here: Anthony et al.
-("The Case for Co-Designing Model Architectures with Hardware", arXiv 2401.14489, Figs. 3-8) and NVIDIA's matrix
-multiplication guide (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication) publish theirs
-as plots, and stas00/ml-engineering's MAMF tables (``hardware`` [mamf]) give the best shape only. A part slower per
-SM reaches its plateau at fewer tokens, so the H100's curve overstates the fall under 2,048 tokens there, if
-anything.
+A device with no sweep of its own takes the nearest documented one (``SWEEP_OF``): the H100's for the A100, V100 and
+MI250X. No printed sweep of a layer's products over the tokens was found for those parts. Anthony et al. ("The Case
+for Co-Designing Model Architectures with Hardware", arXiv 2401.14489) plot theirs; their outputs
+(EleutherAI/cookbook commit 27dff48, ``sizing/results/gemm_data/mm/*/{a100,v100,mi250x}.out``, deleted at 405f573)
+time fp16 ``torch.mm`` by the host clock at M = N = 32-8,192 with K = 4,096 (the output widens with the tokens: no
+layer's shape) or at one M (2,304; 27,648). NVIDIA's matrix multiplication guide plots; stas00/ml-engineering's MAMF
+tables (``hardware`` [mamf]) give the best shape only; XLA's matmul tables (``matmul_interpolator_data.h``) hold
+Hopper, Blackwell, MI300 and MI350 parts only. Vidur's profiles (microsoft/vidur 7d47513,
+``data/profiling/compute/{a100,h100}/*/mlp.csv``: kernel times of six to eight models' four forward products at
+1-4,096 tokens; one A100 80GB profile serves a PCIe and a DGX node) hold no gradient products, so no layer's rate;
+read as ``law_points`` reads a sweep, their A100 falls less than their H100 (0.90 against 0.82 of the 4,096-token
+rate at 512 tokens, 0.97 on both at 2,048; this H100 sweep: 0.84 and 1). A part slower per SM reaches its plateau at
+fewer tokens, so the H100's curve overstates the fall under 2,048 tokens there, if anything.
 
 **The memory-bound kernels' fixed cost.** The same H100 and H200 profiles of the engine's step on gpt-1.3b
 (``bench/kernel_split.py``: memory-bound kernels' device time against the bytes ``traffic`` counts, at 1, 2, 4 and 8
