@@ -16,7 +16,8 @@ A ``[[point]]`` that prints the large-message plateau without its size is compar
 no GPU count is shown, not scored. ``fabric_confirmed = false`` (the source does not confirm its network) and
 ``algorithm`` (NCCL_ALGO forced, e.g. NVLSTree) are shown beside the row, which is scored like the others (it counts
 in the goal; no law is read off an unconfirmed fabric). The fabric label ``nvlink-only`` is one node, no network.
-A row marked ``superseded`` (a reference its own source later replaced) is shown, not scored.
+A row marked ``superseded`` (a reference its own source later replaced) or ``excluded`` (its source file says why the
+row does not measure what its columns say) is shown, not scored.
 
 A cluster is a preset name or a ``[clusters.NAME]`` table (device, per_node, intra and inter ``LINKS`` keys or
 ``inter_gbps_per_gpu``, host). A table's device with no profile in ``hardware.DEVICES`` (B200, GH200) leaves its rows
@@ -185,7 +186,8 @@ def _keys(series: dict[str, Any]) -> dict[str, Any]:
     fabric = fabric_of(series["library"], series.get("fabric"), series["cluster"])
     return {"library": series["library"], "fabric": fabric, "cluster": series["cluster"],
             "collective": series["collective"], "fabric_confirmed": series.get("fabric_confirmed", True),
-            "algorithm": series.get("algorithm"), "superseded": series.get("superseded")}
+            "algorithm": series.get("algorithm"), "superseded": series.get("superseded"),
+            "excluded": series.get("excluded")}
 
 
 def unscored(r: dict[str, Any], clusters: dict[str, Any]) -> str | None:
@@ -197,6 +199,8 @@ def unscored(r: dict[str, Any], clusters: dict[str, Any]) -> str | None:
         return "GPU count not printed"
     if r["superseded"]:
         return f"superseded in its own source: {r['superseded']}"
+    if r["excluded"]:
+        return f"excluded: {r['excluded']}"
     return None
 
 

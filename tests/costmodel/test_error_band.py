@@ -62,8 +62,12 @@ def test_a_band_says_where_the_vendor_library_ran_off_the_fabric_law():
     per-level rings, fabrics with no measurement and scales where the law holds do not."""
     err = json.loads((ROOT / "zerotune" / "costmodel" / "model_error.json").read_text())
     ratios = {fab: dict(map(tuple, scales)) for fab, scales in err["collectives"]["measured_over_predicted"].items()}
-    # the law holds RCCL on Frontier and NCCL on Perlmutter within 15% at every measured scale: nothing to say
-    assert all(abs(r - 1) <= 0.15 for fab in ("rccl-slingshot-ofi", "nccl-slingshot") for r in ratios[fab].values())
+    # the law holds RCCL on Frontier and NCCL on Perlmutter within 15% at every measured scale, nothing to say, but
+    # RCCL's 16 GCDs (2 nodes): only pccl_dev_frontier measured it, and its bulk chunks there ran up to 34% slower
+    # than the law, whose 2-node values are held from [pccl]'s 32 GCDs (fabrics.py)
+    assert all(abs(r - 1) <= 0.15 for fab in ("rccl-slingshot-ofi", "nccl-slingshot") for g, r in ratios[fab].items()
+               if (fab, g) != ("rccl-slingshot-ofi", 16))
+    assert ratios["rccl-slingshot-ofi"][16] > 1.15
 
     def band(cluster_name: str, runner: str) -> dict:
         cluster = parse_cluster(cluster_name)
@@ -72,6 +76,7 @@ def test_a_band_says_where_the_vendor_library_ran_off_the_fabric_law():
         return predict(parse_model("gpt-7b"), cluster, strategy, calibration=calib)["error_band"]
 
     assert "collectives" not in band("frontier:48", "deepspeed")  # the residual at 256 GCDs is within 15%
+    assert band("frontier:2", "deepspeed")["collectives"]["gpus"] == 16  # pccl_dev_frontier's 2 nodes
     assert "collectives" not in band("dgx-h100:128", "fsdp")  # nccl-ib: nothing measured, no residual to state
     # a residual past 15% at the largest measured scale not above the prediction's is served with the band
     flat = run_by(calibration_for(parse_cluster("frontier:48")), "deepspeed")

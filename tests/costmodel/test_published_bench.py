@@ -121,8 +121,9 @@ def test_published_bench_reproduces_its_tables(monkeypatch):
     # measured at 0.94-1.01, so this holds the model from charging scale what the clusters did not. Frontier's
     # 3-level runs, on an extension of DeepSpeed whose code was not available, miss, and their table's notes say why:
     # the model charges DeepSpeed's flat rings over 384 GCDs the per-step cost RCCL was measured to pay there
-    # (costmodel/fabrics.py), DeepSpeed ZeRO-3's 354 per-parameter gathers of persistent parameters after each step
-    # included (about 10 s), which their 0.94 scaling leaves no room for unless that extension gathers otherwise
+    # (costmodel/fabrics.py: ~70 µs a step on the forward gathers' and reductions' chunks, 5.7 s exposed; ~5 µs on
+    # the 354 gathers of persistent parameters after each step, 0.7 s), which their 0.94 scaling leaves no room for
+    # unless that extension gathers otherwise
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     from published import RowId, is_scaling
 
@@ -478,11 +479,11 @@ def test_the_frontier_readings_bench_weighs_the_3_level_table_under_both_reading
         [r["predicted"] for r in v[("3level-b", True)]["ratios"]], rel=1e-3)
 
     for s in ("zero3", "zeropp"):  # every gather and reduction of theirs is a ring over all 384 GCDs
-        row = f"frontier48/gpt-neox-20b/1/{s}"
-        assert v[("3level-a", True)]["tflops_per_gcd"][row] < 0.5 * v[("3level-a", False)]["tflops_per_gcd"][row]
+        row = f"frontier48/gpt-neox-20b/1/{s}"  # (0.38 and 0.53 of the α-β ring's: its small gathers are cheaper)
+        assert v[("3level-a", True)]["tflops_per_gcd"][row] < 0.6 * v[("3level-a", False)]["tflops_per_gcd"][row]
     scaling = {k: x["ratios"][1]["predicted"] for k, x in v.items()}  # 384 GCDs over 16, the paper's 0.94
     assert "scaling" in v[("3level-a", False)]["ratios"][1]["caption"]
-    assert scaling[("3level-b", True)] < 0.5 * scaling[("3level-b", False)]
+    assert scaling[("3level-b", True)] < 0.6 * scaling[("3level-b", False)]  # 0.42 against 0.81
     assert scaling[("3level-a", True)] > 0.9 * scaling[("3level-a", False)]
 
 

@@ -26,16 +26,36 @@ latency-bound there) and λ at least 0 (both bounds tightened by the order in no
 counts** λ·N is interpolated linearly in log N and η log-log; **below the smallest** the smallest's values are held,
 **beyond the largest** the largest's (flat: λ from 32 to 256 Frontier nodes is 63-75 µs, flat from 64 on;
 stated, not extrapolated further). **Message sizes**: the sources measured 256 and 512 MB buffers, chunks of 0.13-16
-MB per ring step; a smaller chunk is charged the same λ by the law; below the smallest chunk measured, where the
-measurements say nothing of the library's latency protocols (LL, LL128) and λ at a few nodes was not identified
-(those rows were bandwidth-bound), ``ring_seconds`` charges the more of the law and the α-β ring of the library's
-own tuning model (NCCL's small all-gathers on 16 Kestrel nodes took 0.56 ms at 1-16 KiB, five times that ring's
+MB per ring step (the *bulk* rows, ``Fabric.measured``). Below the smallest bulk chunk a fabric with no more
+measurements is charged the more of the law and the α-β ring of the library's own tuning model: there the bulk rows
+say nothing of the library's latency protocols (LL, LL128), and λ at a few nodes was not identified (those rows were
+bandwidth-bound) (NCCL's small all-gathers on 16 Kestrel nodes took 0.56 ms at 1-16 KiB, five times that ring's
 latency: neither is too slow).
-**Monotone in nodes**: the points are solved fewest nodes first, each with η at most the previous point's and
-λ·N at least the previous point's (a ring on more nodes never gets more bandwidth, nor less latency per node it
-spans), and λ·N is interpolated linearly in log N, so at fixed ranks per node a ring's time never falls as the
-nodes grow. The two-size solve is ill-conditioned where the time barely grows with the size (NCCL at 1,024 vs 2,048
-GPUs trades λ for B); the constraints pick, among the readings that fit, the one that keeps that order.
+**The latency regime** (``Fabric.latency``, RCCL on Frontier only): rows of chunks below the smallest bulk chunk,
+two or more sizes per node count, solved the same way into λ_s(N), η_s(N) (``latency``; η_s capped by the bulk η).
+RCCL's reduce-scatters of 2-64 MiB on 64-1,024 GCDs [pccl-dev] give λ_s = 24.6, 12.3, 6.2, 4.3, 2.6 µs a step at 8,
+16, 32, 64, 128 nodes (λ_s·N held from 8 to 32 by the order below) and η_s = 0.91 (latency-bound, at the cap), 0.11,
+0.056, 0.024, 0.024: a step of a few KiB costs 3-25 µs, not the bulk's 63-75 µs, and moves its bytes slower (LL).
+``ring_seconds`` charges each law on the chunks it was read from, each floored by the other so that a ring's time
+never falls as its nodes or its buffer grow: a bulk chunk no less than the latency law at the smallest bulk chunk on
+the same ring (at 2-16 nodes, where the bulk λ was not identified, that floor is what [pccl-dev] measured: 1.9-2.2
+ms for 8-128 MiB on 64 GCDs, floor 1.65, bulk law 0.15-1.5), a smaller chunk no less than the bulk law on the ring
+over which the same buffer's chunk is the smallest bulk one (from 2 nodes). η_s is read as a ring's rate (the
+latency protocols' own, 2-11 GB/s from 16 nodes on, far below the NICs'), so rings side by side each keep it up to
+their share of the NICs: the same reading as λ's below, unchecked likewise. No α-β floor on the rings measured
+(flat, 8 GCDs a node): chunks down to 2 KiB were, a smaller one is charged λ_s. A ring of fewer ranks a node
+(zerotune's per-level rings) keeps it: λ_s averages a flat ring's network and xGMI steps (2.6 µs at 128 nodes, below
+RCCL's own LL network hop of 9.5 µs), so it is no network step's cost. Named uncertainty: [pccl-dev] ran seven
+months before [pccl]'s figures, another RCCL build with the same libfabric settings, whose bulk rows ran 2.3-2.9x
+faster than [pccl]'s at 256-1,024 GCDs (within 25% at 32-128): were its latency protocols faster by as much, λ_s
+from 32 nodes on is low by up to that factor. NCCL's latency protocols on Slingshot were measured at one node count
+only (Kestrel, another node design): ``nccl-slingshot`` keeps the α-β floor.
+**Monotone in nodes**: the points (bulk and latency alike) are solved fewest nodes first, each with η at most the
+previous point's and λ·N at least the previous point's (a ring on more nodes never gets more bandwidth, nor less
+latency per node it spans), and λ·N is interpolated linearly in log N, so at fixed ranks per node a ring's time
+never falls as the nodes grow (across the two regimes too, by their floors, and as the buffer grows). The two-size
+solve is ill-conditioned where the time barely grows with the size (NCCL at 1,024 vs 2,048 GPUs trades λ for B); the
+constraints pick, among the readings that fit, the one that keeps that order.
 
 **Which measurements apply to which ring** (``timing``). The measured rings are flat: R − 1 steps with ranks per
 node 8 (Frontier) or 4 (Perlmutter). The time beyond 16 Frontier nodes is linear in the ranks and independent of
@@ -95,6 +115,12 @@ Sources:
   (output of the gather, input of the reduction), mean of 10 trials, 32 to 2,048 GPUs. Transcribed with the same
   figures in ``bench/published/collectives/pccl.toml``, which ``bench/collectives_at_scale.py`` compares with this
   law row by row.
+- [pccl-dev] The same authors' run logs of February 2025, github.com/axonn-ai/sc2025-pccl-reproducer at 5a6353f,
+  data/reduce_scatter_3/slurm-2990833..2990839.out: RCCL's reduce-scatter (torch.distributed, bf16, the mean of 10
+  timed iterations) of 1 MiB to 1 GiB on 16-1,024 GCDs of Frontier with aws-ofi-rccl and libfabric's eager protocol
+  off (FI_CXI_RDZV_THRESHOLD=0, as in [pccl]'s final script). Transcribed in
+  ``bench/published/collectives/pccl_dev_frontier.toml``, which says what is left out and why (the 1 MiB row, the
+  eager-enabled runs, the all-gathers); the law reads its rows of chunks below 128 KiB at 8-128 nodes.
 - [playbook] Tazi et al., "The Ultra-Scale Playbook: Training LLMs on GPU Clusters" (Hugging Face, 2025), figure
   "Communication Bandwidth by Number of Nodes (size=256MB)", its Plotly data (``fragments/pp_comm_bandwidth.html``
   of the mirror github.com/vinjn/nanotron-ultrascale-playbook at 924e4d0b): NCCL over EFA, 1-64 nodes of 8 H100;
@@ -114,6 +140,7 @@ Sources:
   all-reduces over EFA on 2 nodes of p4de (the α-β ring) and p5 (the law's design) (``aws_efa_nccl.toml``), on 2-8
   p3dn nodes in 2019 (``kahn2019_p3dn_efa.toml``) and on 4 P6-B200 nodes (``bekman_p6b200_efa.toml``: no device
   profile), RCCL with aws-ofi-rccl on 2 LUMI-G nodes (``lumi_reframe_rccl.toml``).
+The rows read into the laws are in ``fabric_rows``.
 """
 
 from __future__ import annotations
@@ -122,23 +149,21 @@ import functools
 import math
 from dataclasses import dataclass
 
-MIB = 2**20
-"""The sources' MB (``pccl.toml``: MB taken as 2^20 bytes)."""
+from zerotune.costmodel.fabric_rows import (
+    MIB,
+    NCCL_EFA,
+    NCCL_PERLMUTTER,
+    RCCL_FRONTIER,
+    RCCL_FRONTIER_LATENCY,
+    STEPS,
+    Measured,
+)
 
 
-@dataclass(frozen=True)
-class Measured:
-    """One collective measured on one fabric: a flat ring over ``gpus`` ranks, ``per_node`` to a node."""
-
-    collective: str
-    mb: float
-    """Each GPU's buffer: the gather's output, the reduction's input (the all-reduce's buffer), MiB."""
-    gpus: int
-    per_node: int
-    ms: float
-    node_gbps: float
-    """The line rate of a node's NICs, GB/s: what no solved B may exceed."""
-    source: str
+def sent_bytes(collective: str, mb: float, ranks: int) -> float:
+    """Bytes each rank sends in a ring collective on a buffer of ``mb`` MiB (the gather's output, the reduction's
+    input): (R − 1)/R of it, twice for an all-reduce."""
+    return STEPS[collective] * (ranks - 1) / ranks * mb * MIB
 
 
 @dataclass(frozen=True)
@@ -160,56 +185,11 @@ class Fabric:
     """``nccl`` or ``rccl`` (``Calibration.protocols``)."""
     description: str
     measured: tuple[Measured, ...] = ()
+    """The bulk rows the law is read from."""
+    latency: tuple[Measured, ...] = ()
+    """Rows of chunks below the bulk rows' smallest, two or more sizes at each node count: the latency regime
+    (module docstring)."""
 
-
-STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
-"""Ring steps per rank, in units of R − 1 (``protocols.STEPS``)."""
-
-
-def sent_bytes(collective: str, mb: float, ranks: int) -> float:
-    """Bytes each rank sends in a ring collective on a buffer of ``mb`` MiB (the gather's output, the reduction's
-    input): (R − 1)/R of it, twice for an all-reduce."""
-    return STEPS[collective] * (ranks - 1) / ranks * mb * MIB
-
-
-def _pccl(collective: str, per_node: int, ms: dict[int, tuple[float, float]]) -> tuple[Measured, ...]:
-    """[pccl] rows of one library and collective: {GPUs: (ms at 256 MB, ms at 512 MB)}, 4 × 25 GB/s per node."""
-    return tuple(Measured(collective, mb, gpus, per_node, t, 100.0, "pccl")
-                 for gpus, pair in ms.items() for mb, t in zip((256, 512), pair, strict=True))
-
-
-RCCL_FRONTIER = (
-    _pccl("all_gather", 8, {32: (2.91, 5.77), 64: (2.94, 5.78), 128: (4.61, 5.85), 256: (21.2, 22.9),
-                                    512: (42.4, 42.2), 1024: (79.6, 83.0), 2048: (156.0, 158.0)})
-    + _pccl("reduce_scatter", 8, {32: (2.89, 5.72), 64: (2.94, 5.78), 128: (4.54, 5.86), 256: (18.4, 20.2),
-                                          512: (41.8, 41.6), 1024: (79.8, 82.9), 2048: (154.0, 158.0)}))
-"""RCCL 2.20.5 with aws-ofi-rccl 1.4 on Frontier, 8 GCDs and 4 Slingshot-11 NICs per node [pccl] Fig. 1, 8, 10."""
-
-NCCL_PERLMUTTER = (
-    _pccl("all_gather", 4, {32: (3.92, 7.42), 64: (3.94, 7.82), 128: (4.32, 8.01), 256: (5.30, 8.92),
-                                    512: (9.34, 10.8), 1024: (15.4, 18.0), 2048: (19.8, 32.0)})
-    + _pccl("reduce_scatter", 4, {32: (3.90, 7.44), 64: (3.90, 7.80), 128: (4.26, 7.90), 256: (5.35, 9.09),
-                                          512: (9.23, 10.4), 1024: (15.3, 17.5), 2048: (19.8, 31.6)}))
-"""NCCL 2.24.3 on Perlmutter, 4 A100 and 4 Slingshot-11 NICs per node [pccl] Fig. 1, 8, 10."""
-
-def _busbw(collective: str, mb: float, per_node: int, node_gbps: float, source: str,
-           busbw: dict[int, float]) -> tuple[Measured, ...]:
-    """Rows given as nccl-tests' bus bandwidth (GB/s) by GPU count: the time is the bytes each rank sent over it."""
-    return tuple(Measured(collective, mb, gpus, per_node, 1e3 * sent_bytes(collective, mb, gpus) / (gbps * 1e9),
-                          node_gbps, source) for gpus, gbps in busbw.items())
-
-
-NCCL_EFA = (
-    _busbw("all_gather", 256, 8, 400.0, "playbook", {16: 184.6, 32: 119.0, 64: 69.0, 128: 55.0, 256: 28.0,
-                                                     512: 11.0})
-    + _busbw("reduce_scatter", 256, 8, 400.0, "playbook", {16: 181.6, 32: 115.8, 64: 68.6, 128: 54.5, 256: 27.9,
-                                                           512: 11.1}))
-"""NCCL over AWS EFA, 8 H100 per node, 2-64 nodes [playbook]: all-gather and reduce-scatter of 256 MB, the medians
-of the figure's data; the node's line rate 400 GB/s (3,200 Gb/s of EFA per p5.48xlarge, the instance the source's
-'8xH100s' with EFA implies, as ``ultrascale_playbook.toml`` states). One size: charged as bandwidth (``solve``).
-The source's 'Bandwidth' may be bus or algorithm bandwidth; for these collectives the two differ by (R − 1)/R,
-at most 6% from 16 GPUs on. Its all-reduce is left out: above one node NCCL ran a tree there, not a ring (its
-2-node figure, 362 GB/s, is more than a ring can push through the NICs)."""
 
 FABRICS: dict[str, Fabric] = {
     "nccl-ib": Fabric("nccl", "NCCL on InfiniBand, SHARP off: all-reduce trees measured at scale, no ring; the α-β "
@@ -223,7 +203,7 @@ FABRICS: dict[str, Fabric] = {
     "rccl-slingshot": Fabric("rccl", "RCCL on Slingshot-11 without the aws-ofi-rccl plugin (RCCL's own sockets "
                              "transport): none measured here yet"),
     "rccl-slingshot-ofi": Fabric("rccl", "RCCL on Slingshot-11 through the aws-ofi-rccl libfabric plugin "
-                                 "(Frontier) [pccl]", RCCL_FRONTIER),
+                                 "(Frontier) [pccl] [pccl-dev]", RCCL_FRONTIER, RCCL_FRONTIER_LATENCY),
     "nccl-efa": Fabric("nccl", "NCCL on AWS EFA through aws-ofi-nccl (8 H100 per node) [playbook]", NCCL_EFA),
 }
 """Each collective library and fabric the presets and published clusters run on (``Calibration.fabric``)."""
@@ -257,23 +237,36 @@ def solve(rows: tuple[Measured, ...], launch_s: float, cap: float, lam_min: floa
     return lam, 1 / inv
 
 
+def _solved(rows: tuple[Measured, ...], launch_s: float, ceiling: tuple[Point, ...] = ()) -> tuple[Point, ...]:
+    """One point per node count of ``rows``, fewest nodes first, each with η at most the previous point's (and the
+    ``ceiling`` law's at its nodes) and λ·N at least the previous point's (module docstring)."""
+    by_nodes: dict[int, list[Measured]] = {}
+    for r in rows:
+        by_nodes.setdefault(r.gpus // r.per_node, []).append(r)
+    out: list[Point] = []
+    for nodes in sorted(by_nodes):
+        group = tuple(by_nodes[nodes])
+        line = group[0].node_gbps * 1e9
+        eta_max = min(out[-1].efficiency if out else 1.0, at_nodes(ceiling, nodes)[1] if ceiling else 1.0)
+        lam_min = out[-1].step_s * out[-1].nodes / nodes if out else 0.0  # λ·N never less on more nodes
+        lam, bw = solve(group, launch_s, eta_max * line, lam_min)
+        out.append(Point(nodes, group[0].per_node, lam, bw / line))
+    return tuple(out)
+
+
 @functools.cache
 def points(fabric: str, launch_s: float) -> tuple[Point, ...]:
     """The law's points of ``FABRICS[fabric]``, one per measured node count, fewest nodes first (empty where
     nothing was measured)."""
-    measured = FABRICS[fabric].measured if fabric in FABRICS else ()
-    by_nodes: dict[int, list[Measured]] = {}
-    for r in measured:
-        by_nodes.setdefault(r.gpus // r.per_node, []).append(r)
-    out: list[Point] = []
-    for nodes in sorted(by_nodes):
-        rows = tuple(by_nodes[nodes])
-        line = rows[0].node_gbps * 1e9
-        eta_max = out[-1].efficiency if out else 1.0  # never more bandwidth on more nodes
-        lam_min = out[-1].step_s * out[-1].nodes / nodes if out else 0.0  # λ·N never less on more nodes
-        lam, bw = solve(rows, launch_s, eta_max * line, lam_min)
-        out.append(Point(nodes, rows[0].per_node, lam, bw / line))
-    return tuple(out)
+    return _solved(FABRICS[fabric].measured if fabric in FABRICS else (), launch_s)
+
+
+@functools.cache
+def latency(fabric: str, launch_s: float) -> tuple[Point, ...]:
+    """The latency regime's points (λ_s, η_s) of ``FABRICS[fabric]`` (empty where none was measured), η_s capped by
+    the bulk law's η at the same nodes."""
+    rows = FABRICS[fabric].latency if fabric in FABRICS else ()
+    return _solved(rows, launch_s, points(fabric, launch_s)) if rows else ()
 
 
 def at_nodes(pts: tuple[Point, ...], nodes: float) -> tuple[float, float]:
@@ -297,8 +290,9 @@ def measured(fabric: str) -> bool:
 
 @functools.cache
 def smallest_chunk(fabric: str) -> float:
-    """The fewest bytes a rank sent in one ring step among ``fabric``'s measured rows: below it the law was not
-    measured (``ring_seconds`` then charges the more of the law and the α-β ring of the library's protocols)."""
+    """The fewest bytes a rank sent in one ring step among ``fabric``'s bulk rows: below it the bulk law was not
+    measured (``ring_seconds`` then charges the latency regime where one was measured, else the more of the law and
+    the α-β ring of the library's protocols)."""
     return min(sent_bytes(r.collective, r.mb, r.gpus) / (STEPS[r.collective] * (r.gpus - 1))
                for r in FABRICS[fabric].measured)
 
@@ -333,15 +327,35 @@ def ring_seconds(fabric: str, collective: str, ranks: int, nodes: int, sent: flo
                  per_node: int, share: int, launch_s: float, alpha_beta: float = 0.0) -> float | None:
     """Seconds of one ring of ``ranks`` over ``nodes`` nodes on ``fabric``, each rank sending ``sent`` bytes, on
     nodes of ``per_node`` ranks whose NICs carry ``node_line`` bytes/s, ``share`` such rings leaving each node side
-    by side, launch included (module docstring): the law at ``nodes``, or, where a step carries less than the
-    smallest chunk measured (``smallest_chunk``), the more of it and ``alpha_beta`` (the α-β ring's seconds under
-    the library's own tuning model); None where the law does not apply (``applies``)."""
+    by side, launch included (module docstring): the law at ``nodes``; where a step carries less than the smallest
+    bulk chunk (``smallest_chunk``), the latency regime's law where one was measured (``latency``; each law floored
+    by the other), else the more of the law and ``alpha_beta`` (the α-β ring's seconds under the library's own
+    tuning model); None where the law does not apply (``applies``)."""
     if not applies(fabric, nodes, per_node, node_line):
         return None
     line = node_line / share
     pts = points(fabric, launch_s)
     steps = STEPS[collective]
 
-    lam, efficiency = at_nodes(pts, nodes)
-    law = launch_s + steps * (ranks - 1) * lam + sent / (efficiency * line)
-    return law if sent >= steps * (ranks - 1) * smallest_chunk(fabric) else max(law, alpha_beta)
+    smallest, small = smallest_chunk(fabric), latency(fabric, launch_s)
+
+    def bulk(n: float, r: float, nbytes: float) -> float:  # the law read off the bulk rows, on n nodes
+        lam, efficiency = at_nodes(pts, n)
+        return launch_s + steps * (r - 1) * lam + nbytes / (efficiency * line)
+
+    chunk = sent / (steps * (ranks - 1))
+    if not small:
+        return bulk(nodes, ranks, sent) if chunk >= smallest else max(bulk(nodes, ranks, sent), alpha_beta)
+    lam_s, eta_s = at_nodes(small, nodes)
+    rate_s = min(eta_s * node_line, at_nodes(pts, nodes)[1] * line)  # a ring's own, up to its share of the NICs
+
+    def latency_law(nbytes: float) -> float:  # the latency regime on this ring
+        return launch_s + steps * (ranks - 1) * lam_s + nbytes / rate_s
+
+    if chunk >= smallest:
+        return max(bulk(nodes, ranks, sent), latency_law(steps * (ranks - 1) * smallest))
+    floor_nodes, floor_ranks = nodes * chunk / smallest, ranks * chunk / smallest  # this buffer at the bulk's chunk
+    t = latency_law(sent)
+    if floor_nodes >= 2:
+        t = max(t, bulk(floor_nodes, floor_ranks, steps * (floor_ranks - 1) * smallest))
+    return t if share == 1 else max(t, alpha_beta)  # fewer ranks a node than the rings measured: α-β floor too
