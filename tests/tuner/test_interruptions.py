@@ -168,6 +168,7 @@ class Settings:
     poll_s: float = 0.1
     heartbeat_s: float = 0.2
     stale_after_s: float = 30.0
+    job_max_runner_deaths: int = 5
     lease_s: float = 10.0
     trial_timeout_s: float = 60.0
     steps: int = 4

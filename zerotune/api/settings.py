@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     """How often a worker stamps its running job (and checks for a cancel)."""
     stale_after_s: float = Field(default=60.0, gt=0)
     """A running job whose heartbeat is older than this is given back to the queue."""
+    job_max_runner_deaths: int = Field(default=5, ge=1)
+    """A job whose runner died this many times under it (its heartbeat went stale each time: a worker killed,
+    a host lost) fails, its error naming the deaths, instead of being given back again. A stop (SIGTERM, a
+    restart) hands the job back without counting."""
     lease_s: float = Field(default=30.0, gt=0)
     """A trial's lease: a trial whose runner died is retried once its lease has run out."""
     poll_s: float = Field(default=1.0, gt=0)

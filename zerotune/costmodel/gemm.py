@@ -35,10 +35,13 @@ layer's shape) or at one M (2,304; 27,648). NVIDIA's matrix multiplication guide
 tables (``hardware`` [mamf]) give the best shape only; XLA's matmul tables (``matmul_interpolator_data.h``) hold
 Hopper, Blackwell, MI300 and MI350 parts only. Vidur's profiles (microsoft/vidur 7d47513,
 ``data/profiling/compute/{a100,h100}/*/mlp.csv``: kernel times of six to eight models' four forward products at
-1-4,096 tokens; one A100 80GB profile serves a PCIe and a DGX node) hold no gradient products, so no layer's rate;
-read as ``law_points`` reads a sweep, their A100 falls less than their H100 (0.90 against 0.82 of the 4,096-token
-rate at 512 tokens, 0.97 on both at 2,048; this H100 sweep: 0.84 and 1). A part slower per SM reaches its plateau at
-fewer tokens, so the H100's curve overstates the fall under 2,048 tokens there, if anything.
+1-4,096 tokens and tensor-parallel degrees 1-8; one A100 80GB profile serves a PCIe and a DGX node) hold no
+gradient products, so no layer's rate, and they cannot say how the A100's curve differs from the H100's: read as
+``law_points`` reads a sweep, the whole layer on one GPU (TP 1) falls to 0.93 of the 4,096-token rate at 512
+tokens on their A100 and 0.95 on their H100, all degrees pooled to 0.90 and 0.82 (the sign flips with the reading,
+and leaving one model out moves either by up to 0.02), and on the H100 the forward products alone (0.95) miss this
+sweep's 0.84 at 512 tokens: the weight gradients, whose K is the tokens, are what falls. So the A100 keeps the
+H100's curve.
 
 **The memory-bound kernels' fixed cost.** The same H100 and H200 profiles of the engine's step on gpt-1.3b
 (``bench/kernel_split.py``: memory-bound kernels' device time against the bytes ``traffic`` counts, at 1, 2, 4 and 8

@@ -223,6 +223,9 @@ class Job(Base):
     """What the running study is doing: screening, measuring, re-measuring k/n, verifying."""
     error: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(128))
+    runner_deaths: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Times the job's runner died under it (its heartbeat went stale and the job was handed back); at
+    ``max_runner_deaths`` the job fails instead (``repository.requeue_stale_jobs``)."""
     heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]

@@ -18,7 +18,9 @@ its error names the fault. A trial the fault cut short is recorded as interrupte
 A worker that stops (SIGTERM/SIGINT, or its parent service went away) finishes the trial in
 progress and gives the job back to the queue; the next worker resumes the same study (Tuner.open
 finds it) and recovers trials whose lease ran out. A worker that dies without stopping stops
-heartbeating, and any other worker gives its job back after ``stale_after_s``.
+heartbeating, and any other worker gives its job back after ``stale_after_s``, counting the death on the
+job: the job whose runner has died ``job_max_runner_deaths`` times (one that kills every worker that runs it)
+fails, its error naming the deaths and their cause.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class WorkerSettings(Protocol):
     poll_s: float
     heartbeat_s: float
     stale_after_s: float
+    job_max_runner_deaths: int
     lease_s: float
     trial_timeout_s: float
     steps: int
@@ -139,14 +142,20 @@ class Worker:
         return self.jobs_run
 
     def requeue_stale(self) -> list[int]:
-        """Give back running jobs whose worker stopped heartbeating (it died or hung)."""
+        """Give back running jobs whose worker stopped heartbeating (it died or hung); a job whose runner has
+        died ``job_max_runner_deaths`` times fails instead. Returns the ids given back."""
         before = utcnow() - timedelta(seconds=self.settings.stale_after_s)
         with session_scope(self.sessions) as s:
-            requeued = repo.requeue_stale_jobs(session=s, before=before,
-                                               reason="re-queued: its worker stopped heartbeating")
-        for job_id in requeued:
-            log.warning("worker %s: job %d re-queued (its worker stopped heartbeating)", self.id, job_id)
-        return requeued
+            ended = repo.requeue_stale_jobs(session=s, before=before,
+                                            reason="re-queued: its worker stopped heartbeating",
+                                            max_runner_deaths=self.settings.job_max_runner_deaths)
+        for job_id, state in ended:
+            if state == "failed":
+                log.error("worker %s: job %d failed: its runner died %d times without ending it", self.id, job_id,
+                          self.settings.job_max_runner_deaths)
+            else:
+                log.warning("worker %s: job %d re-queued (its worker stopped heartbeating)", self.id, job_id)
+        return [job_id for job_id, state in ended if state == "queued"]
 
     def claim(self) -> int | None:
         with session_scope(self.sessions) as s:

@@ -139,18 +139,30 @@ def end_job(*, session: Session, job_id: int, owner: str, state: str, error: str
     return job.state if job is not None else "gone"
 
 
-def requeue_stale_jobs(*, session: Session, before: datetime, reason: str) -> list[int]:
-    """Hand back running jobs whose worker stopped heartbeating before ``before`` (it died or hung), each
-    with ``reason``; a job that heartbeats meanwhile is left alone. Returns the ids handed back."""
-    requeued = []
+def requeue_stale_jobs(*, session: Session, before: datetime, reason: str, max_runner_deaths: int | None = None,
+                       now: datetime | None = None) -> list[tuple[int, str]]:
+    """Hand back running jobs whose worker stopped heartbeating before ``before`` (it died or hung), each with
+    ``reason``, counting the death on the job; a job that heartbeats meanwhile is left alone. The job whose
+    runner has died ``max_runner_deaths`` times (None: no cap) ends ``failed`` instead, its error naming the
+    deaths and the last one's cause: a job that kills every worker that runs it (the host's memory, a crash of
+    the process) does not go round the queue for ever. Returns (job id, ``queued`` or ``failed``) of each."""
+    ended = []
     for job in stale_jobs(session=session, before=before):
+        deaths = job.runner_deaths + 1
+        values: dict[str, Any] = {"worker": None, "heartbeat_at": None, "runner_deaths": deaths}
+        if max_runner_deaths is not None and deaths >= max_runner_deaths:
+            values.update(state="failed", finished_at=_now(now), phase=None,
+                          error=(f"gave up after its runner died {deaths} times without ending it (at most "
+                                 f"{max_runner_deaths}: ZEROTUNE_JOB_MAX_RUNNER_DEATHS); the last: {reason}")[:4000])
+        else:
+            values.update(state="queued", error=reason)
         done = session.execute(update(Job).where(Job.id == job.id, Job.state == "running",
+                                                 Job.runner_deaths == job.runner_deaths,
                                                  or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < before))
-                               .values(state="queued", worker=None, heartbeat_at=None, error=reason)
-                               .returning(Job.id))
+                               .values(**values).returning(Job.id))
         if done.scalar_one_or_none() is not None:
-            requeued.append(job.id)
-    return requeued
+            ended.append((job.id, values["state"]))
+    return ended
 
 
 def cancel_job(*, session: Session, job_id: int, reason: str, now: datetime | None = None) -> Job:
