@@ -72,7 +72,7 @@ def schema_diff(url: str) -> list:
 def test_upgrade_empty_database_to_head(empty_url: str) -> None:
     assert current(empty_url) is None
     upgrade(empty_url)
-    assert current(empty_url) == head() == "0009"
+    assert current(empty_url) == head() == "0010"
     assert tables(empty_url) == OUR_TABLES | {VERSION_TABLE}  # and no "alembic_version" of ours
     upgrade(empty_url)  # a second upgrade is a no-op
     assert current(empty_url) == head()

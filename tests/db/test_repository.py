@@ -276,6 +276,48 @@ def test_each_job_goes_to_one_worker(factory: Factory) -> None:
     assert len(all_claimed) == 3 and len(set(all_claimed)) == 3
 
 
+def test_a_job_whose_runner_keeps_dying_fails_after_the_stated_deaths(factory: Factory) -> None:
+    """Each stale heartbeat hands the job back and counts a death on it; the third death of three fails it, with
+    the deaths and the last cause in its error. A job that heartbeats in time is left alone, and a worker's own
+    hand-back (a stop) counts nothing."""
+    reason = "re-queued: its worker stopped heartbeating"
+    with session_scope(factory) as session:
+        request = new_request(session)
+        job_id = repo.create_job(session=session, request_id=request.id).id
+        alive = repo.create_job(session=session, request_id=request.id).id
+    t = T0
+    for death in (1, 2):
+        with session_scope(factory) as session:
+            assert repo.claim_next_job(session=session, worker=f"w{death}", now=t).id == job_id
+        with session_scope(factory) as session:
+            ended = repo.requeue_stale_jobs(session=session, before=t + timedelta(seconds=1), reason=reason,
+                                            max_runner_deaths=3)
+            assert ended == [(job_id, "queued")]
+            job = repo.get_job(session=session, job_id=job_id)
+            assert (job.state, job.runner_deaths, job.worker, job.error) == ("queued", death, None, reason)
+        t += timedelta(seconds=10)
+    with session_scope(factory) as session:  # a stop hands the job back: no death
+        assert repo.claim_next_job(session=session, worker="stopping", now=t).id == job_id
+        assert repo.end_job(session=session, job_id=job_id, owner="stopping", state="queued") == "queued"
+        assert repo.get_job(session=session, job_id=job_id).runner_deaths == 2
+    with session_scope(factory) as session:
+        assert repo.claim_next_job(session=session, worker="w3", now=t).id == job_id
+        assert repo.claim_next_job(session=session, worker="busy", now=t).id == alive
+        repo.update_job(session=session, job_id=alive, progress=0.1, now=t + timedelta(seconds=5))
+    with session_scope(factory) as session:
+        ended = repo.requeue_stale_jobs(session=session, before=t + timedelta(seconds=1), reason=reason,
+                                        max_runner_deaths=3, now=t + timedelta(seconds=2))
+        assert ended == [(job_id, "failed")]  # the job that heartbeat in time is not touched
+        job = repo.get_job(session=session, job_id=job_id)
+        assert (job.state, job.runner_deaths, job.finished_at) == ("failed", 3, t + timedelta(seconds=2))
+        assert job.error == ("gave up after its runner died 3 times without ending it (at most 3: "
+                             f"ZEROTUNE_JOB_MAX_RUNNER_DEATHS); the last: {reason}")
+        assert repo.get_job(session=session, job_id=alive).state == "running"
+    with session_scope(factory) as session:  # with no cap, a stale job is handed back whatever its count
+        assert repo.requeue_stale_jobs(session=session, before=t + timedelta(seconds=60), reason=reason) == [
+            (alive, "queued")]
+
+
 @pytest.mark.parametrize("migrated_url", ["postgresql"], indirect=True)
 def test_claim_next_job_skips_a_locked_job_on_postgresql(factory: Factory) -> None:
     """While one worker's claim is uncommitted, another gets the next job at once, not the same one."""

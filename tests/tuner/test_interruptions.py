@@ -257,3 +257,25 @@ def test_a_point_of_the_queue_asked_for_and_lost_before_it_was_stored_is_enqueue
     again = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     assert len(again) == len(waiting) and again[-1].system_attrs["fixed_params"] == point
     assert again[-1].user_attrs == waiting[0].user_attrs  # it keeps what it was (a preset's name)
+
+
+def test_a_job_that_kills_its_workers_fails_after_the_stated_deaths(sqlite_url, tmp_path, caplog):
+    """Workers that die mid-job (claimed, then never heard from again) hand the job back through whichever worker
+    finds it stale; at ``job_max_runner_deaths`` the job fails with the deaths named, and a job is never run by a
+    worker after that."""
+    settings = Settings(tmp_path, stale_after_s=0.05, job_max_runner_deaths=2)
+    job = queue(sqlite_url, REQUEST)
+    for death in (1, 2):
+        dead = Worker(settings, sqlite_url)
+        assert dead.claim() == job  # ... and dies: no heartbeat, no hand-back
+        threading.Event().wait(0.1)
+        finder = Worker(settings, sqlite_url)
+        with caplog.at_level("WARNING", logger="zerotune.worker"):
+            given_back = finder.requeue_stale()
+        assert given_back == ([job] if death == 1 else [])
+    assert finder.claim() is None
+    with session_scope(session_factory(sqlite_url)) as s:
+        ended = repo.get_job(session=s, job_id=job)
+        assert (ended.state, ended.runner_deaths) == ("failed", 2)
+        assert ended.error.startswith("gave up after its runner died 2 times without ending it")
+    assert f"job {job} failed: its runner died 2 times" in caplog.text

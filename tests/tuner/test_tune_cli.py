@@ -35,6 +35,23 @@ def test_a_model_that_fits_only_with_checkpointing_is_answered_from_the_first_tr
     assert rec["strategy"]["param_span"] >= 1 and rec["value"] > 0
 
 
+def test_tune_reads_the_database_the_service_reads(tmp_path):
+    """No --db: ``zerotune tune`` stores its study where ZEROTUNE_DB_FILE (or ZEROTUNE_DB) says, as the service
+    and its workers do, so a URL with a password never has to go on the command line."""
+    import sqlite3
+
+    url_file = tmp_path / "db-url"
+    url_file.write_text(f"sqlite:///{tmp_path / 'shared.sqlite'}\n")
+    r = subprocess.run([sys.executable, "-m", "zerotune.api.cli", "tune", "--model", "gpt-13b", "--cluster",
+                        "dgx-h100:8", "--trials", "4", "--workdir", str(tmp_path), "--seed", "0", "--quiet"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("ZEROTUNE_")},
+                            "PYTHONPATH": str(ROOT), "ZEROTUNE_DB_FILE": str(url_file)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    with sqlite3.connect(tmp_path / "shared.sqlite") as db:
+        assert db.execute("SELECT count(*) FROM zt_trials").fetchone()[0] == 4
+
+
 def test_tune_with_the_model_executor_prints_a_recommendation(tmp_path):
     db = f"sqlite:///{tmp_path / 'zt.sqlite'}"
     r = zerotune("db", "upgrade", "--db", db)

@@ -29,7 +29,8 @@ def add_parsers(sub: Any, env: Mapping[str, str]) -> None:
                         "or of one allocation held for the whole study (one queue wait); 'jobs' submits each trial "
                         "as a batch job of its own (clusters that forbid steps) (default: $ZEROTUNE_SLURM_MODE, "
                         "else steps)")
-    p.add_argument("--db", help="SQLAlchemy URL (default: SQLite under the user's data directory)")
+    p.add_argument("--db", help="SQLAlchemy URL (ZEROTUNE_DB or ZEROTUNE_DB_FILE, as the service reads them; "
+                                "default: SQLite under the user's data directory)")
     p.add_argument("--workdir", help="where trials write their files (default .zerotune/<request>)")
     p.add_argument("--baseline", metavar="FILE", help="your config today (a DeepSpeed ds_config.json, FSDP settings "
                    "JSON/YAML or a torchtitan TOML): the answer states the recommendation's gain over it")
@@ -66,9 +67,10 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """A study without a server: progress on stderr, the recommendation on stdout."""
     import dataclasses
 
+    from zerotune.api.cli.serving import _settings
     from zerotune.costmodel.files import load_cluster, load_model
     from zerotune.db.migrate import upgrade
-    from zerotune.db.session import default_url, make_engine, make_session_factory, session_scope
+    from zerotune.db.session import make_engine, make_session_factory, session_scope
     from zerotune.tuner import calibrating
     from zerotune.tuner.baseline import read_baseline_file
     from zerotune.tuner.request import TuneRequest
@@ -82,7 +84,7 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         from zerotune.tuner.executors import netns
 
         netns.require()  # before any study: exit 2 with what is missing
-    url = args.db or default_url()
+    url = _settings(db=args.db).url()  # --db, else ZEROTUNE_DB / ZEROTUNE_DB_FILE, else the default SQLite file
     upgrade(url)
     engine = make_engine(url)
     sessions = make_session_factory(engine)
