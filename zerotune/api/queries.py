@@ -64,8 +64,8 @@ def job_public(session: Session, job: Job) -> schemas.JobPublic:
         trials_total=int(request_fields(request)["trials"]), best_value=best.value if best else None,
         error=job.error, request_key=request.key, request_id=request.id, study_id=job.study_id,
         recommendation_id=rec.id if rec else None,
-        worker=job.worker, created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
-        heartbeat_at=job.heartbeat_at)
+        worker=job.worker, runner_deaths=job.runner_deaths, created_at=job.created_at, started_at=job.started_at,
+        finished_at=job.finished_at, heartbeat_at=job.heartbeat_at)
 
 
 def study_detail(session: Session, study: Study) -> schemas.StudyDetailPublic:

@@ -66,6 +66,8 @@ class JobPublic(BaseModel):
     study_id: int | None
     recommendation_id: int | None = Field(description="set once the job is done: GET /v1/recommendations/{id}")
     worker: str | None
+    runner_deaths: int = Field(default=0, description="times the job's runner died under it (its heartbeat went "
+                               "stale and the job was handed back); at ZEROTUNE_JOB_MAX_RUNNER_DEATHS it fails")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
