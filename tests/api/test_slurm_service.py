@@ -40,33 +40,41 @@ def slurm_env(slurm: LocalSlurm, **extra: str) -> dict[str, str]:
     return env
 
 
-def watch_queue(slurm: LocalSlurm, done: threading.Event, jobs: set[str], steps: set[str]) -> None:
-    """Every job id and ``job.step`` id the queue shows until ``done``."""
+def queued(slurm: LocalSlurm) -> set[str]:
+    return set(slurm.command("squeue", "-h", "-o", "%i").stdout.split())
+
+
+def watch_queue(slurm: LocalSlurm, done: threading.Event, jobs: set[str], steps: set[str], before: set[str]) -> None:
+    """Every job id (but those in ``before``) and ``job.step`` id the queue shows until ``done``."""
     while not done.is_set():
-        jobs.update(line for line in slurm.command("squeue", "-h", "-o", "%i").stdout.split())
+        jobs.update(queued(slurm) - before)
         for line in slurm.command("squeue", "--steps", "-h", "-o", "%i|%j").stdout.split():
             sid, _, name = line.partition("|")
-            if name not in ("batch", "extern"):
+            if name not in ("batch", "extern") and sid.split(".")[0] not in before:
                 steps.add(sid)
         time.sleep(0.3)
 
 
 class QueueWatch:
-    """``with QueueWatch(slurm) as seen:`` the jobs and steps the queue showed while the block ran."""
+    """``with QueueWatch(slurm) as seen:`` the jobs and steps the queue showed while the block ran (a job still
+    listed from before it, such as an earlier test's job completing, is not counted)."""
 
     def __init__(self, slurm: LocalSlurm) -> None:
         self.slurm, self.jobs, self.steps = slurm, set[str](), set[str]()
         self._done = threading.Event()
-        self._thread = threading.Thread(target=watch_queue, args=(slurm, self._done, self.jobs, self.steps),
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> QueueWatch:
+        before = queued(self.slurm)
+        self._thread = threading.Thread(target=watch_queue, daemon=True,
+                                        args=(self.slurm, self._done, self.jobs, self.steps, before))
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
-        self._thread.join(10)
+        if self._thread is not None:
+            self._thread.join(10)
 
 
 @pytest.fixture
