@@ -11,9 +11,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,57 +22,18 @@ import pytest
 from tests.api.conftest import Launcher, rows
 from tests.api.test_recommend import ZEROTUNE
 from tests.slurm.cluster import PARTITION, LocalSlurm
+from tests.slurm.queue import QueueWatch, login_env
 from tests.support import ROOT
 
 BODY = {"model": "gpt-tiny", "cluster": "local:2x1"}  # what `zerotune recommend` asks for local:2 by default
 
 
 def slurm_env(slurm: LocalSlurm, **extra: str) -> dict[str, str]:
-    """This process's environment as a login node has it: no job's variables, the cluster's Slurm config, zerotune
-    on the PATH (what a job inherits from ``sbatch``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ZEROTUNE_"))}
-    env.update(slurm.env)
+    """A login node's environment (``login_env``) with no ``ZEROTUNE_*`` of this process and zerotune on the PATH
+    (what a job inherits from ``sbatch``)."""
+    env = {k: v for k, v in login_env(slurm).items() if not k.startswith("ZEROTUNE_")}
     env["PATH"] = f"{Path(ZEROTUNE[0]).parent}:{env.get('PATH', '')}" if len(ZEROTUNE) == 1 else env.get("PATH", "")
-    env["PYTHONPATH"] = str(ROOT)
-    env.update(extra)
-    return env
-
-
-def queued(slurm: LocalSlurm) -> set[str]:
-    return set(slurm.command("squeue", "-h", "-o", "%i").stdout.split())
-
-
-def watch_queue(slurm: LocalSlurm, done: threading.Event, jobs: set[str], steps: set[str], before: set[str]) -> None:
-    """Every job id (but those in ``before``) and ``job.step`` id the queue shows until ``done``."""
-    while not done.is_set():
-        jobs.update(queued(slurm) - before)
-        for line in slurm.command("squeue", "--steps", "-h", "-o", "%i|%j").stdout.split():
-            sid, _, name = line.partition("|")
-            if name not in ("batch", "extern") and sid.split(".")[0] not in before:
-                steps.add(sid)
-        time.sleep(0.3)
-
-
-class QueueWatch:
-    """``with QueueWatch(slurm) as seen:`` the jobs and steps the queue showed while the block ran (a job still
-    listed from before it, such as an earlier test's job completing, is not counted)."""
-
-    def __init__(self, slurm: LocalSlurm) -> None:
-        self.slurm, self.jobs, self.steps = slurm, set[str](), set[str]()
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> QueueWatch:
-        before = queued(self.slurm)
-        self._thread = threading.Thread(target=watch_queue, daemon=True,
-                                        args=(self.slurm, self._done, self.jobs, self.steps, before))
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        if self._thread is not None:
-            self._thread.join(10)
+    return env | extra
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ under ``CI=true``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.cluster import PARTITION, LocalSlurm, short_hostname
+from tests.slurm.queue import QueueWatch, login_env
 from tests.support import ROOT, unavailable
 from tests.tuner.test_slurm import make_spec
 from zerotune.tuner.executors.base import TrialSpec
@@ -244,18 +244,6 @@ def test_a_crashing_rank_is_the_reason_and_run_in_allocation_goes_on(slurm, allo
     assert_no_ranks_left(crash)
 
 
-def _watch_queue(slurm: LocalSlurm, done: threading.Event, jobs: set[str], steps: set[str]) -> None:
-    """Every job and step the queue shows until ``done`` (the test's own allocations aside)."""
-    while not done.is_set():
-        for line in slurm.command("squeue", "-h", "-o", "%i|%j").stdout.split():
-            if not line.endswith("|zt-test-alloc"):
-                jobs.add(line.split("|")[0])
-        for line in slurm.command("squeue", "--steps", "-h", "-o", "%i|%j").stdout.split():
-            if line.split("|")[1].startswith("zerotune-"):
-                steps.add(line.split("|")[0])
-        time.sleep(0.3)
-
-
 def sacct_jobs(slurm: LocalSlurm) -> set[str]:
     """The id of every job (allocations and batch jobs, not their steps) the cluster's accounting has seen."""
     r = slurm.command("sacct", "-a", "-X", "-n", "-P", "--format=JobID", "--starttime=2000-01-01")
@@ -316,21 +304,14 @@ def test_a_study_inside_sbatch_runs_its_trials_as_steps(slurm, tmp_path):
     script.write_text(f"#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=4\n#SBATCH --time=15\n"
                       f"#SBATCH --output={tmp_path}/out.txt\n#SBATCH --error={tmp_path}/err.txt\n"
                       f"export PYTHONPATH={ROOT}\n{sys.executable} -m zerotune.api.cli {argv}\n")
-    jobs: set[str] = set()
-    steps: set[str] = set()
     before = sacct_jobs(slurm) if slurm.accounting else set()
-    done = threading.Event()
-    watcher = threading.Thread(target=_watch_queue, args=(slurm, done, jobs, steps), daemon=True)
-    watcher.start()
-    try:
+    with QueueWatch(slurm) as seen:
         job_id = slurm.command("sbatch", "--parsable", f"--partition={PARTITION}", str(script)).stdout.strip()
         assert job_id.isdigit(), slurm.logs()
         end = time.monotonic() + 540
         while slurm.command("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() and time.monotonic() < end:
             time.sleep(1)
-    finally:
-        done.set()
-        watcher.join(10)
+    jobs, steps = seen.jobs, seen.steps
     err = (tmp_path / "err.txt").read_text()
     rec = json.loads((tmp_path / "out.txt").read_text())
     assert rec["evidence"] == "measured", err[-3000:]
@@ -346,19 +327,11 @@ def test_a_study_inside_sbatch_runs_its_trials_as_steps(slurm, tmp_path):
 def test_a_study_outside_an_allocation_holds_one_for_all_its_trials(slurm, tmp_path):
     """``zerotune tune --executor slurm`` on a login node: one allocation for the whole study (one queue wait), every
     trial a step of it, the allocation cancelled when the study ends."""
-    jobs: set[str] = set()
-    steps: set[str] = set()
     before = sacct_jobs(slurm) if slurm.accounting else set()
-    done = threading.Event()
-    watcher = threading.Thread(target=_watch_queue, args=(slurm, done, jobs, steps), daemon=True)
-    watcher.start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | slurm.env | {"PYTHONPATH": str(ROOT)}
-    try:
+    with QueueWatch(slurm) as seen:
         r = subprocess.run([sys.executable, "-m", "zerotune.api.cli", *_study_argv(tmp_path)], capture_output=True,
-                           text=True, cwd=ROOT, env=env, timeout=540)
-    finally:
-        done.set()
-        watcher.join(10)
+                           text=True, cwd=ROOT, env=login_env(slurm), timeout=540)
+    jobs, steps = seen.jobs, seen.steps
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout)["evidence"] == "measured"
     assert len(jobs) == 1, f"one allocation for the study, not {jobs}"

@@ -55,7 +55,7 @@ def cmd_serve(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.api.app import create_app
     from zerotune.api.connections import default_max_connections, protocol
 
-    settings = _settings(db=args.db, host=args.host, port=args.port, workers=args.workers)
+    settings = service_settings(db=args.db, host=args.host, port=args.port, workers=args.workers)
     sock = _listen(settings.host, settings.port)
     _log_to_stderr(args.debug)
     print(f"zerotune: serving on http://{settings.host}:{settings.port} (database {_safe_url(settings.url())}, "
@@ -95,7 +95,7 @@ def cmd_worker(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Claim jobs from the database and run their studies until Ctrl-C or SIGTERM."""
     from zerotune.tuner.worker import serve_worker
 
-    settings = _settings(db=args.db)
+    settings = service_settings(db=args.db)
     _log_to_stderr(args.debug)
     serve_worker(settings, settings.url(), parent_pid=args.parent_pid, max_jobs=args.max_jobs)
     return ExitStatus.SUCCESS
@@ -116,14 +116,14 @@ def cmd_health(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def cmd_db(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from zerotune.db.migrate import current, prepare_optuna_storage, upgrade
 
-    url = _settings(db=args.db).url()  # the database the service and its workers open: --db, ZEROTUNE_DB, default
+    url = service_settings(db=args.db).url()  # what the service opens: --db, ZEROTUNE_DB, default
     upgrade(url, args.revision)
     if args.revision == "head":
         prepare_optuna_storage(url)  # Optuna's own tables too, so optuna-dashboard can open the database at once
     print(f"zerotune: database {_safe_url(url)} at revision {current(url)}", file=sys.stderr)
     return ExitStatus.SUCCESS
 
-def _settings(**overrides: Any) -> Any:
+def service_settings(**overrides: Any) -> Any:
     """Service settings from ZEROTUNE_* variables, with command-line flags on top."""
     from pydantic import ValidationError
 

@@ -67,7 +67,7 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """A study without a server: progress on stderr, the recommendation on stdout."""
     import dataclasses
 
-    from zerotune.api.cli.serving import _settings
+    from zerotune.api.cli.serving import service_settings
     from zerotune.costmodel.files import load_cluster, load_model
     from zerotune.db.migrate import upgrade
     from zerotune.db.session import make_engine, make_session_factory, session_scope
@@ -84,7 +84,7 @@ def cmd_tune(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         from zerotune.tuner.executors import netns
 
         netns.require()  # before any study: exit 2 with what is missing
-    url = _settings(db=args.db).url()  # --db, else ZEROTUNE_DB / ZEROTUNE_DB_FILE, else the default SQLite file
+    url = service_settings(db=args.db).url()  # --db, else ZEROTUNE_DB / ZEROTUNE_DB_FILE, else the default SQLite file
     upgrade(url)
     engine = make_engine(url)
     sessions = make_session_factory(engine)

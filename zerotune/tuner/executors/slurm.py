@@ -139,8 +139,7 @@ class SlurmExecutor(SlurmBatchJobs):
             try:
                 script.write_text(hold_script(
                     name=self.job_name(spec).replace("zerotune-", "zerotune-hold-"), workdir=script.parent,
-                    nodes=nodes, per_node=per_node, partition=self.partition, account=self.account,
-                    gpus_per_node=self.gpus_per_node, sbatch_options=self.sbatch_options,
+                    nodes=nodes, per_node=per_node, site_options=self.site_options(),
                     time_min=None if self.hold_time_s is None else max(1, math.ceil(self.hold_time_s / 60))))
             except OSError as exc:
                 return None, f"could not write {script}: {exc}"

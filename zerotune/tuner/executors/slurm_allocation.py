@@ -120,22 +120,16 @@ class NodePool:
 
 
 def hold_script(*, name: str, workdir: Path, nodes: int, per_node: int, time_min: int | None,
-                partition: str | None = None, account: str | None = None, gpus_per_node: int | None = None,
-                sbatch_options: Sequence[str] = ()) -> str:
+                site_options: Sequence[str] = ()) -> str:
     """The batch script of an allocation held for a study: ``nodes`` nodes with room for ``per_node`` ranks each,
-    doing nothing itself (``sleep``) while the study runs its trials as steps of it, until it is cancelled."""
+    doing nothing itself (``sleep``) while the study runs its trials as steps of it, until it is cancelled
+    (``site_options``: the executor's partition, account, GPUs and own options, ``SlurmBatchJobs.site_options``)."""
     wd = workdir.resolve()
     opts = [f"--job-name={name}", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
             f"--output={wd / 'hold-%j.out'}", f"--error={wd / 'hold-%j.out'}", f"--chdir={wd}"]
     if time_min is not None:
         opts.append(f"--time={time_min}")
-    if partition:
-        opts.append(f"--partition={partition}")
-    if account:
-        opts.append(f"--account={account}")
-    if gpus_per_node:
-        opts.append(f"--gpus-per-node={gpus_per_node}")
-    opts += list(sbatch_options)
+    opts += list(site_options)
     return "\n".join(["#!/bin/bash", *(f"#SBATCH {o}" for o in opts),
                       "# zerotune: an allocation held for a study; each trial runs as a step of it",
                       'echo "zerotune: holding $SLURM_JOB_NODELIST for a study (job $SLURM_JOB_ID)"',

@@ -95,6 +95,16 @@ class SlurmBatchJobs(Executor):
         timeout (with its clearer message) normally fires first and Slurm's is the backstop."""
         return max(1, math.ceil(timeout_s / 60)) + 1
 
+    def site_options(self) -> list[str]:
+        """The ``#SBATCH`` options of every job this executor submits, a trial's or a held allocation's: the
+        partition, the account, the GPUs a node and the user's own ``sbatch_options``."""
+        opts = [f"--partition={self.partition}"] if self.partition else []
+        if self.account:
+            opts.append(f"--account={self.account}")
+        if self.gpus_per_node:
+            opts.append(f"--gpus-per-node={self.gpus_per_node}")
+        return opts + list(self.sbatch_options)
+
     def sbatch_script(self, spec: TrialSpec) -> str:
         """The text of ``job.sbatch`` for this trial (absolute paths: the job runs in ``--chdir``)."""
         spec = dataclasses.replace(spec, workdir=spec.workdir.resolve())
@@ -108,14 +118,8 @@ class SlurmBatchJobs(Executor):
             tasks = [f"--ntasks-per-node={per_node}"]
         opts = [f"--job-name={self.job_name(spec)}", f"--nodes={nodes}", *tasks,
                 f"--time={self.time_limit_min(spec.timeout_s)}",
-                f"--output={wd / 'slurm-%j.out'}", f"--error={wd / 'slurm-%j.err'}", f"--chdir={wd}"]
-        if self.partition:
-            opts.append(f"--partition={self.partition}")
-        if self.account:
-            opts.append(f"--account={self.account}")
-        if self.gpus_per_node:
-            opts.append(f"--gpus-per-node={self.gpus_per_node}")
-        opts += self.sbatch_options
+                f"--output={wd / 'slurm-%j.out'}", f"--error={wd / 'slurm-%j.err'}", f"--chdir={wd}",
+                *self.site_options()]
         q = shlex.quote
         srun = ["srun", "--kill-on-bad-exit=1", *self.srun_options, self.python, "-m", "zerotune.trainer.train",
                 *spec.train_args(wd / "run.json")]
