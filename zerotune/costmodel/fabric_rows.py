@@ -29,12 +29,6 @@ STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
 """Ring steps per rank, in units of R − 1 (``protocols.STEPS``)."""
 
 
-def sent_bytes(collective: str, mb: float, ranks: int) -> float:
-    """Bytes each rank sends in a ring collective on a buffer of ``mb`` MiB (the gather's output, the reduction's
-    input): (R − 1)/R of it, twice for an all-reduce."""
-    return STEPS[collective] * (ranks - 1) / ranks * mb * MIB
-
-
 def _pccl(collective: str, per_node: int, ms: dict[int, tuple[float, float]]) -> tuple[Measured, ...]:
     """[pccl] rows of one library and collective: {GPUs: (ms at 256 MB, ms at 512 MB)}, 4 × 25 GB/s per node."""
     return tuple(Measured(collective, mb, gpus, per_node, t, 100.0, "pccl")
@@ -68,8 +62,11 @@ such sizes [pccl-dev] (the 2 MiB row on 32 GCDs, alone at its count, is compared
 def _busbw(collective: str, mb: float, per_node: int, node_gbps: float, source: str,
            busbw: dict[int, float]) -> tuple[Measured, ...]:
     """Rows given as nccl-tests' bus bandwidth (GB/s) by GPU count: the time is the bytes each rank sent over it."""
-    return tuple(Measured(collective, mb, gpus, per_node, 1e3 * sent_bytes(collective, mb, gpus) / (gbps * 1e9),
-                          node_gbps, source) for gpus, gbps in busbw.items())
+    # each rank sends STEPS (R − 1)/R of the buffer: fabrics.sent_bytes, written out here because fabrics imports
+    # this module (and calling back into it at predict time adds a hop to the predict walk, tests/costmodel)
+    return tuple(Measured(collective, mb, gpus, per_node,
+                          1e3 * STEPS[collective] * (gpus - 1) / gpus * mb * MIB / (gbps * 1e9), node_gbps, source)
+                 for gpus, gbps in busbw.items())
 
 
 NCCL_EFA = (

@@ -150,14 +150,20 @@ import math
 from dataclasses import dataclass
 
 from zerotune.costmodel.fabric_rows import (
+    MIB,
     NCCL_EFA,
     NCCL_PERLMUTTER,
     RCCL_FRONTIER,
     RCCL_FRONTIER_LATENCY,
     STEPS,
     Measured,
-    sent_bytes,
 )
+
+
+def sent_bytes(collective: str, mb: float, ranks: int) -> float:
+    """Bytes each rank sends in a ring collective on a buffer of ``mb`` MiB (the gather's output, the reduction's
+    input): (R − 1)/R of it, twice for an all-reduce."""
+    return STEPS[collective] * (ranks - 1) / ranks * mb * MIB
 
 
 @dataclass(frozen=True)
